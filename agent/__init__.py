@@ -1,0 +1,1 @@
+"""kcops.agent: the sidecar. Imports without torch."""

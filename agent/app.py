@@ -1,0 +1,209 @@
+"""The one place that wires the agent together and runs its loop.
+
+It builds the store, the clock, the registry, the tracer and the components,
+and drives them each tick in order: collectors, then rules, then remediation.
+Nothing else in the agent creates singletons or registers itself anywhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from kcops import __version__
+from kcops.agent import actions as actions_pkg
+from kcops.agent import collectors as collectors_pkg
+from kcops.agent import rules as rules_pkg
+from kcops.agent.auth import TokenCheck, load_token
+from kcops.agent.clock import Clock, system_clock
+from kcops.agent.collectors import CollectorRunner, TickHistogram
+from kcops.agent.component import AgentContext, Component
+from kcops.agent.config import Config
+from kcops.agent.control import core_routes
+from kcops.agent.errors import ConfigError
+from kcops.agent.events import EventBus
+from kcops.agent.exporter import build_registry
+from kcops.agent.samples import Sample
+from kcops.agent.signals import register_all
+from kcops.agent.store import Store
+from kcops.agent.telemetry import build_tracer_provider
+
+log = logging.getLogger("kcops.agent")
+
+EVICT_EVERY_TICKS = 10
+
+
+class Agent:
+    """The running sidecar. ``await agent.run()`` until SIGTERM/SIGINT or :meth:`request_stop`."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        clock: Clock = system_clock,
+        token: str | None = None,
+        extra_components: list[Any] | None = None,
+    ) -> None:
+        self.config = config
+        self.clock = clock
+        self.started_at = clock()
+        self.ticks_done = 0
+        self.store = Store(config.store.retention_s, config.store.max_series)
+        register_all(self.store)
+        self.registry = build_registry(self.store, clock, config.store.stale_after_s)
+        self.tracer_provider = build_tracer_provider(config.exporters.otlp)
+        state_dir = Path(config.agent.state_dir)
+        if token is None:
+            token = load_token(config.agent.token_file)
+        self.ctx = AgentContext(
+            config=config,
+            store=self.store,
+            clock=clock,
+            bus=EventBus(),
+            tracer=self.tracer_provider.get_tracer("kcops.agent"),
+            auth=TokenCheck(token),
+            state_dir=state_dir,
+        )
+        self.ctx.services["agent"] = self
+        self.ticks = TickHistogram()
+        self.collector_runner = CollectorRunner(
+            self.store,
+            collectors_pkg.build(self.ctx, self.ticks),
+            timeout_s=min(0.8 * config.agent.tick_s, config.engine.timeout_s + 0.2),
+        )
+        self.ctx.services["collectors"] = self.collector_runner
+        self.components: list[Component] = [self.collector_runner]
+        self.components += rules_pkg.build(self.ctx)
+        self.components += actions_pkg.build(self.ctx)
+        self.components += list(extra_components or [])
+        self._stop = asyncio.Event()
+        self._http: web.AppRunner | None = None
+        self.bound_port: int | None = None
+
+    # -- lifecycle -----------------------------------------------------------
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    async def start(self) -> None:
+        try:
+            self.ctx.state_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(
+                f"agent.state_dir: cannot create {self.ctx.state_dir}: {exc.strerror}"
+            ) from None
+        for comp in self.components:
+            await comp.start()
+        app = web.Application()
+        app.add_routes(core_routes(self))
+        for comp in self.components:
+            app.add_routes(comp.routes())
+        self._http = web.AppRunner(app, access_log=None)
+        await self._http.setup()
+        host, port = self.config.agent.host_port()
+        site = web.TCPSite(self._http, host, port)
+        try:
+            await site.start()
+        except OSError as exc:
+            await self._http.cleanup()
+            raise ConfigError(
+                f"agent.listen: cannot listen on {self.config.agent.listen}: {exc.strerror}"
+            ) from None
+        server = getattr(site, "_server", None)
+        if server is not None and server.sockets:
+            self.bound_port = server.sockets[0].getsockname()[1]
+        log.info("kcops agent %s listening on %s:%s", __version__, host, self.bound_port)
+
+    async def tick_once(self, now: float | None = None) -> None:
+        now = self.clock() if now is None else now
+        t0 = time.perf_counter()
+        for comp in self.components:
+            try:
+                await comp.tick(now)
+            except Exception:
+                # A component bug must not stop the loop; collectors already
+                # isolate themselves, this guards rules and actions.
+                log.exception("component %s failed in tick", comp.name)
+        elapsed = time.perf_counter() - t0
+        self.ticks.observe(elapsed)
+        self.store.add([Sample.of("kcops_store_series", len(self.store))], now)
+        self.ticks_done += 1
+        if self.ticks_done % EVICT_EVERY_TICKS == 0:
+            self.store.evict(now)
+
+    async def run(self, install_signals: bool = True) -> None:
+        loop = asyncio.get_running_loop()
+        if install_signals:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self.request_stop)
+        await self.start()
+        tick_s = self.config.agent.tick_s
+        next_at = loop.time()
+        try:
+            while not self._stop.is_set():
+                await self.tick_once()
+                next_at += tick_s
+                delay = next_at - loop.time()
+                if delay < 0:
+                    # Fell behind (slow tick): skip the missed ticks, keep the cadence.
+                    next_at = loop.time()
+                    delay = 0
+                try:
+                    await asyncio.wait_for(self._stop.wait(), timeout=delay)
+                except TimeoutError:
+                    pass
+        finally:
+            await self.shutdown()
+            if install_signals:
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    loop.remove_signal_handler(sig)
+
+    async def shutdown(self) -> None:
+        """Stop components, the HTTP server and the tracer under one deadline."""
+        deadline = self.config.agent.shutdown_deadline_s
+
+        async def _all() -> None:
+            for comp in reversed(self.components):
+                try:
+                    await comp.stop()
+                except Exception:
+                    log.exception("component %s failed to stop", comp.name)
+            if self._http is not None:
+                await self._http.cleanup()
+                self._http = None
+
+        try:
+            await asyncio.wait_for(_all(), timeout=deadline)
+        except TimeoutError:
+            log.error("shutdown deadline of %.1fs passed; exiting anyway", deadline)
+        remaining_ms = int(max(0.1, deadline / 2) * 1000)
+        self.tracer_provider.force_flush(remaining_ms)
+        self.tracer_provider.shutdown()
+
+    # -- status --------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        comps = {}
+        for comp in self.components:
+            try:
+                comps[comp.name] = comp.status()
+            except Exception as exc:
+                comps[comp.name] = {"healthy": False, "error": f"{type(exc).__name__}: {exc}"}
+        return {
+            "version": __version__,
+            "pid": os.getpid(),
+            "uptime_s": round(self.clock() - self.started_at, 3),
+            "ticks": self.ticks_done,
+            "tick_s": self.config.agent.tick_s,
+            "series": len(self.store),
+            "mode": self.config.actions.mode,
+            "engine_url": self.config.engine.url,
+            "components": comps,
+        }

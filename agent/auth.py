@@ -1,0 +1,86 @@
+"""Bearer-token check for everything that changes state (DESIGN §7).
+
+The token comes from ``$KCOPS_TOKEN`` or a token file. With no token
+configured, every mutating request is refused (401): never open.
+"""
+
+from __future__ import annotations
+
+import base64
+import hmac
+import os
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from aiohttp import web
+
+from kcops.agent.errors import ConfigError
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def load_token(token_file: Path | None = None, env: dict[str, str] | None = None) -> str | None:
+    """The configured token, or None. A token file that cannot be read is a ConfigError."""
+    env = os.environ if env is None else env  # type: ignore[assignment]
+    if token_file is not None:
+        try:
+            token = Path(token_file).read_text().strip()
+        except OSError as exc:
+            raise ConfigError(f"--token-file {token_file}: cannot read: {exc.strerror}") from None
+        if not token:
+            raise ConfigError(f"--token-file {token_file}: file is empty")
+        return token
+    token = (env or {}).get("KCOPS_TOKEN", "").strip()
+    return token or None
+
+
+class TokenCheck:
+    """Constant-time comparison of a request's credentials with the token.
+
+    Accepts ``Authorization: Bearer <token>``, and ``Basic`` with the token as
+    the password (how Alertmanager's ``basic_auth`` sends it).
+    """
+
+    def __init__(self, token: str | None) -> None:
+        self._token = token.encode() if token else None
+
+    @property
+    def configured(self) -> bool:
+        return self._token is not None
+
+    def check(self, authorization: str | None) -> bool:
+        if self._token is None or not authorization:
+            return False
+        scheme, _, cred = authorization.strip().partition(" ")
+        scheme = scheme.lower()
+        if scheme == "bearer":
+            given = cred.strip().encode()
+        elif scheme == "basic":
+            try:
+                decoded = base64.b64decode(cred.strip(), validate=True).decode()
+            except (ValueError, UnicodeDecodeError):
+                return False
+            given = decoded.partition(":")[2].encode()
+        else:
+            return False
+        return hmac.compare_digest(given, self._token)
+
+    def require(self, handler: Handler) -> Handler:
+        """Wrap an aiohttp handler so it answers 401 without valid credentials."""
+
+        async def wrapped(request: web.Request) -> web.StreamResponse:
+            if not self.check(request.headers.get("Authorization")):
+                reason = (
+                    "no token configured on the agent: set KCOPS_TOKEN or --token-file"
+                    if not self.configured
+                    else "missing or wrong bearer token"
+                )
+                return web.json_response(
+                    {"error": "unauthorized", "detail": reason},
+                    status=401,
+                    headers={"WWW-Authenticate": 'Bearer realm="kcops"'},
+                )
+            return await handler(request)
+
+        wrapped.__name__ = getattr(handler, "__name__", "handler")
+        return wrapped

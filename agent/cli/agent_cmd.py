@@ -1,0 +1,106 @@
+"""``kcops agent run`` and ``kcops agent check-config``."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from kcops.agent.cli.common import EXIT_USAGE, handle_errors
+from kcops.agent.config import Config, load_config, parse_config
+from kcops.agent.errors import ConfigError
+
+ADAPTERS = ["auto", "vllm", "sglang", "tgi", "triton", "kcops"]
+
+
+def apply_overrides(cfg: Config, overrides: dict[str, Any]) -> Config:
+    """Flags override the file; the result is validated like the file was."""
+    data = cfg.model_dump(mode="json")
+    for dotted, value in overrides.items():
+        if value is None:
+            continue
+        node = data
+        *parents, leaf = dotted.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return parse_config(data, "<flags>")
+
+
+@click.group("agent", help="Run the sidecar agent, or check its configuration.")
+def agent_group() -> None:
+    pass
+
+
+@agent_group.command(
+    "run",
+    context_settings={"allow_interspersed_args": False},
+    help=(
+        "Run the agent daemon. Flags override the config file. "
+        "Anything after `--` is an engine command the agent launches and supervises."
+    ),
+)
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="YAML config file.")
+@click.option("--listen", help="HOST:PORT for the control API and /metrics [127.0.0.1:9464].")
+@click.option("--state-dir", type=click.Path(file_okay=False), help="Audit log and guard state.")
+@click.option("--rules", "rules_file", type=click.Path(dir_okay=False), help="Rule file.")
+@click.option("--mode", type=click.Choice(["enforce", "dry-run", "off"]), help="Remediation mode.")
+@click.option("--engine-url", help="Engine base URL, e.g. http://127.0.0.1:8000.")
+@click.option("--engine-adapter", type=click.Choice(ADAPTERS), help="Engine metrics dialect.")
+@click.option("--tick", "tick_s", type=float, help="Seconds between ticks [1.0].")
+@click.option("--token-file", type=click.Path(dir_okay=False), help="Bearer token file.")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]))
+@click.argument("engine_cmd", nargs=-1, type=click.UNPROCESSED)
+@handle_errors
+def run_cmd(
+    config_path: str | None,
+    listen: str | None,
+    state_dir: str | None,
+    rules_file: str | None,
+    mode: str | None,
+    engine_url: str | None,
+    engine_adapter: str | None,
+    tick_s: float | None,
+    token_file: str | None,
+    log_level: str | None,
+    engine_cmd: tuple[str, ...],
+) -> None:
+    from kcops.agent.app import Agent
+
+    cfg = apply_overrides(
+        load_config(config_path),
+        {
+            "agent.listen": listen,
+            "agent.state_dir": state_dir,
+            "agent.tick_s": tick_s,
+            "agent.token_file": token_file,
+            "agent.log_level": log_level,
+            "rules.file": rules_file,
+            "actions.mode": mode,
+            "engine.url": engine_url,
+            "engine.adapter": engine_adapter,
+            "engine.command": list(engine_cmd) if engine_cmd else None,
+        },
+    )
+    logging.basicConfig(
+        level=cfg.agent.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    agent = Agent(cfg)
+    asyncio.run(agent.run())
+
+
+@agent_group.command("check-config", help="Validate a config file without starting the agent.")
+@click.argument("path", type=click.Path(dir_okay=False))
+def check_config(path: str) -> None:
+    try:
+        cfg = load_config(Path(path))
+    except ConfigError as exc:
+        click.echo(str(exc), err=True)
+        sys.exit(EXIT_USAGE)
+    click.echo(f"{path}: ok (listen {cfg.agent.listen}, tick {cfg.agent.tick_s}s)")

@@ -1,0 +1,102 @@
+"""Conventions shared by every command (DESIGN §7): agent URL, exit codes, HTTP."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+import httpx
+
+from kcops.agent.errors import KcopsError, Unreachable
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+EXIT_UNREACHABLE = 3
+
+DEFAULT_AGENT = "http://127.0.0.1:9464"
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def agent_option(fn: F) -> F:
+    """``--agent URL`` (env ``KCOPS_AGENT``), for commands that talk to a running agent."""
+    return click.option(
+        "--agent",
+        "agent_url",
+        envvar="KCOPS_AGENT",
+        default=DEFAULT_AGENT,
+        show_default=True,
+        help="Base URL of a running kcops agent.",
+    )(fn)
+
+
+def handle_errors(fn: F) -> F:
+    """Turn kcops's typed errors into a one-line message and DESIGN §7's exit codes."""
+
+    @functools.wraps(fn)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except KcopsError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(exc.exit_code)
+
+    return wrapped  # type: ignore[return-value]
+
+
+def token_headers(token_file: str | None = None) -> dict[str, str]:
+    token = None
+    if token_file:
+        with open(token_file) as fh:
+            token = fh.read().strip()
+    token = token or os.environ.get("KCOPS_TOKEN", "").strip()
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def agent_request(
+    method: str,
+    agent_url: str,
+    path: str,
+    *,
+    json_body: Any = None,
+    headers: dict[str, str] | None = None,
+    timeout_s: float = 5.0,
+) -> httpx.Response:
+    """One HTTP call to the agent; a connection failure raises :class:`Unreachable`."""
+    url = agent_url.rstrip("/") + path
+    try:
+        return httpx.request(method, url, json=json_body, headers=headers, timeout=timeout_s)
+    except httpx.HTTPError as exc:
+        raise Unreachable(f"cannot reach the agent at {agent_url}: {exc}") from None
+
+
+def agent_get_json(agent_url: str, path: str) -> Any:
+    resp = agent_request("GET", agent_url, path)
+    if resp.status_code >= 400:
+        raise KcopsError(f"GET {path}: HTTP {resp.status_code}: {resp.text[:300]}")
+    return resp.json()
+
+
+def echo_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, sort_keys=True))
+
+
+def not_built(group: str, issue: str) -> click.Command:
+    """A command group whose issue has not landed: say so plainly, exit 1."""
+
+    @click.command(
+        group,
+        context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+        help=f"Not built yet ({issue}).",
+    )
+    def cmd() -> None:
+        click.echo(f"kcops {group}: not built yet ({issue}).", err=True)
+        sys.exit(EXIT_FAILURE)
+
+    return cmd

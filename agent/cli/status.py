@@ -1,0 +1,57 @@
+"""``kcops status``: a readable summary of a running agent."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import click
+
+from kcops.agent.cli.common import agent_get_json, agent_option, echo_json, handle_errors
+
+
+def _fmt_uptime(seconds: float) -> str:
+    s = int(seconds)
+    h, rem = divmod(s, 3600)
+    m, sec = divmod(rem, 60)
+    return f"{h}h{m:02d}m{sec:02d}s" if h else f"{m}m{sec:02d}s"
+
+
+def format_status(st: dict[str, Any]) -> str:
+    lines = [
+        f"kcops agent {st['version']} (pid {st['pid']})",
+        f"  uptime   {_fmt_uptime(st['uptime_s'])}, {st['ticks']} ticks of {st['tick_s']}s",
+        f"  series   {st['series']}",
+        f"  mode     {st['mode']}",
+        f"  engine   {st.get('engine_url') or '(none configured)'}",
+    ]
+    comps = st.get("components", {})
+    collectors = comps.get("collectors", {}).get("collectors", {})
+    if collectors:
+        lines.append("  collectors:")
+        now = time.time()
+        for name, h in sorted(collectors.items()):
+            if h["ok"]:
+                age = now - h["last_success"] if h.get("last_success") else 0.0
+                lines.append(f"    {name}: ok ({h['series']} series, {age:.0f}s ago)")
+            else:
+                lines.append(f"    {name}: unavailable ({h.get('error') or 'not run yet'})")
+    for cname, c in sorted(comps.items()):
+        if cname == "collectors":
+            continue
+        health = "ok" if c.get("healthy", False) else "unhealthy"
+        detail = c.get("summary") or c.get("error") or ""
+        lines.append(f"  {cname}: {health}{(' — ' + detail) if detail else ''}")
+    return "\n".join(lines)
+
+
+@click.command("status", help="Show a running agent's uptime, collectors and components.")
+@agent_option
+@click.option("--json", "as_json", is_flag=True, help="Print the raw JSON status.")
+@handle_errors
+def status_cmd(agent_url: str, as_json: bool) -> None:
+    st = agent_get_json(agent_url, "/api/v1/status")
+    if as_json:
+        echo_json(st)
+    else:
+        click.echo(format_status(st))

@@ -1,0 +1,94 @@
+"""Configuration: one YAML file, validated into typed models on load.
+
+Each section lives in its own module. A bad file is refused with
+:class:`~kcops.agent.errors.ConfigError` naming the field path, the bad value
+and what is allowed; unknown keys are errors.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import Field, ValidationError
+
+from kcops.agent.config.actions import ActionsSection
+from kcops.agent.config.agent import AgentSection, StoreSection
+from kcops.agent.config.base import Section
+from kcops.agent.config.collectors import CollectorsSection
+from kcops.agent.config.engine import EngineSection
+from kcops.agent.config.exporters import ExportersSection
+from kcops.agent.config.rules import RulesSection
+from kcops.agent.errors import ConfigError
+
+__all__ = ["Config", "format_validation_error", "load_config", "parse_config"]
+
+
+class Config(Section):
+    agent: AgentSection = Field(default_factory=AgentSection)
+    store: StoreSection = Field(default_factory=StoreSection)
+    engine: EngineSection = Field(default_factory=EngineSection)
+    collectors: CollectorsSection = Field(default_factory=CollectorsSection)
+    rules: RulesSection = Field(default_factory=RulesSection)
+    actions: ActionsSection = Field(default_factory=ActionsSection)
+    exporters: ExportersSection = Field(default_factory=ExportersSection)
+
+
+def _allowed(err: Any) -> str:
+    ctx = err.get("ctx") or {}
+    if err["type"] == "extra_forbidden":
+        return ""
+    if "expected" in ctx:
+        return f" (allowed: {ctx['expected']})"
+    return ""
+
+
+def format_validation_error(exc: ValidationError, source: str) -> str:
+    """One line per problem: ``source: field.path: message; got 'value'``."""
+    lines = []
+    for err in exc.errors():
+        path = ".".join(str(p) for p in err["loc"]) or "<root>"
+        if err["type"] == "extra_forbidden":
+            parent = ".".join(str(p) for p in err["loc"][:-1])
+            model: Any = Config
+            for part in err["loc"][:-1]:
+                field = (
+                    model.model_fields.get(str(part)) if hasattr(model, "model_fields") else None
+                )
+                model = field.annotation if field is not None else None
+            known = sorted(model.model_fields) if hasattr(model, "model_fields") else []
+            where = f" in '{parent}'" if parent else ""
+            lines.append(f"{source}: {path}: unknown key{where}; allowed keys: {', '.join(known)}")
+            continue
+        value = err.get("input")
+        lines.append(f"{source}: {path}: {err['msg']}{_allowed(err)}; got {value!r}")
+    return "\n".join(lines)
+
+
+def parse_config(data: Any, source: str = "<config>") -> Config:
+    """Validate a mapping (as loaded from YAML) into a :class:`Config`."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: the top level must be a mapping, got {type(data).__name__}")
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, source)) from None
+
+
+def load_config(path: Path | str | None) -> Config:
+    """Load and validate a YAML file; None gives the defaults."""
+    if path is None:
+        return Config()
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read config file: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{p}: not valid YAML: {exc}") from None
+    return parse_config(data, str(p))

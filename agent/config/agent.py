@@ -1,0 +1,47 @@
+"""The ``agent:`` and ``store:`` sections: loop, listen address, state dir."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pydantic import Field, field_validator
+
+from kcops.agent.config.base import Section
+
+
+def default_state_dir() -> Path:
+    """``$XDG_STATE_HOME/kcops`` (or ``~/.local/state/kcops``)."""
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "kcops"
+
+
+class AgentSection(Section):
+    listen: str = Field("127.0.0.1:9464", description="HOST:PORT of the control API and /metrics")
+    tick_s: float = Field(1.0, ge=0.05, le=60.0, description="seconds between ticks")
+    state_dir: Path = Field(default_factory=default_state_dir)
+    token_file: Path | None = Field(
+        None, description="file holding the bearer token (else $KCOPS_TOKEN)"
+    )
+    shutdown_deadline_s: float = Field(5.0, gt=0, le=120)
+    log_level: str = Field("info", pattern="^(debug|info|warning|error)$")
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, v: str) -> str:
+        host, sep, port = v.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+            raise ValueError("must be HOST:PORT with a port in 0..65535, e.g. 127.0.0.1:9464")
+        return v
+
+    def host_port(self) -> tuple[str, int]:
+        host, _, port = self.listen.rpartition(":")
+        return host.strip("[]"), int(port)
+
+
+class StoreSection(Section):
+    retention_s: float = Field(3900.0, ge=60, le=7 * 86400, description="sample retention")
+    max_series: int = Field(50_000, ge=100, le=5_000_000)
+    stale_after_s: float = Field(
+        30.0, gt=0, description="the exporter hides a series whose newest sample is older"
+    )

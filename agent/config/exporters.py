@@ -1,0 +1,19 @@
+"""The ``exporters:`` section: OpenTelemetry."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from kcops.agent.config.base import Section
+
+
+class OtlpSection(Section):
+    endpoint: str | None = Field(
+        None, description="OTLP/HTTP base URL, e.g. http://127.0.0.1:4318; none = no export"
+    )
+    service_name: str = "kcops-agent"
+    timeout_s: float = Field(5.0, gt=0, le=60)
+
+
+class ExportersSection(Section):
+    otlp: OtlpSection = Field(default_factory=OtlpSection)

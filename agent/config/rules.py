@@ -1,0 +1,14 @@
+"""The ``rules:`` section: the alert table and its parameters."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+
+from kcops.agent.config.base import Section
+
+
+class RulesSection(Section):
+    file: Path | None = Field(None, description="rule file; none = the packaged alerts/rules.yaml")
+    enabled: bool = True

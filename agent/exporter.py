@@ -1,0 +1,88 @@
+"""Prometheus exposition of what the store holds.
+
+The app owns one :class:`prometheus_client.CollectorRegistry` with one
+:class:`StoreExporter` in it; nothing registers into the global registry.
+Each series is exposed with its newest value, unless that value is older
+than ``stale_after_s`` or is a staleness marker: absent stays absent.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.metrics_core import Metric
+
+from kcops.agent.clock import Clock
+from kcops.agent.samples import SeriesKey
+from kcops.agent.store import Store
+
+_HIST_SUFFIXES = ("_bucket", "_sum", "_count")
+
+
+def family_of(store: Store, name: str) -> tuple[str, str, str]:
+    """(family name, type, help) for a series name."""
+    meta = store.meta(name)
+    if meta is not None:
+        if meta.type == "counter" and name.endswith("_total"):
+            return name[: -len("_total")], "counter", meta.help
+        return name, meta.type, meta.help
+    for suffix in _HIST_SUFFIXES:
+        if name.endswith(suffix):
+            base = name[: -len(suffix)]
+            bmeta = store.meta(base)
+            if bmeta is not None and bmeta.type == "histogram":
+                return base, "histogram", bmeta.help
+    return name, "untyped", ""
+
+
+class StoreExporter:
+    """A prometheus-client custom collector reading the store at scrape time."""
+
+    def __init__(self, store: Store, clock: Clock, stale_after_s: float = 30.0) -> None:
+        self.store = store
+        self.clock = clock
+        self.stale_after_s = stale_after_s
+
+    def describe(self) -> list[Metric]:
+        # Custom collector: describing would run collect() at registration.
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        now = self.clock()
+        families: dict[str, Metric] = {}
+        for key in sorted(self.store.keys()):
+            latest = self.store.latest(key, at=now, lookback_s=self.stale_after_s)
+            if latest is None:
+                continue
+            fam_name, typ, help_ = family_of(self.store, key.name)
+            fam = families.get(fam_name)
+            if fam is None:
+                fam = families[fam_name] = Metric(fam_name, help_ or fam_name, typ)
+            value = latest[1]
+            fam.add_sample(key.name, key.label_dict(), _finite_or_nan(value))
+        yield from families.values()
+
+
+def _finite_or_nan(v: float) -> float:
+    return v if not math.isnan(v) else math.nan
+
+
+def build_registry(store: Store, clock: Clock, stale_after_s: float) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(StoreExporter(store, clock, stale_after_s))
+    return registry
+
+
+def render(registry: CollectorRegistry, accept: str | None) -> tuple[bytes, str]:
+    """Exposition bytes and content type, negotiated from the Accept header."""
+    encoder, content_type = choose_encoder(accept or "")
+    return encoder(registry), content_type
+
+
+def series_value(store: Store, name: str, labels: dict[str, str] | None = None) -> float | None:
+    """Newest value of one series (test and CLI helper)."""
+    got = store.latest(SeriesKey.of(name, labels))
+    return None if got is None else got[1]

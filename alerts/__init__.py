@@ -1,0 +1,1 @@
+"""Data: the alert table (rules.yaml) and its promtool unit tests."""

@@ -1,0 +1,1 @@
+"""Grafana dashboards: builder and generated JSON."""

@@ -1,0 +1,1 @@
+"""kcops.kernels: in-engine attention instrumentation. Importing it does nothing by itself."""

@@ -1,0 +1,1 @@
+"""One Markdown runbook per alert; rendered and run by `kcops runbook`."""

@@ -1,0 +1,116 @@
+"""Start real services (Redis, Prometheus, Alertmanager, kcops processes) on
+free ports of 127.0.0.1 for tests, and always stop them.
+
+Import from tests as ``from tests.services import ...``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parent.parent
+VENV_BIN = REPO / ".venv" / "bin"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def kcops_bin() -> str:
+    exe = VENV_BIN / "kcops"
+    return str(exe) if exe.exists() else (shutil.which("kcops") or "kcops")
+
+
+def wait_port(port: int, timeout_s: float = 30.0, proc: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode} before port {port} opened")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+            return
+        time.sleep(0.05)
+    raise TimeoutError(f"port {port} did not open within {timeout_s}s")
+
+
+def wait_http(url: str, timeout_s: float = 30.0, proc: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout_s
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode} before {url} answered")
+        try:
+            if httpx.get(url, timeout=1.0).status_code < 500:
+                return
+        except httpx.HTTPError as exc:
+            last = exc
+        time.sleep(0.1)
+    raise TimeoutError(f"{url} did not answer within {timeout_s}s ({last})")
+
+
+def stop(proc: subprocess.Popen, timeout_s: float = 10.0) -> None:
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(5)
+
+
+@contextlib.contextmanager
+def running(
+    cmd: Sequence[str],
+    *,
+    log_path: Path,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+) -> Iterator[subprocess.Popen]:
+    """Start ``cmd`` in its own process group, logging to ``log_path``; stop it on exit."""
+    log = open(log_path, "ab")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(
+        list(cmd),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, **(env or {})},
+        cwd=cwd,
+        start_new_session=True,
+    )
+    try:
+        yield proc
+    finally:
+        stop(proc)
+        log.close()
+
+
+def need_binary(name: str) -> str:
+    path = shutil.which(name) or (f"/usr/bin/{name}" if Path(f"/usr/bin/{name}").exists() else None)
+    if path is None:
+        raise RuntimeError(f"{name} not installed: run `make services` (Debian package)")
+    return path
+
+
+@contextlib.contextmanager
+def redis_server(tmp: Path) -> Iterator[str]:
+    """A real redis-server on a free port; yields its URL."""
+    port = free_port()
+    exe = need_binary("redis-server")
+    cmd = [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+           "--dir", str(tmp)]
+    with running(cmd, log_path=tmp / "redis.log") as proc:
+        wait_port(port, 15, proc)
+        yield f"redis://127.0.0.1:{port}/0"

@@ -1,0 +1,1 @@
+"""kcops.worker: the reference inference worker (`kcops serve`)."""
