@@ -50,6 +50,7 @@ class Agent:
         clock: Clock = system_clock,
         token: str | None = None,
         extra_components: list[Any] | None = None,
+        extra_collectors: list[Any] | None = None,
     ) -> None:
         self.config = config
         self.clock = clock
@@ -75,7 +76,7 @@ class Agent:
         self.ticks = TickHistogram()
         self.collector_runner = CollectorRunner(
             self.store,
-            collectors_pkg.build(self.ctx, self.ticks),
+            collectors_pkg.build(self.ctx, self.ticks) + list(extra_collectors or []),
             timeout_s=min(0.8 * config.agent.tick_s, config.engine.timeout_s + 0.2),
         )
         self.ctx.services["collectors"] = self.collector_runner

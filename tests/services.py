@@ -109,8 +109,19 @@ def redis_server(tmp: Path) -> Iterator[str]:
     """A real redis-server on a free port; yields its URL."""
     port = free_port()
     exe = need_binary("redis-server")
-    cmd = [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-           "--dir", str(tmp)]
+    cmd = [
+        exe,
+        "--port",
+        str(port),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--dir",
+        str(tmp),
+    ]
     with running(cmd, log_path=tmp / "redis.log") as proc:
         wait_port(port, 15, proc)
         yield f"redis://127.0.0.1:{port}/0"

@@ -1,0 +1,92 @@
+"""The runner isolates collector failures, counts them and marks series stale."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+
+from kcops.agent.collectors import CollectorRunner
+from kcops.agent.errors import CollectorUnavailable
+from kcops.agent.samples import Sample, SeriesKey
+from kcops.agent.store import Store
+
+
+class Scripted:
+    """A collector that returns, or raises, what the test scripts for each call."""
+
+    def __init__(self, name: str, script: list[object]) -> None:
+        self.name = name
+        self.script = list(script)
+
+    def collect(self, now: float) -> Iterable[Sample]:
+        item = self.script.pop(0)
+        if isinstance(item, BaseException):
+            raise item
+        return item  # type: ignore[return-value]
+
+
+class Slow:
+    name = "slow"
+
+    async def collect(self, now: float) -> Iterable[Sample]:
+        await asyncio.sleep(10)
+        return []
+
+
+def errors(st: Store, collector: str, reason: str) -> float | None:
+    got = st.latest(
+        SeriesKey.of("kcops_collector_errors_total", {"collector": collector, "reason": reason})
+    )
+    return None if got is None else got[1]
+
+
+def test_one_broken_collector_does_not_stop_the_others() -> None:
+    st = Store()
+    ok = Scripted("ok", [[Sample.of("m_ok", i)] for i in range(3)])
+    bad = Scripted("bad", [RuntimeError("boom")] * 3)
+    runner = CollectorRunner(st, [bad, ok])
+
+    async def go() -> None:
+        for t in (1.0, 2.0, 3.0):
+            await runner.tick(t)
+
+    asyncio.run(go())
+    assert st.latest(SeriesKey.of("m_ok")) == (3.0, 2.0)
+    assert errors(st, "bad", "exception") == 3
+    status = runner.status()
+    assert status["healthy"] is False
+    assert status["collectors"]["bad"]["error"] == "RuntimeError: boom"
+    assert status["collectors"]["ok"]["ok"] is True
+
+
+def test_unavailable_marks_previous_series_stale_and_counts_reason() -> None:
+    st = Store()
+    c = Scripted(
+        "nvml",
+        [[Sample.of("g", 1.0)], CollectorUnavailable("no driver", reason="no_driver")],
+    )
+    runner = CollectorRunner(st, [c])
+    asyncio.run(runner.tick(1.0))
+    assert st.latest(SeriesKey.of("g")) == (1.0, 1.0)
+    asyncio.run(runner.tick(2.0))
+    assert st.latest(SeriesKey.of("g")) is None  # stale: absent, not frozen at 1
+    assert errors(st, "nvml", "no_driver") == 1
+    up = st.latest(SeriesKey.of("kcops_collector_up", {"collector": "nvml"}))
+    assert up is not None and up[1] == 0.0
+
+
+def test_series_that_disappears_gets_stale_marker() -> None:
+    st = Store()
+    c = Scripted("x", [[Sample.of("a", 1), Sample.of("b", 1)], [Sample.of("a", 2)]])
+    runner = CollectorRunner(st, [c])
+    asyncio.run(runner.tick(1.0))
+    asyncio.run(runner.tick(2.0))
+    assert st.latest(SeriesKey.of("a")) == (2.0, 2.0)
+    assert st.latest(SeriesKey.of("b")) is None
+
+
+def test_async_collector_timeout_is_counted() -> None:
+    st = Store()
+    runner = CollectorRunner(st, [Slow()], timeout_s=0.05)
+    asyncio.run(runner.tick(1.0))
+    assert errors(st, "slow", "timeout") == 1

@@ -1,0 +1,79 @@
+"""The exporter publishes the store's newest values under catalogue types."""
+
+from __future__ import annotations
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from kcops.agent.clock import ManualClock
+from kcops.agent.exporter import build_registry, render
+from kcops.agent.samples import Sample, SeriesKey
+from kcops.agent.signals import register_all
+from kcops.agent.store import Store
+
+
+def make() -> tuple[Store, ManualClock]:
+    st = Store()
+    register_all(st)
+    return st, ManualClock(1000.0)
+
+
+def families(body: bytes) -> dict[str, object]:
+    return {f.name: f for f in text_string_to_metric_families(body.decode())}
+
+
+def test_counter_gauge_histogram_types_and_values() -> None:
+    st, clock = make()
+    st.add(
+        [
+            Sample.of("kcops_attention_calls_total", 12, {"layer": "0"}),
+            Sample.of("kcops_kv_cache_usage_ratio", 0.25, {"engine": "kcops"}),
+            Sample.of("kcops_agent_tick_seconds_bucket", 1, {"le": "0.01"}),
+            Sample.of("kcops_agent_tick_seconds_bucket", 2, {"le": "+Inf"}),
+            Sample.of("kcops_agent_tick_seconds_sum", 0.5),
+            Sample.of("kcops_agent_tick_seconds_count", 2),
+        ],
+        now=clock(),
+    )
+    reg = build_registry(st, clock, stale_after_s=30)
+    body, ctype = render(reg, None)
+    assert ctype.startswith("text/plain")
+    fams = families(body)
+    calls = fams["kcops_attention_calls"]
+    assert calls.type == "counter"  # type: ignore[attr-defined]
+    assert calls.samples[0].value == 12 and calls.samples[0].labels == {"layer": "0"}  # type: ignore[attr-defined]
+    assert fams["kcops_kv_cache_usage_ratio"].type == "gauge"  # type: ignore[attr-defined]
+    hist = fams["kcops_agent_tick_seconds"]
+    assert hist.type == "histogram"  # type: ignore[attr-defined]
+    assert {s.name for s in hist.samples} == {  # type: ignore[attr-defined]
+        "kcops_agent_tick_seconds_bucket",
+        "kcops_agent_tick_seconds_sum",
+        "kcops_agent_tick_seconds_count",
+    }
+
+
+def test_openmetrics_negotiation() -> None:
+    st, clock = make()
+    st.add([Sample.of("kcops_engine_up", 1)], now=clock())
+    body, ctype = render(build_registry(st, clock, 30), "application/openmetrics-text")
+    assert ctype.startswith("application/openmetrics-text")
+    assert body.rstrip().endswith(b"# EOF")
+
+
+def test_stale_and_old_series_are_absent_not_zero() -> None:
+    st, clock = make()
+    st.add([Sample.of("kcops_engine_up", 1), Sample.of("kcops_requests_running", 3)], now=clock())
+    st.mark_stale(SeriesKey.of("kcops_engine_up"), clock() + 1)
+    clock.advance(1)
+    body, _ = render(build_registry(st, clock, stale_after_s=30), None)
+    assert b"kcops_engine_up" not in body.replace(b"# HELP", b"").replace(b"# TYPE", b"")
+    assert b"kcops_requests_running 3.0" in body
+    clock.advance(60)
+    body, _ = render(build_registry(st, clock, stale_after_s=30), None)
+    assert b"kcops_requests_running 3.0" not in body
+
+
+def test_unknown_family_is_untyped() -> None:
+    st, clock = make()
+    st.add([Sample.of("my_custom_metric", 5)], now=clock())
+    body, _ = render(build_registry(st, clock, 30), None)
+    assert b"# TYPE my_custom_metric untyped" in body

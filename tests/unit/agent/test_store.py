@@ -1,0 +1,114 @@
+"""Store windows at their boundaries, retention eviction, staleness, limits."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from kcops.agent.samples import STALE_NAN, Sample, SeriesKey, is_stale
+from kcops.agent.store import Store
+
+K = SeriesKey.of("kcops_x", {"a": "1"})
+
+
+def filled(n: int = 10, step: float = 1.0, retention_s: float = 3600) -> Store:
+    st = Store(retention_s=retention_s)
+    for i in range(n):
+        st.append(K, 100.0 + i * step, float(i))
+    return st
+
+
+def test_range_closed_includes_both_ends() -> None:
+    st = filled()
+    got = st.range(K, 102.0, 105.0)
+    assert [t for t, _ in got] == [102.0, 103.0, 104.0, 105.0]
+
+
+def test_range_left_open_excludes_start() -> None:
+    st = filled()
+    got = st.range(K, 102.0, 105.0, left_open=True)
+    assert [t for t, _ in got] == [103.0, 104.0, 105.0]
+
+
+def test_range_between_samples_and_outside() -> None:
+    st = filled()
+    assert [v for _, v in st.range(K, 102.5, 103.5)] == [3.0]
+    assert st.range(K, 0, 99.9) == []
+    assert st.range(K, 200, 300) == []
+    assert st.range(SeriesKey.of("nope"), 0, 1e12) == []
+
+
+def test_latest_respects_at_and_lookback() -> None:
+    st = filled()
+    assert st.latest(K) == (109.0, 9.0)
+    assert st.latest(K, at=104.5) == (104.0, 4.0)
+    assert st.latest(K, at=99.0) is None
+    # Prometheus lookback: a sample exactly lookback old is out.
+    assert st.latest(K, at=114.0, lookback_s=5.0) is None
+    assert st.latest(K, at=113.9, lookback_s=5.0) == (109.0, 9.0)
+
+
+def test_retention_evicts_old_samples_and_empty_series() -> None:
+    st = filled(n=10, retention_s=60)
+    other = SeriesKey.of("kcops_y")
+    st.append(other, 100.0, 1.0)
+    st.evict(now=165.0)  # cutoff 105: keeps 105..109
+    assert [t for t, _ in st.range(K, 0, 1e9)] == [105.0, 106.0, 107.0, 108.0, 109.0]
+    assert other not in st
+    assert list(st.keys("kcops_y")) == []
+    assert st.names() == ["kcops_x"]
+
+
+def test_ring_compaction_keeps_data_correct() -> None:
+    st = Store(retention_s=10)
+    for i in range(1000):
+        st.append(K, float(i), float(i))
+        st.evict(float(i))
+    got = st.range(K, 0, 1e9)
+    # A sample exactly retention_s old is kept: a closed [now - 10, now] window needs it.
+    assert got[0] == (989.0, 989.0) and got[-1] == (999.0, 999.0)
+    assert len(got) == 11
+
+
+def test_out_of_order_dropped_same_timestamp_overwrites() -> None:
+    st = filled(n=3)
+    assert st.append(K, 101.0, 42.0) is False
+    assert st.dropped_out_of_order == 1
+    assert st.append(K, 102.0, 7.0) is True
+    assert st.latest(K) == (102.0, 7.0)
+
+
+def test_max_series_bounds_memory() -> None:
+    st = Store(max_series=2)
+    assert st.append(SeriesKey.of("a"), 1, 1)
+    assert st.append(SeriesKey.of("b"), 1, 1)
+    assert not st.append(SeriesKey.of("c"), 1, 1)
+    assert st.dropped_series == 1
+    assert st.append(SeriesKey.of("a"), 2, 1)  # existing series still accepted
+
+
+def test_stale_marker_makes_latest_absent_but_is_kept() -> None:
+    st = filled(n=3)
+    st.mark_stale(K, 103.0)
+    assert st.latest(K) is None
+    assert st.latest(K, at=102.5) == (102.0, 2.0)
+    _, v = st.range(K, 103.0, 103.0)[0]
+    assert is_stale(v)
+    assert not is_stale(math.nan)
+    assert math.isnan(STALE_NAN)
+    st.mark_stale(K, 104.0)  # idempotent: no second marker
+    assert len(st.range(K, 0, 1e9)) == 4
+
+
+def test_add_uses_now_for_untimed_samples() -> None:
+    st = Store()
+    n = st.add([Sample.of("m", 1.0), Sample.of("m", 2.0, {"x": "y"}, ts=5.0)], now=10.0)
+    assert n == 2
+    assert st.latest(SeriesKey.of("m")) == (10.0, 1.0)
+    assert st.latest(SeriesKey.of("m", {"x": "y"})) == (5.0, 2.0)
+
+
+def test_bad_retention_is_refused() -> None:
+    with pytest.raises(ValueError, match="retention_s"):
+        Store(retention_s=0)
