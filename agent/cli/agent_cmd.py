@@ -104,3 +104,15 @@ def check_config(path: str) -> None:
         click.echo(str(exc), err=True)
         sys.exit(EXIT_USAGE)
     click.echo(f"{path}: ok (listen {cfg.agent.listen}, tick {cfg.agent.tick_s}s)")
+
+
+@agent_group.command(
+    "default-config", help="Print the full default configuration as YAML (every key, annotated)."
+)
+def default_config() -> None:
+    import yaml
+
+    cfg = Config()
+    click.echo("# kcops agent configuration: every key with its default.")
+    click.echo("# Validate an edited copy with `kcops agent check-config FILE`.")
+    click.echo(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), nl=False)
