@@ -30,6 +30,9 @@ SIGNALS: dict[str, Meta] = {
     # engine /metrics, canonical names
     "kcops_request_latency_seconds": Meta(HISTOGRAM, "End-to-end request latency."),
     "kcops_ttft_seconds": Meta(HISTOGRAM, "Time to first token."),
+    "kcops_inter_token_latency_seconds": Meta(
+        HISTOGRAM, "Time between output tokens (vLLM: inter-token / time-per-output-token)."
+    ),
     "kcops_kv_cache_usage_ratio": Meta(GAUGE, "KV cache usage, 0..1."),
     "kcops_requests_waiting": Meta(GAUGE, "Requests waiting to be scheduled."),
     "kcops_requests_running": Meta(GAUGE, "Requests running."),
@@ -41,6 +44,7 @@ SIGNALS: dict[str, Meta] = {
     "kcops_shadow_agreement_ratio": Meta(
         GAUGE, "Share of shadow-checked tokens where the served path agrees with full attention."
     ),
+    "kcops_shadow_checks_total": Meta(COUNTER, "Tokens shadow-checked against full attention."),
     "kcops_attention_topn": Meta(GAUGE, "Current attention budget N of the engine."),
     "kcops_route_fallback": Meta(GAUGE, "1 when the engine routes everything to the base model."),
     # device and process
@@ -57,6 +61,10 @@ SIGNALS: dict[str, Meta] = {
     "kcops_process_cpu_seconds_total": Meta(COUNTER, "CPU time of a process."),
     "kcops_process_threads": Meta(GAUGE, "Threads of a process."),
     "kcops_process_open_fds": Meta(GAUGE, "Open file descriptors of a process."),
+    "kcops_process_up": Meta(GAUGE, "1 while the watched process (tree root) is running."),
+    "kcops_engine_health_checks_total": Meta(
+        COUNTER, "Engine health checks, by outcome (ok, timeout, connect, http_status, ...)."
+    ),
     "kcops_engine_up": Meta(GAUGE, "1 when the engine answered its health check this tick."),
     "kcops_engine_last_healthy_age_seconds": Meta(
         GAUGE, "Seconds since the engine last answered its health check."

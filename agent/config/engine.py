@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from kcops.agent.config.base import Section
 
@@ -17,9 +17,31 @@ class EngineSection(Section):
     adapter: Adapter = "auto"
     health_path: str = "/health"
     metrics_path: str = "/metrics"
+    state_path: str = Field(
+        "/admin/state", description="kcops worker state (its pid), read when adapter is kcops"
+    )
     timeout_s: float = Field(0.5, gt=0, le=30, description="HTTP timeout, shorter than a tick")
     pid: int | None = Field(None, ge=1)
     pidfile: Path | None = None
+    log_path: Path | None = Field(
+        None, description="engine log searched for its own out-of-memory error when it exits"
+    )
     command: list[str] | None = Field(
         None, description="engine command the agent launches and supervises (after `--`)"
     )
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        if not v.startswith(("http://", "https://")):
+            raise ValueError("must start with http:// or https://, e.g. http://127.0.0.1:8000")
+        return v.rstrip("/")
+
+    @field_validator("health_path", "metrics_path", "state_path")
+    @classmethod
+    def _path(cls, v: str) -> str:
+        if not v.startswith("/"):
+            raise ValueError("must be a path starting with '/', e.g. /metrics")
+        return v

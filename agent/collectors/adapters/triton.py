@@ -1,0 +1,26 @@
+"""NVIDIA Triton ``/metrics`` (``nv_inference_*``).
+
+Triton reports the pending request count always and, when latency histograms
+are enabled (``--metrics-config histogram_latencies=true``), time to first
+response in milliseconds — converted here to seconds (``le`` and ``_sum``).
+Latency otherwise exists only as cumulative microsecond counters, which are
+not a histogram, so ``kcops_request_latency_seconds`` stays absent.
+"""
+
+from __future__ import annotations
+
+from kcops.agent.collectors.adapters.base import GAUGE, HISTOGRAM, Adapter, Map
+
+ADAPTER = Adapter(
+    name="triton",
+    maps=(
+        Map(
+            "kcops_ttft_seconds",
+            HISTOGRAM,
+            ("nv_inference_first_response_histogram_ms",),
+            scale=0.001,
+        ),
+        Map("kcops_requests_waiting", GAUGE, ("nv_inference_pending_request_count",)),
+    ),
+    markers=("nv_inference_",),
+)

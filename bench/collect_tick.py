@@ -1,0 +1,241 @@
+"""Cost of one full collection tick, as a share of the 1 s tick.
+
+Setup (all on 127.0.0.1, nothing mocked below the collector interface except NVML):
+
+- NVML: the fake pynvml of the unit tests with 8 GPUs (every field, XID event set,
+  per-process memory of the engine pids every 10 s off the loop);
+- engine: a real HTTP server (another thread) serving a ~330-series vLLM exposition
+  (tests/fixtures/vllm_metrics.txt) in which a quarter of the sample lines change
+  from one scrape to the next (a busy engine), fetched and mapped each tick, plus /health;
+- probe: 10,000 frames a second sent over the real Unix datagram socket by another
+  process, decoded on the agent's loop;
+- process, engine events and CPU device memory of a real child process tree.
+
+Measured on the loop thread with ``time.thread_time()`` (CPU of the agent's own
+thread: the server and the sender run elsewhere) and ``time.perf_counter()``
+(wall time of ``CollectorRunner.tick``). Prints medians.
+
+Run: .venv/bin/python bench/collect_tick.py [--frames-per-s 10000] [--ticks 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from kcops.agent.collectors.base import CollectorRunner  # noqa: E402
+from kcops.agent.collectors.cpumem import CpuDeviceMemoryCollector  # noqa: E402
+from kcops.agent.collectors.engine_http import EngineClient  # noqa: E402
+from kcops.agent.collectors.enginepid import EnginePid  # noqa: E402
+from kcops.agent.collectors.health import HealthCollector  # noqa: E402
+from kcops.agent.collectors.nvml import Nvml, NvmlCollector  # noqa: E402
+from kcops.agent.collectors.probe import ProbeReceiver  # noqa: E402
+from kcops.agent.collectors.process import EngineEventsCollector, ProcessCollector  # noqa: E402
+from kcops.agent.collectors.procwatch import EngineWatch  # noqa: E402
+from kcops.agent.collectors.scrape import EngineScrapeCollector  # noqa: E402
+from kcops.agent.signals import register_all  # noqa: E402
+from kcops.agent.store import Store  # noqa: E402
+from tests.unit.collectors.fake_pynvml import FakeNvmlModule, ProcessInfo  # noqa: E402
+
+EXPOSITION = (REPO / "tests" / "fixtures" / "vllm_metrics.txt").read_bytes()
+
+
+def _variants(n: int = 16, share: float = 0.25) -> list[bytes]:
+    """Pages as a busy engine serves them: ~``share`` of the sample lines change each scrape."""
+    rng = random.Random(7)
+    lines = EXPOSITION.decode().split("\n")
+    out = []
+    for _ in range(n):
+        out.append(
+            "\n".join(
+                f"{ln}{rng.randint(1, 9)}" if ln and ln[0] != "#" and rng.random() < share else ln
+                for ln in lines
+            ).encode()
+        )
+    return out
+
+
+PAGES = _variants()
+
+SENDER = r"""
+import socket, sys, time
+sys.path.insert(0, {repo!r})
+from kcops.kernels import wire
+path, per_s, seconds, layers = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
+def frame(seq):
+    f = wire.Frame(pid=4242, process="engine", seq=seq, instance="bench",
+                   calls_by_layer={{str(i): 3 for i in range(layers)}})
+    if layers > 1:
+        for name in wire.PLAIN_HISTOGRAMS:
+            h = wire.Histogram.of(name); h.observe(0.3); h.observe(100); f.histograms[name] = h
+        for n in (16, 32, 64):
+            h = wire.Histogram.of(wire.TOPN_MASS); h.observe(0.9); f.topn_mass[n] = h
+    return wire.encode(f)
+frames = [frame(i) for i in range(100)]
+s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+s.setblocking(False)  # like the probe: a full receive buffer drops the frame
+start = time.monotonic(); sent = dropped = 0
+while time.monotonic() - start < seconds:
+    due = int((time.monotonic() - start) * per_s)
+    while sent + dropped < due:
+        try:
+            s.sendto(frames[sent % 100], path)
+            sent += 1
+        except (BlockingIOError, ConnectionRefusedError, FileNotFoundError):
+            dropped += 1
+    time.sleep(0.001)
+print(sent, dropped, len(frames[0]))
+"""
+
+
+class Engine(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, as vLLM's uvicorn does
+    served = 0
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        if self.path == "/health":
+            body = b"{}"
+        else:
+            Engine.served += 1
+            body = PAGES[Engine.served % len(PAGES)]
+        self.send_response(200)
+        self.send_header("content-type", "text/plain; version=0.0.4")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+async def run(
+    frames_per_s: int, ticks: int, layers: int, max_frames_per_s: int
+) -> dict[str, float]:
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Engine)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    tmp = Path(tempfile.mkdtemp())
+    sock = tmp / "probe.sock"
+    try:
+        fake = FakeNvmlModule(gpus=8)
+        for g in fake.gpus:
+            g.procs = [ProcessInfo(child.pid, 1 << 30)]
+        pids = EnginePid(pid=child.pid)
+        watch = EngineWatch(pids, kmsg_path=None)
+        client = EngineClient(f"http://127.0.0.1:{srv.server_address[1]}", timeout_s=0.5, pids=pids)
+        probe = ProbeReceiver(sock, max_frames_per_s=max_frames_per_s)
+        collectors = [
+            probe,
+            NvmlCollector(Nvml(fake), engine_pids=watch.pid_set),
+            ProcessCollector(watch),
+            EngineEventsCollector(watch),
+            CpuDeviceMemoryCollector(watch),
+            HealthCollector(client),
+            EngineScrapeCollector(client, "auto"),
+        ]
+        store = Store()
+        register_all(store)
+        runner = CollectorRunner(store, collectors)
+        await runner.start()
+        await runner.tick(0.0)  # warm-up: connections, adapter detection, device discovery
+
+        sender = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                SENDER.format(repo=str(REPO)),
+                str(sock),
+                str(frames_per_s),
+                str(ticks + 0.5),
+                str(layers),
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        wall, cpu_tick, cpu_total = [], [], []
+        for i in range(1, ticks + 1):
+            c0 = time.thread_time()
+            w0 = time.perf_counter()
+            await runner.tick(float(i))
+            w1 = time.perf_counter()
+            c1 = time.thread_time()
+            wall.append(w1 - w0)
+            cpu_tick.append(c1 - c0)
+            # the rest of the second: the loop receives probe frames
+            await asyncio.sleep(max(0.0, 1.0 - (w1 - w0)))
+            cpu_total.append(time.thread_time() - c0)
+        loop = asyncio.get_running_loop()
+        sent_line = (await loop.run_in_executor(None, sender.communicate))[0].split()
+        await asyncio.sleep(0.2)
+        await client.stop()
+        await runner.stop()
+        frames_ok = probe.frames["ok"]
+        series = len(store)
+        health = {n: h.last_error for n, h in runner.health.items() if not h.ok}
+        if health:
+            print("collector errors:", health, file=sys.stderr)
+        return {
+            "tick_wall_ms": statistics.median(wall) * 1e3,
+            "tick_cpu_ms": statistics.median(cpu_tick) * 1e3,
+            "loop_cpu_per_s_ms": statistics.median(cpu_total) * 1e3,
+            "frames_sent": float(sent_line[0]),
+            "frames_dropped": float(sent_line[1]),
+            "frame_bytes": float(sent_line[2]),
+            "frames_received": float(frames_ok),
+            "frames_shed": float(probe.frames["shed"]),
+            "series": float(series),
+        }
+    finally:
+        child.kill()
+        child.wait()
+        srv.shutdown()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--frames-per-s", type=int, default=10_000)
+    ap.add_argument("--ticks", type=int, default=10)
+    ap.add_argument("--layers", type=int, default=30, help="layers per frame (1: minimal frames)")
+    ap.add_argument(
+        "--max-frames-per-s",
+        type=int,
+        default=1_000_000,
+        help="the receiver's shedding limit (agent default 2000; default here: no shedding)",
+    )
+    args = ap.parse_args()
+    r = asyncio.run(run(args.frames_per_s, args.ticks, args.layers, args.max_frames_per_s))
+    print(
+        f"collect_tick: 8 fake GPUs, {r['series']:.0f} series in store, "
+        f"vLLM exposition {len(EXPOSITION)} bytes, probe {args.frames_per_s} frames/s "
+        f"({r['frame_bytes']:.0f} B, {args.layers} layers), {args.ticks} ticks"
+    )
+    print(
+        f"  tick (collectors only)  wall {r['tick_wall_ms']:.2f} ms   cpu {r['tick_cpu_ms']:.2f} ms"
+        f"   = {r['tick_cpu_ms'] / 10:.2f}% of a 1 s tick"
+    )
+    print(
+        f"  loop thread per second  cpu {r['loop_cpu_per_s_ms']:.1f} ms"
+        f"   = {r['loop_cpu_per_s_ms'] / 10:.1f}% of a 1 s tick (tick + probe frames)"
+    )
+    offered = r["frames_sent"] + r["frames_dropped"]
+    print(
+        f"  probe frames            offered {offered:.0f}, sent {r['frames_sent']:.0f}, "
+        f"dropped at the sender (receiver busy) {r['frames_dropped']:.0f}, "
+        f"decoded {r['frames_received']:.0f}, shed {r['frames_shed']:.0f}"
+    )
+
+
+if __name__ == "__main__":
+    main()

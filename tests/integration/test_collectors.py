@@ -1,0 +1,178 @@
+"""The real agent (``kcops agent run``) against a misbehaving engine and probe socket.
+
+A small threaded HTTP server plays the engine: it serves the vLLM fixture, then
+a truncated page, a page that is not Prometheus text, and hangs past the
+timeout. Garbage is sent to the probe socket and the engine pid disappears.
+After each, the agent must still answer, with the error counted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from kcops.kernels import wire
+from tests.services import free_port, kcops_bin, running, wait_http
+
+FIXTURE = (Path(__file__).resolve().parents[1] / "fixtures" / "vllm_metrics.txt").read_bytes()
+
+
+class Engine(BaseHTTPRequestHandler):
+    mode = "ok"
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        mode = type(self).mode
+        if mode == "hang":
+            time.sleep(1.5)
+        if self.path == "/health":
+            body, ctype = b"{}", "application/json"
+        elif mode == "truncated":
+            body, ctype = FIXTURE[: len(FIXTURE) // 2 + 11], "text/plain"
+        elif mode == "garbage":
+            body, ctype = b"<html><h1>502</h1></html>\n", "text/plain"
+        else:
+            body, ctype = FIXTURE, "text/plain; version=0.0.4"
+        with contextlib.suppress(OSError):
+            self.send_response(200)
+            self.send_header("content-type", ctype)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+
+@contextlib.contextmanager
+def engine() -> Iterator[tuple[int, type[Engine]]]:
+    handler = type("E", (Engine,), {"mode": "ok"})
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    srv.daemon_threads = True
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    try:
+        yield srv.server_address[1], handler
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    text = httpx.get(url + "/metrics", timeout=5).text
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def errors(m: dict, collector: str, reason: str) -> float:
+    return m.get(
+        ("kcops_collector_errors_total", (("collector", collector), ("reason", reason))), 0.0
+    )
+
+
+def wait_until(fn, timeout_s: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if fn():
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met in time: {fn.__doc__ or fn}")
+        time.sleep(0.1)
+
+
+def test_agent_survives_a_misbehaving_engine_and_probe(tmp_path: Path) -> None:
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    sock_path = tmp_path / "probe.sock"
+    port = free_port()
+    agent_url = f"http://127.0.0.1:{port}"
+    with engine() as (eport, handler):
+        cfg = tmp_path / "agent.yaml"
+        cfg.write_text(
+            f"""
+agent: {{tick_s: 0.3}}
+engine: {{url: "http://127.0.0.1:{eport}", adapter: vllm, timeout_s: 0.25, pid: {sleeper.pid}}}
+collectors:
+  probe: {{socket_path: "{sock_path}"}}
+"""
+        )
+        cmd = [
+            kcops_bin(),
+            "agent",
+            "run",
+            "--config",
+            str(cfg),
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--state-dir",
+            str(tmp_path / "state"),
+            "--mode",
+            "off",
+        ]
+        try:
+            with running(cmd, log_path=tmp_path / "agent.log") as agent:
+                wait_http(agent_url + "/healthz", 30, agent)
+                wait_until(lambda: any(k[0] == "kcops_requests_running" for k in scrape(agent_url)))
+                m = scrape(agent_url)
+                assert m[("kcops_engine_up", ())] == 1
+                assert m[("kcops_process_up", (("process", "engine"),))] == 1
+
+                for mode, reason in (
+                    ("truncated", "truncated"),
+                    ("garbage", "parse"),
+                    ("hang", "timeout"),
+                ):
+                    handler.mode = mode
+                    wait_until(lambda r=reason: errors(scrape(agent_url), "engine_scrape", r) >= 2)
+                    assert agent.poll() is None
+                m = scrape(agent_url)
+                assert m[("kcops_engine_up", ())] == 0  # hung: not answering in time
+                handler.mode = "ok"
+                wait_until(lambda: scrape(agent_url).get(("kcops_engine_up", ())) == 1)
+
+                with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+                    for junk in (b"junk", b"KCPF\x00\x07\x00\x00\x00\x00", b"\x00" * 5000):
+                        s.sendto(junk, str(sock_path))
+                    s.sendto(
+                        wire.encode(wire.Frame(pid=1, process="p", seq=0, calls_by_layer={"0": 2})),
+                        str(sock_path),
+                    )
+                key = ("kcops_probe_frames_total", (("outcome", "malformed"),))
+                wait_until(lambda: scrape(agent_url).get(key, 0) == 2)
+                m = scrape(agent_url)
+                assert m[("kcops_probe_frames_total", (("outcome", "unknown_version"),))] == 1
+                assert m[("kcops_attention_calls_total", (("layer", "0"), ("process", "p")))] == 2
+
+                sleeper.kill()
+                sleeper.wait()
+                wait_until(lambda: errors(scrape(agent_url), "process", "process_gone") >= 2)
+                m = scrape(agent_url)
+                assert m[("kcops_process_up", (("process", "engine"),))] == 0
+                st = httpx.get(agent_url + "/api/v1/status", timeout=5).json()
+                cols = st["components"]["collectors"]["collectors"]
+                assert "gone" in cols["process"]["error"]
+                assert cols["nvml"]["ok"] is False and "driver" in cols["nvml"]["error"]
+                assert agent.poll() is None
+                out = subprocess.run(
+                    [kcops_bin(), "status", "--agent", agent_url],
+                    capture_output=True,
+                    text=True,
+                    timeout=30,
+                )
+                assert "nvml: unavailable (" in out.stdout, out.stdout + out.stderr
+                assert not [k for k in scrape(agent_url) if k[0].startswith("kcops_gpu_")]
+        finally:
+            if sleeper.poll() is None:
+                sleeper.kill()
+                sleeper.wait()

@@ -1,0 +1,80 @@
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from kcops.agent.collectors import TickHistogram, build
+from kcops.agent.config import parse_config
+from kcops.agent.errors import ConfigError
+
+
+def built(data: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
+    ctx = SimpleNamespace(config=parse_config(data), services={})
+    cs = build(ctx, TickHistogram())  # type: ignore[arg-type]
+    return [c.name for c in cs], ctx.services
+
+
+def test_defaults_without_an_engine() -> None:
+    names, services = built({})
+    assert names == ["self", "probe", "nvml"]
+    assert "engine_pid_source" in services
+
+
+def test_engine_url_with_auto_adapter_enables_everything() -> None:
+    names, services = built({"engine": {"url": "http://127.0.0.1:8000"}})
+    assert names == [
+        "self",
+        "probe",
+        "nvml",
+        "process",
+        "engine_events",
+        "device_memory_cpu",
+        "engine_health",
+        "engine_scrape",
+    ]
+    assert "engine_client" in services
+    assert services["engine_adapter"]() is None  # auto: not detected before a page
+
+
+def test_vllm_by_url_only_has_no_process_collectors() -> None:
+    names, _ = built({"engine": {"url": "http://127.0.0.1:8000", "adapter": "vllm"}})
+    assert "process" not in names and "engine_scrape" in names
+
+
+def test_pid_or_command_enables_process_collectors() -> None:
+    assert "process" in built({"engine": {"pid": 123}})[0]
+    assert "device_memory_cpu" in built({"engine": {"command": ["kcops", "serve"]}})[0]
+
+
+def test_switches() -> None:
+    names, _ = built(
+        {
+            "collectors": {
+                "probe": {"enabled": False},
+                "nvml": {"enabled": "off"},
+                "process": {"enabled": "on"},
+            }
+        }
+    )
+    assert names == ["self", "process", "engine_events"]
+    with pytest.raises(ConfigError, match=r"needs engine\.url"):
+        built({"collectors": {"scrape": {"enabled": "on"}}})
+
+
+@pytest.mark.parametrize(
+    ("data", "needle"),
+    [
+        ({"collectors": {"nvml": {"bogus": 1}}}, "unknown key"),
+        ({"collectors": {"nvml": {"process_interval_s": 0.1}}}, "process_interval_s"),
+        ({"collectors": {"probe": {"max_processes": 0}}}, "max_processes"),
+        ({"collectors": {"nvml": {"enabled": "maybe"}}}, "enabled"),
+        ({"engine": {"url": "127.0.0.1:8000"}}, "http://"),
+        ({"engine": {"metrics_path": "metrics"}}, "starting with '/'"),
+        ({"engine": {"timeout_s": 0}}, "timeout_s"),
+    ],
+)
+def test_bad_config_is_refused_naming_the_field(data: dict[str, Any], needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle):
+        parse_config(data)

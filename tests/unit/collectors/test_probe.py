@@ -1,0 +1,194 @@
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+from pathlib import Path
+
+from kcops.agent.collectors.probe import ProbeReceiver
+from kcops.agent.errors import CollectorUnavailable
+from kcops.kernels import wire
+from tests.unit.collectors.helpers import collect, latest, names, runner, value
+
+
+def frame(pid: int = 10, process: str = "python", seq: int = 0, instance: str = "a", **kw) -> bytes:  # type: ignore[no-untyped-def]
+    f = wire.Frame(pid=pid, process=process, seq=seq, instance=instance, **kw)
+    return wire.encode(f)
+
+
+def hist(name: str, *values: float) -> wire.Histogram:
+    h = wire.Histogram.of(name)
+    for v in values:
+        h.observe(v)
+    return h
+
+
+def test_deltas_become_cumulative_counters_and_histograms() -> None:
+    r = ProbeReceiver("/nonexistent/probe.sock")
+    r.feed(
+        frame(
+            seq=0,
+            calls_by_layer={"0": 3, "1": 2},
+            errors={"nan": 1},
+            histograms={wire.KC_TOKENS: hist(wire.KC_TOKENS, 10, 100)},
+            topn_mass={16: hist(wire.TOPN_MASS, 0.8)},
+        )
+    )
+    r.feed(
+        frame(
+            seq=1, calls_by_layer={"0": 4}, histograms={wire.KC_TOKENS: hist(wire.KC_TOKENS, 100)}
+        )
+    )
+    out = collect(r)
+    p = {"process": "python"}
+    assert value(out, "kcops_attention_calls_total", layer="0", **p) == 7
+    assert value(out, "kcops_attention_calls_total", layer="1", **p) == 2
+    assert value(out, "kcops_attention_errors_total", kind="nan", **p) == 1
+    assert (
+        value(out, "kcops_attention_errors_total", kind="inf", **p) == 0
+    )  # present from the start
+    assert value(out, "kcops_kc_tokens_bucket", le="16.0", **p) == 1
+    assert value(out, "kcops_kc_tokens_bucket", le="128.0", **p) == 3
+    assert value(out, "kcops_kc_tokens_bucket", le="+Inf", **p) == 3
+    assert value(out, "kcops_kc_tokens_count", **p) == 3
+    assert value(out, "kcops_kc_tokens_sum", **p) == 210
+    assert value(out, "kcops_topn_mass_ratio_bucket", n="16", le="0.8", **p) == 1
+    assert value(out, "kcops_probe_frames_total", outcome="ok") == 2
+
+
+def test_garbage_and_unknown_versions_are_counted_never_raised() -> None:
+    r = ProbeReceiver("/nonexistent/probe.sock")
+    good = frame(calls_by_layer={"0": 1})
+    r.feed(b"")
+    r.feed(b"\x00" * 3)
+    r.feed(b"hello world, not a frame")
+    r.feed(good[:-5])  # truncated
+    payload = b'{"pid": 1}'
+    r.feed(wire.HEADER.pack(wire.MAGIC, 99, len(payload)) + payload)
+    bad_json = b"{nope"
+    r.feed(wire.HEADER.pack(wire.MAGIC, wire.VERSION, len(bad_json)) + bad_json)
+    body = b'{"pid": -1, "seq": 0}'
+    r.feed(wire.HEADER.pack(wire.MAGIC, wire.VERSION, len(body)) + body)
+    r.feed(struct.pack(">4sHI", b"KCPF", wire.VERSION, 2) + b"[]")
+    r.feed(good)
+    out = collect(r)
+    assert value(out, "kcops_probe_frames_total", outcome="malformed") == 7
+    assert value(out, "kcops_probe_frames_total", outcome="unknown_version") == 1
+    assert value(out, "kcops_probe_frames_total", outcome="ok") == 1
+    assert value(out, "kcops_attention_calls_total", layer="0", process="python") == 1
+
+
+def test_cardinality_is_bounded() -> None:
+    r = ProbeReceiver("/nonexistent/probe.sock", max_processes=2, max_layers=3)
+    for i in range(5):
+        r.feed(frame(pid=100 + i, process=f"proc{i}", calls_by_layer={str(j): 1 for j in range(6)}))
+    out = collect(r)
+    procs = {s.label_dict()["process"] for s in (x.key for x in out) if "process" in s.label_dict()}
+    assert procs == {"proc0", "proc1", "other"}
+    layers = {
+        s.label_dict()["layer"]
+        for s in (x.key for x in out)
+        if s.name == "kcops_attention_calls_total"
+    }
+    assert layers == {"0", "1", "2", "other"}
+    assert value(out, "kcops_attention_calls_total", layer="other", process="other") == 9
+
+
+def test_dropped_total_stays_monotonic_across_probe_restarts() -> None:
+    r = ProbeReceiver("/nonexistent/probe.sock")
+    r.feed(frame(seq=0, dropped_total=5))
+    r.feed(frame(seq=1, dropped_total=7))
+    assert value(collect(r), "kcops_probe_dropped_total", process="python") == 7
+    # the engine restarted: new pid and instance, the probe counts from 0 again
+    r.feed(frame(pid=11, seq=0, instance="b", dropped_total=2))
+    r.feed(frame(pid=11, seq=1, instance="b", calls_by_layer={"0": 1}, dropped_total=2))
+    out = collect(r)
+    assert value(out, "kcops_probe_dropped_total", process="python") == 9
+    assert value(out, "kcops_attention_calls_total", layer="0", process="python") == 1
+
+
+def test_receives_over_a_real_unix_datagram_socket(tmp_path: Path) -> None:
+    path = tmp_path / "run" / "probe.sock"
+    r = ProbeReceiver(path)
+    rr, store = runner(r)
+
+    async def main() -> None:
+        await rr.start()
+        assert path.is_socket()
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+            s.sendto(frame(calls_by_layer={"3": 5}), str(path))
+            s.sendto(b"garbage", str(path))
+            s.sendto(frame(seq=1, calls_by_layer={"3": 1}), str(path))
+        for _ in range(50):
+            await asyncio.sleep(0.01)
+            if r.frames["ok"] == 2:
+                break
+        await rr.tick(5.0)
+        await rr.stop()
+
+    asyncio.run(main())
+    assert latest(store, "kcops_attention_calls_total", layer="3", process="python") == 6
+    assert latest(store, "kcops_probe_frames_total", outcome="malformed") == 1
+    assert not path.exists()
+
+
+def test_stale_socket_is_replaced_and_a_bad_path_is_reported(tmp_path: Path) -> None:
+    path = tmp_path / "probe.sock"
+    old = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    old.bind(str(path))
+    old.close()
+    r = ProbeReceiver(path)
+
+    async def main() -> None:
+        await r.start()
+        await r.stop()
+
+    asyncio.run(main())
+    assert r._start_error is None
+
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    bad = ProbeReceiver(blocker)
+    asyncio.run(bad.start())
+    try:
+        collect(bad)
+    except CollectorUnavailable as exc:
+        assert exc.reason == "listen"
+    else:  # pragma: no cover
+        raise AssertionError("expected CollectorUnavailable")
+
+
+def test_all_probe_families_are_exported() -> None:
+    r = ProbeReceiver("/nonexistent/probe.sock")
+    r.feed(
+        frame(
+            calls_by_layer={"0": 1},
+            histograms={n: hist(n, 0.5) for n in wire.PLAIN_HISTOGRAMS},
+            topn_mass={32: hist(wire.TOPN_MASS, 0.9)},
+        )
+    )
+    got = names(collect(r))
+    for fam in (
+        "kcops_attention_calls_total",
+        "kcops_attention_errors_total",
+        "kcops_attention_seconds_bucket",
+        "kcops_kc_tokens_bucket",
+        "kcops_kc_ratio_bucket",
+        "kcops_topn_mass_ratio_bucket",
+        "kcops_context_tokens_bucket",
+        "kcops_probe_dropped_total",
+        "kcops_probe_frames_total",
+    ):
+        assert fam in got, fam
+
+
+def test_frames_past_the_rate_limit_are_shed_and_counted() -> None:
+    t = {"now": 100.2}
+    r = ProbeReceiver("/nonexistent/probe.sock", max_frames_per_s=3, clock=lambda: t["now"])
+    for i in range(5):
+        r.feed(frame(seq=i, calls_by_layer={"0": 1}))
+    t["now"] = 101.0
+    r.feed(frame(seq=5, calls_by_layer={"0": 1}))
+    out = collect(r)
+    assert value(out, "kcops_probe_frames_total", outcome="shed") == 2
+    assert value(out, "kcops_attention_calls_total", layer="0", process="python") == 4
