@@ -1,0 +1,79 @@
+"""``kcops dashboards build|push``: the Grafana dashboards, from code."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from kcops.agent.cli.common import EXIT_FAILURE, EXIT_UNREACHABLE
+
+
+@click.group("dashboards", help="Build the Grafana dashboards, or push them to a Grafana.")
+def dashboards_group() -> None:
+    pass
+
+
+@dashboards_group.command("build", help="Write the dashboards' JSON (one file per dashboard).")
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False),
+    default="dashboards/generated",
+    show_default=True,
+    help="Folder to write to.",
+)
+def build_cmd(out: str) -> None:
+    from kcops.dashboards.build import build_all
+
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, model in build_all().items():
+        (folder / name).write_text(json.dumps(model, indent=2, sort_keys=True) + "\n")
+        click.echo(f"wrote {folder / name} ({len(model['panels'])} panels)")
+
+
+@dashboards_group.command(
+    "push",
+    help=(
+        "Upload the dashboards to Grafana (POST /api/dashboards/db, overwrite). "
+        "The API token comes from $GRAFANA_TOKEN or --token-file."
+    ),
+)
+@click.option("--grafana-url", required=True, help="Grafana base URL, e.g. http://grafana:3000.")
+@click.option("--token-file", type=click.Path(dir_okay=False), help="File with a Grafana token.")
+@click.option("--folder-uid", default=None, help="Grafana folder UID to put them in.")
+def push_cmd(grafana_url: str, token_file: str | None, folder_uid: str | None) -> None:
+    from grafana_client import GrafanaApi
+    from grafana_client.client import GrafanaClientError
+
+    from kcops.dashboards.build import build_all
+
+    token = Path(token_file).read_text().strip() if token_file else os.environ.get("GRAFANA_TOKEN")
+    if not token:
+        click.echo("error: no Grafana token: set $GRAFANA_TOKEN or --token-file", err=True)
+        sys.exit(2)
+    api = GrafanaApi.from_url(grafana_url, credential=token, timeout=10.0)
+    failed = False
+    for name, model in build_all().items():
+        body: dict[str, object] = {
+            "dashboard": model,
+            "overwrite": True,
+            "message": "kcops dashboards push",
+        }
+        if folder_uid:
+            body["folderUid"] = folder_uid
+        try:
+            res = api.dashboard.update_dashboard(body)
+        except GrafanaClientError as exc:
+            click.echo(f"{name}: refused by Grafana: {exc}", err=True)
+            failed = True
+            continue
+        except Exception as exc:  # connection errors come from the HTTP library underneath
+            click.echo(f"error: cannot reach Grafana at {grafana_url}: {exc}", err=True)
+            sys.exit(EXIT_UNREACHABLE)
+        click.echo(f"{name}: {res.get('status', 'ok')} {res.get('url', '')}")
+    if failed:
+        sys.exit(EXIT_FAILURE)

@@ -1,0 +1,340 @@
+"""Grafana dashboards for kcops, built from code so they never drift from the signals.
+
+Each dashboard is a list of panels; each panel is one or more PromQL queries
+over DESIGN §3 names. ``build_all()`` returns Grafana's dashboard JSON model
+(schemaVersion 39) keyed by file name; ``kcops dashboards build`` writes them
+to ``dashboards/generated/`` and ``kcops dashboards push`` uploads them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+SCHEMA_VERSION = 39
+DS = {"type": "prometheus", "uid": "${datasource}"}
+# Every query is scoped to the chosen pod(s); `instance` is what Prometheus adds.
+SEL = 'instance=~"$instance"'
+
+
+@dataclass(frozen=True)
+class Query:
+    expr: str
+    legend: str = ""
+
+
+@dataclass(frozen=True)
+class Panel:
+    title: str
+    queries: tuple[Query, ...]
+    unit: str = "short"
+    kind: str = "timeseries"  # timeseries | stat
+    description: str = ""
+    thresholds: tuple[tuple[float, str], ...] = ()
+    width: int = 12
+    height: int = 8
+
+
+@dataclass(frozen=True)
+class Dashboard:
+    uid: str
+    title: str
+    description: str
+    panels: tuple[Panel, ...]
+    tags: tuple[str, ...] = field(default=("kcops",))
+
+
+def q(expr: str, legend: str = "") -> Query:
+    return Query(expr.replace("$SEL", SEL), legend)
+
+
+def _p99(metric: str) -> str:
+    return f"histogram_quantile(0.99, sum by (le) (rate({metric}_bucket{{$SEL}}[5m])))"
+
+
+SERVING = Dashboard(
+    uid="kcops-serving",
+    title="kcops / serving",
+    description="Latency, KV cache, prefix cache and memory of the engine kcops watches.",
+    panels=(
+        Panel(
+            "P99 request latency",
+            (
+                q(_p99("kcops_request_latency_seconds"), "p99"),
+                q(_p99("kcops_ttft_seconds"), "TTFT p99"),
+            ),
+            unit="s",
+            thresholds=((0.5, "red"),),
+            description="Alert KcopsP99LatencyHigh: p99 > 500 ms for 1m.",
+        ),
+        Panel(
+            "Requests",
+            (
+                q("sum(kcops_requests_running{$SEL})", "running"),
+                q("sum(kcops_requests_waiting{$SEL})", "waiting"),
+            ),
+        ),
+        Panel(
+            "KV cache usage",
+            (q("max by (instance) (kcops_kv_cache_usage_ratio{$SEL})", "{{instance}}"),),
+            unit="percentunit",
+        ),
+        Panel(
+            "Prefix cache hit rate",
+            (
+                q(
+                    "sum(rate(kcops_prefix_cache_hits_total{$SEL}[5m]))"
+                    " / sum(rate(kcops_prefix_cache_queries_total{$SEL}[5m]))",
+                    "hit rate",
+                ),
+            ),
+            unit="percentunit",
+            thresholds=((0.9, "red"),),
+            description="Alert KcopsPrefixCacheHitRateLow: < 90% for 5m (target >= 95%).",
+        ),
+        Panel(
+            "Device memory used",
+            (
+                q(
+                    "kcops_device_memory_used_bytes{$SEL} / kcops_device_memory_total_bytes{$SEL}",
+                    "{{instance}} {{device}}",
+                ),
+            ),
+            unit="percentunit",
+            thresholds=((0.9, "red"),),
+            description="Alert KcopsDeviceMemoryHigh: > 90% for 1m.",
+        ),
+        Panel(
+            "Segment transfer p99 (Redis KV tier)",
+            (q(_p99("kcops_segment_transfer_seconds"), "p99"),),
+            unit="s",
+            thresholds=((0.05, "red"),),
+        ),
+        Panel(
+            "Engine up",
+            (q("min(kcops_engine_up{$SEL})", "up"),),
+            kind="stat",
+            width=6,
+        ),
+        Panel(
+            "Engine restarts / OOM (1h)",
+            (
+                q("sum(increase(kcops_engine_restarts_total{$SEL}[1h]))", "restarts"),
+                q("sum(increase(kcops_engine_oom_total{$SEL}[1h]))", "OOM"),
+            ),
+            kind="stat",
+            width=6,
+        ),
+    ),
+)
+
+ATTENTION = Dashboard(
+    uid="kcops-attention",
+    title="kcops / attention and K(C)",
+    description="What the in-engine probe sees: K(C), top-N mass, errors, attention time.",
+    panels=(
+        Panel(
+            "K(C): context tokens that hold mass p",
+            (
+                q(
+                    "histogram_quantile(0.5, sum by (le) (rate(kcops_kc_tokens_bucket{$SEL}[5m])))",
+                    "median",
+                ),
+                q(
+                    "histogram_quantile(0.9, sum by (le) (rate(kcops_kc_tokens_bucket{$SEL}[5m])))",
+                    "p90",
+                ),
+            ),
+            description="A surge of 50% over its baseline fires KcopsKCSurge.",
+        ),
+        Panel(
+            "kappa = K / context",
+            (
+                q(
+                    "histogram_quantile(0.5, sum by (le) (rate(kcops_kc_ratio_bucket{$SEL}[5m])))",
+                    "median",
+                ),
+            ),
+            unit="percentunit",
+        ),
+        Panel(
+            "Attention mass held by the top-N keys (median)",
+            (
+                q(
+                    "histogram_quantile(0.5, sum by (le, n) "
+                    "(rate(kcops_topn_mass_ratio_bucket{$SEL}[5m])))",
+                    "N={{n}}",
+                ),
+            ),
+            unit="percentunit",
+        ),
+        Panel(
+            "Shadow agreement (served vs full attention)",
+            (q("min(kcops_shadow_agreement_ratio{$SEL})", "agreement"),),
+            unit="percentunit",
+            description="A drop of more than 5 points fires KcopsAccuracyDrop.",
+        ),
+        Panel(
+            "Attention errors",
+            (q("sum by (kind) (increase(kcops_attention_errors_total{$SEL}[5m]))", "{{kind}}"),),
+            thresholds=((1, "red"),),
+        ),
+        Panel(
+            "Attention calls per second by layer",
+            (q("sum by (layer) (rate(kcops_attention_calls_total{$SEL}[1m]))", "layer {{layer}}"),),
+            unit="ops",
+        ),
+        Panel(
+            "Attention call time p99 (sampled)",
+            (q(_p99("kcops_attention_seconds"), "p99"),),
+            unit="s",
+        ),
+        Panel(
+            "Context length p50 / p99",
+            (
+                q(
+                    "histogram_quantile(0.5, sum by (le) "
+                    "(rate(kcops_context_tokens_bucket{$SEL}[5m])))",
+                    "p50",
+                ),
+                q(
+                    "histogram_quantile(0.99, sum by (le) "
+                    "(rate(kcops_context_tokens_bucket{$SEL}[5m])))",
+                    "p99",
+                ),
+            ),
+        ),
+        Panel(
+            "Attention budget N and route",
+            (
+                q("max(kcops_attention_topn{$SEL})", "N"),
+                q("max(kcops_route_fallback{$SEL})", "fallback"),
+            ),
+        ),
+        Panel(
+            "Probe records dropped",
+            (q("sum(rate(kcops_probe_dropped_total{$SEL}[5m]))", "dropped/s"),),
+            unit="ops",
+        ),
+    ),
+)
+
+AGENT = Dashboard(
+    uid="kcops-agent",
+    title="kcops / agent and remediation",
+    description="Alert states, remediation runs and the agent's own health.",
+    panels=(
+        Panel(
+            "Alerts firing",
+            (q('sum by (alertname) (kcops_alert_state{$SEL, state="firing"})', "{{alertname}}"),),
+        ),
+        Panel(
+            "Remediation runs (1h)",
+            (
+                q(
+                    "sum by (action, outcome) (increase(kcops_action_runs_total{$SEL}[1h]))",
+                    "{{action}} {{outcome}}",
+                ),
+            ),
+        ),
+        Panel(
+            "Desired replicas (for the HPA)",
+            (q("max(kcops_desired_replicas{$SEL})", "desired"),),
+        ),
+        Panel(
+            "Collector errors",
+            (
+                q(
+                    "sum by (collector, reason) (rate(kcops_collector_errors_total{$SEL}[5m]))",
+                    "{{collector}} {{reason}}",
+                ),
+            ),
+            unit="ops",
+        ),
+        Panel(
+            "Agent tick p99",
+            (q(_p99("kcops_agent_tick_seconds"), "p99"),),
+            unit="s",
+        ),
+        Panel(
+            "Agent resident memory",
+            (q('kcops_process_resident_memory_bytes{$SEL, process="agent"}', "{{instance}}"),),
+            unit="bytes",
+        ),
+    ),
+)
+
+DASHBOARDS = (SERVING, ATTENTION, AGENT)
+
+
+def _panel_json(p: Panel, pid: int, x: int, y: int) -> dict[str, Any]:
+    steps: list[dict[str, Any]] = [{"color": "green", "value": None}]
+    steps += [{"color": color, "value": value} for value, color in p.thresholds]
+    return {
+        "id": pid,
+        "type": p.kind,
+        "title": p.title,
+        "description": p.description,
+        "datasource": DS,
+        "gridPos": {"h": p.height, "w": p.width, "x": x, "y": y},
+        "fieldConfig": {
+            "defaults": {"unit": p.unit, "thresholds": {"mode": "absolute", "steps": steps}},
+            "overrides": [],
+        },
+        "options": {},
+        "targets": [
+            {"refId": chr(ord("A") + i), "datasource": DS, "expr": t.expr, "legendFormat": t.legend}
+            for i, t in enumerate(p.queries)
+        ],
+    }
+
+
+def dashboard_json(d: Dashboard) -> dict[str, Any]:
+    """Grafana's dashboard JSON model for one dashboard; panels flow left to right."""
+    panels = []
+    x = y = row_h = 0
+    for i, p in enumerate(d.panels, start=1):
+        if x + p.width > 24:
+            x, y, row_h = 0, y + row_h, 0
+        panels.append(_panel_json(p, i, x, y))
+        x += p.width
+        row_h = max(row_h, p.height)
+    return {
+        "uid": d.uid,
+        "title": d.title,
+        "description": d.description,
+        "tags": list(d.tags),
+        "schemaVersion": SCHEMA_VERSION,
+        "editable": True,
+        "refresh": "10s",
+        "time": {"from": "now-1h", "to": "now"},
+        "timezone": "browser",
+        "templating": {
+            "list": [
+                {
+                    "name": "datasource",
+                    "type": "datasource",
+                    "query": "prometheus",
+                    "label": "Data source",
+                },
+                {
+                    "name": "instance",
+                    "type": "query",
+                    "datasource": DS,
+                    "query": "label_values(kcops_agent_build_info, instance)",
+                    "includeAll": True,
+                    "multi": True,
+                    "allValue": ".*",
+                    "label": "Pod",
+                    "refresh": 2,
+                },
+            ]
+        },
+        "annotations": {"list": []},
+        "panels": panels,
+    }
+
+
+def build_all() -> dict[str, dict[str, Any]]:
+    """File name -> dashboard JSON, for every kcops dashboard."""
+    return {f"{d.uid}.json": dashboard_json(d) for d in DASHBOARDS}

@@ -1,0 +1,129 @@
+"""Dashboards: in sync with the builder, valid PromQL, only catalogued signals."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import promql_parser
+import pytest
+from aiohttp import web
+from click.testing import CliRunner
+
+from kcops.agent.cli import cli
+from kcops.agent.signals import SIGNALS
+from kcops.dashboards.build import build_all
+from tests.services import free_port
+
+REPO = Path(__file__).resolve().parents[3]
+METRIC = re.compile(r"\b(kcops_[a-z0-9_]+)")
+
+
+def all_exprs() -> list[str]:
+    return [
+        t["expr"] for model in build_all().values() for p in model["panels"] for t in p["targets"]
+    ]
+
+
+def test_generated_files_match_the_builder() -> None:
+    for name, model in build_all().items():
+        path = REPO / "dashboards" / "generated" / name
+        assert path.exists(), f"run `kcops dashboards build` to create {path}"
+        assert json.loads(path.read_text()) == model, f"{name} is stale: `kcops dashboards build`"
+
+
+@pytest.mark.parametrize("expr", all_exprs())
+def test_every_query_parses_and_uses_catalogued_signals(expr: str) -> None:
+    promql_parser.parse(expr)
+    for name in METRIC.findall(expr):
+        base = re.sub(r"_(bucket|sum|count)$", "", name)
+        assert name in SIGNALS or base in SIGNALS, f"{name} is not in agent/signals.py"
+
+
+def test_layout_fits_the_grid_and_ids_are_unique() -> None:
+    for model in build_all().values():
+        ids = [p["id"] for p in model["panels"]]
+        assert len(ids) == len(set(ids))
+        for p in model["panels"]:
+            g = p["gridPos"]
+            assert g["x"] >= 0 and g["x"] + g["w"] <= 24
+            assert [t["refId"] for t in p["targets"]] == [
+                chr(ord("A") + i) for i in range(len(p["targets"]))
+            ]
+
+
+class GrafanaStandIn:
+    """Grafana cannot be installed here: this serves its documented
+    ``POST /api/dashboards/db`` contract and records what it received."""
+
+    def __init__(self, token: str) -> None:
+        self.token = token
+        self.received: list[dict[str, Any]] = []
+
+    async def save(self, request: web.Request) -> web.Response:
+        if request.headers.get("Authorization") != f"Bearer {self.token}":
+            return web.json_response({"message": "Unauthorized"}, status=401)
+        body = await request.json()
+        self.received.append(body)
+        uid = body["dashboard"]["uid"]
+        return web.json_response(
+            {
+                "id": len(self.received),
+                "uid": uid,
+                "url": f"/d/{uid}",
+                "status": "success",
+                "version": 1,
+                "slug": uid,
+            }
+        )
+
+
+@pytest.fixture
+def grafana() -> Iterator[tuple[str, GrafanaStandIn]]:
+    import asyncio
+
+    stand_in = GrafanaStandIn("glsa_test")
+    port = free_port()
+    loop = asyncio.new_event_loop()
+    app = web.Application()
+    app.router.add_post("/api/dashboards/db", stand_in.save)
+    runner = web.AppRunner(app)
+    loop.run_until_complete(runner.setup())
+    loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
+    t = threading.Thread(target=loop.run_forever, daemon=True)
+    t.start()
+    yield f"http://127.0.0.1:{port}", stand_in
+    loop.call_soon_threadsafe(loop.stop)
+    t.join(5)
+
+
+def test_push_uploads_every_dashboard_with_overwrite(grafana: tuple[str, GrafanaStandIn]) -> None:
+    url, stand_in = grafana
+    res = CliRunner().invoke(
+        cli,
+        ["dashboards", "push", "--grafana-url", url, "--folder-uid", "ops"],
+        env={"GRAFANA_TOKEN": "glsa_test"},
+    )
+    assert res.exit_code == 0, res.output
+    assert sorted(b["dashboard"]["uid"] for b in stand_in.received) == sorted(
+        m["uid"] for m in build_all().values()
+    )
+    assert all(b["overwrite"] is True and b["folderUid"] == "ops" for b in stand_in.received)
+
+
+def test_push_with_wrong_token_fails_and_without_token_is_usage_error(
+    grafana: tuple[str, GrafanaStandIn],
+) -> None:
+    url, _ = grafana
+    res = CliRunner().invoke(
+        cli, ["dashboards", "push", "--grafana-url", url], env={"GRAFANA_TOKEN": "wrong"}
+    )
+    assert res.exit_code == 1 and "refused by Grafana" in res.output
+    res = CliRunner().invoke(
+        cli, ["dashboards", "push", "--grafana-url", url], env={"GRAFANA_TOKEN": ""}
+    )
+    assert res.exit_code == 2 and "GRAFANA_TOKEN" in res.output
