@@ -12,3 +12,10 @@ from kcops.agent.config.base import Section
 class RulesSection(Section):
     file: Path | None = Field(None, description="rule file; none = the packaged alerts/rules.yaml")
     enabled: bool = True
+    params: dict[str, float | int | str] = Field(
+        default_factory=dict,
+        description=(
+            "overrides of the rule file's params (thresholds, windows), e.g. "
+            "{p99_latency_seconds: 0.3}; an unknown name is refused at load"
+        ),
+    )

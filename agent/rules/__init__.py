@@ -1,6 +1,12 @@
 """Alert rules: the PromQL-subset evaluator and the alert state machine.
 
 :func:`build` returns the rule-engine components the configuration asks for.
+Modules: ``parse`` (promql-parser + subset check), ``evaluator`` with
+``selectors``, ``functions``/``rangefns``/``histogram``, ``aggregations``,
+``binops``; ``templates``/``gofmt`` (annotation templating); ``loader`` (rule
+files, params, remediation ladders); ``alerting`` (pure state machine);
+``engine`` (rules over a store); ``component``; ``promtest`` (promtool test
+files, replay); ``export``.
 """
 
 from __future__ import annotations
@@ -12,5 +18,18 @@ if TYPE_CHECKING:
 
 
 def build(ctx: AgentContext) -> list[Any]:
-    """Rule-engine components (none until the rules issue lands)."""
-    return []
+    """The rules component, registered as ``ctx.services["alerts"]``; none when disabled.
+
+    Raises :class:`~kcops.agent.errors.ConfigError` (exit 2) when the rule
+    file is bad, naming the rule and the reason.
+    """
+    from kcops.agent.rules.component import RulesComponent
+    from kcops.agent.rules.loader import default_rules_path, load_rules
+
+    section = ctx.config.rules
+    if not section.enabled:
+        return []
+    path = section.file if section.file is not None else default_rules_path()
+    comp = RulesComponent(ctx, load_rules(path, dict(section.params)))
+    ctx.services["alerts"] = comp
+    return [comp]

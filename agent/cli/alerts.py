@@ -1,0 +1,196 @@
+"""``kcops alerts``: list, show, export, check and replay the alert rules."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+import yaml
+
+from kcops.agent.cli.common import (
+    EXIT_FAILURE,
+    agent_get_json,
+    agent_option,
+    echo_json,
+    handle_errors,
+)
+from kcops.agent.errors import ConfigError
+
+
+def _params(pairs: tuple[str, ...]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise ConfigError(f"--param {pair!r}: expected NAME=VALUE")
+        out[name] = yaml.safe_load(value)
+    return out
+
+
+def _load(rules: str | None, params: tuple[str, ...] = ()) -> Any:
+    from kcops.agent.rules.loader import default_rules_path, load_rules
+
+    return load_rules(rules or default_rules_path(), _params(params))
+
+
+rules_option = click.option(
+    "--rules",
+    "rules_file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Rule file (default: the packaged alerts/rules.yaml).",
+)
+param_option = click.option(
+    "--param", "params", multiple=True, metavar="NAME=VALUE", help="Override a rule parameter."
+)
+
+
+@click.group("alerts", help="The alert rules: live state, export for Prometheus, replay tests.")
+def alerts_group() -> None:
+    pass
+
+
+@alerts_group.command("list", help="Active alerts of a running agent, or the rules of a file.")
+@agent_option
+@click.option(
+    "--file",
+    "rules_file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="List the rules of this file instead of asking the agent.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@handle_errors
+def list_cmd(agent_url: str, rules_file: str | None, as_json: bool) -> None:
+    if rules_file is not None:
+        rs = _load(rules_file)
+        rows = [
+            {
+                "name": r.name,
+                "type": r.kind,
+                "for": r.raw.get("for", ""),
+                "severity": r.raw.get("labels", {}).get("severity", ""),
+            }
+            for r in rs.rules
+        ]
+        if as_json:
+            echo_json(rows)
+            return
+        for row in rows:
+            click.echo(f"{row['name']:<30} {row['type']:<9} for={row['for']:<5} {row['severity']}")
+        return
+    alerts = agent_get_json(agent_url, "/api/v1/alerts")
+    if as_json:
+        echo_json(alerts)
+        return
+    active = alerts.get("alerts", [])
+    if not active:
+        click.echo("no active alerts")
+    for a in active:
+        labels = ",".join(f"{k}={v}" for k, v in sorted(a["labels"].items()) if k != "alertname")
+        click.echo(f"{a['alertname']:<30} {a['state']:<8} since={a['active_since']:.0f} {labels}")
+
+
+@alerts_group.command("show", help="One rule: expression, for, labels, annotations, remediation.")
+@click.argument("name")
+@rules_option
+@param_option
+@handle_errors
+def show_cmd(name: str, rules_file: str | None, params: tuple[str, ...]) -> None:
+    rs = _load(rules_file, params)
+    rule = rs.get(name)
+    if rule is None:
+        names = ", ".join(r.name for r in rs.rules)
+        click.echo(f"error: no rule {name!r}; rules: {names}", err=True)
+        sys.exit(EXIT_FAILURE)
+    doc = dict(rule.raw)
+    from kcops.agent.rules.loader import AlertRule
+
+    if isinstance(rule, AlertRule) and rule.remediation:
+        doc["remediation"] = [
+            {"action": s.action, "params": dict(s.params), "verify_s": s.verify_s}
+            for s in rule.remediation
+        ]
+    click.echo(yaml.safe_dump(doc, sort_keys=False, width=1000), nl=False)
+
+
+@alerts_group.command("export", help="Write the rules for Prometheus (kcops extensions removed).")
+@rules_option
+@param_option
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["prometheus", "prometheus-operator"]),
+    default="prometheus",
+    show_default=True,
+)
+@click.option("--name", default="kcops", show_default=True, help="PrometheusRule name.")
+@click.option("--namespace", default=None, help="PrometheusRule namespace.")
+@handle_errors
+def export_cmd(
+    rules_file: str | None, params: tuple[str, ...], fmt: str, name: str, namespace: str | None
+) -> None:
+    from kcops.agent.rules.export import export_rules
+
+    click.echo(
+        export_rules(_load(rules_file, params), fmt, name=name, namespace=namespace), nl=False
+    )
+
+
+@alerts_group.command("check", help="Parse a rule file and check it against kcops's PromQL subset.")
+@click.argument("file", type=click.Path(dir_okay=False))
+@param_option
+@handle_errors
+def check_cmd(file: str, params: tuple[str, ...]) -> None:
+    rs = _load(file, params)
+    click.echo(f"{file}: OK, {len(rs.rules)} rules ({len(rs.alerts())} alerting)")
+
+
+@alerts_group.command(
+    "replay", help="Replay a `promtool test rules` file; print alert state changes as JSON lines."
+)
+@click.argument("testfile", type=click.Path(dir_okay=False))
+@rules_option
+@param_option
+@click.option(
+    "--assert",
+    "check",
+    is_flag=True,
+    help="Also check the file's alert_rule_test expectations, like promtool.",
+)
+@handle_errors
+def replay_cmd(testfile: str, rules_file: str | None, params: tuple[str, ...], check: bool) -> None:
+    from kcops.agent.rules.promtest import load_test_file, replay_group, resolve_rules
+
+    test = load_test_file(testfile)
+    overrides = _params(params)
+    ruleset = resolve_rules(test, rules_file, overrides)
+    failures: list[str] = []
+    multi = len(test.groups) > 1
+    for group in test.groups:
+        group_failures = []
+        for tr, failure in replay_group(ruleset, group, test.evaluation_interval_s, check=check):
+            if tr is not None:
+                line: dict[str, Any] = {
+                    "t": int(tr.t) if float(tr.t).is_integer() else tr.t,
+                    "alertname": tr.alertname,
+                    "labels": dict(tr.labels),
+                    "state": tr.state,
+                }
+                if multi:
+                    line["test"] = group.name
+                click.echo(json.dumps(line, sort_keys=False))
+            elif failure is not None and failure not in group_failures:
+                group_failures.append(failure)
+        if group_failures:
+            failures.append(f"  FAILED: {group.name}\n" + "\n".join(group_failures))
+    if check:
+        if failures:
+            click.echo(f"{Path(testfile)}: FAILED:", err=True)
+            for f in failures:
+                click.echo(f, err=True)
+            sys.exit(EXIT_FAILURE)
+        click.echo(f"{Path(testfile)}: SUCCESS", err=True)

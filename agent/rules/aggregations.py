@@ -1,0 +1,117 @@
+"""Aggregation operators (sum, avg, min, max, count, quantile, topk, ...) with by/without."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import promql_parser as pp
+
+from kcops.agent.rules.model import NAME, Elem, Labels, Vector
+from kcops.agent.rules.rangefns import quantile
+
+
+def group_key(labels: Labels, names: frozenset[str], without: bool) -> Labels:
+    if without:
+        return tuple(p for p in labels if p[0] not in names and p[0] != NAME)
+    return tuple(p for p in labels if p[0] in names)
+
+
+def aggregate(op: str, modifier: Any, param: float | None, vec: Vector) -> Vector:
+    without = modifier is not None and modifier.type == pp.AggModifierType.Without
+    names = frozenset(modifier.labels) if modifier is not None else frozenset()
+    groups: dict[Labels, list[Elem]] = {}
+    for e in vec:
+        groups.setdefault(group_key(e.labels, names, without), []).append(e)
+    if op in ("topk", "bottomk"):
+        return _topk(op == "topk", param, groups)
+    out: Vector = []
+    for key, elems in groups.items():
+        values = [e.value for e in elems]
+        out.append(Elem(key, _reduce(op, param, values)))
+    return out
+
+
+def _reduce(op: str, param: float | None, values: list[float]) -> float:
+    if op == "sum":
+        total = 0.0
+        for v in values:
+            total += v
+        return total
+    if op == "count":
+        return float(len(values))
+    if op == "group":
+        return 1.0
+    if op == "max":
+        out = values[0]
+        for v in values[1:]:
+            if out < v or math.isnan(out):
+                out = v
+        return out
+    if op == "min":
+        out = values[0]
+        for v in values[1:]:
+            if out > v or math.isnan(out):
+                out = v
+        return out
+    if op == "avg":
+        mean = values[0]
+        count = 1.0
+        for v in values[1:]:
+            count += 1
+            if math.isinf(mean):
+                if math.isinf(v) and (mean > 0) == (v > 0):
+                    continue
+                if not math.isinf(v) and not math.isnan(v):
+                    continue
+            mean += v / count - mean / count
+        return mean
+    if op in ("stddev", "stdvar"):
+        count = 1.0
+        mean = values[0]
+        acc = 0.0
+        for v in values[1:]:
+            count += 1
+            delta = v - mean
+            mean += delta / count
+            acc += delta * (v - mean)
+        var = acc / count
+        return math.sqrt(var) if op == "stddev" else var
+    if op == "quantile":
+        assert param is not None
+        return quantile(param, values)
+    raise AssertionError(op)
+
+
+def _topk(top: bool, param: float | None, groups: dict[Labels, list[Elem]]) -> Vector:
+    assert param is not None
+    k = int(param) if not math.isnan(param) else 0
+    if k < 1:
+        return []
+    out: Vector = []
+    for elems in groups.values():
+        chosen: list[Elem] = []
+        for e in elems:
+            if len(chosen) < k:
+                chosen.append(e)
+                continue
+            # Replace the current worst when this one is strictly better (NaN is worst).
+            worst_i = _worst(chosen, top)
+            w = chosen[worst_i].value
+            better = (w < e.value if top else w > e.value) or (
+                math.isnan(w) and not math.isnan(e.value)
+            )
+            if better:
+                chosen[worst_i] = e
+        out.extend(chosen)
+    return out
+
+
+def _worst(chosen: list[Elem], top: bool) -> int:
+    def badness(i: int) -> tuple[bool, float]:
+        v = chosen[i].value
+        if math.isnan(v):
+            return (True, 0.0)
+        return (False, -v if top else v)
+
+    return max(range(len(chosen)), key=badness)

@@ -1,0 +1,228 @@
+"""Runs a rule set over a store: evaluation, the state machine, ALERTS and state series.
+
+Shared by the agent's rules component (one :meth:`RuleEngine.evaluate` per
+tick) and ``kcops alerts replay`` (one per evaluation step of a test file).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from kcops.agent.events import AlertTransition
+from kcops.agent.rules.alerting import Instance, Result, step
+from kcops.agent.rules.evaluator import Evaluator
+from kcops.agent.rules.loader import AlertRule, RecordingRule, Rule, RuleSet
+from kcops.agent.rules.model import NAME, Elem, EvalError, Labels, Vector, labels_of
+from kcops.agent.samples import SeriesKey
+from kcops.agent.store import Store
+
+STATES = ("inactive", "pending", "firing")
+
+
+@dataclass
+class RuleHealth:
+    """What the last evaluation of one rule did, for ``/api/v1/rules``."""
+
+    last_eval: float | None = None
+    duration_s: float = 0.0
+    error: str | None = None
+    errors_total: int = 0
+    series: set[SeriesKey] = field(default_factory=set)
+
+
+class RuleEngine:
+    def __init__(
+        self,
+        ruleset: RuleSet,
+        store: Store,
+        *,
+        external_labels: Mapping[str, str] | None = None,
+        external_url: str = "",
+        write_series: bool = True,
+    ) -> None:
+        self.ruleset = ruleset
+        self.store = store
+        self.evaluator = Evaluator(store)
+        self.external_labels = dict(external_labels or {})
+        self.external_url = external_url
+        self.write_series = write_series
+        self.states: dict[str, dict[Labels, Instance]] = {r.name: {} for r in ruleset.alerts()}
+        self.health: dict[str, RuleHealth] = {r.name: RuleHealth() for r in ruleset.rules}
+        self.last_eval: float | None = None
+        self.last_duration_s = 0.0
+
+    # -- evaluation --------------------------------------------------------------
+
+    def evaluate(self, now: float) -> list[AlertTransition]:
+        """Evaluate every rule at ``now`` (Unix s), in file order; returns the transitions."""
+        t0 = time.perf_counter()
+        transitions: list[AlertTransition] = []
+        for rule in self.ruleset.rules:
+            h = self.health[rule.name]
+            r0 = time.perf_counter()
+            try:
+                value = self.evaluator.eval(rule.node, now)
+                if not isinstance(value, list):
+                    if isinstance(rule, RecordingRule) and isinstance(value, float):
+                        value = [Elem((), value)]
+                    else:
+                        raise EvalError("rule expression must return an instant vector")
+                if isinstance(rule, AlertRule):
+                    transitions += self._alert(rule, value, now, h)
+                else:
+                    self._record(rule, value, now, h)
+                h.error = None
+            except EvalError as exc:
+                h.error = str(exc)
+                h.errors_total += 1
+            h.last_eval = now
+            h.duration_s = time.perf_counter() - r0
+        self.last_eval = now
+        self.last_duration_s = time.perf_counter() - t0
+        return transitions
+
+    def _expand(self, rule: AlertRule, value: Vector) -> list[Result]:
+        results: list[Result] = []
+        seen: set[Labels] = set()
+        for labels, v in value:
+            tmpl_labels = dict(labels)
+            lab = {k: val for k, val in labels if k != NAME}
+            for k, tmpl in rule.labels.items():
+                lab[k] = tmpl.render(tmpl_labels, v, self.external_labels, self.external_url)
+            lab["alertname"] = rule.name
+            final = labels_of(lab)
+            if final in seen:
+                raise EvalError(
+                    "vector contains metrics with the same labelset after applying alert labels"
+                )
+            seen.add(final)
+            ann = {
+                k: t.render(tmpl_labels, v, self.external_labels, self.external_url)
+                for k, t in rule.annotations.items()
+            }
+            results.append(Result(final, v, ann))
+        return results
+
+    def _alert(
+        self, rule: AlertRule, value: Vector, now: float, h: RuleHealth
+    ) -> list[AlertTransition]:
+        results = self._expand(rule, value)
+        new_state, transitions = step(rule, self.states[rule.name], results, now)
+        self.states[rule.name] = new_state
+        if self.write_series:
+            self._write_alert_series(rule, new_state, now, h)
+        return transitions
+
+    def _write_alert_series(
+        self, rule: AlertRule, state: dict[Labels, Instance], now: float, h: RuleHealth
+    ) -> None:
+        written: set[SeriesKey] = set()
+        counts = dict.fromkeys(STATES, 0)
+        for inst in state.values():
+            counts[inst.state] += 1
+            key = SeriesKey("ALERTS", labels_of((*inst.labels, ("alertstate", inst.state))))
+            self.store.append(key, now, 1.0)
+            written.add(key)
+        counts["inactive"] = 1 if not state else 0
+        for st in STATES:
+            key = SeriesKey.of("kcops_alert_state", {"alertname": rule.name, "state": st})
+            self.store.append(key, now, float(counts[st]))
+        for key in h.series - written:
+            self.store.mark_stale(key, now)
+        h.series = written
+
+    def _record(self, rule: RecordingRule, value: Vector, now: float, h: RuleHealth) -> None:
+        written: set[SeriesKey] = set()
+        for labels, v in value:
+            lab = {k: val for k, val in labels if k != NAME}
+            lab.update(rule.labels)
+            key = SeriesKey(rule.name, labels_of(lab))
+            if key in written:
+                raise EvalError(
+                    "vector contains metrics with the same labelset after applying rule labels"
+                )
+            self.store.append(key, now, v)
+            written.add(key)
+        for key in h.series - written:
+            self.store.mark_stale(key, now)
+        h.series = written
+
+    # -- queries ---------------------------------------------------------------
+
+    def is_firing(self, alertname: str, labels: Mapping[str, str] | None = None) -> bool:
+        want = dict(labels or {})
+        for inst in self.states.get(alertname, {}).values():
+            if inst.state != "firing":
+                continue
+            d = dict(inst.labels)
+            if all(d.get(k) == v for k, v in want.items()):
+                return True
+        return False
+
+    def active(self) -> list[dict[str, Any]]:
+        out = []
+        for name, insts in self.states.items():
+            for inst in insts.values():
+                out.append(
+                    {
+                        "alertname": name,
+                        "labels": dict(inst.labels),
+                        "state": inst.state,
+                        "active_since": inst.active_at,
+                        "fired_at": inst.fired_at,
+                        "value": None if math.isnan(inst.value) else inst.value,
+                        "annotations": dict(inst.annotations),
+                    }
+                )
+        out.sort(key=lambda a: (a["alertname"], sorted(a["labels"].items())))
+        return out
+
+    def rules_info(self) -> list[dict[str, Any]]:
+        out = []
+        for r in self.ruleset.rules:
+            h = self.health[r.name]
+            info: dict[str, Any] = {
+                "name": r.name,
+                "type": r.kind,
+                "group": r.group,
+                "expr": r.expr,
+                "last_evaluation": h.last_eval,
+                "evaluation_seconds": h.duration_s,
+                "health": "unknown" if h.last_eval is None else ("err" if h.error else "ok"),
+                "last_error": h.error,
+                "errors_total": h.errors_total,
+            }
+            if isinstance(r, AlertRule):
+                insts = self.states[r.name].values()
+                info.update(
+                    {
+                        "for_s": r.for_s,
+                        "keep_firing_for_s": r.keep_firing_for_s,
+                        "labels": {k: t.source for k, t in r.labels.items()},
+                        "annotations": {k: t.source for k, t in r.annotations.items()},
+                        "remediation": [
+                            {"action": s.action, "params": dict(s.params), "verify_s": s.verify_s}
+                            for s in r.remediation
+                        ],
+                        "state": _rule_state(list(insts)),
+                        "active": len(insts),
+                    }
+                )
+            out.append(info)
+        return out
+
+
+def _rule_state(insts: list[Instance]) -> str:
+    if any(i.state == "firing" for i in insts):
+        return "firing"
+    if insts:
+        return "pending"
+    return "inactive"
+
+
+def rule_of(ruleset: RuleSet, name: str) -> Rule | None:
+    return ruleset.get(name)

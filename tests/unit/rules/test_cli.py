@@ -1,0 +1,91 @@
+"""``kcops alerts``: list, show, export, check, replay (exit codes of DESIGN §7)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from kcops.agent.cli import alerts as alerts_cli
+from kcops.agent.cli.alerts import alerts_group
+from kcops.alerts import packaged_file
+
+
+def invoke(*args: str) -> Any:
+    return CliRunner().invoke(alerts_group, list(args))
+
+
+def test_export_strips_kcops_keys_and_substitutes_params() -> None:
+    res = invoke("export", "--param", "p99_latency_seconds=0.3")
+    assert res.exit_code == 0, res.output
+    doc = yaml.safe_load(res.output)
+    assert "params" not in doc
+    rules = doc["groups"][0]["rules"]
+    assert all("remediation" not in r and "${" not in r["expr"] for r in rules)
+    p99 = next(r for r in rules if r["alert"] == "KcopsP99LatencyHigh")
+    assert p99["expr"].strip().endswith("> 0.3")
+
+
+def test_export_prometheus_operator() -> None:
+    res = invoke("export", "--format", "prometheus-operator", "--namespace", "serving")
+    doc = yaml.safe_load(res.output)
+    assert doc["kind"] == "PrometheusRule" and doc["metadata"]["namespace"] == "serving"
+    assert len(doc["spec"]["groups"][0]["rules"]) == 10
+
+
+def test_check_good_and_bad(tmp_path: Path) -> None:
+    assert invoke("check", str(packaged_file("rules.yaml"))).exit_code == 0
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "groups: [{name: g, rules: [{alert: Slow, expr: 'holt_winters(x[5m], 0.1, 0.1)'}]}]"
+    )
+    res = invoke("check", str(bad))
+    assert res.exit_code == 2
+    assert "rule 'Slow'" in res.output and "holt_winters" in res.output
+
+
+def test_show_and_list_file() -> None:
+    res = invoke("show", "KcopsDeviceMemoryHigh")
+    assert res.exit_code == 0
+    doc = yaml.safe_load(res.output)
+    assert doc["for"] == "1m" and doc["remediation"][1]["params"] == {
+        "policy": "lru",
+        "fraction": 0.5,
+    }
+    assert invoke("show", "Nope").exit_code == 1
+    res = invoke("list", "--file", str(packaged_file("rules.yaml")))
+    assert res.exit_code == 0 and res.output.count("\n") == 10
+
+
+def test_list_from_agent(monkeypatch: pytest.MonkeyPatch) -> None:
+    payload = {
+        "alerts": [
+            {
+                "alertname": "KcopsEngineDown",
+                "labels": {"alertname": "KcopsEngineDown", "engine": "e1"},
+                "state": "firing",
+                "active_since": 1.0,
+            }
+        ]
+    }
+    monkeypatch.setattr(alerts_cli, "agent_get_json", lambda url, path: payload)
+    res = invoke("list")
+    assert res.exit_code == 0 and "KcopsEngineDown" in res.output and "engine=e1" in res.output
+
+
+def test_list_unreachable_agent_exits_3() -> None:
+    res = invoke("list", "--agent", "http://127.0.0.1:9")
+    assert res.exit_code == 3
+
+
+def test_replay_prints_transitions_as_json_lines() -> None:
+    res = invoke("replay", str(packaged_file("tests/device_memory.yaml")))
+    assert res.exit_code == 0, res.output
+    lines = [json.loads(x) for x in res.output.splitlines() if x.startswith("{")]
+    mem = [(x["t"], x["state"]) for x in lines if x["alertname"] == "KcopsDeviceMemoryHigh"]
+    assert mem == [(120, "pending"), (180, "firing"), (360, "inactive")]
+    assert lines[-1]["labels"]["device"] == "0"

@@ -1,0 +1,152 @@
+"""The rules component: ticks over the store, publishes transitions, serves the control API."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+from opentelemetry import trace
+
+from kcops.agent import rules
+from kcops.agent.auth import TokenCheck
+from kcops.agent.clock import ManualClock
+from kcops.agent.component import AgentContext
+from kcops.agent.config import parse_config
+from kcops.agent.errors import ConfigError
+from kcops.agent.events import AlertTransition, EventBus
+from kcops.agent.samples import SeriesKey
+from kcops.agent.store import Store
+
+T0 = 1_700_000_000.0
+
+
+def make_ctx(tmp_path: Path, rules_cfg: dict[str, Any] | None = None) -> AgentContext:
+    return AgentContext(
+        config=parse_config({"rules": rules_cfg or {}}),
+        store=Store(),
+        clock=ManualClock(T0),
+        bus=EventBus(),
+        tracer=trace.get_tracer("test"),
+        auth=TokenCheck(None),
+        state_dir=tmp_path,
+    )
+
+
+def feed_healthy(store: Store, t: float, up: float) -> None:
+    store.append(SeriesKey.of("kcops_engine_up", {"engine": "e1"}), t, up)
+    store.append(SeriesKey.of("kcops_engine_last_healthy_age_seconds", {"engine": "e1"}), t, 0.0)
+
+
+def test_engine_down_fires_after_30s_and_resolves(tmp_path: Path) -> None:
+    ctx = make_ctx(tmp_path)
+    (comp,) = rules.build(ctx)
+    assert ctx.services["alerts"] is comp
+    seen: list[AlertTransition] = []
+    ctx.bus.subscribe(seen.append)
+
+    async def run() -> None:
+        await comp.start()
+        for i in range(60):
+            t = T0 + i
+            feed_healthy(ctx.store, t, 0.0 if 10 <= i < 50 else 1.0)
+            await comp.tick(t)
+        await comp.stop()
+
+    asyncio.run(run())
+    got = [(tr.t - T0, tr.state) for tr in seen if tr.alertname == "KcopsEngineDown"]
+    assert got == [(10, "pending"), (40, "firing"), (50, "inactive")]
+    firing = next(tr for tr in seen if tr.state == "firing")
+    assert [s.action for s in firing.remediation] == ["restart_worker"]
+    assert firing.labels["engine"] == "e1" and firing.labels["severity"] == "page"
+    assert "KcopsEngineDown" in comp.rule_names() and len(comp.rule_names()) == 10
+    # state series for the exporter and for rules over ALERTS
+    key = SeriesKey.of("kcops_alert_state", {"alertname": "KcopsEngineDown", "state": "inactive"})
+    assert ctx.store.latest(key) == (T0 + 59, 1.0)
+    alerts_key = SeriesKey.of(
+        "ALERTS",
+        {
+            "alertname": "KcopsEngineDown",
+            "alertstate": "firing",
+            "engine": "e1",
+            "severity": "page",
+        },
+    )
+    assert ctx.store.latest(alerts_key) is None  # stale-marked after resolving
+    assert ctx.store.latest(alerts_key, at=T0 + 49) == (T0 + 49, 1.0)
+
+
+def test_is_firing_active_and_routes(tmp_path: Path) -> None:
+    ctx = make_ctx(tmp_path)
+    (comp,) = rules.build(ctx)
+
+    async def run() -> tuple[Any, Any]:
+        for i in range(40):
+            feed_healthy(ctx.store, T0 + i, 0.0)
+            await comp.tick(T0 + i)
+        app = web.Application()
+        app.add_routes(comp.routes())
+        async with TestClient(TestServer(app)) as client:
+            a = await (await client.get("/api/v1/alerts")).json()
+            r = await (await client.get("/api/v1/rules")).json()
+        return a, r
+
+    alerts, rules_doc = asyncio.run(run())
+    assert comp.is_firing("KcopsEngineDown")
+    assert comp.is_firing("KcopsEngineDown", {"engine": "e1"})
+    assert not comp.is_firing("KcopsEngineDown", {"engine": "e2"})
+    assert not comp.is_firing("KcopsDeviceMemoryHigh")
+    (active,) = comp.active()
+    assert active["state"] == "firing" and active["active_since"] == T0
+    assert alerts["alerts"][0]["alertname"] == "KcopsEngineDown"
+    assert {r["name"] for r in rules_doc["rules"]} == set(comp.rule_names())
+    down = next(r for r in rules_doc["rules"] if r["name"] == "KcopsEngineDown")
+    assert down["state"] == "firing" and down["health"] == "ok"
+    status = comp.status()
+    assert status["healthy"] and "1 firing" in status["summary"]
+
+
+def test_config_params_override_and_bad_files_refuse_to_start(tmp_path: Path) -> None:
+    ctx = make_ctx(tmp_path, {"params": {"engine_hung_seconds": 5}})
+    (comp,) = rules.build(ctx)
+    assert "> 5" in comp.ruleset.get("KcopsEngineDown").expr
+    with pytest.raises(ConfigError, match="unknown parameter"):
+        rules.build(make_ctx(tmp_path, {"params": {"nope": 1}}))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("groups: [{name: g, rules: [{alert: X, expr: 'foo(bar)'}]}]")
+    with pytest.raises(ConfigError, match="rule 'X'"):
+        rules.build(make_ctx(tmp_path, {"file": str(bad)}))
+    assert rules.build(make_ctx(tmp_path, {"enabled": False})) == []
+
+
+def test_an_evaluation_error_is_reported_not_raised(tmp_path: Path) -> None:
+    f = tmp_path / "r.yaml"
+    f.write_text("groups: [{name: g, rules: [{alert: X, expr: 'a / on () b'}]}]")
+    ctx = make_ctx(tmp_path, {"file": str(f)})
+    (comp,) = rules.build(ctx)
+    for lab in ("1", "2"):
+        ctx.store.append(SeriesKey.of("a", {"x": lab}), T0, 1.0)
+    ctx.store.append(SeriesKey.of("b"), T0, 1.0)
+    asyncio.run(comp.tick(T0))
+    st = comp.status()
+    assert not st["healthy"] and "many-to-one" in st["errors"]["X"]
+
+
+def test_recording_rules_feed_later_rules(tmp_path: Path) -> None:
+    f = tmp_path / "r.yaml"
+    f.write_text(
+        "groups: [{name: g, rules: ["
+        "{record: 'job:x:sum', expr: 'sum by (job) (x)', labels: {src: rec}},"
+        "{alert: High, expr: 'job:x:sum > 3'}]}]"
+    )
+    ctx = make_ctx(tmp_path, {"file": str(f)})
+    (comp,) = rules.build(ctx)
+    for i, lab in enumerate(("1", "2")):
+        ctx.store.append(SeriesKey.of("x", {"job": "a", "i": lab}), T0, float(i + 2))
+    asyncio.run(comp.tick(T0))
+    rec = SeriesKey.of("job:x:sum", {"job": "a", "src": "rec"})
+    assert ctx.store.latest(rec) == (T0, 5.0)
+    assert comp.is_firing("High", {"job": "a", "src": "rec"})
