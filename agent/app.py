@@ -30,6 +30,7 @@ from kcops.agent.control import core_routes
 from kcops.agent.errors import ConfigError
 from kcops.agent.events import EventBus
 from kcops.agent.exporter import build_registry
+from kcops.agent.query import QueryComponent
 from kcops.agent.samples import Sample
 from kcops.agent.signals import register_all
 from kcops.agent.store import Store
@@ -83,6 +84,7 @@ class Agent:
         self.components: list[Component] = [self.collector_runner]
         self.components += rules_pkg.build(self.ctx)
         self.components += actions_pkg.build(self.ctx)
+        self.components.append(QueryComponent(self.ctx))
         self.components += list(extra_components or [])
         self._stop = asyncio.Event()
         self._http: web.AppRunner | None = None

@@ -1,0 +1,106 @@
+"""``GET /api/v1/query``: evaluate a PromQL expression over the agent's store.
+
+The same evaluator as the rules, answering in Prometheus's HTTP API shape so
+tools that speak to Prometheus (and ``kcops runbook``) can ask the agent
+directly, without Prometheus. Open read; at most ``MAX_QUERY_CHARS`` long.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from kcops.agent.rules.evaluator import Evaluator
+from kcops.agent.rules.gofmt import go_float
+from kcops.agent.rules.model import EvalError, RuleError, Value
+from kcops.agent.rules.parse import parse_expr
+
+if TYPE_CHECKING:
+    from kcops.agent.component import AgentContext
+
+MAX_QUERY_CHARS = 4000
+
+
+def _fmt(v: float) -> str:
+    # Sample values travel as strings, formatted as Go formats a float64.
+    return go_float(v)
+
+
+def to_api(value: Value, t: float) -> dict[str, Any]:
+    """Prometheus API ``data`` for one instant result."""
+    if isinstance(value, float):
+        return {"resultType": "scalar", "result": [t, _fmt(value)]}
+    if isinstance(value, str):
+        return {"resultType": "string", "result": [t, value]}
+    return {
+        "resultType": "vector",
+        "result": [
+            {"metric": dict(e.labels), "value": [t, _fmt(e.value)]}
+            for e in sorted(value, key=lambda e: e.labels)
+        ],
+    }
+
+
+class QueryComponent:
+    """Serves the query route; does nothing on ticks."""
+
+    name = "query"
+
+    def __init__(self, ctx: AgentContext) -> None:
+        self.ctx = ctx
+        self.evaluator = Evaluator(ctx.store)
+        self.served = 0
+
+    async def start(self) -> None:
+        return None
+
+    async def tick(self, now: float) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+    def status(self) -> dict[str, Any]:
+        return {"healthy": True, "summary": f"{self.served} queries served"}
+
+    def query(self, text: str, t: float | None = None) -> dict[str, Any]:
+        """Evaluate ``text`` at ``t`` (default now); raises RuleError / EvalError."""
+        if len(text) > MAX_QUERY_CHARS:
+            raise RuleError(f"query is {len(text)} characters; at most {MAX_QUERY_CHARS}")
+        node = parse_expr(text)
+        at = self.ctx.clock() if t is None else t
+        # A fresh evaluator per query: its selector cache is keyed by node identity.
+        value = Evaluator(self.ctx.store).eval(node, at)
+        self.served += 1
+        return to_api(value, at)
+
+    def routes(self) -> list[web.RouteDef]:
+        async def handler(request: web.Request) -> web.Response:
+            text = request.query.get("query", "").strip()
+            if not text:
+                return _error("bad_data", "missing parameter 'query'")
+            t = None
+            if "time" in request.query:
+                try:
+                    t = float(request.query["time"])
+                except ValueError:
+                    return _error("bad_data", "parameter 'time' must be Unix seconds")
+            try:
+                data = self.query(text, t)
+            except RuleError as exc:
+                return _error("bad_data", str(exc))
+            except EvalError as exc:
+                return _error("execution", str(exc), status=422)
+            return web.json_response({"status": "success", "data": data})
+
+        return [web.get("/api/v1/query", handler)]
+
+
+def _error(kind: str, message: str, status: int = 400) -> web.Response:
+    return web.json_response(
+        {"status": "error", "errorType": kind, "error": message}, status=status
+    )
+
+
+__all__ = ["QueryComponent", "to_api"]
