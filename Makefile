@@ -50,7 +50,7 @@ test: install services lint typecheck
 test-fast: install
 	$(VENV)/bin/pytest -q -m "not slow" tests/unit
 
-demo: install
+demo: install services
 	$(VENV)/bin/kcops demo
 
 clean:
