@@ -1,0 +1,124 @@
+"""``kcops serve``: the reference inference worker (issue 4). torch is imported lazily."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+import click
+
+from kcops.agent.cli.common import EXIT_USAGE, handle_errors
+
+
+@click.command(
+    "serve", help="Run the reference inference worker (OpenAI-compatible, vLLM metrics)."
+)
+@click.option(
+    "--model",
+    default="smollm2",
+    show_default=True,
+    help="smollm2, tiny or a local HF model folder.",
+)
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535))
+@click.option("--redis", "redis_url", default=None, help="Redis URL of the KV cache tier.")
+@click.option("--redis-prefix", default="kcops:kv:", show_default=True)
+@click.option("--enable-faults", is_flag=True, help="Allow POST /admin/faults (drills only).")
+@click.option("--token-file", type=click.Path(path_type=Path), default=None)
+@click.option("--long-threshold", default=4096, show_default=True, type=click.IntRange(1))
+@click.option("--top-n", default=64, show_default=True, type=click.IntRange(1))
+@click.option("--topn-min", default=16, show_default=True, type=click.IntRange(1))
+@click.option("--topn-max", default=1024, show_default=True, type=click.IntRange(1))
+@click.option("--dense-layers", default="0,1", show_default=True, help="Layers that stay dense.")
+@click.option("--shadow-fraction", default=0.0, show_default=True, type=click.FloatRange(0, 1))
+@click.option(
+    "--cache-budget-bytes", default=512 * 1024**2, show_default=True, type=click.IntRange(1)
+)
+@click.option("--cache-ttl-s", default=3600.0, show_default=True, type=click.FloatRange(min=1))
+@click.option(
+    "--threads", default=2, show_default=True, type=click.IntRange(1), help="torch threads."
+)
+@click.option("--pidfile", type=click.Path(path_type=Path), default=None)
+@click.option("--no-probe", is_flag=True, help="Do not install the kcops.kernels probe.")
+@handle_errors
+def serve_cmd(
+    model: str,
+    host: str,
+    port: int,
+    redis_url: str | None,
+    redis_prefix: str,
+    enable_faults: bool,
+    token_file: Path | None,
+    long_threshold: int,
+    top_n: int,
+    topn_min: int,
+    topn_max: int,
+    dense_layers: str,
+    shadow_fraction: float,
+    cache_budget_bytes: int,
+    cache_ttl_s: float,
+    threads: int,
+    pidfile: Path | None,
+    no_probe: bool,
+) -> None:
+    from kcops.agent.auth import load_token
+    from kcops.worker.control import BadSetting, parse_layers
+
+    try:
+        dense = parse_layers(dense_layers)
+    except BadSetting as exc:
+        raise click.UsageError(str(exc)) from None
+    if not topn_min <= top_n <= topn_max:
+        raise click.UsageError(
+            f"--top-n {top_n} outside [--topn-min {topn_min}, --topn-max {topn_max}]"
+        )
+    token = load_token(token_file)
+
+    import torch
+
+    from kcops.worker.app import WorkerOptions, build, install_probe, serve_forever
+
+    torch.set_num_threads(threads)
+    opts = WorkerOptions(
+        model=model,
+        host=host,
+        port=port,
+        token=token,
+        redis_url=redis_url,
+        redis_prefix=redis_prefix,
+        enable_faults=enable_faults,
+        long_threshold=long_threshold,
+        top_n=top_n,
+        dense_layers=dense,
+        topn_min=topn_min,
+        topn_max=topn_max,
+        shadow_fraction=shadow_fraction,
+        cache_budget_bytes=cache_budget_bytes,
+        cache_ttl_s=cache_ttl_s,
+    )
+    try:
+        state = build(opts)
+    except BadSetting as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_USAGE)
+    probe = install_probe() if not no_probe else "probe off (--no-probe)"
+    if token is None:
+        click.echo("kcops serve: no token configured: admin endpoints answer 401", err=True)
+    # SIGTERM (supervisor, restart_worker) exits through the finally below.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
+    if pidfile is not None:
+        pidfile.write_text(f"{os.getpid()}\n")
+    click.echo(
+        f"kcops serve: {state.model_name} on http://{host}:{port} "
+        f"(context {state.context_tokens}, {probe})",
+        err=True,
+    )
+    try:
+        serve_forever(state, host, port)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if pidfile is not None:
+            pidfile.unlink(missing_ok=True)

@@ -1,0 +1,183 @@
+"""Wire the worker together: model, control, cache (+ Redis), faults, metrics, engine, HTTP.
+
+:func:`build` makes a :class:`WorkerState` from :class:`WorkerOptions`;
+:func:`serve_forever` runs it; :class:`Background` runs it in a thread (tests, bench).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from kcops.agent.auth import TokenCheck
+from kcops.worker.cache import PrefixCache
+from kcops.worker.control import Control
+from kcops.worker.engine import Engine
+from kcops.worker.faults import Faults
+from kcops.worker.metrics import WorkerMetrics
+from kcops.worker.redis_tier import RedisTier
+from kcops.worker.server import WorkerState, build_app, live_state
+
+log = logging.getLogger("kcops.worker")
+
+
+@dataclass
+class WorkerOptions:
+    model: str = "smollm2"
+    host: str = "127.0.0.1"
+    port: int = 8000
+    token: str | None = None
+    redis_url: str | None = None
+    redis_prefix: str = "kcops:kv:"
+    enable_faults: bool = False
+    long_threshold: int = 4096
+    top_n: int = 64
+    dense_layers: frozenset[int] = field(default_factory=lambda: frozenset({0, 1}))
+    topn_min: int = 16
+    topn_max: int = 1024
+    shadow_fraction: float = 0.0
+    cache_budget_bytes: int = 512 * 1024**2
+    cache_ttl_s: float = 3600.0
+    install_probe: bool = True
+    progress: bool = True
+    pidfile: Path | None = None
+
+
+def install_probe() -> str:
+    """Install kcops.kernels (item 7) so attention publishes K(C), timings and errors.
+
+    Returns a short status; a probe that is missing or fails to install is reported,
+    never fatal: the worker serves without it."""
+    try:
+        import kcops.kernels as kernels
+    except ImportError as exc:  # pragma: no cover - kernels is part of the package
+        return f"probe unavailable: {exc}"
+    install = getattr(kernels, "install", None)
+    if install is None:
+        return "probe not installed: kcops.kernels.install() does not exist yet"
+    try:
+        install()
+    except Exception as exc:  # the probe must never stop the engine
+        log.warning("kcops.kernels.install() failed: %s", exc)
+        return f"probe install failed: {exc}"
+    return "probe installed"
+
+
+def build(opts: WorkerOptions, model: Any = None, tokenizer: Any = None) -> WorkerState:
+    """Load (or take) the model and wire every part; nothing is started yet."""
+    from kcops.kernels.topn import register
+    from kcops.worker.models import context_tokens, load_model
+
+    attn = register()
+    if model is None:
+        model, tokenizer = load_model(opts.model, progress=opts.progress, attn_implementation=attn)
+    else:
+        model.set_attn_implementation(attn)
+    name = Path(opts.model).name if opts.model not in ("tiny", "smollm2") else opts.model
+    num_layers = int(model.config.num_hidden_layers)
+    control = Control(
+        long_threshold=opts.long_threshold,
+        top_n=opts.top_n,
+        dense_layers=opts.dense_layers,
+        topn_min=opts.topn_min,
+        topn_max=opts.topn_max,
+        num_layers=num_layers,
+    )
+    holder: dict[str, WorkerState] = {}
+    metrics = WorkerMetrics(name, lambda: live_state(holder["state"]))
+    redis_tier = None
+    cache = PrefixCache(budget_bytes=opts.cache_budget_bytes)
+    if opts.redis_url:
+        redis_tier = RedisTier.from_url(
+            opts.redis_url,
+            opts.redis_prefix,
+            int(opts.cache_ttl_s),
+            on_transfer=metrics.transfer.observe,
+        )
+        cache.loader, cache.spiller = redis_tier.load, redis_tier.store
+    faults = Faults()
+    engine = Engine(
+        model,
+        tokenizer,
+        model_name=name,
+        control=control,
+        cache=cache,
+        faults=faults,
+        metrics=metrics,
+        shadow_fraction=opts.shadow_fraction,
+    )
+    state = WorkerState(
+        engine=engine,
+        control=control,
+        faults=faults,
+        metrics=metrics,
+        model_name=name,
+        context_tokens=context_tokens(model),
+        tokens=TokenCheck(opts.token),
+        redis=redis_tier,
+        cache_ttl_s=opts.cache_ttl_s,
+        enable_faults=opts.enable_faults,
+    )
+    holder["state"] = state
+    return state
+
+
+async def _serve(state: WorkerState, host: str, port: int, started: threading.Event) -> None:
+    runner = web.AppRunner(build_app(state), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    started.set()
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()
+
+
+def serve_forever(state: WorkerState, host: str, port: int) -> None:
+    state.engine.start()
+    try:
+        asyncio.run(_serve(state, host, port, threading.Event()))
+    finally:
+        state.engine.stop()
+
+
+class Background:
+    """The worker's HTTP server and model loop in daemon threads (tests, benchmarks)."""
+
+    def __init__(self, state: WorkerState, host: str, port: int) -> None:
+        self.state, self.host, self.port = state, host, port
+        self.url = f"http://{host}:{port}"
+        self._loop = asyncio.new_event_loop()
+        self._started = threading.Event()
+        self._task: asyncio.Future[None] | None = None
+        self._thread = threading.Thread(target=self._run, name="kcops-http", daemon=True)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._task = asyncio.ensure_future(
+            _serve(self.state, self.host, self.port, self._started), loop=self._loop
+        )
+        with contextlib.suppress(asyncio.CancelledError):
+            self._loop.run_until_complete(self._task)
+
+    def __enter__(self) -> Background:
+        self.state.engine.start()
+        self._thread.start()
+        if not self._started.wait(30):
+            raise RuntimeError(f"worker did not start on {self.url}")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.state.faults.clear()
+        if self._task is not None:
+            self._loop.call_soon_threadsafe(self._task.cancel)
+        self._thread.join(10)
+        self.state.engine.stop()

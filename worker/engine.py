@@ -1,0 +1,344 @@
+"""The continuous-batching loop: one model thread, a queue in, events out.
+
+Each iteration admits the waiting requests, prefills each one (reusing its
+cached prefix), groups the new ones into *cohorts* of the same path and
+similar prompt length (left-padded into one KV batch), then runs one decode
+step for every live cohort. New requests therefore start while older cohorts
+are still decoding. Finished rows leave their cohort at once.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import queue
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from kcops.kernels.topn import DENSE, TopNPolicy, use_policy
+from kcops.worker.cache import KV, PrefixCache
+from kcops.worker.control import BASE, OPTIMIZED, Control
+from kcops.worker.faults import Faults
+from kcops.worker.metrics import WorkerMetrics
+
+log = logging.getLogger("kcops.worker")
+MAX_COHORT = 8
+
+
+@dataclass
+class Event:
+    kind: str  # "delta" | "done" | "error"
+    text: str = ""
+    finish_reason: str | None = None
+    usage: dict[str, int] | None = None
+
+
+@dataclass
+class GenRequest:
+    prompt_ids: list[int]
+    max_tokens: int
+    emit: Callable[[Event], None]
+    temperature: float = 0.0
+    top_p: float = 1.0
+    stop: list[str] = field(default_factory=list)
+    seed: int | None = None
+    arrival_s: float = 0.0
+    cancelled: bool = False
+    route: str = BASE
+    generated: list[int] = field(default_factory=list)
+    sent_chars: int = 0
+    cached_tokens: int = 0
+    top_n: int | None = None  # default N this request ran under (None: dense)
+    _gen: torch.Generator | None = None
+
+
+@dataclass
+class Cohort:
+    route: str
+    reqs: list[GenRequest]
+    cache: Any  # DynamicCache, batch = len(reqs)
+    mask: torch.Tensor  # (B, L) 1 = real token
+    pos: torch.Tensor  # (B,) next position per row
+
+
+def policy_namespace(model_name: str, policy: TopNPolicy) -> str:
+    """Cache namespace: KV computed under different attention differs."""
+    if policy.top_n is None and not policy.top_n_by_layer:
+        return f"{model_name}|dense"
+    by_layer = sorted(policy.top_n_by_layer.items())
+    return f"{model_name}|topn:{policy.top_n}:{by_layer}:{sorted(policy.dense_layers)}"
+
+
+class Engine:
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        model_name: str,
+        control: Control,
+        cache: PrefixCache,
+        faults: Faults,
+        metrics: WorkerMetrics,
+        shadow_fraction: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.model, self.tok = model, tokenizer
+        self.model_name = model_name
+        self.control, self.cache, self.faults, self.metrics = control, cache, faults, metrics
+        self.shadow_fraction = shadow_fraction
+        self.clock = clock
+        self.rng = rng or random.Random(0)
+        self.cache_lock = threading.Lock()
+        self.shadow_checks = 0
+        self.max_batch_seen = 0  # largest decode batch so far (evidence of batching)
+        self.shadow_agree = 0
+        self._queue: queue.Queue[GenRequest] = queue.Queue()
+        self._cohorts: list[Cohort] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="kcops-model", daemon=True)
+        # transformers >= 5.2x renamed ``past_key_values`` to ``cache``.
+        params = inspect.signature(model.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self.eos_ids = (
+            {int(tokenizer.eos_token_id)} if tokenizer.eos_token_id is not None else set()
+        )
+
+    # -- public, any thread --------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self._stop.set()
+        self.faults.unhung.set()
+        self._thread.join(timeout_s)
+
+    def submit(self, req: GenRequest) -> None:
+        req.arrival_s = self.clock()
+        self._queue.put(req)
+
+    @property
+    def waiting(self) -> int:
+        return self._queue.qsize()
+
+    @property
+    def running(self) -> int:
+        return sum(len(c.reqs) for c in self._cohorts)
+
+    @property
+    def shadow_agreement(self) -> float | None:
+        return self.shadow_agree / self.shadow_checks if self.shadow_checks else None
+
+    # -- model thread --------------------------------------------------------
+    def _run(self) -> None:
+        with torch.inference_mode():
+            while not self._stop.is_set():
+                if not self.faults.unhung.wait(0.2):
+                    continue  # hung by a fault drill: no progress until cleared
+                try:
+                    self._iteration()
+                except Exception:  # a bug must not kill the loop silently
+                    log.exception("model loop iteration failed")
+
+    def _admit(self) -> list[GenRequest]:
+        new: list[GenRequest] = []
+        try:
+            timeout = None if not self._cohorts else 0.0
+            first = self._queue.get(timeout=0.1) if timeout is None else self._queue.get_nowait()
+            new.append(first)
+            while True:
+                new.append(self._queue.get_nowait())
+        except queue.Empty:
+            pass
+        return new
+
+    def _iteration(self) -> None:
+        new = [r for r in self._admit() if not self._abort_if_cancelled(r)]
+        prefilled: list[tuple[GenRequest, KV]] = []
+        for req in new:
+            try:
+                kv = self._prefill(req)
+            except Exception as exc:
+                log.exception("prefill failed")
+                req.emit(Event("error", text=f"prefill failed: {exc}"))
+                continue
+            if kv is not None:
+                prefilled.append((req, kv))
+        self._form_cohorts(prefilled)
+        for cohort in list(self._cohorts):
+            try:
+                self._decode_step(cohort)
+            except Exception as exc:
+                log.exception("decode step failed")
+                for req in cohort.reqs:
+                    req.emit(Event("error", text=f"decode failed: {exc}"))
+                cohort.reqs = []
+            if not cohort.reqs:
+                self._cohorts.remove(cohort)
+
+    def _abort_if_cancelled(self, req: GenRequest) -> bool:
+        if req.cancelled:
+            req.emit(Event("done", finish_reason="abort", usage=self._usage(req)))
+        return req.cancelled
+
+    def _forward(self, policy: TopNPolicy, kv_cache: Any = None, **kwargs: Any) -> Any:
+        if kv_cache is not None:
+            kwargs[self._cache_kw] = kv_cache
+        with use_policy(policy):
+            return self.model(use_cache=True, **kwargs)
+
+    def _prefill(self, req: GenRequest) -> KV | None:
+        from transformers import DynamicCache
+
+        if self.faults.latency_ms > 0:
+            time.sleep(self.faults.latency_ms / 1000.0)
+        ids = req.prompt_ids
+        req.route = self.control.route(len(ids))
+        self.metrics.routed(req.route)
+        policy = self.control.policy(req.route, inject_nan=self.faults.nan)
+        req.top_n = policy.top_n
+        ns = policy_namespace(self.model_name, policy)
+        now = self.clock()
+        with self.cache_lock:
+            n_cached, cached = self.cache.lookup(ids, ns, now)
+        self.metrics.prefix_queries.inc(len(ids))
+        self.metrics.prefix_hits.inc(n_cached)
+        self.metrics.prompt_tokens.inc(len(ids))
+        req.cached_tokens = n_cached
+        kv_cache: Any = DynamicCache(config=self.model.config)
+        for layer, (k, v) in enumerate(cached):
+            kv_cache.update(k[None], v[None], layer)
+        out = self._forward(policy, kv_cache, input_ids=torch.tensor([ids[n_cached:]]))
+        logits = out.logits[0, -1].float()
+        kv: KV = [(lay.keys[0], lay.values[0]) for lay in kv_cache.layers]
+        with self.cache_lock:
+            self.cache.insert(ids, ns, kv, self.clock())
+        if req.route == OPTIMIZED and self.rng.random() < self.shadow_fraction:
+            self._shadow(ids, logits)
+        if req.seed is not None:
+            req._gen = torch.Generator().manual_seed(req.seed)
+        token = self._sample(logits, req)
+        self.metrics.ttft.observe(self.clock() - req.arrival_s)
+        if self._accept(req, token):
+            return kv
+        return None
+
+    def _shadow(self, ids: list[int], served_logits: torch.Tensor) -> None:
+        """Recompute the next-token choice with full attention; count agreement."""
+        out = self._forward(DENSE, input_ids=torch.tensor([ids]))
+        dense_choice = int(out.logits[0, -1].float().argmax())
+        self.shadow_checks += 1
+        self.shadow_agree += int(dense_choice == int(torch.nan_to_num(served_logits).argmax()))
+        self.metrics.shadow_checks.inc()
+
+    def _sample(self, logits: torch.Tensor, req: GenRequest) -> int:
+        logits = torch.nan_to_num(logits, nan=0.0, posinf=1e4, neginf=-1e4)
+        if req.temperature <= 0:
+            return int(logits.argmax())
+        probs = torch.softmax(logits / req.temperature, dim=-1)
+        if req.top_p < 1.0:
+            sorted_p, idx = probs.sort(descending=True)
+            cut = sorted_p.cumsum(0) - sorted_p > req.top_p
+            sorted_p[cut] = 0.0
+            probs = torch.zeros_like(probs).scatter_(0, idx, sorted_p)
+        return int(torch.multinomial(probs, 1, generator=req._gen))
+
+    def _accept(self, req: GenRequest, token: int) -> bool:
+        """Append a token, emit text, finish when due. True while the request goes on."""
+        if req.cancelled:
+            req.emit(Event("done", finish_reason="abort", usage=self._usage(req)))
+            return False
+        is_eos = token in self.eos_ids
+        if not is_eos:
+            req.generated.append(token)
+            self.metrics.generation_tokens.inc()
+        text = self.tok.decode(req.generated, skip_special_tokens=True)
+        finish: str | None = "stop" if is_eos else None
+        for s in req.stop:
+            at = text.find(s)
+            if at >= 0:
+                text, finish = text[:at], "stop"
+        if finish is None and len(req.generated) >= req.max_tokens:
+            finish = "length"
+        if finish is None:
+            # Hold back a partial stop string and an incomplete UTF-8 character.
+            hold = max((len(s) - 1 for s in req.stop), default=0)
+            visible = len(text) - hold
+            while visible > req.sent_chars and text[visible - 1] == "\ufffd":
+                visible -= 1
+        else:
+            visible = len(text)
+        if visible > req.sent_chars:
+            req.emit(Event("delta", text=text[req.sent_chars : visible]))
+            req.sent_chars = visible
+        if finish is not None:
+            self.metrics.e2e.observe(self.clock() - req.arrival_s)
+            self.metrics.success(finish)
+            req.emit(Event("done", finish_reason=finish, usage=self._usage(req)))
+            return False
+        return True
+
+    @staticmethod
+    def _usage(req: GenRequest) -> dict[str, int]:
+        p, c = len(req.prompt_ids), len(req.generated)
+        return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+
+    def _form_cohorts(self, prefilled: list[tuple[GenRequest, KV]]) -> None:
+        groups: dict[tuple[str, int], list[tuple[GenRequest, KV]]] = {}
+        for req, kv in prefilled:
+            groups.setdefault((req.route, len(req.prompt_ids).bit_length()), []).append((req, kv))
+        for (route, _), members in groups.items():
+            for start in range(0, len(members), MAX_COHORT):
+                self._cohorts.append(self._cohort(route, members[start : start + MAX_COHORT]))
+
+    def _cohort(self, route: str, members: list[tuple[GenRequest, KV]]) -> Cohort:
+        from transformers import DynamicCache
+
+        lengths = [kv[0][0].shape[-2] for _, kv in members]
+        width = max(lengths)
+        cache = DynamicCache(config=self.model.config)
+        for layer in range(len(members[0][1])):
+            ks, vs = [], []
+            for (_, kv), n in zip(members, lengths, strict=True):
+                k, v = kv[layer]
+                pad = (0, 0, width - n, 0)  # left-pad the sequence axis
+                ks.append(torch.nn.functional.pad(k, pad))
+                vs.append(torch.nn.functional.pad(v, pad))
+            cache.update(torch.stack(ks), torch.stack(vs), layer)
+        mask = torch.zeros(len(members), width, dtype=torch.long)
+        for row, n in enumerate(lengths):
+            mask[row, width - n :] = 1
+        return Cohort(route, [r for r, _ in members], cache, mask, torch.tensor(lengths))
+
+    def _decode_step(self, cohort: Cohort) -> None:
+        reqs = cohort.reqs
+        self.max_batch_seen = max(self.max_batch_seen, len(reqs))
+        last = torch.tensor([[r.generated[-1]] for r in reqs])
+        mask = torch.cat([cohort.mask, torch.ones(len(reqs), 1, dtype=torch.long)], dim=1)
+        policy = self.control.policy(cohort.route, inject_nan=self.faults.nan)
+        out = self._forward(
+            policy,
+            cohort.cache,
+            input_ids=last,
+            attention_mask=mask,
+            position_ids=cohort.pos[:, None],
+        )
+        cohort.mask, cohort.pos = mask, cohort.pos + 1
+        keep = [
+            i
+            for i, req in enumerate(reqs)
+            if self._accept(req, self._sample(out.logits[i, -1].float(), req))
+        ]
+        if len(keep) < len(reqs):
+            idx = torch.tensor(keep, dtype=torch.long)
+            for layer in cohort.cache.layers:
+                layer.batch_select_indices(idx)
+            cohort.mask, cohort.pos = cohort.mask[idx], cohort.pos[idx]
+            cohort.reqs = [reqs[i] for i in keep]

@@ -1,0 +1,131 @@
+"""The worker's ``/metrics``: vLLM's names and semantics, plus ``kcops_worker_*``.
+
+One private :class:`CollectorRegistry` per worker (no global registry).
+Gauges that mirror live state (queue sizes, cache usage, route mode, N) are
+read at scrape time from a state callback. The shadow agreement gauge is
+absent until a shadow check has run: unknown must not look like 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0)
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0)
+TRANSFER_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+
+
+@dataclass
+class LiveState:
+    """Values read at scrape time."""
+
+    waiting: int
+    running: int
+    kv_cache_usage_perc: float
+    top_n: int
+    fallback: bool
+    shadow_agreement: float | None
+
+
+class _LiveCollector(Collector):
+    def __init__(self, model_name: str, read: Callable[[], LiveState]) -> None:
+        self._model = model_name
+        self._read = read
+
+    def describe(self) -> list[GaugeMetricFamily]:
+        # Read live state only at scrape time, not when registering.
+        return []
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        s = self._read()
+        lbl = ["model_name"]
+
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            g = GaugeMetricFamily(name, doc, labels=lbl)
+            g.add_metric([self._model], value)
+            return g
+
+        yield gauge("vllm:num_requests_waiting", "Requests waiting to be processed.", s.waiting)
+        yield gauge("vllm:num_requests_running", "Requests in model execution.", s.running)
+        yield gauge(
+            "vllm:kv_cache_usage_perc",
+            "KV-cache usage. 1 means 100 percent usage.",
+            s.kv_cache_usage_perc,
+        )
+        yield gauge("kcops_worker_attention_topn", "Current default top-N budget.", s.top_n)
+        yield gauge(
+            "kcops_worker_route_fallback", "1 when all requests go to base.", int(s.fallback)
+        )
+        if s.shadow_agreement is not None:
+            yield gauge(
+                "kcops_worker_shadow_agreement_ratio",
+                "Share of shadow-checked tokens where optimized agrees with full attention.",
+                s.shadow_agreement,
+            )
+
+
+class WorkerMetrics:
+    def __init__(self, model_name: str, read_live: Callable[[], LiveState]) -> None:
+        self.model_name = model_name
+        self.registry = CollectorRegistry(auto_describe=True)
+        r, lbl = self.registry, ["model_name"]
+        self.e2e = Histogram(
+            "vllm:e2e_request_latency_seconds",
+            "Histogram of end to end request latency in seconds.",
+            lbl,
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        ).labels(model_name)
+        self.ttft = Histogram(
+            "vllm:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            lbl,
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        ).labels(model_name)
+        self.transfer = Histogram(
+            "kcops_worker_segment_transfer_seconds",
+            "Time to bring a cached KV segment back from the Redis tier.",
+            lbl,
+            buckets=TRANSFER_BUCKETS,
+            registry=r,
+        ).labels(model_name)
+
+        def counter(name: str, doc: str, extra: list[str] | None = None) -> Any:
+            return Counter(name, doc, lbl + (extra or []), registry=r)
+
+        self.prefix_queries = counter(
+            "vllm:prefix_cache_queries", "Prefix cache queries, in tokens."
+        ).labels(model_name)
+        self.prefix_hits = counter(
+            "vllm:prefix_cache_hits", "Prefix cache hits, in tokens."
+        ).labels(model_name)
+        self._success = counter(
+            "vllm:request_success", "Count of successfully processed requests.", ["finished_reason"]
+        )
+        self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens.").labels(
+            model_name
+        )
+        self.generation_tokens = counter(
+            "vllm:generation_tokens", "Number of generation tokens."
+        ).labels(model_name)
+        self.shadow_checks = counter(
+            "kcops_worker_shadow_checks", "Shadow checks of optimized requests."
+        ).labels(model_name)
+        self._routed = counter("kcops_worker_requests_routed", "Requests by path.", ["path"])
+        r.register(_LiveCollector(model_name, read_live))
+
+    def success(self, finished_reason: str) -> None:
+        self._success.labels(self.model_name, finished_reason).inc()
+
+    def routed(self, path: str) -> None:
+        self._routed.labels(self.model_name, path).inc()
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
