@@ -1,0 +1,229 @@
+"""``kcops kc``: measure K(C) of a model on a text with the attention probe.
+
+torch, transformers and the worker's model loader are imported inside the
+command, so ``kcops --help`` works in a slim sidecar image.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+
+from kcops.agent.cli.common import EXIT_FAILURE, handle_errors
+
+DEFAULT_MAX_TOKENS = 512
+TOPN = (16, 32, 64)
+
+
+def parse_p(raw: str) -> tuple[float, ...]:
+    """``"0.9,0.95"`` -> (0.9, 0.95); each in (0, 1]."""
+    try:
+        values = tuple(float(x) for x in raw.split(",") if x.strip())
+    except ValueError:
+        raise click.BadParameter(
+            f"{raw!r}: expected numbers in (0, 1], e.g. 0.9,0.95", param_hint="--p"
+        ) from None
+    if not values or not all(0.0 < p <= 1.0 for p in values):
+        raise click.BadParameter(
+            f"{raw!r}: every p must be in (0, 1], e.g. 0.9,0.95", param_hint="--p"
+        )
+    return tuple(dict.fromkeys(values))
+
+
+def parse_rows(raw: str) -> str | int:
+    """``last``, ``all`` or a positive int N."""
+    raw = raw.strip()
+    if raw in ("last", "all"):
+        return raw
+    if raw.isdigit() and int(raw) >= 1:
+        return int(raw)
+    raise click.BadParameter(
+        f"{raw!r}: allowed 'last', 'all' or a positive integer", param_hint="--rows"
+    )
+
+
+def check_model(name: str) -> None:
+    if name in ("tiny", "smollm2"):
+        return
+    path = Path(name).expanduser()
+    if not (path / "config.json").is_file():
+        raise click.BadParameter(
+            f"{name!r}: allowed 'tiny', 'smollm2' or a local Hugging Face model folder "
+            "(with config.json)",
+            param_hint="--model",
+        )
+
+
+def read_text(path: str) -> str:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise click.BadParameter(f"{path!r}: no such file", param_hint="--text") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise click.BadParameter(f"{path!r}: cannot read as UTF-8 text: {exc}") from None
+    if not text.strip():
+        raise click.BadParameter(f"{path!r}: the file is empty", param_hint="--text")
+    return text
+
+
+def _load_model(name: str) -> tuple[Any, Any]:
+    from kcops.worker.models import load_model
+
+    return load_model(name, progress=True, attn_implementation="sdpa")
+
+
+def measure(
+    model: Any,
+    input_ids: Any,
+    *,
+    p_values: tuple[float, ...],
+    rows: str | int,
+    model_name: str,
+) -> dict[str, Any]:
+    """One forward pass with the probe recording every chosen row; returns the ``--json``
+    document (see docs/probe.md)."""
+    import torch
+
+    import kcops.kernels as kernels
+
+    kernels.uninstall()
+    probe = kernels.install(
+        kernels.ProbeConfig(
+            sample_rate=1.0,
+            rows=rows,
+            p_values=p_values,
+            topn=TOPN,
+            record=True,
+            publish=False,
+            nvtx=False,
+            integrations=("transformers",),
+            max_batch_rows=1,
+        )
+    )
+    try:
+        with torch.no_grad():
+            model(input_ids)
+        records = list(probe.records)
+    finally:
+        kernels.uninstall()
+    layers: dict[int, list[dict[str, Any]]] = {}
+    for layer, row in records:
+        layers.setdefault(int(layer) if layer.isdigit() else -1, []).append(
+            {
+                "position": row.position,
+                "k_union": {str(p): row.k_union[p] for p in p_values},
+                "k_heads": {str(p): row.k_heads[p] for p in p_values},
+                "topn_mass": {str(n): row.topn_mass[n] for n in TOPN},
+            }
+        )
+    return {
+        "model": model_name,
+        "tokens": int(input_ids.shape[-1]),
+        "p": list(p_values),
+        "layers": [{"layer": k, "rows": v} for k, v in sorted(layers.items())],
+    }
+
+
+def _q(values: Sequence[float], q: float) -> float:
+    """Nearest-rank quantile (0 < q <= 1) of a non-empty sequence."""
+    ordered = sorted(values)
+    idx = max(0, min(len(ordered) - 1, int(-(-q * len(ordered) // 1)) - 1))
+    return float(ordered[idx])
+
+
+def summary_lines(doc: dict[str, Any]) -> list[str]:
+    """The human-readable table: per layer and p, median/p90 over rows."""
+    lines = [
+        f"model {doc['model']}, {doc['tokens']} tokens, "
+        f"rows per layer: {len(doc['layers'][0]['rows']) if doc['layers'] else 0}",
+        "K_union = union of the top-K_p keys over the query heads of a KV group (largest group);",
+        "K_head = per-head K_p (median over heads); kappa = K_union / visible tokens.",
+        "",
+    ]
+    head = f"{'layer':>5} {'p':>5} {'K_union med':>11} {'p90':>6} {'K_head med':>10} {'p90':>6}"
+    head += f" {'kappa med':>9} {'p90':>6}" + "".join(f" {'top' + str(n):>6}" for n in TOPN)
+    lines.append(head)
+    for layer in doc["layers"]:
+        rows = layer["rows"]
+        if not rows:
+            continue
+        for p in doc["p"]:
+            key = str(p)
+            ku = [r["k_union"][key] for r in rows]
+            kh = [statistics.median(r["k_heads"][key]) for r in rows]
+            kappa = [r["k_union"][key] / (r["position"] + 1) for r in rows]
+            mass = [statistics.median(r["topn_mass"][str(n)] for r in rows) for n in TOPN]
+            lines.append(
+                f"{layer['layer']:>5} {p:>5} {statistics.median(ku):>11.1f} {_q(ku, 0.9):>6.0f}"
+                f" {statistics.median(kh):>10.1f} {_q(kh, 0.9):>6.0f}"
+                f" {statistics.median(kappa):>9.3f} {_q(kappa, 0.9):>6.3f}"
+                + "".join(f" {m:>6.3f}" for m in mass)
+            )
+    return lines
+
+
+@click.group("kc", help="K(C): how many context tokens the model's attention really uses.")
+def kc_group() -> None:
+    pass
+
+
+@kc_group.command("measure")
+@click.option("--model", "model_name", required=True, help="tiny, smollm2 or a local HF folder.")
+@click.option("--text", "text_file", required=True, help="UTF-8 text file to measure on.")
+@click.option("--p", "p_raw", default="0.9", show_default=True, help="Mass levels, e.g. 0.9,0.95.")
+@click.option("--rows", "rows_raw", default="all", show_default=True, help="last, all or N.")
+@click.option(
+    "--max-tokens",
+    type=click.IntRange(min=1),
+    default=DEFAULT_MAX_TOKENS,
+    show_default=True,
+    help="Truncate the text to this many tokens (and to the model's context).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the JSON document (docs/probe.md).")
+@handle_errors
+def measure_cmd(
+    model_name: str, text_file: str, p_raw: str, rows_raw: str, max_tokens: int, as_json: bool
+) -> None:
+    """Per layer K_p (median/p90 over query rows, union and per head), kappa and top-N mass."""
+    p_values = parse_p(p_raw)
+    rows = parse_rows(rows_raw)
+    check_model(model_name)
+    text = read_text(text_file)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    model, tok = _load_model(model_name)
+    limit = min(max_tokens, int(getattr(model.config, "max_position_embeddings", max_tokens)))
+    ids = tok(text, return_tensors="pt", truncation=True, max_length=limit)["input_ids"]
+    if ids.shape[-1] < 1:
+        raise click.BadParameter(f"{text_file!r}: no tokens", param_hint="--text")
+    doc = measure(model, ids, p_values=p_values, rows=rows, model_name=model_name)
+    if as_json:
+        json.dump(doc, sys.stdout)
+        sys.stdout.write("\n")
+    else:
+        click.echo("\n".join(summary_lines(doc)))
+
+
+def _not_built(name: str) -> click.Command:
+    @click.command(
+        name,
+        context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+        help="Not built yet (issue 3 delivered `kc measure` only).",
+    )
+    def cmd() -> None:
+        click.echo(
+            f"kcops kc {name}: not built yet (issue 3 delivered `kc measure` only).", err=True
+        )
+        sys.exit(EXIT_FAILURE)
+
+    return cmd
+
+
+kc_group.add_command(_not_built("sweep"))
+kc_group.add_command(_not_built("report"))

@@ -1,0 +1,166 @@
+"""Probe overhead on SmolLM2-135M: plain vs instrumented forward passes, side by side.
+
+For each probe mode the script interleaves plain and instrumented passes
+(plain, probe, plain, probe, … — the order alternates per pair so drift in the
+machine's load hits both sides alike) over one fixed prompt and prints the
+median of the per-pair time ratios instrumented / plain.
+
+Modes:
+- ``nvtx``: NVTX range, call counter and context length only (no sampling, no NaN check);
+- ``default``: ``ProbeConfig()`` defaults (sampling, NaN/Inf check every call);
+- ``every``: every call sampled (timing + K(C) of the last row).
+
+``--decode`` times one decode step over the prompt's KV cache instead of the prefill.
+The publisher runs with no agent listening (frames dropped), as in a pod whose
+agent is down.
+
+    .venv/bin/python bench/probe_overhead.py --pairs 10 --tokens 512
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+MODES = ("nvtx", "default", "every")
+
+
+def probe_config(mode: str) -> Any:
+    from kcops.kernels import ProbeConfig
+
+    common: dict[str, Any] = {"socket_path": "/nonexistent/kcops-bench.sock"}
+    if mode == "nvtx":
+        return ProbeConfig(sample_rate=0.0, check_every_call=False, **common)
+    if mode == "default":
+        return ProbeConfig(**common)
+    if mode == "every":
+        return ProbeConfig(sample_rate=1.0, **common)
+    raise ValueError(mode)
+
+
+def prompt_ids(tok: Any, tokens: int) -> Any:
+    from pydoc_data import topics
+
+    text = "\n".join(topics.topics[k] for k in sorted(topics.topics))
+    ids = tok(text, return_tensors="pt")["input_ids"][:, :tokens]
+    if ids.shape[-1] < tokens:
+        raise SystemExit(f"prompt has only {ids.shape[-1]} tokens")
+    return ids
+
+
+def make_step(model: Any, ids: Any, decode: bool) -> Callable[[], None]:
+    import torch
+
+    if not decode:
+
+        def prefill() -> None:
+            with torch.no_grad():
+                model(ids)
+
+        return prefill
+    with torch.no_grad():
+        out = model(ids, use_cache=True)
+    cache = out.past_key_values
+    nxt = out.logits[:, -1:].argmax(-1)
+    length = ids.shape[-1]
+
+    def step() -> None:
+        with torch.no_grad():
+            model(nxt, cache=cache, use_cache=True)
+        cache.crop(-(cache.get_seq_length() - length))  # drop the step just added
+
+    return step
+
+
+CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.process_time}
+_clock = time.perf_counter
+
+
+def timed(fn: Callable[[], None]) -> float:
+    t0 = _clock()
+    fn()
+    return _clock() - t0
+
+
+def run_mode(step: Callable[[], None], mode: str, pairs: int) -> tuple[float, float, float]:
+    """Median ratio, median plain seconds, median instrumented seconds."""
+    import kcops.kernels as kernels
+
+    ratios: list[float] = []
+    plain: list[float] = []
+    inst: list[float] = []
+    cfg = probe_config(mode)
+    for i in range(pairs):
+        order = (False, True) if i % 2 == 0 else (True, False)
+        times: dict[bool, float] = {}
+        for instrumented in order:
+            if instrumented:
+                kernels.install(cfg)
+            try:
+                times[instrumented] = timed(step)
+            finally:
+                kernels.uninstall()
+        plain.append(times[False])
+        inst.append(times[True])
+        ratios.append(times[True] / times[False])
+    return statistics.median(ratios), statistics.median(plain), statistics.median(inst)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--model", default="smollm2", help="tiny, smollm2 or a local HF folder")
+    ap.add_argument("--pairs", type=int, default=10, help="plain/instrumented pairs per mode")
+    ap.add_argument("--tokens", type=int, default=512, help="prompt length (>= 512 for the goal)")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument("--decode", action="store_true", help="time a decode step, not the prefill")
+    ap.add_argument("--attn", default="sdpa", help="transformers attention implementation")
+    ap.add_argument(
+        "--clock",
+        choices=sorted(CLOCKS),
+        default="wall",
+        help="wall: perf_counter; cpu: process CPU time (steadier on a shared, loaded machine)",
+    )
+    ap.add_argument("--modes", default=",".join(MODES), help="comma list of " + ",".join(MODES))
+    args = ap.parse_args(argv)
+    if args.pairs < 10:
+        print("note: fewer than 10 pairs", file=sys.stderr)
+
+    global _clock
+    _clock = CLOCKS[args.clock]
+
+    import torch
+
+    from kcops.worker.models import load_model
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model, tok = load_model(args.model, progress=False, attn_implementation=args.attn)
+    ids = prompt_ids(tok, args.tokens)
+    step = make_step(model, ids, args.decode)
+    for _ in range(2):  # warm-up: allocator, kernels, lazy imports of the probe
+        step()
+    import kcops.kernels as kernels
+
+    kernels.install(probe_config("every"))
+    step()
+    kernels.uninstall()
+
+    what = "decode step" if args.decode else "prefill"
+    print(
+        f"model={args.model} attn={args.attn} tokens={ids.shape[-1]} {what} "
+        f"pairs={args.pairs} threads={torch.get_num_threads()} clock={args.clock} "
+        f"default sample_rate={probe_config('default').sample_rate}"
+    )
+    print(f"{'mode':<8} {'median ratio':>12} {'plain s':>9} {'probe s':>9}")
+    for mode in args.modes.split(","):
+        ratio, plain, inst = run_mode(step, mode.strip(), args.pairs)
+        print(f"{mode:<8} {ratio:>12.4f} {plain:>9.4f} {inst:>9.4f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""Plain torch: wrap ``torch.nn.functional.scaled_dot_product_attention``.
+
+A plain-torch model has no layer index to give, so these calls count under
+layer ``unknown``. Calls made from inside another instrumented call (transformers'
+``sdpa`` calls this function) are not counted twice.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from kcops.kernels.probe import KcInputs, Patch, Probe
+from kcops.kernels.wire import UNKNOWN_LAYER
+
+_PARAMS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale")
+
+
+class _SdpaPatch(Patch):
+    name = "torch_sdpa"
+
+    def __init__(self, original: Any) -> None:
+        self.original = original
+
+    def remove(self) -> None:
+        import torch.nn.functional as F
+
+        F.scaled_dot_product_attention = self.original
+
+
+def install(probe: Probe) -> Patch | None:
+    import torch.nn.functional as F
+
+    original = F.scaled_dot_product_attention
+    if getattr(original, "__kcops_wrapped__", False):
+        return None
+
+    @functools.wraps(original)
+    def sdpa(*args: Any, **kwargs: Any) -> Any:
+        if probe.busy():  # called from another instrumented call: already measured
+            return original(*args, **kwargs)
+        bound = dict(zip(_PARAMS, args, strict=False))
+        bound.update((k, v) for k, v in kwargs.items() if k in _PARAMS)
+        query, key = bound.get("query"), bound.get("key")
+
+        def kc_inputs() -> KcInputs | None:
+            if query is None or key is None or query.dim() != 4 or key.dim() != 4:
+                return None
+            if query.shape[1] % key.shape[1]:
+                return None
+            mask = bound.get("attn_mask")
+            causal = bool(bound.get("is_causal", False))
+            if causal and query.shape[-2] != key.shape[-2]:
+                return None  # torch aligns this causal mask top-left; K(C) assumes bottom-right
+            return KcInputs(query, key, mask, bound.get("scale"), causal)
+
+        return probe.observe(
+            UNKNOWN_LAYER,
+            original,
+            args,
+            kwargs,
+            context_tokens=int(key.shape[-2]) if key is not None else None,
+            device_tensor=query,
+            output_of=lambda out: out,
+            kc_inputs=kc_inputs,
+        )
+
+    sdpa.__kcops_wrapped__ = True  # type: ignore[attr-defined]
+    F.scaled_dot_product_attention = sdpa
+    return _SdpaPatch(original)

@@ -1,0 +1,178 @@
+"""vLLM: a general plugin that wraps every attention backend's ``Impl.forward``.
+
+vLLM loads ``vllm.general_plugins`` entry points (setup.cfg declares
+``kcops_probe = kcops.kernels.integrations.vllm_plugin:register``) in each of
+its processes — API server, engine core, workers — so :func:`register` must be
+cheap, idempotent and safe in every one of them.
+
+The backends (``FlashAttentionImpl``, ``CPUAttentionBackendImpl``, …) all
+subclass ``AttentionImpl`` (``vllm.v1.attention.backend``; older releases:
+``vllm.attention.backends.abstract``) and are often imported only after the
+plugins ran. The patch therefore wraps the ``forward`` of every subclass that
+exists and hooks ``__init_subclass__`` to wrap the ones defined later.
+
+vLLM keeps the context in its paged KV cache, so this integration gives
+NVTX ranges, call counts, context length (``attn_metadata.max_seq_len``),
+timing and NaN/Inf checks, but not K(C).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import re
+from collections.abc import Callable
+from typing import Any
+
+from kcops.kernels.probe import Patch, Probe
+from kcops.kernels.wire import UNKNOWN_LAYER
+
+BASE_MODULES: tuple[str, ...] = ("vllm.v1.attention.backend", "vllm.attention.backends.abstract")
+WRAPPED_MARK = "__kcops_wrapped__"
+_LAYER_RE = re.compile(r"layers\.(\d+)\.")
+
+
+def layer_of(layer: Any) -> str:
+    """Layer index from vLLM's attention layer, whose ``layer_name`` reads like
+    ``model.layers.3.self_attn.attn``; ``unknown`` otherwise."""
+    name = getattr(layer, "layer_name", None)
+    if isinstance(name, str):
+        m = _LAYER_RE.search(name + ".")
+        if m:
+            return m.group(1)
+    return UNKNOWN_LAYER
+
+
+def _context_tokens(attn_metadata: Any) -> int | None:
+    value = getattr(attn_metadata, "max_seq_len", None)
+    return int(value) if isinstance(value, int) else None
+
+
+def wrap_forward(probe: Probe, forward: Callable[..., Any]) -> Callable[..., Any]:
+    """Instrumented ``Impl.forward(self, layer, query, key, value, kv_cache, attn_metadata, …)``."""
+    if getattr(forward, WRAPPED_MARK, False):
+        return forward
+
+    @functools.wraps(forward)
+    def wrapped(self: Any, layer: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        attn_metadata = args[3] if len(args) > 3 else kwargs.get("attn_metadata")
+        return probe.observe(
+            layer_of(layer),
+            forward,
+            (self, layer, query, *args),
+            kwargs,
+            context_tokens=_context_tokens(attn_metadata),
+            device_tensor=query if hasattr(query, "is_cuda") else None,
+            output_of=lambda out: out if hasattr(out, "is_floating_point") else None,
+        )
+
+    setattr(wrapped, WRAPPED_MARK, True)
+    wrapped.__kcops_original__ = forward  # type: ignore[attr-defined]
+    return wrapped
+
+
+def _all_subclasses(cls: type) -> list[type]:
+    out: list[type] = []
+    stack: list[type] = list(cls.__subclasses__())
+    while stack:
+        sub = stack.pop()
+        out.append(sub)
+        stack.extend(sub.__subclasses__())
+    return out
+
+
+class _ImplPatch(Patch):
+    name = "vllm"
+
+    def __init__(self, base: type, original_init_subclass: Any) -> None:
+        self.base = base
+        self.original_init_subclass = original_init_subclass
+        self.wrapped: list[type] = []
+
+    def wrap_class(self, probe: Probe, cls: type) -> None:
+        forward = cls.__dict__.get("forward")
+        if forward is None or getattr(forward, WRAPPED_MARK, False):
+            return
+        cls.forward = wrap_forward(probe, forward)  # type: ignore[attr-defined]
+        self.wrapped.append(cls)
+
+    def remove(self) -> None:
+        for cls in self.wrapped:
+            fwd = cls.__dict__.get("forward")
+            original = getattr(fwd, "__kcops_original__", None)
+            if original is not None:
+                cls.forward = original  # type: ignore[attr-defined]
+        self.wrapped.clear()
+        if self.original_init_subclass is None:
+            if "__init_subclass__" in self.base.__dict__:
+                delattr(self.base, "__init_subclass__")
+        else:
+            self.base.__init_subclass__ = self.original_init_subclass  # type: ignore[method-assign]
+
+
+def find_base(modules: tuple[str, ...] = BASE_MODULES) -> type | None:
+    """vLLM's ``AttentionImpl`` base class, or None when vLLM is not importable."""
+    for name in modules:
+        try:
+            mod = importlib.import_module(name)
+        except ImportError:
+            continue
+        base = getattr(mod, "AttentionImpl", None)
+        if isinstance(base, type):
+            return base
+    return None
+
+
+def install(
+    probe: Probe, modules: tuple[str, ...] | None = None, *, only_if_imported: bool = True
+) -> Patch | None:
+    """Wrap every ``AttentionImpl`` subclass, now and later. None when vLLM is absent.
+
+    With ``only_if_imported`` (what :meth:`Probe.start` uses) nothing happens unless vLLM
+    is already imported: a plain ``install()`` must not import vLLM. The plugin's
+    :func:`register` runs inside vLLM and passes False.
+    """
+    import sys
+
+    modules = BASE_MODULES if modules is None else modules
+    if only_if_imported and not any(m in sys.modules for m in modules):
+        return None
+    base = find_base(modules)
+    if base is None:
+        return None
+    base_cls: type = base
+    original = base.__dict__.get("__init_subclass__")
+    patch = _ImplPatch(base, original)
+
+    def __init_subclass__(cls: type, **kw: Any) -> None:
+        if original is not None:
+            original.__func__(cls, **kw)
+        else:
+            super(base_cls, cls).__init_subclass__(**kw)  # type: ignore[arg-type]
+        patch.wrap_class(probe, cls)
+
+    base.__init_subclass__ = classmethod(__init_subclass__)  # type: ignore[assignment]
+    for cls in _all_subclasses(base):
+        patch.wrap_class(probe, cls)
+    return patch
+
+
+def register() -> None:
+    """vLLM general-plugin entry point: install the probe in this process (idempotent).
+
+    Honours ``KCOPS_PROBE=0`` (do nothing) and the ``KCOPS_PROBE_*`` settings. Never
+    raises: a probe that cannot install must not stop vLLM from serving.
+    """
+    import logging
+    import os
+
+    if os.environ.get("KCOPS_PROBE", "1").strip() in ("0", "false", "no", "off"):
+        return
+    try:
+        import kcops.kernels as kernels
+        from kcops.kernels.config import ProbeConfig
+
+        probe = kernels.install(ProbeConfig.from_env())
+        probe.ensure_integration("vllm", lambda p: install(p, only_if_imported=False))
+    except Exception as exc:
+        logging.getLogger("kcops.kernels").warning("kcops probe not installed in vLLM: %r", exc)

@@ -1,0 +1,278 @@
+"""The probe: what happens around every instrumented attention call.
+
+Always: an NVTX range named for the layer, a call counter, the context length
+and (by default) a NaN/Inf check of the output. On a sampled call: wall time
+(CUDA events on a GPU, read at flush; ``perf_counter_ns`` on the CPU) and K(C)
+of a few query rows. Exceptions of the kernel are counted and re-raised; an
+exception of the probe's own measuring is counted in ``internal_errors`` and
+swallowed, so the probe cannot break the engine.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from kcops.kernels.aggregate import Aggregator
+from kcops.kernels.config import ProbeConfig
+from kcops.kernels.errcheck import ErrorCheck
+from kcops.kernels.kc import KcResult, KcRow, kc_rows
+from kcops.kernels.publisher import Publisher
+from kcops.kernels.ranges import Ranges
+
+log = logging.getLogger("kcops.kernels")
+
+# Deferred GPU readings waiting for the flush; beyond this many the oldest go.
+MAX_DEFERRED = 4096
+
+
+@dataclass
+class KcInputs:
+    """What K(C) needs from one call: q ``[B, Hq, Tq, d]``, k ``[B, Hkv, Tk, d]``."""
+
+    query: torch.Tensor
+    key: torch.Tensor
+    attention_mask: torch.Tensor | None
+    scaling: float | None
+    is_causal: bool = True
+
+
+class Patch:
+    """An installed patch of one integration; ``remove()`` undoes it."""
+
+    name: str = ""
+
+    def remove(self) -> None:  # pragma: no cover - interface
+        raise NotImplementedError
+
+
+def _integration_installers() -> dict[str, Callable[[Probe], Patch | None]]:
+    from kcops.kernels.integrations import torch_sdpa, transformers_attn, vllm_plugin
+
+    return {
+        "transformers": transformers_attn.install,
+        "torch_sdpa": torch_sdpa.install,
+        "vllm": vllm_plugin.install,
+    }
+
+
+class Probe:
+    """Created and started by :func:`kcops.kernels.install`; one per process."""
+
+    def __init__(self, config: ProbeConfig) -> None:
+        self.config = config
+        self.aggregator = Aggregator(config.topn)
+        self.errcheck = ErrorCheck(self.aggregator)
+        self.publisher = Publisher(
+            self.aggregator,
+            config.socket_path,
+            config.flush_interval_ms / 1000.0,
+            before_flush=self._resolve_deferred,
+            enabled=config.publish,
+        )
+        self.ranges = Ranges(config.nvtx)
+        self.records: list[tuple[str, KcRow]] = []
+        self.internal_errors = 0
+        self.patches: dict[str, Patch] = {}
+        self._rate = config.sample_rate
+        self._rng = random.Random(config.seed)
+        self._local = threading.local()
+        self._deferred: deque[tuple[Any, Any]] = deque(maxlen=MAX_DEFERRED)
+        self._names: dict[str, str] = {}
+        self._p0 = config.p_values[0]
+        self._active = False
+
+    # lifecycle -----------------------------------------------------------------
+
+    def start(self) -> None:
+        installers = _integration_installers()
+        for name in self.config.integrations:
+            self.ensure_integration(name, installers[name])
+        self._active = True
+        self.publisher.start()
+
+    def ensure_integration(self, name: str, installer: Callable[[Probe], Patch | None]) -> bool:
+        """Install one integration if not installed yet (idempotent); False if its engine is
+        not importable."""
+        if name in self.patches:
+            return True
+        patch = installer(self)
+        if patch is None:
+            return False
+        self.patches[name] = patch
+        return True
+
+    def stop(self) -> None:
+        self._active = False
+        for patch in reversed(list(self.patches.values())):
+            patch.remove()
+        self.patches.clear()
+        self.publisher.stop(flush=True)
+
+    def after_fork_in_child(self) -> None:
+        """Called in a forked child (see :func:`kcops.kernels.install`): new locks, new
+        publisher identity and thread."""
+        if self._active:
+            self._local = threading.local()
+            self.aggregator.after_fork_in_child()
+            self.publisher.after_fork_in_child()
+
+    # hot path ------------------------------------------------------------------
+
+    def range_name(self, layer: str) -> str:
+        name = self._names.get(layer)
+        if name is None:
+            name = self._names[layer] = f"kcops.attention.layer{layer}"
+        return name
+
+    def busy(self) -> bool:
+        """True while an instrumented call runs on this thread."""
+        return getattr(self._local, "busy", False)
+
+    def observe(
+        self,
+        layer: str,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        context_tokens: int | None,
+        device_tensor: torch.Tensor | None,
+        output_of: Callable[[Any], torch.Tensor | None],
+        kc_inputs: Callable[[], KcInputs | None] | None = None,
+    ) -> Any:
+        """Run ``fn(*args, **kwargs)`` for ``layer`` and measure it. Returns its result
+        unchanged. A call made while another instrumented call runs on the same thread (an
+        integration calling another, e.g. transformers' sdpa calling torch's) passes through."""
+        local = self._local
+        if getattr(local, "busy", False):
+            return fn(*args, **kwargs)
+        local.busy = True
+        try:
+            return self._observe(
+                layer, fn, args, kwargs, context_tokens, device_tensor, output_of, kc_inputs
+            )
+        finally:
+            local.busy = False
+
+    def _observe(
+        self,
+        layer: str,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        context_tokens: int | None,
+        device_tensor: torch.Tensor | None,
+        output_of: Callable[[Any], torch.Tensor | None],
+        kc_inputs: Callable[[], KcInputs | None] | None,
+    ) -> Any:
+        self.aggregator.call(layer, context_tokens)
+        sampled = self._rate > 0.0 and self._rng.random() < self._rate
+        cuda = device_tensor is not None and device_tensor.is_cuda
+        if sampled and cuda and torch.cuda.is_current_stream_capturing():
+            # CUDA graph capture: events and K(C) results would be graph-internal
+            sampled = False
+        start_ev: Any = None
+        t0 = 0
+        self.ranges.push(self.range_name(layer))
+        try:
+            if sampled:
+                if cuda:
+                    start_ev = torch.cuda.Event(enable_timing=True)
+                    start_ev.record()
+                else:
+                    t0 = time.perf_counter_ns()
+            try:
+                out = fn(*args, **kwargs)
+            except Exception:
+                self.aggregator.error("exception")
+                raise
+            if sampled:
+                if cuda:
+                    end_ev = torch.cuda.Event(enable_timing=True)
+                    end_ev.record()
+                    self._deferred.append(("time", (start_ev, end_ev)))
+                else:
+                    self.aggregator.observe_seconds((time.perf_counter_ns() - t0) / 1e9)
+        finally:
+            self.ranges.pop()
+        if sampled or self.config.check_every_call:
+            self._measure(layer, out, output_of, kc_inputs if sampled else None)
+        return out
+
+    def _measure(
+        self,
+        layer: str,
+        out: Any,
+        output_of: Callable[[Any], torch.Tensor | None],
+        kc_inputs: Callable[[], KcInputs | None] | None,
+    ) -> None:
+        try:
+            tensor = output_of(out)
+            if tensor is not None:
+                self.errcheck.check(tensor)
+            if kc_inputs is not None:
+                inputs = kc_inputs()
+                if inputs is not None:
+                    self._kc(layer, inputs)
+        except Exception as exc:
+            self.internal_errors += 1
+            if self.internal_errors == 1:
+                log.warning("kcops probe: measuring failed (reported once): %r", exc)
+
+    def _kc(self, layer: str, inputs: KcInputs) -> None:
+        cfg = self.config
+        result = kc_rows(
+            inputs.query,
+            inputs.key,
+            attention_mask=inputs.attention_mask,
+            scaling=inputs.scaling,
+            rows=cfg.rows,
+            p_values=cfg.p_values,
+            topn=cfg.topn,
+            is_causal=inputs.is_causal,
+            max_batch=cfg.max_batch_rows,
+        )
+        if inputs.query.is_cuda and not cfg.record:
+            self._deferred.append(("kc", (layer, result)))
+        else:
+            self._record(layer, result)
+
+    def _record(self, layer: str, result: KcResult) -> None:
+        p0 = self._p0
+        for row in result.to_rows():
+            self.aggregator.observe_kc(row.k_union[p0], row.kappa(p0), row.topn_mass)
+            if self.config.record:
+                self.records.append((layer, row))
+
+    # publisher thread ----------------------------------------------------------
+
+    def _resolve_deferred(self) -> None:
+        """Read GPU timings, K(C) results and error flags (syncs this thread, not the engine)."""
+        while self._deferred:
+            kind, data = self._deferred.popleft()
+            try:
+                if kind == "time":
+                    start_ev, end_ev = data
+                    end_ev.synchronize()
+                    self.aggregator.observe_seconds(start_ev.elapsed_time(end_ev) / 1000.0)
+                else:
+                    self._record(*data)
+            except Exception:
+                self.internal_errors += 1
+        try:
+            self.errcheck.drain()
+        except Exception:
+            self.internal_errors += 1
+
+    def flush(self) -> int:
+        """Publish now (tests and ``uninstall``); returns frames sent."""
+        return self.publisher.flush()
