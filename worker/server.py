@@ -12,6 +12,7 @@ import json
 import os
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -168,6 +169,20 @@ def build_app(state: WorkerState) -> web.Application:
             body=state.metrics.exposition(), content_type="text/plain", charset="utf-8"
         )
 
+    def _emitter(
+        loop: asyncio.AbstractEventLoop, events: asyncio.Queue[Event]
+    ) -> Callable[[Event], None]:
+        def emit(ev: Event) -> None:
+            # At shutdown the server's loop closes before the model thread has
+            # finished its batch; its last events have no reader left to lose.
+            if not loop.is_closed():
+                try:
+                    loop.call_soon_threadsafe(events.put_nowait, ev)
+                except RuntimeError:
+                    pass
+
+        return emit
+
     async def completions(request: web.Request) -> web.StreamResponse:
         await hang_gate()
         if not state.admitting:
@@ -181,7 +196,7 @@ def build_app(state: WorkerState) -> web.Application:
         req = GenRequest(
             prompt_ids=p["ids"],
             max_tokens=p["max_tokens"],
-            emit=lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev),
+            emit=_emitter(loop, events),
             temperature=p["temperature"],
             top_p=p["top_p"],
             stop=p["stop"],

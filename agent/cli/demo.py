@@ -55,24 +55,34 @@ class DemoFailed(Exception):
 
 
 def _wait(what: str, timeout_s: float, probe: Callable[[], Any], every_s: float = 0.5) -> Any:
-    """Poll ``probe`` until it returns something truthy; print elapsed seconds while waiting."""
+    """Poll ``probe`` until it returns something truthy, showing the wait.
+
+    On a terminal one line counts up; in a log (``make demo`` piped) a line
+    every 10 s, so the output stays readable.
+    """
+    tty = sys.stdout.isatty()
     t0 = time.monotonic()
-    last_print = 0.0
+    shown = 0.0
     while True:
         try:
             got = probe()
         except httpx.HTTPError:
             got = None
-        if got:
-            click.echo(f"\r  {what}: done in {time.monotonic() - t0:.1f}s" + " " * 10)
-            return got
         elapsed = time.monotonic() - t0
+        if got:
+            prefix = "\r" if tty else ""
+            click.echo(f"{prefix}  {what}: done in {elapsed:.1f}s" + " " * 10)
+            return got
         if elapsed > timeout_s:
-            click.echo("")
+            if tty:
+                click.echo("")
             raise DemoFailed(f"{what}: not within {timeout_s:.0f}s")
-        if elapsed - last_print >= 1.0:
+        if tty and elapsed - shown >= 1.0:
             click.echo(f"\r  {what}: waiting {elapsed:.0f}s", nl=False)
-            last_print = elapsed
+            shown = elapsed
+        elif not tty and elapsed - shown >= 10.0:
+            click.echo(f"  {what}: still waiting ({elapsed:.0f}s)")
+            shown = elapsed
         time.sleep(every_s)
 
 
@@ -150,7 +160,8 @@ def _audit_run(state_dir: Path, action: str, since: float) -> dict[str, Any] | N
             continue
         if (
             rec.get("action") == action
-            and rec.get("outcome") == "success"
+            and rec.get("kind") == "action"
+            and rec.get("outcome") == "ok"
             and float(rec.get("ts", 0)) >= since
         ):
             return dict(rec)
