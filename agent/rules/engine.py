@@ -164,7 +164,7 @@ class RuleEngine:
         return False
 
     def active(self) -> list[dict[str, Any]]:
-        out = []
+        out: list[dict[str, Any]] = []
         for name, insts in self.states.items():
             for inst in insts.values():
                 out.append(

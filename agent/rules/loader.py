@@ -213,8 +213,8 @@ def _rule(raw: Any, group: str, idx: int, params: Mapping[str, Any], source: str
         for key in ("for", "keep_firing_for", "annotations", "remediation"):
             if key in raw:
                 raise RuleError(f"{where}: '{key}' is only valid on alerting rules")
-        labels = {str(k): str(v) for k, v in (raw.get("labels") or {}).items()}
-        return RecordingRule(str(name), expr, node, labels, group, prom)
+        rec_labels = {str(k): str(v) for k, v in (raw.get("labels") or {}).items()}
+        return RecordingRule(str(name), expr, node, rec_labels, group, prom)
     durations = {}
     for key in ("for", "keep_firing_for"):
         text = raw.get(key, "0s")
