@@ -1,13 +1,139 @@
-"""The ``actions:`` section: remediation mode and guards."""
+"""The ``actions:`` section: remediation mode, guards and per-action settings."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
+
+from pydantic import Field, model_validator
 
 from kcops.agent.config.base import Section
 
 Mode = Literal["enforce", "dry-run", "off"]
+RestartMode = Literal["auto", "supervisor", "signal", "kubernetes", "off"]
+
+
+class GuardsSection(Section):
+    """Limits the runner applies to every action (DESIGN §6)."""
+
+    cooldown_s: float = Field(300.0, ge=0, description="per (action, target) cooldown")
+    cooldown_overrides_s: dict[str, float] = Field(
+        default_factory=dict, description="cooldown per action name, overriding cooldown_s"
+    )
+    budget_per_hour: int = Field(20, ge=0, description="action runs per hour, all actions")
+    action_budget_per_hour: int = Field(6, ge=0, description="runs per hour of one action")
+    action_budget_overrides: dict[str, int] = Field(default_factory=dict)
+    action_timeout_s: float = Field(120.0, gt=0, le=3600, description="a run past this fails")
+    default_verify_s: float = Field(60.0, ge=0, description="verify window when a step has none")
+    retry_s: float = Field(
+        5.0, ge=0, description="a ladder step refused as busy or starting is tried again after"
+    )
+    resume_grace_s: float = Field(
+        660.0,
+        ge=0,
+        description="after an agent restart, a resumed ladder waits this long for its alert "
+        "to be pending or firing again (cover the longest rule `for`) before it is resolved",
+    )
+    dedup_window_s: float = Field(
+        600.0, ge=0, description="a cluster alert started before a local ladder ended is the same"
+    )
+
+
+class EvictSection(Section):
+    """The Redis KV tier that ``evict_cache`` cleans, if any."""
+
+    redis_url: str | None = Field(None, description="redis://host:port/db of the KV tier")
+    redis_prefix: str = Field("kcops:kv:", min_length=1, description="only keys under it")
+    expired_idle_s: float = Field(
+        600.0, ge=0, description="policy 'expired': keys idle at least this long"
+    )
+    scan_count: int = Field(500, ge=10, le=100_000, description="SCAN COUNT hint")
+    batch: int = Field(500, ge=1, le=100_000, description="keys per UNLINK / IDLETIME pipeline")
+    max_seconds: float = Field(5.0, gt=0, le=600, description="time bound of one eviction")
+
+
+class TopNSection(Section):
+    step: int = Field(16, ge=1)
+    min: int = Field(16, ge=1)
+    max: int = Field(1024, ge=1)
+
+    @model_validator(mode="after")
+    def _order(self) -> TopNSection:
+        if self.min > self.max:
+            raise ValueError(f"min ({self.min}) must be <= max ({self.max})")
+        return self
+
+
+class FallbackSection(Section):
+    hold_s: float = Field(
+        300.0, ge=0, description="restore normal routing after the alert stayed resolved this long"
+    )
+
+
+class RestartSection(Section):
+    """How ``restart_worker`` restarts, and how the supervisor treats its child.
+
+    ``auto`` means ``supervisor`` when the agent launched the engine (``--``)
+    and refuses otherwise: signalling a pid or deleting the pod must be
+    configured explicitly.
+    """
+
+    mode: RestartMode = "auto"
+    drain_deadline_s: float = Field(30.0, ge=0, le=3600)
+    grace_s: float = Field(10.0, ge=0, le=600, description="SIGTERM to SIGKILL")
+    backoff_initial_s: float = Field(1.0, ge=0, le=600)
+    backoff_max_s: float = Field(60.0, ge=0, le=3600)
+    stable_s: float = Field(60.0, ge=0, description="up this long resets the backoff")
+    crash_loop_max: int = Field(5, ge=1, description="crashes within the window, then stop")
+    crash_loop_window_s: float = Field(600.0, gt=0)
+    startup_grace_s: float = Field(
+        180.0,
+        ge=0,
+        description="a supervised engine not yet healthy since it was started is not restarted "
+        "again within this time (a model load looks like a hang)",
+    )
+
+
+class KubernetesSection(Section):
+    """In-cluster API access (service account) for pod delete and scale."""
+
+    api_url: str = "https://kubernetes.default.svc"
+    token_file: Path = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
+    ca_file: Path | None = Path("/var/run/secrets/kubernetes.io/serviceaccount/ca.crt")
+    namespace: str | None = Field(None, description="default: the service account's namespace")
+    pod_name: str | None = Field(None, description="default: $POD_NAME, then $HOSTNAME")
+    timeout_s: float = Field(5.0, gt=0, le=60)
+
+
+class ScaleSection(Section):
+    min_replicas: int = Field(1, ge=0)
+    max_replicas: int = Field(10, ge=1)
+    step: int = Field(1, ge=1)
+    deployment: str | None = Field(
+        None, description="patch this Deployment's scale subresource (else only the gauge)"
+    )
+
+    @model_validator(mode="after")
+    def _order(self) -> ScaleSection:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"min_replicas ({self.min_replicas}) > max_replicas")
+        return self
+
+
+class NotifySection(Section):
+    url: str | None = Field(None, description="webhook that receives notify and page messages")
+    timeout_s: float = Field(5.0, gt=0, le=60)
+    headers: dict[str, str] = Field(default_factory=dict)
 
 
 class ActionsSection(Section):
     mode: Mode = "dry-run"
+    guards: GuardsSection = Field(default_factory=GuardsSection)
+    evict: EvictSection = Field(default_factory=EvictSection)
+    topn: TopNSection = Field(default_factory=TopNSection)
+    fallback: FallbackSection = Field(default_factory=FallbackSection)
+    restart: RestartSection = Field(default_factory=RestartSection)
+    scale: ScaleSection = Field(default_factory=ScaleSection)
+    kubernetes: KubernetesSection = Field(default_factory=KubernetesSection)
+    notify: NotifySection = Field(default_factory=NotifySection)
+    alertmanager_webhook: bool = Field(True, description="serve POST /api/v1/alertmanager")

@@ -1,0 +1,121 @@
+"""What every action is: a plain async function over a typed parameter model.
+
+An action never applies guards itself; :class:`~kcops.agent.actions.runner.Runner`
+does that for all of them. It raises
+:class:`~kcops.agent.errors.ActionRejected` when it cannot do what was asked
+(unsupported engine, already at a bound) and lets anything else raise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from kcops.agent.errors import ActionRejected
+
+if TYPE_CHECKING:
+    from kcops.agent.actions.engine import EngineAdmin
+    from kcops.agent.config import Config
+
+
+class Params(BaseModel):
+    """Base of every parameter model: unknown keys are errors."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class NoParams(Params):
+    pass
+
+
+@dataclass
+class ActionContext:
+    """What an action may use. Built by the runner for each run."""
+
+    config: Config
+    engine: EngineAdmin
+    target: str
+    now: float
+    # Named services of the agent (supervisor, notifier, replicas, ...).
+    services: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ActionResult:
+    """What a run did. ``before``/``after`` are what the engine reported."""
+
+    detail: str = ""
+    before: Any = None
+    after: Any = None
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"detail": self.detail, "before": self.before, "after": self.after, **self.data}
+
+
+ActionFn = Callable[[ActionContext, Any], Awaitable[ActionResult]]
+# Runs before any guard: raise ActionRejected to refuse without using the
+# budget or starting a cooldown (e.g. "the engine is still starting").
+Precheck = Callable[["Config", Mapping[str, Any], float], None]
+
+
+@dataclass(frozen=True)
+class ActionSpec:
+    name: str
+    fn: ActionFn
+    params: type[Params]
+    help: str
+    precheck: Precheck | None = None
+
+    def parse(self, raw: Mapping[str, Any] | None) -> Params:
+        """Validate raw parameters; a bad value raises ActionRejected(reason="invalid")."""
+        try:
+            return self.params.model_validate(dict(raw or {}))
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc']) or '<params>'}: {e['msg']}"
+                f" (got {e.get('input')!r})"
+                for e in exc.errors()
+            )
+            raise ActionRejected(
+                f"{self.name}: invalid parameters: {problems}", "invalid"
+            ) from None
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "help": self.help,
+            "params": self.params.model_json_schema(),
+        }
+
+
+class Registry:
+    """Actions by name. Registered explicitly; nothing registers itself."""
+
+    def __init__(self) -> None:
+        self._specs: dict[str, ActionSpec] = {}
+
+    def register(self, spec: ActionSpec) -> None:
+        if spec.name in self._specs:
+            raise ValueError(f"action {spec.name!r} registered twice")
+        self._specs[spec.name] = spec
+
+    def get(self, name: str) -> ActionSpec:
+        try:
+            return self._specs[name]
+        except KeyError:
+            raise ActionRejected(
+                f"unknown action {name!r}; known: {', '.join(sorted(self._specs))}", "unknown"
+            ) from None
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._specs
+
+    def names(self) -> list[str]:
+        return sorted(self._specs)
+
+    def specs(self) -> list[ActionSpec]:
+        return [self._specs[n] for n in self.names()]

@@ -1,0 +1,54 @@
+"""``fallback_to_base`` and its inverse ``restore_route``: switch the engine's routing.
+
+The runner schedules ``restore_route`` itself once the alert that caused the
+fallback has stayed resolved for ``actions.fallback.hold_s``.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from kcops.agent.actions.base import ActionContext, ActionResult, ActionSpec, NoParams, Params
+
+
+class FallbackParams(Params):
+    hold_s: float | None = Field(
+        None,
+        ge=0,
+        description="restore after the alert stayed resolved this long "
+        "(default: actions.fallback.hold_s)",
+    )
+
+
+def hold_of(params: dict[str, object], default_s: float) -> float:
+    value = params.get("hold_s")
+    return float(value) if isinstance(value, int | float) else default_s
+
+
+async def fallback_to_base(ctx: ActionContext, p: FallbackParams) -> ActionResult:
+    out = await ctx.engine.set_route("fallback")
+    hold = ctx.config.actions.fallback.hold_s if p.hold_s is None else p.hold_s
+    return ActionResult(
+        detail="routing long requests to the base model",
+        before=out.get("before"),
+        after=out.get("after"),
+        data={"restore_after_s": hold},
+    )
+
+
+async def restore_route(ctx: ActionContext, p: NoParams) -> ActionResult:
+    out = await ctx.engine.set_route("normal")
+    return ActionResult(
+        detail="normal routing restored", before=out.get("before"), after=out.get("after")
+    )
+
+
+SPEC = ActionSpec(
+    "fallback_to_base",
+    fallback_to_base,
+    FallbackParams,
+    "Route requests to the base model; restored automatically after the alert's hold time.",
+)
+RESTORE_SPEC = ActionSpec(
+    "restore_route", restore_route, NoParams, "Route requests normally again (undo fallback)."
+)

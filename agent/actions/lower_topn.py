@@ -1,0 +1,15 @@
+"""``lower_topn``: shrink the attention budget N (OOM, memory pressure)."""
+
+from __future__ import annotations
+
+from kcops.agent.actions.base import ActionContext, ActionResult, ActionSpec
+from kcops.agent.actions.topn import TopNParams, change_topn
+
+
+async def lower_topn(ctx: ActionContext, p: TopNParams) -> ActionResult:
+    return await change_topn(ctx, p, -1)
+
+
+SPEC = ActionSpec(
+    "lower_topn", lower_topn, TopNParams, "Lower the attention budget N by a step, within bounds."
+)

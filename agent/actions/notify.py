@@ -1,0 +1,43 @@
+"""``notify``: post a message to the configured webhook. Pages go the same way."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import httpx
+from pydantic import Field
+
+from kcops.agent.actions.base import ActionContext, ActionResult, ActionSpec, Params
+from kcops.agent.config.actions import NotifySection
+from kcops.agent.errors import ActionRejected
+
+
+class NotifyParams(Params):
+    message: str = Field("kcops remediation notice", max_length=4000)
+    severity: Literal["info", "ticket", "warning", "page"] = "info"
+
+
+async def send(cfg: NotifySection, payload: dict[str, Any]) -> int:
+    """POST ``payload`` as JSON; returns the HTTP status. Raises on transport errors."""
+    if not cfg.url:
+        raise ActionRejected("actions.notify.url is not configured", "unsupported")
+    async with httpx.AsyncClient(timeout=cfg.timeout_s) as client:
+        resp = await client.post(cfg.url, json=payload, headers=cfg.headers)
+    if resp.status_code >= 400:
+        raise RuntimeError(f"notify webhook answered HTTP {resp.status_code}: {resp.text[:200]}")
+    return resp.status_code
+
+
+async def notify(ctx: ActionContext, p: NotifyParams) -> ActionResult:
+    payload = {
+        "source": "kcops",
+        "severity": p.severity,
+        "message": p.message,
+        "target": ctx.target,
+        "t": ctx.now,
+    }
+    status = await send(ctx.config.actions.notify, payload)
+    return ActionResult(detail=f"webhook answered {status}", data={"payload": payload})
+
+
+SPEC = ActionSpec("notify", notify, NotifyParams, "Post a message to the notify webhook.")

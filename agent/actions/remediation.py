@@ -1,0 +1,522 @@
+"""The remediation component: alert transitions in, guarded ladders out.
+
+It subscribes to the event bus (local rule engine) and takes Alertmanager
+alerts from the webhook; both feed one ladder per alert name, so one
+incident never runs twice. Each tick it steps the ladders, restores a
+fallback whose alert stayed resolved for the hold time, publishes its
+metrics and saves its state (atomically) when something changed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from kcops.agent.actions import ladder as L
+from kcops.agent.actions.alertmanager import FINGERPRINT, STARTS_AT
+from kcops.agent.actions.audit import AuditLog
+from kcops.agent.actions.base import Registry
+from kcops.agent.actions.engine import EngineAdmin
+from kcops.agent.actions.fallback_to_base import hold_of
+from kcops.agent.actions.guards import Guards
+from kcops.agent.actions.notify import send as send_notify
+from kcops.agent.actions.registry import default_registry
+from kcops.agent.actions.rulesfile import RuleLadders
+from kcops.agent.actions.runner import (
+    DRY_RUN,
+    OK,
+    Run,
+    Runner,
+)
+from kcops.agent.actions.scale_out import Replicas
+from kcops.agent.actions.statefile import read_state, write_atomic
+from kcops.agent.auth import load_token
+from kcops.agent.component import AgentContext
+from kcops.agent.events import AlertTransition, RemediationStep
+from kcops.agent.samples import Sample
+
+log = logging.getLogger("kcops.agent.actions")
+
+STATE_FILE = "remediation-state.json"
+AUDIT_FILE = "audit.jsonl"
+
+
+def fingerprint(source: str, labels: Mapping[str, str]) -> str:
+    return source + ":" + ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+
+
+def parse_time(value: str | None) -> float | None:
+    """RFC 3339 (Alertmanager's startsAt, nanoseconds allowed) to Unix seconds."""
+    if not value or value.startswith("0001-"):
+        return None
+    text = value.replace("Z", "+00:00")
+    head, dot, rest = text.partition(".")
+    if dot:
+        digits = "".join(c for c in rest if c.isdigit())
+        zone = rest[len(digits) :]
+        text = f"{head}.{digits[:6]}{zone}"
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        return None
+
+
+class Remediation:
+    name = "remediation"
+
+    def __init__(self, ctx: AgentContext, registry: Registry | None = None) -> None:
+        self.ctx = ctx
+        self.config = ctx.config
+        self.clock = ctx.clock
+        self.registry = registry or default_registry()
+        self.state_path = Path(ctx.state_dir) / STATE_FILE
+        self.audit = AuditLog(Path(ctx.state_dir) / AUDIT_FILE)
+        self.guards = Guards(self.config.actions.guards)
+        self.replicas = Replicas()
+        ctx.services.setdefault("replicas", self.replicas)
+        self.engine = EngineAdmin(
+            self.config.engine.url,
+            self.config.engine.adapter,
+            token=self._token(),
+            timeout_s=max(5.0, self.config.engine.timeout_s),
+        )
+        self.runner = Runner(
+            self.config,
+            self.registry,
+            self.guards,
+            self.audit,
+            self.engine,
+            ctx.tracer,
+            ctx.clock,
+            ctx.services,
+            on_change=self._mark_dirty,
+            on_breaker=self._breaker_opened,
+        )
+        self.rule_ladders = RuleLadders(
+            self.config.rules.file, self.config.actions.guards.default_verify_s
+        )
+        self.ladders: dict[str, L.Ladder] = {}
+        self.ended: dict[str, float] = {}
+        self.restores: dict[str, dict[str, Any]] = {}
+        self.known_steps: dict[str, tuple[RemediationStep, ...]] = {}
+        self._running: dict[str, Run] = {}
+        self._dirty = False
+        self._page_tasks: set[asyncio.Task[None]] = set()
+        self.pages = 0
+        self._subscribed = False
+
+    def _token(self) -> str | None:
+        try:
+            return load_token(self.config.agent.token_file)
+        except Exception:
+            return None
+
+    # -- lifecycle ----------------------------------------------------------
+
+    async def start(self) -> None:
+        now = self.clock()
+        data = read_state(self.state_path)
+        self.guards.load(data.get("guards", {}))
+        grace = self.config.actions.guards.resume_grace_s
+        self.ladders = {
+            name: L.Ladder.from_json(lad, now, grace)
+            for name, lad in data.get("ladders", {}).items()
+        }
+        self.ended = {k: float(v) for k, v in data.get("ended", {}).items()}
+        self.restores = dict(data.get("restores", {}))
+        desired = data.get("replicas")
+        self.replicas.desired = (
+            int(desired) if desired is not None else self.config.actions.scale.min_replicas
+        )
+        for lad in self.ladders.values():
+            self._audit_ladder(lad, "resumed", now)
+        if not self._subscribed:
+            self.ctx.bus.subscribe(self.on_transition)
+            self._subscribed = True
+        self._dirty = bool(self.ladders)
+
+    async def stop(self) -> None:
+        await self.runner.drain(timeout_s=max(0.5, self.config.agent.shutdown_deadline_s / 2))
+        if self._page_tasks:
+            await asyncio.wait(list(self._page_tasks), timeout=1.0)
+        self.save()
+        await self.engine.aclose()
+        self.audit.close()
+
+    def _mark_dirty(self) -> None:
+        self._dirty = True
+        # Guard state must be on disk before an action acts, so that a crash
+        # during the action never lets a restarted agent repeat it.
+        self.save()
+
+    def save(self) -> None:
+        write_atomic(
+            self.state_path,
+            {
+                "version": 1,
+                "guards": self.guards.to_json(),
+                "ladders": {n: lad.to_json() for n, lad in self.ladders.items()},
+                "ended": self.ended,
+                "restores": self.restores,
+                "replicas": self.replicas.desired,
+            },
+        )
+        self._dirty = False
+
+    # -- alert state --------------------------------------------------------
+
+    def _alerts(self) -> Any:
+        return self.ctx.services.get("alerts")
+
+    def local_active(self, name: str) -> bool | None:
+        """Whether the local rule engine has ``name`` pending or firing; None without one."""
+        alerts = self._alerts()
+        if alerts is None:
+            return None
+        try:
+            if alerts.is_firing(name):
+                return True
+            for a in alerts.active():
+                labels = a.get("labels") or {}
+                if (a.get("alertname") or labels.get("alertname")) == name and a.get(
+                    "state", "firing"
+                ) in ("pending", "firing"):
+                    return True
+            return False
+        except Exception:
+            log.exception("alerts service failed; using the transitions seen")
+            return None
+
+    def active(self, name: str) -> bool:
+        lad = self.ladders.get(name)
+        instances = lad.instances if lad else {}
+        if any(src == "alertmanager" for src in instances.values()):
+            return True
+        local = self.local_active(name)
+        if local is not None:
+            return local
+        return any(src == "local" for src in instances.values())
+
+    def local_rule_names(self) -> set[str]:
+        names = set(self.rule_ladders.names()) | set(self.known_steps)
+        alerts = self._alerts()
+        if alerts is not None:
+            try:
+                names |= set(alerts.rule_names())
+            except Exception:
+                log.exception("alerts.rule_names() failed")
+        return names
+
+    def steps_for(self, name: str) -> tuple[RemediationStep, ...]:
+        return self.known_steps.get(name) or self.rule_ladders.ladder(name)
+
+    # -- transitions --------------------------------------------------------
+
+    def on_transition(self, ev: AlertTransition) -> None:
+        """Bus subscriber (local rules) and the webhook's entry point."""
+        now = self.clock()
+        if ev.remediation and ev.source == "local":
+            self.known_steps[ev.alertname] = ev.remediation
+        src = ev.source
+        fp = ev.annotations.get(FINGERPRINT) if src == "alertmanager" else None
+        fp = fingerprint(src, ev.labels) if fp is None else f"alertmanager:{fp}"
+        if ev.state == "firing":
+            self._firing(ev, fp, now)
+        elif ev.state == "inactive":
+            lad = self.ladders.get(ev.alertname)
+            if lad is not None:
+                lad.instances.pop(fp, None)
+                self._dirty = True
+                if not lad.instances and not self.active(ev.alertname):
+                    self._close(lad, now, "resolved")
+
+    def _firing(self, ev: AlertTransition, fp: str, now: float) -> None:
+        name = ev.alertname
+        lad = self.ladders.get(name)
+        if lad is not None:
+            if lad.unconfirmed_until is not None:
+                lad.unconfirmed_until = None
+                self._dirty = True
+            if fp not in lad.instances:
+                lad.instances[fp] = ev.source
+                self._dirty = True
+                if ev.source == "alertmanager":
+                    self._decision(ev, now, "joined", f"joins the running ladder of {name}")
+            return
+        if self.config.actions.mode == "off":
+            return
+        if ev.source == "alertmanager":
+            ended = self.ended.get(name)
+            starts = parse_time(ev.annotations.get(STARTS_AT))
+            window = self.config.actions.guards.dedup_window_s
+            if ended is not None and now - ended <= window and (starts is None or starts <= ended):
+                self._decision(
+                    ev, now, "deduplicated", f"same incident as the ladder that ended at {ended}"
+                )
+                return
+            if name not in self.local_rule_names():
+                self._decision(ev, now, "ignored", "no local rule of that name")
+                return
+        steps = ev.remediation if ev.source == "local" and ev.remediation else self.steps_for(name)
+        if not steps:
+            if ev.source == "alertmanager":
+                self._decision(ev, now, "ignored", "the rule has no remediation ladder")
+            return
+        lad = L.Ladder.new(name, steps, now, ev.to_json())
+        lad.instances[fp] = ev.source
+        self.ladders[name] = lad
+        self._dirty = True
+        self._audit_ladder(lad, "started", now)
+        # Run the first step right away: reaction within the tick that fired.
+        self._advance(lad, now)
+
+    def _decision(self, ev: AlertTransition, now: float, what: str, why: str) -> None:
+        self.audit.append(
+            {
+                "kind": "alert",
+                "ts": now,
+                "event": what,
+                "detail": why,
+                "trigger": ev.to_json(),
+            }
+        )
+
+    # -- ladders --------------------------------------------------------------
+
+    def _audit_ladder(self, lad: L.Ladder, event: str, now: float, **extra: Any) -> None:
+        rec = {
+            "kind": "ladder",
+            "ts": now,
+            "event": event,
+            "alertname": lad.alertname,
+            "step": lad.step,
+            "steps": [s["action"] for s in lad.steps],
+            "phase": lad.phase,
+            "mode": self.config.actions.mode,
+            "trigger": lad.trigger,
+            **extra,
+        }
+        self.audit.append(rec)
+
+    def _close(self, lad: L.Ladder, now: float, why: str) -> None:
+        self.ladders.pop(lad.alertname, None)
+        self._running.pop(lad.alertname, None)
+        self.ended[lad.alertname] = now
+        self._dirty = True
+        self._audit_ladder(lad, why, now)
+
+    def _advance(self, lad: L.Ladder, now: float) -> None:
+        for _ in range(len(lad.steps) + 2):  # bounded: each pass moves forward or stops
+            if lad.phase == L.RUN:
+                if lad.retry_at is not None and now < lad.retry_at:
+                    return
+                lad.retry_at = None
+                cur = lad.current
+                if cur is None:
+                    lad.phase = L.EXHAUSTED
+                    self._dirty = True
+                    self._audit_ladder(lad, "exhausted", now)
+                    self.page(
+                        f"{lad.alertname}: every remediation step ran "
+                        f"({', '.join(s['action'] for s in lad.steps)}) and it is still active",
+                        alertname=lad.alertname,
+                    )
+                    return
+                run = self.runner.submit(
+                    cur["action"],
+                    cur["params"],
+                    now=now,
+                    trigger=lad.trigger,
+                    ladder=lad.ref(),
+                )
+                lad.run_id = run.id
+                self._dirty = True
+                if not run.done:
+                    lad.phase = L.RUNNING
+                    self._running[lad.alertname] = run
+                    return
+                if not self._after_run(lad, run, now):
+                    return
+            elif lad.phase == L.RUNNING:
+                run = self._running.get(lad.alertname)
+                if run is not None and not run.done:
+                    return
+                self._running.pop(lad.alertname, None)
+                if run is None:
+                    lad.phase = L.VERIFY
+                    lad.verify_until = now + float(lad.steps[lad.step]["verify_s"])
+                    return
+                if not self._after_run(lad, run, now):
+                    return
+            elif lad.phase == L.VERIFY:
+                if lad.verify_until is not None and now < lad.verify_until:
+                    return
+                self._climb(lad, now, "not resolved within the verify window")
+            else:  # EXHAUSTED, BLOCKED: wait for resolution
+                return
+
+    def _climb(self, lad: L.Ladder, now: float, why: str) -> None:
+        lad.history.append({"step": lad.step, "t": now, "why": why})
+        lad.step += 1
+        lad.phase = L.RUN
+        lad.verify_until = None
+        self._dirty = True
+        self._audit_ladder(lad, "climb", now, why=why)
+
+    def _after_run(self, lad: L.Ladder, run: Run, now: float) -> bool:
+        """Move the ladder after a decided run; True when the loop should continue now."""
+        cur = lad.steps[lad.step]
+        self._dirty = True
+        if run.outcome in (OK, DRY_RUN, "skipped_cooldown"):
+            # Cooldown: the step ran recently; give that run its window.
+            lad.phase = L.VERIFY
+            lad.verify_until = now + float(cur["verify_s"])
+            if run.action == "fallback_to_base" and run.outcome != "skipped_cooldown":
+                hold = hold_of(run.params, self.config.actions.fallback.hold_s)
+                self.restores[lad.alertname] = {"since": None, "run_id": run.id, "hold_s": hold}
+            return False
+        if run.outcome in ("skipped_busy", "skipped_starting"):
+            lad.phase = L.RUN
+            lad.retry_at = now + self.config.actions.guards.retry_s
+            return False
+        if run.outcome == "skipped_budget":
+            lad.phase = L.BLOCKED
+            self._audit_ladder(lad, "blocked", now, why=run.error)
+            return False
+        if run.outcome == "skipped_off":
+            lad.phase = L.RUN
+            return False
+        # failed, timeout, refused, invalid: the next rung, now.
+        self._climb(lad, now, f"step {run.action} {run.outcome}: {run.error}")
+        return True
+
+    # -- restores -------------------------------------------------------------
+
+    def _restores(self, now: float) -> None:
+        for name, r in list(self.restores.items()):
+            hold = float(r.get("hold_s", self.config.actions.fallback.hold_s))
+            if self.active(name):
+                if r.get("since") is not None:
+                    r["since"] = None
+                    self._dirty = True
+                continue
+            if r.get("since") is None:
+                r["since"] = now
+                self._dirty = True
+            if now - float(r["since"]) < hold:
+                continue
+            run = self.runner.submit(
+                "restore_route",
+                {},
+                now=now,
+                trigger={"alertname": name, "resolved_since": r["since"], "hold_s": hold},
+                force=True,
+                reason=f"automatic restore: {name} resolved for {hold:g}s",
+            )
+            if run.outcome == "skipped_busy":
+                continue
+            del self.restores[name]
+            self._dirty = True
+
+    # -- paging -------------------------------------------------------------
+
+    def _breaker_opened(self, scope: str, run: Run) -> None:
+        what = "all actions" if scope == "*" else f"action {scope}"
+        self.page(
+            f"remediation circuit breaker open for {what}: hourly budget spent",
+            scope=scope,
+            action=run.action,
+        )
+
+    def page(self, message: str, **context: Any) -> None:
+        """Tell a human: audit, log, and the notify webhook when configured."""
+        now = self.clock()
+        self.pages += 1
+        self.audit.append({"kind": "page", "ts": now, "message": message, **context})
+        log.error("PAGE: %s", message)
+        cfg = self.config.actions.notify
+        if not cfg.url:
+            self._count("page", "logged")
+            return
+
+        async def _send() -> None:
+            payload = {"source": "kcops", "severity": "page", "message": message, "t": now}
+            payload.update({k: v for k, v in context.items() if isinstance(v, str | int | float)})
+            try:
+                await send_notify(cfg, payload)
+                self._count("page", "sent")
+            except Exception as exc:
+                self._count("page", "failed")
+                log.error("page webhook failed: %s", exc)
+
+        try:
+            task = asyncio.get_running_loop().create_task(_send())
+        except RuntimeError:
+            self._count("page", "failed")
+            return
+        self._page_tasks.add(task)
+        task.add_done_callback(self._page_tasks.discard)
+
+    def _count(self, action: str, outcome: str) -> None:
+        key = (action, outcome)
+        self.runner.counts[key] = self.runner.counts.get(key, 0) + 1
+
+    # -- tick -------------------------------------------------------------------
+
+    async def tick(self, now: float) -> None:
+        for name, lad in list(self.ladders.items()):
+            if lad.unconfirmed_until is not None:
+                if self.active(name):
+                    lad.unconfirmed_until = None
+                    self._dirty = True
+                elif now < lad.unconfirmed_until:
+                    continue  # hold: neither climb nor resolve before the rules catch up
+                else:
+                    self._close(lad, now, "resolved")
+                    continue
+            if lad.phase != L.RUNNING and not self.active(name):
+                self._close(lad, now, "resolved")
+                continue
+            self._advance(lad, now)
+        self._restores(now)
+        self.publish(now)
+        if self._dirty:
+            self.save()
+
+    def publish(self, now: float) -> None:
+        samples = [
+            Sample.of("kcops_action_runs_total", n, {"action": a, "outcome": o})
+            for (a, o), n in self.runner.counts.items()
+        ]
+        if self.replicas.desired is not None:
+            samples.append(Sample.of("kcops_desired_replicas", self.replicas.desired))
+        self.ctx.store.add(samples, now)
+
+    # -- status and routes --------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        now = self.clock()
+        open_breakers = self.guards.summary(now)["breakers_open"]
+        return {
+            "healthy": not open_breakers,
+            "summary": (
+                f"mode {self.config.actions.mode}, {len(self.ladders)} ladder(s) active"
+                + (f", breaker open: {', '.join(open_breakers)}" if open_breakers else "")
+            ),
+            "mode": self.config.actions.mode,
+            "ladders": {n: lad.to_json() for n, lad in self.ladders.items()},
+            "guards": self.guards.summary(now),
+            "pending_restores": self.restores,
+            "pages": self.pages,
+        }
+
+    def routes(self) -> list[web.RouteDef]:
+        from kcops.agent.actions.routes import build_routes
+
+        return build_routes(self)

@@ -1,0 +1,34 @@
+"""Shared step of ``lower_topn`` and ``raise_topn``: move N within both sets of bounds."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from kcops.agent.actions.base import ActionContext, ActionResult, Params
+from kcops.agent.errors import ActionRejected
+
+
+class TopNParams(Params):
+    step: int | None = Field(None, ge=1, description="default: actions.topn.step")
+
+
+async def change_topn(ctx: ActionContext, p: TopNParams, direction: int) -> ActionResult:
+    cfg = ctx.config.actions.topn
+    state = await ctx.engine.state()
+    current = int(state["top_n"])
+    lo, hi = cfg.min, cfg.max
+    bounds = state.get("top_n_bounds")
+    if isinstance(bounds, list | tuple) and len(bounds) == 2:
+        lo, hi = max(lo, int(bounds[0])), min(hi, int(bounds[1]))
+    step = p.step or cfg.step
+    wanted = min(hi, max(lo, current + direction * step))
+    if wanted == current:
+        raise ActionRejected(
+            f"top_n is {current}, already at the bound of [{lo}, {hi}]", "at_bound"
+        )
+    out = await ctx.engine.set_topn(wanted)
+    return ActionResult(
+        detail=f"top_n {current} -> {wanted}",
+        before=out.get("before", {"top_n": current}),
+        after=out.get("after", {"top_n": wanted}),
+    )

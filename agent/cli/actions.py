@@ -1,0 +1,210 @@
+"""``kcops actions list|run|history``: remediation from the command line."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import click
+import yaml
+
+from kcops.agent.cli.common import (
+    EXIT_FAILURE,
+    EXIT_OK,
+    EXIT_USAGE,
+    agent_get_json,
+    agent_option,
+    agent_request,
+    echo_json,
+    handle_errors,
+    token_headers,
+)
+
+
+def parse_since(value: str | None, now: float | None = None) -> float | None:
+    """``30m``/``2h``/``1d`` ago, an ISO time, or Unix seconds."""
+    if not value:
+        return None
+    from kcops.agent.actions.rulesfile import parse_duration_s
+
+    now = time.time() if now is None else now
+    try:
+        return now - parse_duration_s(value, 0.0)
+    except ValueError:
+        pass
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    try:
+        dt = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise click.BadParameter(
+            f"{value!r}: use a duration (30m, 2h), an ISO time or Unix seconds",
+            param_hint="--since",
+        ) from None
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=UTC)
+    return dt.timestamp()
+
+
+def parse_params(pairs: tuple[str, ...]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{pair!r}: expected k=v", param_hint="--param")
+        out[key.strip()] = yaml.safe_load(raw) if raw else ""
+    return out
+
+
+def _when(ts: Any) -> str:
+    try:
+        return datetime.fromtimestamp(float(ts), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    except (TypeError, ValueError):
+        return "?"
+
+
+def format_record(r: dict[str, Any]) -> str:
+    kind = r.get("kind", "?")
+    when = _when(r.get("ts"))
+    if kind == "action":
+        alert = (r.get("ladder") or {}).get("alertname") or (r.get("trigger") or {}).get(
+            "source", ""
+        )
+        line = (
+            f"{when}  {r.get('action', '?'):<17} {r.get('outcome', '?'):<17} "
+            f"{r.get('mode', ''):<8} {float(r.get('duration_s') or 0):6.2f}s  {alert}"
+        )
+        if r.get("error"):
+            line += f"  error: {r['error']}"
+        elif r.get("detail"):
+            line += f"  {r['detail']}"
+        return line
+    if kind == "ladder":
+        return (
+            f"{when}  ladder {r.get('alertname')}: {r.get('event')} "
+            f"(step {int(r.get('step', 0)) + 1}/{len(r.get('steps') or [])})"
+            + (f" {r['why']}" if r.get("why") else "")
+        )
+    if kind == "page":
+        return f"{when}  PAGE  {r.get('message')}"
+    if kind == "alert":
+        trig = r.get("trigger") or {}
+        return (
+            f"{when}  alert {trig.get('alertname')} ({trig.get('source')}): "
+            f"{r.get('event')} — {r.get('detail')}"
+        )
+    return f"{when}  {json.dumps(r, default=str)}"
+
+
+@click.group("actions", help="Remediation actions: list them, run one, read the audit log.")
+def actions_group() -> None:
+    pass
+
+
+@actions_group.command("list", help="Actions the agent knows, its mode and guard state.")
+@agent_option
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@handle_errors
+def list_cmd(agent_url: str, as_json: bool) -> None:
+    data = agent_get_json(agent_url, "/api/v1/actions")
+    if as_json:
+        echo_json(data)
+        return
+    click.echo(f"mode: {data.get('mode')}")
+    for a in data.get("actions", []):
+        props = (a.get("params") or {}).get("properties") or {}
+        params = " ".join(f"{k}=" for k in props)
+        click.echo(f"  {a['name']:<17} {a.get('help', '')}" + (f"  [{params}]" if params else ""))
+    g = data.get("guards") or {}
+    click.echo(
+        f"runs in the last hour: {g.get('runs_last_hour')}/{g.get('budget_per_hour')}; "
+        f"breakers open: {', '.join(g.get('breakers_open') or []) or 'none'}"
+    )
+
+
+@actions_group.command("run", help="Run one action through the agent's guards.")
+@click.argument("name")
+@click.option("--param", "params", multiple=True, metavar="K=V", help="Action parameter.")
+@click.option("--dry-run", is_flag=True, help="Decide and log, change nothing.")
+@click.option("--force", is_flag=True, help="Skip cooldown and budget (needs --reason).")
+@click.option("--reason", help="Why; recorded in the audit log. Required with --force.")
+@click.option("--token-file", type=click.Path(dir_okay=False), help="Bearer token file.")
+@click.option("--json", "as_json", is_flag=True, help="Print the audit record as JSON.")
+@agent_option
+@handle_errors
+def run_cmd(
+    name: str,
+    params: tuple[str, ...],
+    dry_run: bool,
+    force: bool,
+    reason: str | None,
+    token_file: str | None,
+    as_json: bool,
+    agent_url: str,
+) -> None:
+    if force and not reason:
+        raise click.UsageError("--force needs --reason")
+    body = {
+        "params": parse_params(params),
+        "dry_run": dry_run,
+        "force": force,
+        "reason": reason,
+    }
+    resp = agent_request(
+        "POST",
+        agent_url,
+        f"/api/v1/actions/{name}",
+        json_body=body,
+        headers=token_headers(token_file),
+        timeout_s=180.0,
+    )
+    try:
+        data = resp.json()
+    except ValueError:
+        data = {"error": resp.text[:300]}
+    if resp.status_code == 401:
+        click.echo(f"error: unauthorized: {data.get('detail', '')}", err=True)
+        sys.exit(EXIT_FAILURE)
+    if resp.status_code in (404, 422, 400):
+        click.echo(f"error: {data.get('error') or data.get('error')}", err=True)
+        if data.get("allowed"):
+            click.echo(f"known actions: {', '.join(data['allowed'])}", err=True)
+        sys.exit(EXIT_USAGE)
+    if as_json:
+        echo_json(data)
+    else:
+        click.echo(format_record(data))
+    sys.exit(EXIT_OK if data.get("outcome") in ("ok", "dry_run") else EXIT_FAILURE)
+
+
+@actions_group.command("history", help="The audit log: what ran, why, and what changed.")
+@click.option("--since", help="30m, 2h, 1d, an ISO time or Unix seconds.")
+@click.option("--json", "as_json", is_flag=True, help="JSON lines, as stored.")
+@click.option(
+    "--state-dir",
+    type=click.Path(file_okay=False),
+    help="Read audit.jsonl from this state dir instead of asking the agent.",
+)
+@agent_option
+@handle_errors
+def history_cmd(since: str | None, as_json: bool, state_dir: str | None, agent_url: str) -> None:
+    since_ts = parse_since(since)
+    if state_dir:
+        from kcops.agent.actions.audit import read_audit
+
+        path = Path(state_dir) / "audit.jsonl"
+        if not path.exists():
+            click.echo(f"error: no audit log at {path}", err=True)
+            sys.exit(EXIT_FAILURE)
+        records = list(read_audit(path, since_ts))
+    else:
+        query = f"?since={since_ts}" if since_ts is not None else ""
+        records = agent_get_json(agent_url, f"/api/v1/actions/history{query}")["records"]
+    for r in records:
+        click.echo(json.dumps(r, sort_keys=True, default=str) if as_json else format_record(r))
