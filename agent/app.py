@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import signal
 import time
@@ -148,16 +149,23 @@ class Agent:
                 loop.add_signal_handler(sig, self.request_stop)
         await self.start()
         tick_s = self.config.agent.tick_s
-        next_at = loop.time()
+        # Ticks are stamped on an exact grid, wall0 + k * tick_s, as Prometheus
+        # stamps rule evaluations: with wake-up jitter in the timestamps a rule's
+        # `now - active_at >= for` can fall a few ms short and lose a whole tick.
+        wall0, loop0, k = self.clock(), loop.time(), 0
         try:
             while not self._stop.is_set():
-                await self.tick_once()
-                next_at += tick_s
-                delay = next_at - loop.time()
-                if delay < 0:
-                    # Fell behind (slow tick): skip the missed ticks, keep the cadence.
-                    next_at = loop.time()
-                    delay = 0
+                stamp = wall0 + k * tick_s
+                if abs(self.clock() - stamp) > tick_s / 2:
+                    # The wall clock jumped (NTP step, suspend): re-anchor the grid.
+                    wall0, loop0, k = self.clock(), loop.time(), 0
+                    stamp = wall0
+                await self.tick_once(now=stamp)
+                k += 1
+                if loop0 + k * tick_s < loop.time():
+                    # Fell behind (slow tick): skip the missed ticks, keep the grid.
+                    k = math.ceil((loop.time() - loop0) / tick_s)
+                delay = max(0.0, loop0 + k * tick_s - loop.time())
                 try:
                     await asyncio.wait_for(self._stop.wait(), timeout=delay)
                 except TimeoutError:
