@@ -125,3 +125,32 @@ def redis_server(tmp: Path) -> Iterator[str]:
     with running(cmd, log_path=tmp / "redis.log") as proc:
         wait_port(port, 15, proc)
         yield f"redis://127.0.0.1:{port}/0"
+
+
+@contextlib.contextmanager
+def agent_in_thread(
+    tmp: Path, *, tick_s: float = 0.1, min_ticks: int = 2, **agent_kwargs: object
+) -> Iterator[str]:
+    """A real Agent (HTTP included) on its own event loop in a thread; yields its URL."""
+    import asyncio
+    import threading
+
+    from kcops.agent.app import Agent
+    from kcops.agent.config import parse_config
+
+    port = free_port()
+    cfg = parse_config(
+        {"agent": {"listen": f"127.0.0.1:{port}", "state_dir": str(tmp), "tick_s": tick_s}}
+    )
+    agent = Agent(cfg, token=None, **agent_kwargs)  # type: ignore[arg-type]
+    loop = asyncio.new_event_loop()
+    t = threading.Thread(target=loop.run_until_complete, args=(agent.run(False),), daemon=True)
+    t.start()
+    deadline = time.monotonic() + 20
+    while agent.ticks_done < min_ticks and time.monotonic() < deadline:
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        loop.call_soon_threadsafe(agent.request_stop)
+        t.join(10)

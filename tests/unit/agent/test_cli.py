@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,10 +9,8 @@ import pytest
 from click.testing import CliRunner
 
 from kcops import __version__
-from kcops.agent.app import Agent
 from kcops.agent.cli import cli
-from kcops.agent.config import parse_config
-from tests.services import free_port
+from tests.services import agent_in_thread, free_port
 
 
 def test_version() -> None:
@@ -55,22 +51,8 @@ def test_status_unreachable_exits_3() -> None:
 
 @pytest.fixture
 def live_agent(tmp_path: Path) -> Iterator[str]:
-    port = free_port()
-    cfg = parse_config(
-        {"agent": {"listen": f"127.0.0.1:{port}", "state_dir": str(tmp_path), "tick_s": 0.1}}
-    )
-    agent = Agent(cfg, token=None)
-    loop = asyncio.new_event_loop()
-    t = threading.Thread(target=loop.run_until_complete, args=(agent.run(False),), daemon=True)
-    t.start()
-    import time
-
-    deadline = time.monotonic() + 10
-    while agent.ticks_done < 2 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    loop.call_soon_threadsafe(agent.request_stop)
-    t.join(10)
+    with agent_in_thread(tmp_path) as url:
+        yield url
 
 
 def test_status_prints_uptime_and_collector_health(live_agent: str) -> None:

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import threading
-import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -12,12 +9,10 @@ import httpx
 import pytest
 from click.testing import CliRunner
 
-from kcops.agent.app import Agent
 from kcops.agent.cli import cli
 from kcops.agent.cli.runbook import runbook_names, runbook_queries
-from kcops.agent.config import parse_config
 from kcops.agent.samples import Sample
-from tests.services import free_port
+from tests.services import agent_in_thread
 
 
 class Memory:
@@ -35,20 +30,8 @@ class Memory:
 
 @pytest.fixture
 def agent_url(tmp_path: Path) -> Iterator[str]:
-    port = free_port()
-    cfg = parse_config(
-        {"agent": {"listen": f"127.0.0.1:{port}", "state_dir": str(tmp_path), "tick_s": 0.1}}
-    )
-    agent = Agent(cfg, token=None, extra_collectors=[Memory()])
-    loop = asyncio.new_event_loop()
-    t = threading.Thread(target=loop.run_until_complete, args=(agent.run(False),), daemon=True)
-    t.start()
-    deadline = time.monotonic() + 20
-    while agent.ticks_done < 3 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    loop.call_soon_threadsafe(agent.request_stop)
-    t.join(10)
+    with agent_in_thread(tmp_path, min_ticks=3, extra_collectors=[Memory()]) as url:
+        yield url
 
 
 def test_query_answers_in_prometheus_api_shape(agent_url: str) -> None:
