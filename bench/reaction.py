@@ -97,66 +97,11 @@ def traffic(url: str, stop: threading.Event) -> None:
             stop.wait(0.25)
 
 
-def grid_agent(config: str, listen: str, state_dir: str, rules: str) -> None:
-    """The agent, but ticking with timestamps on an exact grid (start + k * tick_s)
-    as Prometheus's rule manager does, instead of the wall clock at each wake-up.
-
-    Evidence for a proposed change of agent/app.py: with wall-clock ticks,
-    ``now - active_at >= for`` falls a few ms short about half the time (the
-    wake-up jitter of the two ticks), which costs a whole tick.
-    """
-    import asyncio
-    import math
-    import signal
-
-    from kcops.agent.app import Agent
-    from kcops.agent.cli.agent_cmd import apply_overrides
-    from kcops.agent.config import load_config
-
-    cfg = apply_overrides(
-        load_config(config),
-        {"agent.listen": listen, "agent.state_dir": state_dir, "rules.file": rules},
-    )
-    agent = Agent(cfg)
-
-    async def run() -> None:
-        loop = asyncio.get_running_loop()
-        stop = asyncio.Event()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await agent.start()
-        tick = cfg.agent.tick_s
-        wall0, loop0, k = agent.clock(), loop.time(), 0
-        try:
-            while not stop.is_set():
-                await agent.tick_once(now=wall0 + k * tick)
-                k += 1
-                if loop0 + k * tick < loop.time():  # fell behind: skip missed ticks
-                    k = math.ceil((loop.time() - loop0) / tick)
-                try:
-                    await asyncio.wait_for(stop.wait(), timeout=loop0 + k * tick - loop.time())
-                except TimeoutError:
-                    pass
-        finally:
-            await agent.shutdown()
-
-    asyncio.run(run())
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--fors", default="3,4,5,6,7", help="`for` of each rule, seconds")
     ap.add_argument("--timeout", type=float, default=150.0)
-    ap.add_argument(
-        "--grid",
-        action="store_true",
-        help="run the agent with grid tick timestamps (see grid_agent), not `kcops agent run`",
-    )
-    ap.add_argument("--grid-agent", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.grid_agent:
-        grid_agent(*args.grid_agent)
-        return 0
     fors = [int(x) for x in args.fors.split(",")]
     names = [f"BenchNaN{f}s" for f in fors]
     tmp = Path(tempfile.mkdtemp(prefix="kcops-reaction-"))
@@ -237,9 +182,6 @@ def main() -> int:
     agent_cmd = [kcops_bin(), "agent", "run", "--config", str(tmp / "agent.yaml"),
                  "--listen", f"127.0.0.1:{aport}", "--state-dir", str(tmp / "state"),
                  "--rules", str(tmp / "rules.yaml")]  # fmt: skip
-    if args.grid:
-        agent_cmd = [sys.executable, __file__, "--grid-agent", str(tmp / "agent.yaml"),
-                     f"127.0.0.1:{aport}", str(tmp / "state"), str(tmp / "rules.yaml")]  # fmt: skip
     prom_cmd = [
         prom_bin,
         f"--config.file={tmp / 'prometheus.yml'}",
@@ -289,8 +231,7 @@ def main() -> int:
             time.sleep(0.1)
         stop.set()
 
-    ticks = "grid tick timestamps (--grid)" if args.grid else "`kcops agent run`"
-    print(f"\nagent: {ticks}")
+    print("\nagent: `kcops agent run`")
     print(f"fault: NaN in attention; rule: {EXPR}; kcops tick 1 s; Prometheus scrape and")
     print("evaluation 1 s; Alertmanager group_wait default (30 s)")
     print(f"{'alert':<14}{'for':>5}  {'kcops action (s)':>17}  {'Prometheus+AM webhook (s)':>26}")
