@@ -344,15 +344,15 @@ class Remediation:
                 if not self._after_run(lad, run, now):
                     return
             elif lad.phase == L.RUNNING:
-                run = self._running.get(lad.alertname)
-                if run is not None and not run.done:
+                in_flight = self._running.get(lad.alertname)
+                if in_flight is not None and not in_flight.done:
                     return
                 self._running.pop(lad.alertname, None)
-                if run is None:
+                if in_flight is None:
                     lad.phase = L.VERIFY
                     lad.verify_until = now + float(lad.steps[lad.step]["verify_s"])
                     return
-                if not self._after_run(lad, run, now):
+                if not self._after_run(lad, in_flight, now):
                     return
             elif lad.phase == L.VERIFY:
                 if lad.verify_until is not None and now < lad.verify_until:
