@@ -138,9 +138,52 @@ class Load:
                     self._stop.wait(0.5)
 
 
-def _metric_lines(agent: str, prefixes: tuple[str, ...]) -> list[str]:
-    text = httpx.get(agent + "/metrics", timeout=5).text
-    return [ln for ln in text.splitlines() if ln.startswith(prefixes)]
+# What the agent knows, asked through its own query API (the rule engine's evaluator).
+SUMMARY = (
+    ("completions seen", "sum(kcops_request_latency_seconds_count)", "{:.0f}"),
+    (
+        "p99 latency (1m), s",
+        "histogram_quantile(0.99, sum by (le) (rate(kcops_request_latency_seconds_bucket[1m])))",
+        "{:.3f}",
+    ),
+    (
+        "prefix-cache hit rate",
+        "sum(kcops_prefix_cache_hits_total) / sum(kcops_prefix_cache_queries_total)",
+        "{:.1%}",
+    ),
+    ("KV cache usage", "max(kcops_kv_cache_usage_ratio)", "{:.1%}"),
+    (
+        "device memory used",
+        "max(kcops_device_memory_used_bytes / kcops_device_memory_total_bytes)",
+        "{:.1%}",
+    ),
+    ("attention calls", "sum(kcops_attention_calls_total)", "{:.0f}"),
+    (
+        "K(C) median, tokens (p=0.9)",
+        "histogram_quantile(0.5, sum by (le) (kcops_kc_tokens_bucket))",
+        "{:.0f}",
+    ),
+    ("kappa median", "histogram_quantile(0.5, sum by (le) (kcops_kc_ratio_bucket))", "{:.1%}"),
+    (
+        "top-32 keys' mass, median",
+        'histogram_quantile(0.5, sum by (le) (kcops_topn_mass_ratio_bucket{n="32"}))',
+        "{:.1%}",
+    ),
+)
+
+
+def _summary(agent: str) -> list[str]:
+    rows = []
+    for label, expr, fmt in SUMMARY:
+        body = httpx.get(agent + "/api/v1/query", params={"query": expr}, timeout=5).json()
+        result = body.get("data", {}).get("result") if body.get("status") == "success" else None
+        if isinstance(result, list) and result:
+            value = float(result[0]["value"][1])
+            text = "n/a" if value != value else fmt.format(value)
+        else:
+            text = "absent"
+        rows.append(f"{label:<30} {text}")
+    return rows
 
 
 def _firing(agent: str, alertname: str) -> bool:
@@ -256,20 +299,8 @@ def demo_cmd(model: str, load_seconds: float, drills: bool, workdir: str | None)
         load.start()
         time.sleep(load_seconds)
         click.echo(f"  completions: {load.ok} ok, {load.failed} failed")
-        click.echo("- what the agent sees (its /metrics):")
-        for line in _metric_lines(
-            agent,
-            (
-                "kcops_request_latency_seconds_count",
-                "kcops_kv_cache_usage_ratio",
-                "kcops_prefix_cache_hits_total",
-                "kcops_prefix_cache_queries_total",
-                "kcops_attention_calls_total",
-                "kcops_kc_tokens_count",
-                "kcops_device_memory_used_bytes",
-                "kcops_engine_up",
-            ),
-        )[:16]:
+        click.echo("- what the agent sees (asked through its query API):")
+        for line in _summary(agent):
             click.echo("    " + line)
 
         if drills:
@@ -311,7 +342,7 @@ def demo_cmd(model: str, load_seconds: float, drills: bool, workdir: str | None)
             text=True,
             timeout=60,
         )
-        for line in hist.stdout.splitlines()[-12:]:
+        for line in hist.stdout.splitlines()[-12:] or ["(no actions)"]:
             click.echo("    " + line)
         click.echo(f"demo ok — logs and audit log in {work}")
     except DemoFailed as exc:
