@@ -7,7 +7,7 @@ TORCH_VERSION := 2.13.0
 STAMP := $(VENV)/.kcops-installed
 APT_PACKAGES := redis-server prometheus prometheus-alertmanager
 
-.PHONY: install services lint typecheck test test-fast test-vllm demo bench clean
+.PHONY: install services lint typecheck test test-fast demo clean
 
 install: $(STAMP)
 
