@@ -147,13 +147,15 @@ class Agent:
         if install_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.request_stop)
-        await self.start()
         tick_s = self.config.agent.tick_s
         # Ticks are stamped on an exact grid, wall0 + k * tick_s, as Prometheus
         # stamps rule evaluations: with wake-up jitter in the timestamps a rule's
         # `now - active_at >= for` can fall a few ms short and lose a whole tick.
-        wall0, loop0, k = self.clock(), loop.time(), 0
         try:
+            # Inside the try: a failed start (port taken) still stops what did start,
+            # the supervised engine first among them.
+            await self.start()
+            wall0, loop0, k = self.clock(), loop.time(), 0
             while not self._stop.is_set():
                 stamp = wall0 + k * tick_s
                 if abs(self.clock() - stamp) > tick_s / 2:

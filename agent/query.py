@@ -90,7 +90,7 @@ class QueryComponent:
                 data = self.query(text, t)
             except RuleError as exc:
                 return _error("bad_data", str(exc))
-            except EvalError as exc:
+            except (EvalError, ArithmeticError, ValueError) as exc:
                 return _error("execution", str(exc), status=422)
             return web.json_response({"status": "success", "data": data})
 

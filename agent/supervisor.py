@@ -258,6 +258,8 @@ class Supervisor:
     async def stop(self) -> None:
         self._stopping = True
         await self._terminate(min(self.cfg.grace_s, 3.0))
+        if self.engine is not None:
+            await self.engine.aclose()
 
     def status(self) -> dict[str, Any]:
         pid = self.pid()

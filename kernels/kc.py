@@ -195,7 +195,9 @@ def kc_rows(
             scores = scores + add.to(scores.dtype) if add.dtype != scores.dtype else scores + add
         weights = torch.softmax(scores, dim=-1, dtype=torch.float32)
         weights = weights.permute(0, 2, 1, 3)  # [B, R, Hq, Tk]
-        valid = ~torch.isnan(weights).any(-1).any(-1)
+        # A fully masked row is NaN under -inf masks but uniform under finfo.min
+        # masks (HF eager): it has no visible key either way.
+        valid = ~torch.isnan(weights).any(-1).any(-1) & (visible > 0)
         sorted_w, order = weights.sort(dim=-1, descending=True)
         ranks = torch.arange(tk, device=device)
         vis_clamp = visible[:, :, None].clamp(min=1)

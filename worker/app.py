@@ -130,7 +130,9 @@ def build(opts: WorkerOptions, model: Any = None, tokenizer: Any = None) -> Work
 
 
 async def _serve(state: WorkerState, host: str, port: int, started: threading.Event) -> None:
-    runner = web.AppRunner(build_app(state), access_log=None)
+    # handler_cancellation: a client that hangs up cancels its handler, which
+    # marks the request cancelled so the model stops generating for nobody.
+    runner = web.AppRunner(build_app(state), access_log=None, handler_cancellation=True)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()

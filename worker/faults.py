@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 MAX_HOLD_BYTES = 64 * 1024**3
+MAX_LATENCY_MS = 600_000
 
 
 class BadFault(ValueError):
@@ -53,23 +54,29 @@ class Faults:
         unknown = set(body) - known
         if unknown:
             raise BadFault(f"unknown fault(s) {sorted(unknown)}: use {sorted(known)}")
+        ms = body.get("latency_ms", 0)
+        if "latency_ms" in body and (
+            isinstance(ms, bool)
+            or not isinstance(ms, int | float)
+            or not 0 <= ms <= MAX_LATENCY_MS  # NaN fails both comparisons
+        ):
+            raise BadFault(f"latency_ms must be a number in [0, {MAX_LATENCY_MS}], got {ms!r}")
+        n = body.get("hold_memory_bytes", 0)
+        if "hold_memory_bytes" in body and (
+            isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_HOLD_BYTES
+        ):
+            raise BadFault(f"hold_memory_bytes must be an integer in [0, {MAX_HOLD_BYTES}]")
+        # Everything is valid: only now change state, so a refused request changes nothing.
         before = self.state()
         if body.get("clear"):
             self.clear()
         if "nan" in body:
             self.nan = bool(body["nan"])
         if "latency_ms" in body:
-            ms = body["latency_ms"]
-            if isinstance(ms, bool) or not isinstance(ms, int | float) or ms < 0:
-                raise BadFault(f"latency_ms must be a number >= 0, got {ms!r}")
             self.latency_ms = float(ms)
-        if "hold_memory_bytes" in body:
-            n = body["hold_memory_bytes"]
-            if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_HOLD_BYTES:
-                raise BadFault(f"hold_memory_bytes must be an integer in [0, {MAX_HOLD_BYTES}]")
-            if n:
-                # Multiplying a one-byte array writes every byte: the pages become resident.
-                self._held.append(bytearray(b"\x01") * n)
+        if n:
+            # Multiplying a one-byte array writes every byte: the pages become resident.
+            self._held.append(bytearray(b"\x01") * n)
         if "hang" in body:
             self.hang = bool(body["hang"])
             if self.hang:

@@ -81,7 +81,11 @@ class RedisTier:
             return None
         if raw is None:
             return None
-        kv = decode(raw)
+        try:
+            kv = decode(raw)
+        except Exception as exc:  # a corrupt or foreign value: count it, serve a miss
+            self._error(exc)
+            return None
         self.loaded += 1
         if self.on_transfer is not None:
             self.on_transfer(self.clock() - start)

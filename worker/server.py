@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import time
 import uuid
@@ -81,6 +82,9 @@ def _parse_completion(body: Any, state: WorkerState, tok: Any) -> dict[str, Any]
         prompt = prompt[0]
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
         ids = [int(t) for t in prompt]
+        vocab = len(tok)
+        if any(isinstance(t, bool) or not 0 <= t < vocab for t in ids):
+            raise BadRequest(f"token ids in 'prompt' must be integers in [0, {vocab})")
     elif isinstance(prompt, str) and prompt:
         ids = tok(prompt, add_special_tokens=False).input_ids
     else:
@@ -89,8 +93,15 @@ def _parse_completion(body: Any, state: WorkerState, tok: Any) -> dict[str, Any]
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
         raise BadRequest(f"'max_tokens' must be an integer >= 1, got {max_tokens!r}")
     temperature = body.get("temperature", 1.0)
-    if isinstance(temperature, bool) or not isinstance(temperature, int | float) or temperature < 0:
-        raise BadRequest(f"'temperature' must be a number >= 0, got {temperature!r}")
+    if (
+        isinstance(temperature, bool)
+        or not isinstance(temperature, int | float)
+        or not math.isfinite(temperature)
+        or temperature < 0
+    ):
+        raise BadRequest(f"'temperature' must be a finite number >= 0, got {temperature!r}")
+    if temperature < 1e-5:
+        temperature = 0.0  # below this, softmax(logits / T) overflows: it is greedy anyway
     top_p = body.get("top_p", 1.0)
     if isinstance(top_p, bool) or not isinstance(top_p, int | float) or not 0 < top_p <= 1:
         raise BadRequest(f"'top_p' must be in (0, 1], got {top_p!r}")
@@ -100,8 +111,10 @@ def _parse_completion(body: Any, state: WorkerState, tok: Any) -> dict[str, Any]
     if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
         raise BadRequest("'stop' must be a string or a list of non-empty strings")
     seed = body.get("seed")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise BadRequest(f"'seed' must be an integer, got {seed!r}")
+    if seed is not None and (
+        isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63
+    ):
+        raise BadRequest(f"'seed' must be an integer in [0, 2**63), got {seed!r}")
     n = body.get("n", 1)
     if n != 1:
         raise BadRequest("only n=1 is supported")

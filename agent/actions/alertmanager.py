@@ -40,7 +40,10 @@ def transitions(payload: Any, now: float) -> list[AlertTransition]:
         status = a.get("status")
         if status not in ("firing", "resolved"):
             raise BadPayload(f"alerts[{i}]: status {status!r}; allowed: firing, resolved")
-        annotations = {str(k): str(v) for k, v in (a.get("annotations") or {}).items()}
+        raw_ann = a.get("annotations") or {}
+        if not isinstance(raw_ann, dict):
+            raise BadPayload(f"alerts[{i}]: 'annotations' must be an object")
+        annotations = {str(k): str(v) for k, v in raw_ann.items()}
         if a.get("fingerprint"):
             annotations[FINGERPRINT] = str(a["fingerprint"])
         if a.get("startsAt"):

@@ -104,6 +104,7 @@ class Remediation:
         self.ladders: dict[str, L.Ladder] = {}
         self.ended: dict[str, float] = {}
         self.restores: dict[str, dict[str, Any]] = {}
+        self._restore_runs: dict[str, Run] = {}
         self.known_steps: dict[str, tuple[RemediationStep, ...]] = {}
         self._running: dict[str, Run] = {}
         self._dirty = False
@@ -391,6 +392,7 @@ class Remediation:
             return False
         if run.outcome == "skipped_off":
             lad.phase = L.RUN
+            lad.retry_at = now + self.config.actions.guards.retry_s
             return False
         # failed, timeout, refused, invalid: the next rung, now.
         self._climb(lad, now, f"step {run.action} {run.outcome}: {run.error}")
@@ -400,6 +402,16 @@ class Remediation:
 
     def _restores(self, now: float) -> None:
         for name, r in list(self.restores.items()):
+            pending = self._restore_runs.get(name)
+            if pending is not None:
+                if not pending.done:
+                    continue
+                del self._restore_runs[name]
+                if pending.outcome in ("ok", "dry_run"):
+                    del self.restores[name]
+                    self._dirty = True
+                # failed or timed out: the entry stays and the restore is tried again
+                continue
             hold = float(r.get("hold_s", self.config.actions.fallback.hold_s))
             if self.active(name):
                 if r.get("since") is not None:
@@ -421,8 +433,12 @@ class Remediation:
             )
             if run.outcome == "skipped_busy":
                 continue
-            del self.restores[name]
-            self._dirty = True
+            if not run.done:
+                self._restore_runs[name] = run  # decided on a later tick, by its outcome
+                continue
+            if run.outcome in ("ok", "dry_run"):
+                del self.restores[name]
+                self._dirty = True
 
     # -- paging -------------------------------------------------------------
 

@@ -7,6 +7,7 @@ Reads are open; running an action and the webhook need the bearer token
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -71,12 +72,22 @@ def build_routes(rem: Remediation) -> list[web.RouteDef]:
 
     async def history(request: web.Request) -> web.Response:
         since = request.query.get("since")
-        limit = int(request.query.get("limit", "1000"))
         try:
             since_f = float(since) if since else None
         except ValueError:
             return web.json_response({"error": "since must be Unix seconds"}, status=400)
-        recs = list(read_audit(rem.audit.path, since_f))[-limit:]
+        try:
+            limit = int(request.query.get("limit", "1000"))
+        except ValueError:
+            limit = 0
+        if not 1 <= limit <= 100_000:
+            return web.json_response({"error": "limit must be an integer in 1..100000"}, status=400)
+
+        def tail() -> list[dict[str, Any]]:
+            return list(deque(read_audit(rem.audit.path, since_f), maxlen=limit))
+
+        # The audit log grows without bound: read it off the event loop.
+        recs = await asyncio.to_thread(tail)
         return web.json_response({"records": recs}, dumps=_dumps)
 
     async def remediation_status(_: web.Request) -> web.Response:

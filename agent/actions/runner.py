@@ -199,7 +199,7 @@ class Runner:
             reason=reason,
         )
         try:
-            if force and not (reason and reason.strip()):
+            if force and not (isinstance(reason, str) and reason.strip()):
                 raise ActionRejected("force needs a reason", "invalid")
             spec = self.registry.get(action)
             parsed = spec.parse(params)
@@ -217,9 +217,18 @@ class Runner:
         except ActionRejected as exc:
             self._refuse(run, exc)
             return run
+        if dry_run:
+            # A one-off dry run asked of an enforcing agent is a question, not a
+            # run: it must not spend the real cooldown or budget.
+            run.result = ActionResult(detail=f"dry run: would run {action} {run.params}")
+            self._finish(run, DRY_RUN)
+            self._span(run, DRY_RUN, None)
+            return run
         self.guards.start(action, run.target, run.id, now, owner)
         self.on_change()
         if mode == "dry-run":
+            # A dry-run agent keeps its guards as if it acted, so its log shows
+            # the decisions (cooldowns, budget) an enforcing agent would take.
             self.guards.finish(run.target)
             run.result = ActionResult(detail=f"dry run: would run {action} {run.params}")
             self._finish(run, DRY_RUN)

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 import click
 import httpx
 
-from kcops.agent.errors import KcopsError, Unreachable
+from kcops.agent.errors import ConfigError, KcopsError, Unreachable
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -53,8 +53,11 @@ def handle_errors(fn: F) -> F:
 def token_headers(token_file: str | None = None) -> dict[str, str]:
     token = None
     if token_file:
-        with open(token_file) as fh:
-            token = fh.read().strip()
+        try:
+            with open(token_file) as fh:
+                token = fh.read().strip()
+        except OSError as exc:
+            raise ConfigError(f"--token-file {token_file}: cannot read: {exc.strerror}") from None
     token = token or os.environ.get("KCOPS_TOKEN", "").strip()
     return {"Authorization": f"Bearer {token}"} if token else {}
 
@@ -72,6 +75,8 @@ def agent_request(
     url = agent_url.rstrip("/") + path
     try:
         return httpx.request(method, url, json=json_body, headers=headers, timeout=timeout_s)
+    except httpx.InvalidURL as exc:
+        raise ConfigError(f"--agent {agent_url!r}: not a valid URL: {exc}") from None
     except httpx.HTTPError as exc:
         raise Unreachable(f"cannot reach the agent at {agent_url}: {exc}") from None
 

@@ -51,7 +51,13 @@ def push_cmd(grafana_url: str, token_file: str | None, folder_uid: str | None) -
 
     from kcops.dashboards.build import build_all
 
-    token = Path(token_file).read_text().strip() if token_file else os.environ.get("GRAFANA_TOKEN")
+    try:
+        token = (
+            Path(token_file).read_text().strip() if token_file else os.environ.get("GRAFANA_TOKEN")
+        )
+    except OSError as exc:
+        click.echo(f"error: --token-file {token_file}: cannot read: {exc.strerror}", err=True)
+        sys.exit(2)
     if not token:
         click.echo("error: no Grafana token: set $GRAFANA_TOKEN or --token-file", err=True)
         sys.exit(2)

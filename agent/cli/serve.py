@@ -98,6 +98,13 @@ def serve_cmd(
         cache_budget_bytes=cache_budget_bytes,
         cache_ttl_s=cache_ttl_s,
     )
+    if redis_url is not None and not redis_url.startswith(("redis://", "rediss://", "unix://")):
+        click.echo(
+            f"error: --redis {redis_url!r}: use a URL such as redis://127.0.0.1:6379/0 "
+            "(schemes: redis, rediss, unix)",
+            err=True,
+        )
+        sys.exit(EXIT_USAGE)
     try:
         state = build(opts)
     except BadSetting as exc:

@@ -7,7 +7,7 @@ from typing import Any
 
 import promql_parser as pp
 
-from kcops.agent.rules.model import NAME, Elem, Labels, Vector
+from kcops.agent.rules.model import NAME, Elem, EvalError, Labels, Vector
 from kcops.agent.rules.rangefns import quantile
 
 
@@ -85,6 +85,8 @@ def _reduce(op: str, param: float | None, values: list[float]) -> float:
 
 def _topk(top: bool, param: float | None, groups: dict[Labels, list[Elem]]) -> Vector:
     assert param is not None
+    if math.isinf(param):
+        raise EvalError(f"scalar value {param} overflows int64 (topk/bottomk parameter)")
     k = int(param) if not math.isnan(param) else 0
     if k < 1:
         return []

@@ -79,6 +79,11 @@ class RuleEngine:
             except EvalError as exc:
                 h.error = str(exc)
                 h.errors_total += 1
+            except (ArithmeticError, ValueError) as exc:
+                # An evaluation corner kcops does not map to an EvalError yet must
+                # fail this rule only, never the rules after it.
+                h.error = f"{type(exc).__name__}: {exc}"
+                h.errors_total += 1
             h.last_eval = now
             h.duration_s = time.perf_counter() - r0
         self.last_eval = now

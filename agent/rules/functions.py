@@ -139,6 +139,8 @@ def _round(ev: Ev, args: list[Any], t: float) -> Value:
     def r(v: float) -> float:
         try:
             return math.floor(v * inv + 0.5) / inv
+        except ZeroDivisionError:
+            return math.nan  # to_nearest = ±Inf: Go computes floor(v*0 + 0.5) / 0 = NaN
         except (ValueError, OverflowError):
             return v * inv / inv if not math.isnan(v) else v
 

@@ -282,6 +282,18 @@ def load_rules_data(
             _rule(r, gname, i, params, source) for i, r in enumerate(g.get("rules") or [])
         )
         groups.append(Group(gname, interval, rules))
+    # Alert state and remediation ladders are kept per rule name, so a name
+    # may appear once (Prometheus allows repeats; tell severities apart by labels).
+    names: set[str] = set()
+    for grp in groups:
+        for rule in grp.rules:
+            if rule.name in names:
+                raise RuleError(
+                    f"{source}: group {grp.name!r}: rule {rule.name!r}: the name is used by "
+                    "another rule; kcops keeps alert state and ladders per name, so each name "
+                    "must be unique (tell severities apart with labels)"
+                )
+            names.add(rule.name)
     return RuleSet(source, tuple(groups), params)
 
 

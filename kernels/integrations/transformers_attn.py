@@ -40,7 +40,8 @@ def wrap_attention(probe: Probe, fn: Callable[..., Any]) -> Callable[..., Any]:
         def kc_inputs() -> KcInputs | None:
             if query.dim() != 4 or key.dim() != 4:
                 return None
-            scaling = kw.get("scaling", args[0] if args else None)
+            # Only by keyword: the first extra positional of sdpa/flash is dropout.
+            scaling = kw.get("scaling")
             return KcInputs(
                 query,
                 key,

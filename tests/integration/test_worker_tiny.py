@@ -142,6 +142,10 @@ def test_stop_string_and_sampling(worker: tuple[WorkerState, httpx.Client]) -> N
         {"prompt": "hi", "max_tokens": 0},
         {"prompt": "word " * 2100, "max_tokens": 4},
         {"prompt": "hi", "temperature": -1},
+        '{"prompt": "hi", "temperature": NaN}',  # Python's JSON parser accepts NaN
+        {"prompt": [1, -1]},
+        {"prompt": [10**9]},
+        {"prompt": "hi", "seed": 2**64},
         [1, 2],
     ],
 )
@@ -149,7 +153,10 @@ def test_bad_requests_get_400_and_the_server_keeps_serving(
     worker: tuple[WorkerState, httpx.Client], body: Any
 ) -> None:
     _, c = worker
-    r = c.post("/v1/completions", json=body)
+    if isinstance(body, str):
+        r = c.post("/v1/completions", content=body, headers={"content-type": "application/json"})
+    else:
+        r = c.post("/v1/completions", json=body)
     assert r.status_code == 400
     assert r.json()["error"]["message"]
     complete(c, SHORT, max_tokens=1)

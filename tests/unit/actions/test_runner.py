@@ -139,3 +139,24 @@ def test_timeout_and_engine_down(tmp_path: Path) -> None:
             await rem.stop()
 
     asyncio.run(body())
+
+
+def test_one_off_dry_run_spends_no_cooldown_of_an_enforcing_agent(tmp_path: Path) -> None:
+    async def body() -> None:
+        w = FakeWorker()
+        url = await w.start()
+        clock = ManualClock()
+        ctx, _ = make_ctx(tmp_path, url, clock, mode="enforce")
+        rem = await make_rem(ctx)
+        try:
+            asked = rem.runner.submit("fallback_to_base", dry_run=True)
+            assert asked.outcome == "dry_run" and w.state["route_mode"] == "normal"
+            real = rem.runner.submit("fallback_to_base")
+            assert real.task is not None, real.outcome  # not skipped_cooldown
+            await real.task
+            assert real.outcome == "ok" and w.state["route_mode"] == "fallback"
+        finally:
+            await rem.stop()
+            await w.stop()
+
+    asyncio.run(body())

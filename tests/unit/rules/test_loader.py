@@ -102,3 +102,19 @@ def test_packaged_table_loads_with_ladders() -> None:
         assert a.raw["labels"]["severity"] in ("page", "ticket")
         assert a.raw["annotations"]["runbook_url"].endswith(f"/{a.name}.md")
         assert a.remediation, a.name
+
+
+def test_repeated_rule_name_is_refused_naming_it() -> None:
+    data = {
+        "groups": [
+            {
+                "name": "g",
+                "rules": [
+                    {"alert": "HighX", "expr": "x > 1", "labels": {"severity": "ticket"}},
+                    {"alert": "HighX", "expr": "x > 100", "labels": {"severity": "page"}},
+                ],
+            }
+        ]
+    }
+    with pytest.raises(RuleError, match=r"'HighX'.*unique"):
+        load_rules_data(data)

@@ -69,3 +69,9 @@ def test_faults_apply_and_clear() -> None:
     for bad in ({}, {"latency_ms": -1}, {"hold_memory_bytes": "x"}, {"explode": True}, [1]):
         with pytest.raises(BadFault):
             f.apply(bad)
+    # A refused request changes nothing, even its valid parts.
+    f.apply({"nan": True})
+    for bad in ({"clear": True, "latency_ms": float("nan")}, {"latency_ms": float("inf")}):
+        with pytest.raises(BadFault):
+            f.apply(bad)
+    assert f.state()["nan"] is True
