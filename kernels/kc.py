@@ -186,10 +186,14 @@ def kc_rows(
         r = len(row_idx)
         q = query[:b].index_select(2, row_idx)  # [B, Hq, R, d]
         k = key[:b]
-        if g > 1:
-            k = k[:, :, None].expand(b, hkv, g, tk, d).reshape(b, hq, tk, d)
         scale = scaling if scaling is not None else d**-0.5
-        scores = torch.matmul(q, k.transpose(2, 3)) * scale  # [B, Hq, R, Tk]
+        if g > 1:
+            # Group the query heads by KV head instead of repeating the keys: a
+            # [B, Hq, Tk, d] copy of K is GiBs at long context on the engine's device.
+            qg = q.reshape(b, hkv, g * r, d)
+            scores = torch.matmul(qg, k.transpose(2, 3)).reshape(b, hq, r, tk) * scale
+        else:
+            scores = torch.matmul(q, k.transpose(2, 3)) * scale  # [B, Hq, R, Tk]
         add, visible = _row_mask(attention_mask, b, row_idx, tq, tk, is_causal, device)
         if add is not None:
             scores = scores + add.to(scores.dtype) if add.dtype != scores.dtype else scores + add

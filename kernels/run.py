@@ -2,8 +2,8 @@
 changes.
 
 It writes a ``sitecustomize.py`` that calls :func:`kcops.kernels.install` (with the
-``KCOPS_PROBE_*`` settings, see :meth:`ProbeConfig.from_env`) into a folder next to the probe
-socket, puts that folder first on ``PYTHONPATH`` and executes CMD: every Python process CMD
+``KCOPS_PROBE_*`` settings, see :meth:`ProbeConfig.from_env`) into a new private temporary
+folder, puts that folder first on ``PYTHONPATH`` and executes CMD: every Python process CMD
 starts (vLLM's engine and workers included) installs the probe at startup. A
 ``sitecustomize`` already on the path is shadowed; set ``PYTHONPATH`` yourself to keep it.
 """
@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import os
 import sys
-
-from kcops.kernels.wire import default_socket_path
 
 SITECUSTOMIZE = """\
 # Written by kcops.kernels.run: install the kcops attention probe at interpreter start.
@@ -35,10 +33,19 @@ USAGE = "usage: KCOPS_PROBE=1 python -m kcops.kernels.run -- CMD [ARGS...]"
 
 
 def autoload_dir() -> str:
-    """Folder holding the generated ``sitecustomize.py`` (created, mode 0700)."""
-    path = os.path.join(os.path.dirname(default_socket_path()), "autoload")
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    with open(os.path.join(path, "sitecustomize.py"), "w") as fh:
+    """A new private folder (mode 0700, unpredictable name) holding ``sitecustomize.py``.
+
+    Never a fixed path under /tmp: another local user could pre-create it or plant
+    a symlink there and get code run in every Python process of the engine. One
+    small folder per run is left in the temp dir (the engine replaces this process).
+    """
+    import tempfile
+
+    path = tempfile.mkdtemp(prefix="kcops-autoload-")
+    fd = os.open(
+        os.path.join(path, "sitecustomize.py"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600
+    )
+    with os.fdopen(fd, "w") as fh:
         fh.write(SITECUSTOMIZE)
     return path
 

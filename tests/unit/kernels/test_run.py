@@ -13,12 +13,20 @@ from kcops.kernels import run
 
 
 def test_prepare_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("KCOPS_PROBE_SOCKET", str(tmp_path / "probe.sock"))
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", None)
     env = run.prepare_env({"PYTHONPATH": "/x"})
     assert env["KCOPS_PROBE"] == "1"
     first, rest = env["PYTHONPATH"].split(os.pathsep, 1)
-    assert first == str(tmp_path / "autoload") and rest == "/x"
-    assert (tmp_path / "autoload" / "sitecustomize.py").is_file()
+    assert rest == "/x"
+    folder = Path(first)
+    assert folder.parent == tmp_path and folder.name.startswith("kcops-autoload-")
+    assert folder.stat().st_mode & 0o777 == 0o700  # private, and new every run
+    assert (folder / "sitecustomize.py").is_file()
+    second = run.prepare_env({})["PYTHONPATH"]
+    assert second != first
 
 
 def test_usage_without_command() -> None:
