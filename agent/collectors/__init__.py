@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from kcops.agent.collectors.base import Collector, CollectorRunner
+from kcops.agent.collectors.base import Collector, CollectorRunner, InThread
 from kcops.agent.collectors.selfmetrics import SelfCollector, TickHistogram
 
 if TYPE_CHECKING:
@@ -74,12 +74,15 @@ def build(ctx: AgentContext, ticks: TickHistogram) -> list[Collector]:
             )
         )
     if cfg.nvml.enabled != "off":
+        # NVML calls can hang in the driver: never on the event loop.
         out.append(
-            NvmlCollector(
-                Nvml(),
-                engine_pids=watch.pid_set if pid_knowable else None,
-                process_interval_s=cfg.nvml.process_interval_s,
-                max_events_per_tick=cfg.nvml.max_events_per_tick,
+            InThread(
+                NvmlCollector(
+                    Nvml(),
+                    engine_pids=watch.pid_set if pid_knowable else None,
+                    process_interval_s=cfg.nvml.process_interval_s,
+                    max_events_per_tick=cfg.nvml.max_events_per_tick,
+                )
             )
         )
     if _on(cfg.process.enabled, pid_knowable):

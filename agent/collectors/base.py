@@ -159,3 +159,42 @@ class CollectorRunner:
 
     def routes(self) -> list[web.RouteDef]:
         return []
+
+
+class InThread:
+    """Runs a synchronous collector in its own thread, one call at a time.
+
+    For sources that can hang inside a C library (NVML when a GPU falls off the
+    bus): the loop awaits with the runner's timeout and goes on; while a call is
+    still stuck, later ticks report ``reason="hung"`` instead of piling up threads.
+    ``start``/``stop`` of the wrapped collector are passed through.
+    """
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self._pending: asyncio.Future[Any] | None = None
+
+    async def start(self) -> None:
+        start = getattr(self.inner, "start", None)
+        if start is not None:
+            res = start()
+            if inspect.isawaitable(res):
+                await res
+
+    async def stop(self) -> None:
+        stop = getattr(self.inner, "stop", None)
+        if stop is not None and (self._pending is None or self._pending.done()):
+            res = stop()
+            if inspect.isawaitable(res):
+                await res
+
+    async def collect(self, now: float) -> Iterable[Sample]:
+        if self._pending is not None and not self._pending.done():
+            raise CollectorUnavailable(
+                f"{self.name}: the previous read has not returned yet", reason="hung"
+            )
+        loop = asyncio.get_running_loop()
+        self._pending = loop.run_in_executor(None, self.inner.collect, now)
+        # shield: a timeout of this tick must not orphan the result of the read.
+        return list(await asyncio.shield(self._pending))

@@ -90,3 +90,38 @@ def test_async_collector_timeout_is_counted() -> None:
     runner = CollectorRunner(st, [Slow()], timeout_s=0.05)
     asyncio.run(runner.tick(1.0))
     assert errors(st, "slow", "timeout") == 1
+
+
+class Stuck:
+    """A synchronous read that blocks until released, like NVML on a lost GPU."""
+
+    name = "stuck"
+
+    def __init__(self) -> None:
+        import threading
+
+        self.release = threading.Event()
+
+    def collect(self, now: float) -> Iterable[Sample]:
+        self.release.wait(10)
+        return [Sample.of("g", now)]
+
+
+def test_in_thread_collector_never_blocks_the_loop_nor_piles_up() -> None:
+    from kcops.agent.collectors.base import InThread
+
+    st = Store()
+    stuck = Stuck()
+    runner = CollectorRunner(st, [InThread(stuck)], timeout_s=0.05)
+
+    async def go() -> None:
+        await runner.tick(1.0)  # the read hangs: this tick times out
+        await runner.tick(2.0)  # still hanging: reported, no second thread
+        stuck.release.set()
+        await asyncio.sleep(0.2)
+        await runner.tick(3.0)  # the driver is back
+
+    asyncio.run(go())
+    assert errors(st, "stuck", "timeout") == 1
+    assert errors(st, "stuck", "hung") == 1
+    assert st.latest(SeriesKey.of("g")) == (3.0, 3.0)
