@@ -300,9 +300,15 @@ def build_app(state: WorkerState) -> web.Application:
         c = state.engine.cache
         return {"usage_ratio": c.usage_ratio, "blocks": c.blocks}
 
+    # The model thread holds the cache lock during Redis round trips (spill and
+    # reload): take it in a worker thread so the event loop (health, metrics,
+    # streams) never waits on Redis.
     async def reset_prefix_cache(request: web.Request) -> web.Response:
-        with state.engine.cache_lock:
-            blocks, _ = state.engine.cache.evict("all")
+        def reset() -> int:
+            with state.engine.cache_lock:
+                return state.engine.cache.evict("all")[0]
+
+        blocks = await asyncio.to_thread(reset)
         return web.json_response({"reset": True, "evicted_blocks": blocks})
 
     async def admin_evict(request: web.Request) -> web.Response:
@@ -321,12 +327,16 @@ def build_app(state: WorkerState) -> web.Application:
         except BadRequest as exc:
             return _err(400, str(exc))
         eng = state.engine
-        with eng.cache_lock:
-            before = cache_view()
-            blocks, freed = eng.cache.evict(
-                policy, fraction=float(fraction), ttl_s=state.cache_ttl_s, now=eng.clock()
-            )
-            after = cache_view()
+
+        def evict() -> tuple[dict[str, Any], int, int, dict[str, Any]]:
+            with eng.cache_lock:
+                before = cache_view()
+                blocks, freed = eng.cache.evict(
+                    policy, fraction=float(fraction), ttl_s=state.cache_ttl_s, now=eng.clock()
+                )
+                return before, blocks, freed, cache_view()
+
+        before, blocks, freed, after = await asyncio.to_thread(evict)
         return web.json_response(
             {
                 "policy": policy,
