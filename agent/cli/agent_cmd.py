@@ -91,6 +91,8 @@ def run_cmd(
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    # httpx logs every request at INFO: two lines per engine scrape, every tick.
+    logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.root.level))
     agent = Agent(cfg)
     asyncio.run(agent.run())
 

@@ -63,9 +63,6 @@ class EngineClient:
     ) -> None:
         # httpx logs every request at INFO: one line per tick per endpoint drowns the
         # agent's log. Quiet it unless someone configured that logger on purpose.
-        httpx_log = logging.getLogger("httpx")
-        if httpx_log.level == logging.NOTSET:
-            httpx_log.setLevel(logging.WARNING)
         self.base_url = base_url.rstrip("/")
         self.metrics_path = metrics_path
         self.health_path = health_path
