@@ -37,12 +37,10 @@ lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-# mypy cannot follow setuptools' editable-install finder, so it would see every
-# `kcops.*` import as missing (Any). A tree of symlinks gives it the real layout.
+# kcops/agent etc. are symlinks to the top-level folders, so mypy reads the
+# real layout from the repository root with no generated tree.
 typecheck: install
-	@rm -rf .typecheck && mkdir -p .typecheck/kcops && ln -s ../../kcops/__init__.py .typecheck/kcops/__init__.py
-	@for d in agent kernels worker alerts dashboards runbooks; do ln -s ../../$$d .typecheck/kcops/$$d; done
-	cd .typecheck && ../$(VENV)/bin/mypy --config-file ../pyproject.toml -p kcops
+	$(VENV)/bin/mypy -p kcops
 
 test: install services lint typecheck
 	$(VENV)/bin/pytest -q
