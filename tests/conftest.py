@@ -27,6 +27,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True)
+def _private_paths(
+    monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Each test gets its own probe socket and state dir, so tests run in parallel
+    (pytest-xdist) without two agents binding one default path."""
+    home = tmp_path_factory.mktemp("h")
+    monkeypatch.setenv("KCOPS_PROBE_SOCKET", str(home / "probe.sock"))
+    monkeypatch.setenv("XDG_STATE_HOME", str(home / "state"))
+
+
 @pytest.fixture
 def redis_url(tmp_path: Path) -> Iterator[str]:
     with redis_server(tmp_path) as url:
