@@ -4,12 +4,22 @@ Each dashboard is a list of panels; each panel is one or more PromQL queries
 over DESIGN §3 names. ``build_all()`` returns Grafana's dashboard JSON model
 (schemaVersion 39) keyed by file name; ``kcops dashboards build`` writes them
 to ``dashboards/generated/`` and ``kcops dashboards push`` uploads them.
+
+Thresholds and the alert notes in panel descriptions are not copied from the
+rules: a panel names the rule parameter (``Threshold("device_memory_ratio")``)
+and the alert it shows, and :func:`build_all` reads both from the loaded rule
+set, so a parameter overridden for the rules moves the panel's line with it.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kcops.agent.rules.loader import RuleSet
 
 SCHEMA_VERSION = 39
 DS = {"type": "prometheus", "uid": "${datasource}"}
@@ -24,13 +34,23 @@ class Query:
 
 
 @dataclass(frozen=True)
+class Threshold:
+    """A red line on a panel: a number, or the name of a rule parameter holding it."""
+
+    value: float | str
+    color: str = "red"
+
+
+@dataclass(frozen=True)
 class Panel:
     title: str
     queries: tuple[Query, ...]
     unit: str = "short"
     kind: str = "timeseries"  # timeseries | stat
+    # ``${param}`` is replaced by the rule parameter's value.
     description: str = ""
-    thresholds: tuple[tuple[float, str], ...] = ()
+    thresholds: tuple[Threshold, ...] = ()
+    alert: str | None = None  # the rule this panel watches: its `for` joins the description
     width: int = 12
     height: int = 8
 
@@ -64,8 +84,9 @@ SERVING = Dashboard(
                 q(_p99("kcops_ttft_seconds"), "TTFT p99"),
             ),
             unit="s",
-            thresholds=((0.5, "red"),),
-            description="Alert KcopsP99LatencyHigh: p99 > 500 ms for 1m.",
+            thresholds=(Threshold("p99_latency_seconds"),),
+            description="p99 above ${p99_latency_seconds}s.",
+            alert="KcopsP99LatencyHigh",
         ),
         Panel(
             "Requests",
@@ -89,8 +110,9 @@ SERVING = Dashboard(
                 ),
             ),
             unit="percentunit",
-            thresholds=((0.9, "red"),),
-            description="Alert KcopsPrefixCacheHitRateLow: < 90% for 5m (target >= 95%).",
+            thresholds=(Threshold("cache_hit_ratio"),),
+            description="Hit rate below ${cache_hit_ratio} (target >= 0.95).",
+            alert="KcopsPrefixCacheHitRateLow",
         ),
         Panel(
             "Device memory used",
@@ -101,14 +123,17 @@ SERVING = Dashboard(
                 ),
             ),
             unit="percentunit",
-            thresholds=((0.9, "red"),),
-            description="Alert KcopsDeviceMemoryHigh: > 90% for 1m.",
+            thresholds=(Threshold("device_memory_ratio"),),
+            description="Used share above ${device_memory_ratio}.",
+            alert="KcopsDeviceMemoryHigh",
         ),
         Panel(
             "Segment transfer p99 (Redis KV tier)",
             (q(_p99("kcops_segment_transfer_seconds"), "p99"),),
             unit="s",
-            thresholds=((0.05, "red"),),
+            thresholds=(Threshold("segment_transfer_p99_seconds"),),
+            description="p99 above ${segment_transfer_p99_seconds}s.",
+            alert="KcopsSegmentTransferSlow",
         ),
         Panel(
             "Engine up",
@@ -145,7 +170,8 @@ ATTENTION = Dashboard(
                     "p90",
                 ),
             ),
-            description="A surge of 50% over its baseline fires KcopsKCSurge.",
+            description="Mean K(C) at ${kc_surge_ratio} x its baseline or more.",
+            alert="KcopsKCSurge",
         ),
         Panel(
             "kappa = K / context",
@@ -172,12 +198,14 @@ ATTENTION = Dashboard(
             "Shadow agreement (served vs full attention)",
             (q("min(kcops_shadow_agreement_ratio{$SEL})", "agreement"),),
             unit="percentunit",
-            description="A drop of more than 5 points fires KcopsAccuracyDrop.",
+            description="Agreement down more than ${accuracy_drop_ratio} from its baseline.",
+            alert="KcopsAccuracyDrop",
         ),
         Panel(
             "Attention errors",
             (q("sum by (kind) (increase(kcops_attention_errors_total{$SEL}[5m]))", "{{kind}}"),),
-            thresholds=((1, "red"),),
+            thresholds=(Threshold(1),),
+            alert="KcopsAttentionErrors",
         ),
         Panel(
             "Attention calls per second by layer",
@@ -267,14 +295,53 @@ AGENT = Dashboard(
 DASHBOARDS = (SERVING, ATTENTION, AGENT)
 
 
-def _panel_json(p: Panel, pid: int, x: int, y: int) -> dict[str, Any]:
+_PARAM = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def _param(params: Mapping[str, Any], name: str, panel: str) -> Any:
+    if name not in params:
+        known = ", ".join(sorted(params)) or "none"
+        raise ValueError(f"panel {panel!r}: unknown rule parameter {name!r} (known: {known})")
+    return params[name]
+
+
+def _threshold(t: Threshold, params: Mapping[str, Any], panel: str) -> float:
+    value = _param(params, t.value, panel) if isinstance(t.value, str) else t.value
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"panel {panel!r}: threshold {t.value!r} is {value!r}, not a number"
+        ) from None
+
+
+def _description(p: Panel, ruleset: RuleSet) -> str:
+    text = _PARAM.sub(lambda m: str(_param(ruleset.params, m.group(1), p.title)), p.description)
+    rule = ruleset.get(p.alert) if p.alert else None
+    if rule is None or rule.kind != "alerting":
+        return text
+    for_s = getattr(rule, "for_s", 0.0)
+    when = f"after {_seconds(for_s)}" if for_s else "at once"
+    return f"{text} Alert {rule.name} fires {when}.".strip()
+
+
+def _seconds(s: float) -> str:
+    for unit, size in (("h", 3600), ("m", 60)):
+        if s >= size and s % size == 0:
+            return f"{int(s // size)}{unit}"
+    return f"{s:g}s"
+
+
+def _panel_json(p: Panel, pid: int, x: int, y: int, ruleset: RuleSet) -> dict[str, Any]:
     steps: list[dict[str, Any]] = [{"color": "green", "value": None}]
-    steps += [{"color": color, "value": value} for value, color in p.thresholds]
+    steps += [
+        {"color": t.color, "value": _threshold(t, ruleset.params, p.title)} for t in p.thresholds
+    ]
     return {
         "id": pid,
         "type": p.kind,
         "title": p.title,
-        "description": p.description,
+        "description": _description(p, ruleset),
         "datasource": DS,
         "gridPos": {"h": p.height, "w": p.width, "x": x, "y": y},
         "fieldConfig": {
@@ -289,14 +356,18 @@ def _panel_json(p: Panel, pid: int, x: int, y: int) -> dict[str, Any]:
     }
 
 
-def dashboard_json(d: Dashboard) -> dict[str, Any]:
-    """Grafana's dashboard JSON model for one dashboard; panels flow left to right."""
+def dashboard_json(d: Dashboard, ruleset: RuleSet) -> dict[str, Any]:
+    """Grafana's dashboard JSON model for one dashboard; panels flow left to right.
+
+    Thresholds and alert notes come from ``ruleset`` (its params, its rules'
+    ``for``); a panel naming an unknown parameter raises ValueError.
+    """
     panels = []
     x = y = row_h = 0
     for i, p in enumerate(d.panels, start=1):
         if x + p.width > 24:
             x, y, row_h = 0, y + row_h, 0
-        panels.append(_panel_json(p, i, x, y))
+        panels.append(_panel_json(p, i, x, y, ruleset))
         x += p.width
         row_h = max(row_h, p.height)
     return {
@@ -335,6 +406,14 @@ def dashboard_json(d: Dashboard) -> dict[str, Any]:
     }
 
 
-def build_all() -> dict[str, dict[str, Any]]:
-    """File name -> dashboard JSON, for every kcops dashboard."""
-    return {f"{d.uid}.json": dashboard_json(d) for d in DASHBOARDS}
+def build_all(ruleset: RuleSet | None = None) -> dict[str, dict[str, Any]]:
+    """File name -> dashboard JSON, for every kcops dashboard.
+
+    ``ruleset`` gives thresholds and alert notes; default: the packaged
+    ``alerts/rules.yaml`` with its default params.
+    """
+    if ruleset is None:
+        from kcops.agent.rules.loader import default_rules_path, load_rules
+
+        ruleset = load_rules(default_rules_path())
+    return {f"{d.uid}.json": dashboard_json(d, ruleset) for d in DASHBOARDS}

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import click
 
-from kcops.agent.cli.common import EXIT_FAILURE, EXIT_UNREACHABLE
+from kcops.agent.cli.alerts import _load as load_ruleset
+from kcops.agent.cli.alerts import param_option, rules_option
+from kcops.agent.cli.common import EXIT_FAILURE, EXIT_UNREACHABLE, handle_errors
 
 
 @click.group("dashboards", help="Build the Grafana dashboards, or push them to a Grafana.")
@@ -25,12 +27,17 @@ def dashboards_group() -> None:
     show_default=True,
     help="Folder to write to.",
 )
-def build_cmd(out: str) -> None:
+@rules_option
+@param_option
+@handle_errors
+def build_cmd(out: str, rules_file: str | None, params: tuple[str, ...]) -> None:
+    """Thresholds follow the rule set: `--param device_memory_ratio=0.85` moves the line."""
     from kcops.dashboards.build import build_all
 
+    models = build_all(load_ruleset(rules_file, params))
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
-    for name, model in build_all().items():
+    for name, model in models.items():
         (folder / name).write_text(json.dumps(model, indent=2, sort_keys=True) + "\n")
         click.echo(f"wrote {folder / name} ({len(model['panels'])} panels)")
 
@@ -45,7 +52,16 @@ def build_cmd(out: str) -> None:
 @click.option("--grafana-url", required=True, help="Grafana base URL, e.g. http://grafana:3000.")
 @click.option("--token-file", type=click.Path(dir_okay=False), help="File with a Grafana token.")
 @click.option("--folder-uid", default=None, help="Grafana folder UID to put them in.")
-def push_cmd(grafana_url: str, token_file: str | None, folder_uid: str | None) -> None:
+@rules_option
+@param_option
+@handle_errors
+def push_cmd(
+    grafana_url: str,
+    token_file: str | None,
+    folder_uid: str | None,
+    rules_file: str | None,
+    params: tuple[str, ...],
+) -> None:
     from grafana_client import GrafanaApi
     from grafana_client.client import GrafanaClientError
 
@@ -61,9 +77,10 @@ def push_cmd(grafana_url: str, token_file: str | None, folder_uid: str | None) -
     if not token:
         click.echo("error: no Grafana token: set $GRAFANA_TOKEN or --token-file", err=True)
         sys.exit(2)
+    models = build_all(load_ruleset(rules_file, params))
     api = GrafanaApi.from_url(grafana_url, credential=token, timeout=10.0)
     failed = False
-    for name, model in build_all().items():
+    for name, model in models.items():
         body: dict[str, object] = {
             "dashboard": model,
             "overwrite": True,

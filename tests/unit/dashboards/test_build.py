@@ -56,6 +56,44 @@ def test_layout_fits_the_grid_and_ids_are_unique() -> None:
             ]
 
 
+def _panel(models: dict[str, Any], title: str) -> dict[str, Any]:
+    return next(p for m in models.values() for p in m["panels"] if p["title"] == title)
+
+
+def _red_lines(panel: dict[str, Any]) -> list[float]:
+    steps = panel["fieldConfig"]["defaults"]["thresholds"]["steps"]
+    return [s["value"] for s in steps if s["color"] == "red"]
+
+
+def test_thresholds_and_notes_follow_the_rule_params(tmp_path: Path) -> None:
+    from kcops.agent.rules.loader import default_rules_path, load_rules
+
+    title = "Device memory used"
+    default = _panel(build_all(), title)
+    assert _red_lines(default) == [0.9]
+    assert "0.9" in default["description"] and "after 1m" in default["description"]
+    moved = _panel(
+        build_all(load_rules(default_rules_path(), {"device_memory_ratio": 0.75})), title
+    )
+    assert _red_lines(moved) == [0.75]
+    assert "0.75" in moved["description"]
+    # The same override through the CLI, as `alerts export --param` takes it.
+    res = CliRunner().invoke(
+        cli,
+        ["dashboards", "build", "--out", str(tmp_path), "--param", "device_memory_ratio=0.6"],
+    )
+    assert res.exit_code == 0, res.output
+    written = json.loads((tmp_path / "kcops-serving.json").read_text())
+    assert _red_lines(_panel({"s": written}, title)) == [0.6]
+
+
+def test_unknown_param_is_a_usage_error(tmp_path: Path) -> None:
+    res = CliRunner().invoke(
+        cli, ["dashboards", "build", "--out", str(tmp_path), "--param", "no_such=1"]
+    )
+    assert res.exit_code == 2 and "no_such" in res.output
+
+
 class GrafanaStandIn:
     """Grafana cannot be installed here: this serves its documented
     ``POST /api/dashboards/db`` contract and records what it received."""
