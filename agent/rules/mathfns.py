@@ -3,8 +3,8 @@
 Python's ``math`` raises where Go's returns a value (``acos(2)`` is NaN,
 ``atanh(1)`` is +Inf, ``cosh(1000)`` is +Inf), so each function here maps
 those cases to Go's answer. Calendar functions read Unix seconds as Go's
-``time.Unix(int64(v), 0).UTC()`` does, with a proleptic Gregorian calendar
-computed on integers (no ``datetime`` range limit).
+``time.Unix(int64(v), 0).UTC()`` does, with Go's own calendar arithmetic
+(no ``datetime`` range limit, and Go's answer for NaN or huge values).
 """
 
 from __future__ import annotations
@@ -84,22 +84,58 @@ def go_int64(v: float) -> int:
     return int(v)
 
 
+U64 = 2**64
+_ABS_ZERO_YEAR = -292277022399
+_UNIX_TO_INTERNAL = (1969 * 365 + 1969 // 4 - 1969 // 100 + 1969 // 400) * 86400
+_INTERNAL_TO_ABS = (1 - _ABS_ZERO_YEAR) * 31556952  # Go: -(absoluteZeroYear - 1) * 365.2425 days
+_DAYS_BEFORE = (0, 31, 59, 90, 120, 151, 181, 212, 243, 273, 304, 334, 365)
+
+
+def _wrap64(v: int) -> int:
+    v %= U64
+    return v - U64 if v >= 2**63 else v
+
+
 def civil(seconds: int) -> tuple[int, int, int, int, int, int]:
-    """(year, month, day, hour, minute, weekday 0=Sunday) of Unix ``seconds``, UTC."""
-    days, rem = divmod(seconds, 86400)
-    hour, minute = rem // 3600, rem % 3600 // 60
-    weekday = (days + 4) % 7  # 1970-01-01 was a Thursday
-    # Howard Hinnant's civil_from_days.
-    z = days + 719468
-    era = z // 146097
-    doe = z - era * 146097
-    yoe = (doe - doe // 1460 + doe // 36524 - doe // 146096) // 365
-    y = yoe + era * 400
-    doy = doe - (365 * yoe + yoe // 4 - yoe // 100)
-    mp = (5 * doy + 2) // 153
-    d = doy - (153 * mp + 2) // 5 + 1
-    m = mp + 3 if mp < 10 else mp - 9
-    return (y + 1 if m <= 2 else y), m, d, hour, minute, weekday
+    """(year, month, day, hour, minute, weekday 0=Sunday) of Unix ``seconds``, UTC.
+
+    Go's time package arithmetic (absDate, in uint64 from year -292277022399),
+    so even the absurd dates of ``int64(NaN)`` come out as Prometheus's.
+    """
+    abs_s = (seconds + _UNIX_TO_INTERNAL + _INTERNAL_TO_ABS) % U64
+    d = abs_s // 86400
+    n = d // 146097
+    y = 400 * n
+    d -= 146097 * n
+    n = d // 36524
+    n -= n >> 2
+    y += 100 * n
+    d -= 36524 * n
+    n = d // 1461
+    y += 4 * n
+    d -= 1461 * n
+    n = d // 365
+    n -= n >> 2
+    y += n
+    d -= 365 * n
+    year = _wrap64(_wrap64(y) + _ABS_ZERO_YEAR)
+    hour = abs_s % 86400 // 3600
+    minute = abs_s % 3600 // 60
+    weekday = (abs_s + 86400) % 604800 // 86400
+    day = d
+    if _leap(year):
+        if day == 59:
+            return year, 2, 29, hour, minute, weekday
+        if day > 59:
+            day -= 1
+    month = day // 31
+    end = _DAYS_BEFORE[month + 1]
+    if day >= end:
+        month += 1
+        begin = end
+    else:
+        begin = _DAYS_BEFORE[month]
+    return year, month + 1, day - begin + 1, hour, minute, weekday
 
 
 def _leap(y: int) -> bool:
