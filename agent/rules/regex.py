@@ -25,8 +25,8 @@ MAX_REGEX_CHARS = 10_000
 
 # Constructs RE2 (C++) accepts and Go 1.19's regexp/syntax refuses.
 _GO_REFUSES = (
-    (re.compile(r"(?<!\\)(?:\\\\)*\\C"), "invalid escape sequence: \\C"),
-    (re.compile(r"(?<!\\)(?:\\\\)*\(\?<(?![=!])"), "invalid or unsupported Perl syntax: (?<"),
+    (re.compile(r"(?<!\\)(?:\\\\)*(\\C)"), "invalid escape sequence: \\C"),
+    (re.compile(r"(?<!\\)(?:\\\\)*(\(\?<)(?![=!])"), "invalid or unsupported Perl syntax: (?<"),
 )
 
 
@@ -56,7 +56,7 @@ def compile_anchored(pattern: str) -> Any:
     for rx, message in _GO_REFUSES:
         m = rx.search(pattern)
         if m is not None:
-            raise RuleError(f"invalid regex {_excerpt(pattern)}: {message} at offset {m.end() - 2}")
+            raise RuleError(f"invalid regex {_excerpt(pattern)}: {message} at offset {m.start(1)}")
     try:
         return re2.compile("^(?:" + pattern + ")$", _OPTIONS)
     except re2.error as exc:
