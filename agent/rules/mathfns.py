@@ -96,8 +96,8 @@ def _wrap64(v: int) -> int:
     return v - U64 if v >= 2**63 else v
 
 
-def civil(seconds: int) -> tuple[int, int, int, int, int, int]:
-    """(year, month, day, hour, minute, weekday 0=Sunday) of Unix ``seconds``, UTC.
+def civil(seconds: int) -> tuple[int, int, int, int, int, int, int]:
+    """(year, month, day, hour, minute, weekday 0=Sunday, day of year 1..366), UTC.
 
     Go's time package arithmetic (absDate, in uint64 from year -292277022399),
     so even the absurd dates of ``int64(NaN)`` come out as Prometheus's.
@@ -125,7 +125,7 @@ def civil(seconds: int) -> tuple[int, int, int, int, int, int]:
     day = d
     if _leap(year):
         if day == 59:
-            return year, 2, 29, hour, minute, weekday
+            return year, 2, 29, hour, minute, weekday, d + 1
         if day > 59:
             day -= 1
     month = day // 31
@@ -135,7 +135,7 @@ def civil(seconds: int) -> tuple[int, int, int, int, int, int]:
         begin = end
     else:
         begin = _DAYS_BEFORE[month]
-    return year, month + 1, day - begin + 1, hour, minute, weekday
+    return year, month + 1, day - begin + 1, hour, minute, weekday, d + 1
 
 
 def _leap(y: int) -> bool:
@@ -159,5 +159,6 @@ CALENDAR: dict[str, Callable[[int], float]] = {
     "hour": _field(3),
     "minute": _field(4),
     "day_of_week": _field(5),
+    "day_of_year": _field(6),
     "days_in_month": lambda s: float(days_in_month(*civil(s)[:2])),
 }

@@ -204,6 +204,8 @@ S = {"s{a=1}": [(float(t), float(t)) for t in range(0, 601, 30)]}
         ("year(vector(0)) + month(vector(0)) + day_of_month(vector(0))", 0, {"": 1972.0}),
         ("days_in_month(vector(5097600))", 0, {"": 31.0}),  # 1970-03-01
         ("day_of_week()", 86400 * 3, {"": 0.0}),  # 1970-01-04, a Sunday
+        ("day_of_year(vector(68169600))", 0, {"": 60.0}),  # 1972-02-29
+        ("day_of_year(vector(31449600))", 0, {"": 365.0}),  # 1970-12-31
         ("minute() + hour()", 3720, {"": 3.0}),
         ("sgn(vector(-2))", 0, {"": -1.0}),
         ("acos(vector(2))", 0, {"": NAN}),  # Go gives NaN where Python raises
