@@ -3,10 +3,18 @@
 The same evaluator as the rules, answering in Prometheus's HTTP API shape so
 tools that speak to Prometheus (and ``kcops runbook``) can ask the agent
 directly, without Prometheus. Open read; at most ``MAX_QUERY_CHARS`` long.
+
+Every answer is JSON in Prometheus's shape: a parse error or an unsupported
+expression is ``bad_data`` (400), anything that fails while evaluating is
+``execution`` (422), as Prometheus maps an engine error. Sample values are
+strings formatted as Go formats a float64 (``"NaN"``, ``"+Inf"``), so the body
+never holds a bare NaN or Infinity. A vector keeps the evaluator's order, as
+Prometheus's instant queries do (``topk``, ``sort`` ... are ordered).
 """
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -35,10 +43,7 @@ def to_api(value: Value, t: float) -> dict[str, Any]:
         return {"resultType": "string", "result": [t, value]}
     return {
         "resultType": "vector",
-        "result": [
-            {"metric": dict(e.labels), "value": [t, _fmt(e.value)]}
-            for e in sorted(value, key=lambda e: e.labels)
-        ],
+        "result": [{"metric": dict(e.labels), "value": [t, _fmt(e.value)]} for e in value],
     }
 
 
@@ -82,22 +87,37 @@ class QueryComponent:
                 return _error("bad_data", "missing parameter 'query'")
             t = None
             if "time" in request.query:
-                try:
-                    t = float(request.query["time"])
-                except ValueError:
-                    return _error("bad_data", "parameter 'time' must be Unix seconds")
+                t = _parse_time(request.query["time"])
+                if t is None:
+                    return _error(
+                        "bad_data",
+                        f"parameter 'time' must be finite Unix seconds, got "
+                        f"{request.query['time'][:40]!r}",
+                    )
             try:
                 data = self.query(text, t)
             except RuleError as exc:
                 return _error("bad_data", str(exc))
-            except (EvalError, ArithmeticError, ValueError) as exc:
+            except EvalError as exc:
                 return _error("execution", str(exc), status=422)
+            except Exception as exc:
+                return _error("execution", f"unexpected error: {type(exc).__name__}: {exc}", 422)
             return web.json_response({"status": "success", "data": data})
 
         return [web.get("/api/v1/query", handler)]
 
 
+def _parse_time(text: str) -> float | None:
+    try:
+        t = float(text)
+    except ValueError:
+        return None
+    return t if math.isfinite(t) else None
+
+
 def _error(kind: str, message: str, status: int = 400) -> web.Response:
+    if len(message) > 1000:
+        message = message[:997] + "..."
     return web.json_response(
         {"status": "error", "errorType": kind, "error": message}, status=status
     )

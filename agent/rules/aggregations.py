@@ -3,12 +3,26 @@
 from __future__ import annotations
 
 import math
+import re
+from decimal import Decimal
 from typing import Any
 
 import promql_parser as pp
 
-from kcops.agent.rules.model import NAME, Elem, EvalError, Labels, Vector
+from kcops.agent.rules.model import NAME, Elem, EvalError, Labels, Vector, labels_of
 from kcops.agent.rules.rangefns import quantile
+
+LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+
+
+def sort_key(descending: bool) -> Any:
+    """Prometheus's order for topk/bottomk/sort/sort_desc: by value, NaN always last."""
+
+    def key(e: Elem) -> tuple[bool, float]:
+        nan = math.isnan(e.value)
+        return (nan, 0.0 if nan else (-e.value if descending else e.value))
+
+    return key
 
 
 def group_key(labels: Labels, names: frozenset[str], without: bool) -> Labels:
@@ -17,9 +31,18 @@ def group_key(labels: Labels, names: frozenset[str], without: bool) -> Labels:
     return tuple(p for p in labels if p[0] in names)
 
 
-def aggregate(op: str, modifier: Any, param: float | None, vec: Vector) -> Vector:
+def aggregate(op: str, modifier: Any, param: float | str | None, vec: Vector) -> Vector:
+    """One aggregation; groups come out in first-seen order, as Prometheus 2.42's do.
+
+    ``topk``/``bottomk`` order each group's elements (descending / ascending,
+    NaN last), as Prometheus does.
+    """
     without = modifier is not None and modifier.type == pp.AggModifierType.Without
     names = frozenset(modifier.labels) if modifier is not None else frozenset()
+    if op == "count_values":
+        assert isinstance(param, str)
+        return _count_values(param, names, without, vec)
+    assert not isinstance(param, str)
     groups: dict[Labels, list[Elem]] = {}
     for e in vec:
         groups.setdefault(group_key(e.labels, names, without), []).append(e)
@@ -83,6 +106,32 @@ def _reduce(op: str, param: float | None, values: list[float]) -> float:
     raise AssertionError(op)
 
 
+def go_format_f(v: float) -> str:
+    """Go's ``strconv.FormatFloat(v, 'f', -1, 64)``: shortest digits, never an exponent."""
+    if math.isnan(v):
+        return "NaN"
+    if math.isinf(v):
+        return "+Inf" if v > 0 else "-Inf"
+    text = format(Decimal(repr(v)), "f")
+    if "." in text:
+        text = text.rstrip("0").rstrip(".")
+    return text
+
+
+def _count_values(label: str, names: frozenset[str], without: bool, vec: Vector) -> Vector:
+    if not LABEL_NAME.match(label):
+        raise EvalError(f"invalid label name {label!r}")
+    if not without:
+        names = names | {label}
+    counts: dict[Labels, float] = {}
+    for e in vec:
+        d = dict(e.labels)
+        d[label] = go_format_f(e.value)
+        key = group_key(labels_of(d), names, without)
+        counts[key] = counts.get(key, 0.0) + 1.0
+    return [Elem(k, n) for k, n in counts.items()]
+
+
 def _topk(top: bool, param: float | None, groups: dict[Labels, list[Elem]]) -> Vector:
     assert param is not None
     if math.isinf(param):
@@ -105,7 +154,7 @@ def _topk(top: bool, param: float | None, groups: dict[Labels, list[Elem]]) -> V
             )
             if better:
                 chosen[worst_i] = e
-        out.extend(chosen)
+        out.extend(sorted(chosen, key=sort_key(top)))
     return out
 
 

@@ -46,6 +46,8 @@ def arith(op: str, a: float, b: float) -> float:
             if a == 0:
                 return math.inf
             return math.nan
+    if op == "atan2":
+        return math.atan2(a, b)
     raise AssertionError(op)
 
 

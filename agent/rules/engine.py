@@ -15,12 +15,21 @@ from typing import Any
 from kcops.agent.events import AlertTransition
 from kcops.agent.rules.alerting import Instance, Result, step
 from kcops.agent.rules.evaluator import Evaluator
+from kcops.agent.rules.gofmt import go_float
 from kcops.agent.rules.loader import AlertRule, RecordingRule, Rule, RuleSet
 from kcops.agent.rules.model import NAME, Elem, EvalError, Labels, Vector, labels_of
 from kcops.agent.samples import SeriesKey
 from kcops.agent.store import Store
 
 STATES = ("inactive", "pending", "firing")
+FAILURES = "kcops_rule_evaluation_failures_total"
+MAX_ERROR_CHARS = 500
+
+
+def _error_text(exc: BaseException) -> str:
+    """The message shown as ``lastError``: typed errors as they are, bugs with their type."""
+    text = str(exc) if isinstance(exc, EvalError) else f"{type(exc).__name__}: {exc}"
+    return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 3] + "..."
 
 
 @dataclass
@@ -54,41 +63,51 @@ class RuleEngine:
         self.health: dict[str, RuleHealth] = {r.name: RuleHealth() for r in ruleset.rules}
         self.last_eval: float | None = None
         self.last_duration_s = 0.0
+        if write_series:
+            store.set_meta(
+                FAILURES, "counter", "Rule evaluations that failed, by rule group and rule."
+            )
 
     # -- evaluation --------------------------------------------------------------
 
     def evaluate(self, now: float) -> list[AlertTransition]:
-        """Evaluate every rule at ``now`` (Unix s), in file order; returns the transitions."""
+        """Evaluate every rule at ``now`` (Unix s), in file order; returns the transitions.
+
+        A rule whose evaluation raises anything is marked failed (``health``,
+        ``kcops_rule_evaluation_failures_total``) and the next rule still runs:
+        one bad rule must never silence the others, whatever the bug is.
+        """
         t0 = time.perf_counter()
         transitions: list[AlertTransition] = []
         for rule in self.ruleset.rules:
             h = self.health[rule.name]
             r0 = time.perf_counter()
             try:
-                value = self.evaluator.eval(rule.node, now)
-                if not isinstance(value, list):
-                    if isinstance(rule, RecordingRule) and isinstance(value, float):
-                        value = [Elem((), value)]
-                    else:
-                        raise EvalError("rule expression must return an instant vector")
-                if isinstance(rule, AlertRule):
-                    transitions += self._alert(rule, value, now, h)
-                else:
-                    self._record(rule, value, now, h)
+                transitions += self._evaluate_rule(rule, now, h)
                 h.error = None
-            except EvalError as exc:
-                h.error = str(exc)
-                h.errors_total += 1
-            except (ArithmeticError, ValueError) as exc:
-                # An evaluation corner kcops does not map to an EvalError yet must
-                # fail this rule only, never the rules after it.
-                h.error = f"{type(exc).__name__}: {exc}"
+            except Exception as exc:
+                h.error = _error_text(exc)
                 h.errors_total += 1
             h.last_eval = now
             h.duration_s = time.perf_counter() - r0
+            if self.write_series:
+                key = SeriesKey.of(FAILURES, {"rule_group": rule.group, "rule": rule.name})
+                self.store.append(key, now, float(h.errors_total))
         self.last_eval = now
         self.last_duration_s = time.perf_counter() - t0
         return transitions
+
+    def _evaluate_rule(self, rule: Rule, now: float, h: RuleHealth) -> list[AlertTransition]:
+        value = self.evaluator.eval(rule.node, now)
+        if not isinstance(value, list):
+            if isinstance(rule, RecordingRule) and isinstance(value, float):
+                value = [Elem((), value)]
+            else:
+                raise EvalError("rule expression must return an instant vector")
+        if isinstance(rule, AlertRule):
+            return self._alert(rule, value, now, h)
+        self._record(rule, value, now, h)
+        return []
 
     def _expand(self, rule: AlertRule, value: Vector) -> list[Result]:
         results: list[Result] = []
@@ -179,7 +198,10 @@ class RuleEngine:
                         "state": inst.state,
                         "active_since": inst.active_at,
                         "fired_at": inst.fired_at,
-                        "value": None if math.isnan(inst.value) else inst.value,
+                        # JSON has no NaN/Inf: a number when finite, and the
+                        # value as Prometheus prints it in any case.
+                        "value": inst.value if math.isfinite(inst.value) else None,
+                        "value_string": go_float(inst.value),
                         "annotations": dict(inst.annotations),
                     }
                 )

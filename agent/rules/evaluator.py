@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from array import array
 from typing import Any
 
 import promql_parser as pp
@@ -9,9 +10,19 @@ import promql_parser as pp
 from kcops.agent.rules import binops
 from kcops.agent.rules.aggregations import aggregate
 from kcops.agent.rules.functions import FUNCTIONS, RangeSeries
-from kcops.agent.rules.model import EvalError, Value, Vector, check_unique, drop_name
+from kcops.agent.rules.model import (
+    Elem,
+    EvalError,
+    Labels,
+    Value,
+    Vector,
+    check_unique,
+    drop_name,
+)
 from kcops.agent.rules.selectors import LOOKBACK_S, CompiledSelector, SeriesSource
 from kcops.agent.store import Store
+
+DEFAULT_STEP_S = 60.0
 
 
 class Evaluator:
@@ -21,8 +32,16 @@ class Evaluator:
     the parsed nodes alive (the rule objects do).
     """
 
-    def __init__(self, store: Store, lookback_s: float = LOOKBACK_S) -> None:
+    def __init__(
+        self,
+        store: Store,
+        lookback_s: float = LOOKBACK_S,
+        default_step_s: float = DEFAULT_STEP_S,
+    ) -> None:
         self.source = SeriesSource(store, lookback_s)
+        # A subquery without a step (x[5m:]) steps at the global evaluation
+        # interval in Prometheus; 1m is its default.
+        self.default_step_ms = round(default_step_s * 1000)
         self._selectors: dict[int, tuple[Any, CompiledSelector]] = {}
 
     def _selector(self, vs: Any) -> CompiledSelector:
@@ -49,12 +68,52 @@ class Evaluator:
     def eval_range(self, node: Any, t: float) -> tuple[RangeSeries, float, float, float]:
         while isinstance(node, pp.ParenExpr):
             node = node.expr
+        if isinstance(node, pp.SubqueryExpr):
+            return self._subquery(node, t)
         if not isinstance(node, pp.MatrixSelector):
-            raise EvalError("expected a range vector selector")
+            raise EvalError("expected a range vector selector or a subquery")
         sel = self._selector(node.vector_selector)
         range_s = node.range.total_seconds()
         end = t - sel.offset_s
         return self.source.range(sel, t, range_s), end - range_s, end, range_s
+
+    def eval_stamped(self, node: Any, t: float) -> list[tuple[Elem, float]]:
+        """An instant vector with each sample's time: its own for a plain selector, else ``t``."""
+        inner = node
+        while isinstance(inner, pp.ParenExpr):
+            inner = inner.expr
+        if isinstance(inner, pp.VectorSelector):
+            return self.source.instant_stamped(self._selector(inner), t)
+        return [(e, t) for e in self.eval_vector(node, t)]
+
+    def _subquery(self, node: Any, t: float) -> tuple[RangeSeries, float, float, float]:
+        """Evaluate ``expr[range:step] offset o`` as Prometheus 2.42 does.
+
+        The inner expression runs at every multiple of the step (in Unix ms)
+        in ``[t - o - range, t - o]``; its results form the range vector.
+        """
+        step_ms = round(node.step.total_seconds() * 1000) if node.step else self.default_step_ms
+        if step_ms <= 0:
+            raise EvalError("subquery step must be positive")
+        range_ms = round(node.range.total_seconds() * 1000)
+        offset_ms = round(node.offset.total_seconds() * 1000) if node.offset is not None else 0
+        end_ms = round(t * 1000) - offset_ms
+        start_ms = -((range_ms - end_ms) // step_ms) * step_ms  # first multiple >= end - range
+        acc: dict[Labels, tuple[array, array]] = {}
+        for ts_ms in range(start_ms, end_ms + 1, step_ms):
+            ts = ts_ms / 1000
+            v = self.eval(node.expr, ts)
+            if isinstance(v, str):
+                raise EvalError("a subquery of a string is not allowed")
+            for e in [Elem((), v)] if isinstance(v, float) else v:
+                got = acc.get(e.labels)
+                if got is None:
+                    got = acc[e.labels] = (array("d"), array("d"))
+                got[0].append(ts)
+                got[1].append(e.value)
+        series: RangeSeries = [(lab, tv[0], tv[1]) for lab, tv in acc.items()]
+        range_s = range_ms / 1000
+        return series, (end_ms - range_ms) / 1000, end_ms / 1000, range_s
 
     # -- the tree walk ---------------------------------------------------------
 
@@ -84,8 +143,16 @@ class Evaluator:
             return out
         if isinstance(node, pp.AggregateExpr):
             op = str(node.op)
-            param = self.eval_scalar(node.param, t) if node.param is not None else None
+            param: float | str | None = None
+            if op == "count_values":
+                param = self.eval(node.param, t)
+                if not isinstance(param, str):
+                    raise EvalError("count_values: the label name must be a string")
+            elif node.param is not None:
+                param = self.eval_scalar(node.param, t)
             return aggregate(op, node.modifier, param, self.eval_vector(node.expr, t))
+        if isinstance(node, pp.SubqueryExpr | pp.MatrixSelector):
+            raise EvalError("a range vector cannot be the result of an expression here")
         if isinstance(node, pp.BinaryExpr):
             return self._binary(node, t)
         raise EvalError(f"cannot evaluate {type(node).__name__}")

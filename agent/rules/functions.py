@@ -27,6 +27,8 @@ class Ev(Protocol):
 
     def eval_range(self, node: Any, t: float) -> tuple[RangeSeries, float, float, float]: ...
 
+    def eval_stamped(self, node: Any, t: float) -> list[tuple[Elem, float]]: ...
+
 
 Fn = Callable[[Ev, list[Any], float], Value]
 
@@ -230,5 +232,14 @@ FUNCTIONS: dict[str, Fn] = {
     "vector": _vector,
     "time": _time,
 }
+
+
+def _register_more() -> None:
+    from kcops.agent.rules.vectorfns import EXTRA
+
+    FUNCTIONS.update(EXTRA)
+
+
+_register_more()
 
 __all__ = ["FUNCTIONS", "NAME"]

@@ -12,6 +12,9 @@ import promql_parser as pp
 
 from kcops.agent.rules.functions import FUNCTIONS
 from kcops.agent.rules.model import RuleError, UnsupportedExpr
+from kcops.agent.rules.regex import compile_anchored
+
+_ILLEGAL_REGEX = "illegal regex for "
 
 AGGREGATIONS = frozenset(
     {
@@ -26,10 +29,11 @@ AGGREGATIONS = frozenset(
         "stddev",
         "stdvar",
         "group",
+        "count_values",
     }
 )
 BINARY_OPS = frozenset(
-    {"+", "-", "*", "/", "%", "^", "==", "!=", ">", "<", ">=", "<=", "and", "or", "unless"}
+    {"+", "-", "*", "/", "%", "^", "atan2", "==", "!=", ">", "<", ">=", "<=", "and", "or", "unless"}
 )
 
 
@@ -38,19 +42,34 @@ def parse_expr(text: str) -> Any:
     try:
         node = pp.parse(text)
     except ValueError as exc:
-        raise RuleError(f"cannot parse expression: {exc}") from None
+        msg = str(exc)
+        if msg.startswith(_ILLEGAL_REGEX):
+            # The parser checks regexes with Rust's engine and gives no position;
+            # RE2 (Prometheus's syntax) says what is wrong and where.
+            compile_anchored(msg[len(_ILLEGAL_REGEX) :])
+        raise RuleError(f"cannot parse expression: {msg}") from None
     check_subset(node)
     return node
 
 
+def _check_selector(node: Any) -> None:
+    if node.at is not None:
+        raise UnsupportedExpr("the @ modifier is not supported by kcops")
+    for m in node.matchers.matchers:
+        if m.op in (pp.MatchOp.Re, pp.MatchOp.NotRe):
+            compile_anchored(m.value)
+
+
 def check_subset(node: Any) -> None:
+    """Refuse (:class:`UnsupportedExpr`/:class:`RuleError`) what kcops cannot evaluate."""
     if isinstance(node, pp.VectorSelector):
-        if node.at is not None:
-            raise UnsupportedExpr("the @ modifier is not supported by kcops")
+        _check_selector(node)
     elif isinstance(node, pp.MatrixSelector):
         check_subset(node.vector_selector)
     elif isinstance(node, pp.SubqueryExpr):
-        raise UnsupportedExpr("subqueries are not supported by kcops")
+        if node.at is not None:
+            raise UnsupportedExpr("the @ modifier is not supported by kcops")
+        check_subset(node.expr)
     elif isinstance(node, pp.Call):
         name = node.func.name
         if name not in FUNCTIONS:
@@ -60,6 +79,8 @@ def check_subset(node: Any) -> None:
             )
         for arg in node.args:
             check_subset(arg)
+        if name == "label_replace" and isinstance(node.args[4], pp.StringLiteral):
+            compile_anchored(node.args[4].val)
     elif isinstance(node, pp.AggregateExpr):
         op = str(node.op)
         if op not in AGGREGATIONS:

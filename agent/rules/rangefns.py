@@ -177,3 +177,65 @@ def quantile(q: float, values: Sequence[float]) -> float:
     upper = min(n - 1, lower + 1)
     weight = rank - math.floor(rank)
     return vals[int(lower)] * (1 - weight) + vals[int(upper)] * weight
+
+
+def go_div(a: float, b: float) -> float:
+    """Go's float64 ``a / b``: division by zero gives ±Inf or NaN, never raises."""
+    if b == 0:
+        if a == 0 or math.isnan(a):
+            return math.nan
+        return math.copysign(math.inf, a) * math.copysign(1.0, b)
+    return a / b
+
+
+def linear_regression(
+    ts: Sequence[float], vs: Sequence[float], intercept_s: float
+) -> tuple[float, float]:
+    """Prometheus's linearRegression: (slope per second, value at ``intercept_s``).
+
+    Times in integer milliseconds relative to the intercept, Kahan sums, and
+    a constant series answered exactly (slope 0), as promql/functions.go does.
+    """
+    n = 0.0
+    sum_x = c_x = sum_y = c_y = sum_xy = c_xy = sum_x2 = c_x2 = 0.0
+    init_y = vs[0]
+    const_y = True
+    icpt_ms = _ms(intercept_s)
+    for i, (t, v) in enumerate(zip(ts, vs, strict=True)):
+        if const_y and i > 0 and v != init_y:
+            const_y = False
+        n += 1.0
+        x = (_ms(t) - icpt_ms) / 1e3
+        sum_x, c_x = kahan_inc(x, sum_x, c_x)
+        sum_y, c_y = kahan_inc(v, sum_y, c_y)
+        sum_xy, c_xy = kahan_inc(x * v, sum_xy, c_xy)
+        sum_x2, c_x2 = kahan_inc(x * x, sum_x2, c_x2)
+    if const_y:
+        if math.isinf(init_y):
+            return math.nan, math.nan
+        return 0.0, init_y
+    sum_x += c_x
+    sum_y += c_y
+    sum_xy += c_xy
+    sum_x2 += c_x2
+    cov_xy = sum_xy - sum_x * sum_y / n
+    var_x = sum_x2 - sum_x * sum_x / n
+    slope = go_div(cov_xy, var_x)
+    intercept = sum_y / n - slope * sum_x / n
+    return slope, intercept
+
+
+def deriv(ts: Sequence[float], vs: Sequence[float]) -> float | None:
+    if len(vs) < 2:
+        return None
+    return linear_regression(ts, vs, ts[0])[0]
+
+
+def predict_linear(
+    ts: Sequence[float], vs: Sequence[float], t: float, ahead_s: float
+) -> float | None:
+    """The value ``ahead_s`` seconds after the evaluation time ``t``, by least squares."""
+    if len(vs) < 2:
+        return None
+    slope, intercept = linear_regression(ts, vs, t)
+    return slope * ahead_s + intercept

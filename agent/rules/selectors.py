@@ -10,7 +10,6 @@ windows left-open.)
 from __future__ import annotations
 
 import math
-import re
 from array import array
 from collections.abc import Callable
 from typing import Any
@@ -18,6 +17,7 @@ from typing import Any
 import promql_parser as pp
 
 from kcops.agent.rules.model import NAME, Elem, Labels, Vector
+from kcops.agent.rules.regex import compile_anchored, full_match
 from kcops.agent.samples import SeriesKey, is_stale
 from kcops.agent.store import Store
 
@@ -32,10 +32,11 @@ def _compile(m: Any) -> tuple[str, Matcher]:
         return m.name, lambda v: v == value
     if op == pp.MatchOp.NotEqual:
         return m.name, lambda v: v != value
-    rx = re.compile(value, re.DOTALL)
+    # RE2, anchored as Prometheus anchors it (see regex.py for why not ``re``).
+    rx = compile_anchored(value)
     if op == pp.MatchOp.Re:
-        return m.name, lambda v: rx.fullmatch(v) is not None
-    return m.name, lambda v: rx.fullmatch(v) is None
+        return m.name, lambda v: full_match(rx, v)
+    return m.name, lambda v: not full_match(rx, v)
 
 
 class CompiledSelector:
@@ -99,8 +100,12 @@ class SeriesSource:
         return out
 
     def instant(self, sel: CompiledSelector, t: float) -> Vector:
+        return [e for e, _ in self.instant_stamped(sel, t)]
+
+    def instant_stamped(self, sel: CompiledSelector, t: float) -> list[tuple[Elem, float]]:
+        """Like :meth:`instant`, each element with its sample's timestamp (for ``timestamp()``)."""
         ref = t - sel.offset_s
-        out: Vector = []
+        out: list[tuple[Elem, float]] = []
         for key in self.matching(sel):
             got = self.store.latest(key, at=ref)
             if got is None:
@@ -108,7 +113,7 @@ class SeriesSource:
             ts, v = got
             if ts < ref - self.lookback_s:
                 continue
-            out.append(Elem(self.full_labels(key), v))
+            out.append((Elem(self.full_labels(key), v), ts))
         return out
 
     def range(

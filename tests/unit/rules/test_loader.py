@@ -20,7 +20,18 @@ def doc(**rule: object) -> dict:  # type: ignore[type-arg]
     ("data", "needle"),
     [
         (doc(expr="nosuchfn(up)"), "rule 'Bad': expr: cannot parse expression: unknown function"),
-        (doc(expr="predict_linear(up[5m], 1)"), "rule 'Bad': expr: function 'predict_linear'"),
+        (doc(expr="mad_over_time(up[5m])"), "rule 'Bad': expr: function 'mad_over_time'"),
+        # Regexes RE2 (Prometheus's syntax) refuses: the rule, the reason, the position.
+        (
+            doc(expr='up{job=~"ab(?=c)"}'),
+            "rule 'Bad': expr: invalid regex 'ab(?=c)': invalid perl operator: (?= at offset 2",
+        ),
+        (doc(expr='up{job!~"x{1001}"}'), "invalid repetition size: {1001} at offset 1"),
+        (doc(expr='up{job=~"a\\\\C"}'), "invalid escape sequence: \\C at offset 1"),
+        (
+            doc(expr='label_replace(up, "a", "$1", "b", "(x")'),
+            "rule 'Bad': expr: invalid regex '(x': missing ): (x at offset 0",
+        ),
         (doc(expr="sum(up"), "rule 'Bad': expr: cannot parse"),
         (doc(**{"for": "5x"}), "rule 'Bad': for: not a valid duration"),
         (doc(keep_firing_for="1.5m"), "rule 'Bad': keep_firing_for"),
@@ -91,7 +102,7 @@ def test_packaged_table_loads_with_ladders() -> None:
 
     rs = load_rules(default_rules_path())
     alerts = {a.name: a for a in rs.alerts()}
-    assert len(alerts) == 10
+    assert len(alerts) == 11
     mem = alerts["KcopsDeviceMemoryHigh"]
     assert [(s.action, dict(s.params)) for s in mem.remediation] == [
         ("evict_cache", {"policy": "expired"}),
