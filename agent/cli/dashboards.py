@@ -26,13 +26,53 @@ def dashboards_group() -> None:
     help="Folder to write to.",
 )
 def build_cmd(out: str) -> None:
-    from kcops.dashboards.build import build_all
-
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
-    for name, model in build_all().items():
-        (folder / name).write_text(json.dumps(model, indent=2, sort_keys=True) + "\n")
-        click.echo(f"wrote {folder / name} ({len(model['panels'])} panels)")
+    for name, text in dashboard_files().items():
+        (folder / name).write_text(text)
+        click.echo(f"wrote {folder / name} ({len(json.loads(text)['panels'])} panels)")
+
+
+def dashboard_files() -> dict[str, str]:
+    """File name -> the exact text ``dashboards build`` writes (the ConfigMaps reuse it)."""
+    from kcops.dashboards.build import build_all
+
+    return {
+        name: json.dumps(model, indent=2, sort_keys=True) + "\n"
+        for name, model in build_all().items()
+    }
+
+
+# kube-prometheus-stack's Grafana sidecar loads every ConfigMap carrying this label.
+SIDECAR_LABEL = "grafana_dashboard"
+
+
+@dashboards_group.command(
+    "export",
+    help=(
+        "Write the dashboards as Kubernetes ConfigMaps labelled for the Grafana sidecar "
+        "(one YAML stream on stdout)."
+    ),
+)
+@click.option(
+    "--format", "fmt", type=click.Choice(["configmap"]), default="configmap", show_default=True
+)
+@click.option("--namespace", default=None, help="Namespace of the ConfigMaps (default: none).")
+@click.option(
+    "--label",
+    default=f"{SIDECAR_LABEL}=1",
+    show_default=True,
+    help="KEY=VALUE label the Grafana sidecar selects on.",
+)
+@click.option("--folder", default="kcops", show_default=True, help="Grafana folder annotation.")
+def export_cmd(fmt: str, namespace: str | None, label: str, folder: str) -> None:
+    from kcops.agent.deploy_export import dashboard_configmaps
+
+    key, sep, value = label.partition("=")
+    if not sep or not key:
+        click.echo(f"error: --label {label!r}: expected KEY=VALUE", err=True)
+        sys.exit(2)
+    click.echo(dashboard_configmaps(dashboard_files(), namespace, {key: value}, folder), nl=False)
 
 
 @dashboards_group.command(
