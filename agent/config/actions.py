@@ -122,6 +122,13 @@ class LeaseSection(Section):
         30.0, ge=1, le=3600, description="a holder that stops renewing loses it after this"
     )
     holder: str | None = Field(None, description="this agent's identity (default: $POD_NAME)")
+    cooldown_s: float | None = Field(
+        None,
+        ge=0,
+        le=86400,
+        description="fleet-wide time between two fleet actions (default: the action's "
+        "guard cooldown, which each agent also applies to itself)",
+    )
 
 
 class ScaleSection(Section):
