@@ -1,26 +1,48 @@
-"""Eviction in the Redis KV tier: only keys under the configured prefix.
+"""Eviction in the Redis KV tier: only keys under the configured prefix, on one
+node or on every master of a Redis Cluster.
 
-``SCAN MATCH <escaped prefix>*`` finds candidates; every key is checked
-again against the prefix before it is touched (a glob can surprise).
+``SCAN MATCH <escaped prefix>*`` finds candidates on each node; every key is
+checked again against the prefix before it is touched (a glob can surprise).
+Keys of one prefix-cache entry share a hash tag (``<prefix>{<hash>}:kv`` and
+``:meta``, see kcops.worker.redis_tier), so they live in one slot: an entry is
+the unit of eviction, its keys go in one ``UNLINK`` (one slot, so legal on a
+cluster node), and LRU ranks entries by their most recently used key.
 Idle time comes from ``OBJECT IDLETIME`` in pipelined batches; keys go with
 ``UNLINK`` (freed in the background, never blocks Redis). The whole run is
 bounded in time: past ``max_seconds`` it stops and reports what it did.
+
+On a cluster the seed node's ``CLUSTER NODES`` names the masters; each is
+walked with its own connection. A master that fails mid-run (connection
+refused, a failover's ``MOVED``/``CLUSTERDOWN``) is reported under
+``failed_nodes`` with what it answered, and the other masters carry on.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from collections import defaultdict
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis.asyncio as aioredis
-from redis.exceptions import ResponseError
+from redis.crc import key_slot
+from redis.exceptions import RedisError, ResponseError
 
 _GLOB_SPECIAL = "\\*?[]^"
 
 
 def glob_escape(prefix: str) -> str:
     return "".join("\\" + c if c in _GLOB_SPECIAL else c for c in prefix)
+
+
+def entry_of(key: bytes) -> bytes:
+    """The entry a key belongs to: its hash tag's content, else the key itself."""
+    start = key.find(b"{")
+    if start >= 0:
+        end = key.find(b"}", start + 1)
+        if end > start + 1:
+            return key[start + 1 : end]
+    return key
 
 
 @dataclass
@@ -30,9 +52,18 @@ class RedisEvictReport:
     freed_bytes: int = 0
     keys_before: int = 0
     truncated: bool = False
+    nodes: list[str] = field(default_factory=list)
+    failed_nodes: dict[str, str] = field(default_factory=dict)
+
+    def add(self, other: RedisEvictReport) -> None:
+        self.scanned += other.scanned
+        self.evicted += other.evicted
+        self.freed_bytes += other.freed_bytes
+        self.keys_before += other.keys_before
+        self.truncated = self.truncated or other.truncated
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "scanned": self.scanned,
             "evicted_keys": self.evicted,
             "freed_bytes": self.freed_bytes,
@@ -40,6 +71,10 @@ class RedisEvictReport:
             "keys_after": self.keys_before - self.evicted,
             "truncated": self.truncated,
         }
+        if self.nodes:
+            out["nodes"] = list(self.nodes)
+            out["failed_nodes"] = dict(self.failed_nodes)
+        return out
 
 
 async def _idle_and_size(
@@ -53,6 +88,8 @@ async def _idle_and_size(
     out = []
     for i, k in enumerate(keys):
         idle, size = res[2 * i], res[2 * i + 1]
+        if isinstance(idle, ResponseError) and str(idle).startswith(("MOVED", "ASK")):
+            raise idle  # the slot moved (failover): this node's walk stops here
         if idle is None or isinstance(idle, Exception):
             # Gone meanwhile, or IDLETIME unavailable (LFU policy): treat as fresh.
             if isinstance(idle, ResponseError):
@@ -63,7 +100,52 @@ async def _idle_and_size(
     return out
 
 
-async def evict_redis(
+# An entry: (entry id, idle seconds of its most recently used key, keys, bytes)
+Entry = tuple[bytes, float, list[bytes], int]
+
+
+def _entries(candidates: list[tuple[bytes, float, int]]) -> list[Entry]:
+    groups: dict[bytes, list[tuple[bytes, float, int]]] = defaultdict(list)
+    for c in candidates:
+        groups[entry_of(c[0])].append(c)
+    return [
+        (eid, min(c[1] for c in cs), [c[0] for c in cs], sum(c[2] for c in cs))
+        for eid, cs in groups.items()
+    ]
+
+
+def _choose(
+    entries: list[Entry], policy: str, fraction: float, expired_idle_s: float
+) -> list[Entry]:
+    if policy == "all":
+        return entries
+    if policy == "expired":
+        return [e for e in entries if e[1] >= expired_idle_s]
+    if policy == "lru":
+        ordered = sorted(entries, key=lambda e: e[1], reverse=True)
+        return ordered[: round(len(ordered) * fraction)]
+    raise ValueError(f"unknown policy {policy!r}; allowed: all, expired, lru")
+
+
+async def _unlink(client: aioredis.Redis, names: list[bytes], by_slot: bool) -> int:
+    """UNLINK ``names``; on a cluster node, one command per slot (multi-key commands
+    must stay within a slot there)."""
+    if not by_slot:
+        return int(await client.unlink(*names))
+    slots: dict[int, list[bytes]] = defaultdict(list)
+    for k in names:
+        slots[key_slot(k)].append(k)
+    pipe = client.pipeline(transaction=False)
+    for keys in slots.values():
+        pipe.unlink(*keys)
+    res = await pipe.execute(raise_on_error=False)
+    for r in res:
+        if isinstance(r, Exception):
+            raise r
+    return sum(int(r) for r in res)
+
+
+async def evict_node(
     client: aioredis.Redis,
     prefix: str,
     policy: str,
@@ -72,14 +154,11 @@ async def evict_redis(
     expired_idle_s: float,
     scan_count: int = 500,
     batch: int = 500,
-    max_seconds: float = 5.0,
+    deadline: float,
+    cluster: bool = False,
 ) -> RedisEvictReport:
-    """Evict under ``prefix``: ``expired`` (idle >= expired_idle_s), ``lru`` (the
-    ``fraction`` most idle keys) or ``all``. Raises redis errors on connection failure."""
-    if not prefix:
-        raise ValueError("refusing to evict with an empty prefix")
+    """Evict under ``prefix`` on one node. Raises redis errors on connection failure."""
     pre = prefix.encode()
-    deadline = time.monotonic() + max_seconds
     report = RedisEvictReport()
     candidates: list[tuple[bytes, float, int]] = []
     pending: list[bytes] = []
@@ -103,24 +182,84 @@ async def evict_redis(
     await flush_pending()
     report.keys_before = len(candidates)
 
-    if policy == "all":
-        victims = candidates
-    elif policy == "expired":
-        victims = [c for c in candidates if c[1] >= expired_idle_s]
-    elif policy == "lru":
-        ordered = sorted(candidates, key=lambda c: c[1], reverse=True)
-        victims = ordered[: round(len(ordered) * fraction)]
-    else:
-        raise ValueError(f"unknown policy {policy!r}")
+    victims = _choose(_entries(candidates), policy, fraction, expired_idle_s)
+    chunk: list[bytes] = []
+    freed = 0
+    for i, (_, _, keys, size) in enumerate(victims):
+        chunk.extend(k for k in keys if k.startswith(pre))
+        freed += size
+        if len(chunk) >= batch or i == len(victims) - 1:
+            if time.monotonic() > deadline:
+                report.truncated = True
+                break
+            report.evicted += await _unlink(client, chunk, cluster)
+            report.freed_bytes += freed
+            chunk, freed = [], 0
+    return report
 
-    for i in range(0, len(victims), batch):
-        if time.monotonic() > deadline:
-            report.truncated = True
-            break
-        chunk = victims[i : i + batch]
-        names = [c[0] for c in chunk if c[0].startswith(pre)]
-        if not names:
+
+async def cluster_masters(client: aioredis.Redis) -> list[tuple[str, int]] | None:
+    """The masters of the cluster ``client`` talks to, or None when it is a single node."""
+    info = await client.info("cluster")
+    if not int(info.get("cluster_enabled", 0)):
+        return None
+    # redis-py parses CLUSTER NODES into {"host:port": {"flags": ..., "slots": [...]}}
+    nodes = await client.execute_command("CLUSTER NODES")
+    masters = []
+    for addr, node in nodes.items():
+        flags = str(node.get("flags", "")).split(",")
+        if "master" not in flags or "fail" in flags or not node.get("slots"):
             continue
-        report.evicted += int(await client.unlink(*names))
-        report.freed_bytes += sum(c[2] for c in chunk)
+        host, _, port = str(addr).rpartition(":")
+        masters.append((host, int(port)))
+    return sorted(masters)
+
+
+async def evict_redis(
+    client: aioredis.Redis,
+    prefix: str,
+    policy: str,
+    fraction: float,
+    *,
+    expired_idle_s: float,
+    scan_count: int = 500,
+    batch: int = 500,
+    max_seconds: float = 5.0,
+) -> RedisEvictReport:
+    """Evict under ``prefix``: ``expired`` (entries idle >= expired_idle_s), ``lru`` (the
+    ``fraction`` most idle entries) or ``all``, on a single node or every cluster master.
+
+    A single node's connection failure raises; on a cluster each master's failure is
+    reported in ``failed_nodes`` and the others are still walked."""
+    if not prefix:
+        raise ValueError("refusing to evict with an empty prefix")
+    deadline = time.monotonic() + max_seconds
+    kw: dict[str, Any] = {
+        "expired_idle_s": expired_idle_s,
+        "scan_count": scan_count,
+        "batch": batch,
+        "deadline": deadline,
+    }
+    masters = await cluster_masters(client)
+    if masters is None:
+        return await evict_node(client, prefix, policy, fraction, **kw)
+    report = RedisEvictReport()
+    conn_kw = client.connection_pool.connection_kwargs
+    for host, port in masters:
+        name = f"{host}:{port}"
+        report.nodes.append(name)
+        node = aioredis.Redis(
+            host=host,
+            port=port,
+            password=conn_kw.get("password"),
+            username=conn_kw.get("username"),
+            socket_timeout=conn_kw.get("socket_timeout") or 2.0,
+            socket_connect_timeout=2.0,
+        )
+        try:
+            report.add(await evict_node(node, prefix, policy, fraction, cluster=True, **kw))
+        except (RedisError, OSError) as exc:
+            report.failed_nodes[name] = f"{type(exc).__name__}: {str(exc)[:200]}"
+        finally:
+            await node.aclose()
     return report
