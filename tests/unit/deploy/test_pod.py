@@ -106,3 +106,22 @@ def test_agent_config_is_valid(overlay: str, rendered: dict[str, list[dict[str, 
     role = find(rendered[overlay], "Role", "kcops-agent")
     names = {n for r in role["rules"] for n in r.get("resourceNames", [])}
     assert {cfg.actions.scale.hpa, cfg.actions.scale.lease.name} <= names
+
+
+def test_alertmanager_routes_kcops_alerts_to_the_agent_webhook(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    amc = find(rendered["vllm"], "AlertmanagerConfig")
+    hook = amc["spec"]["receivers"][0]["webhookConfigs"][0]
+    svc = find(rendered["vllm"], "Service", "kcops-agent")
+    assert (
+        hook["url"] == f"http://kcops-agent:{svc['spec']['ports'][0]['port']}/api/v1/alertmanager"
+    )
+    assert hook["httpConfig"]["authorization"]["credentials"]["name"] == "kcops-token"
+    # every alert the PrometheusRule defines matches the route
+    import re
+
+    rule = find(rendered["vllm"], "PrometheusRule")
+    matcher = amc["spec"]["route"]["matchers"][0]
+    names = [r["alert"] for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r]
+    assert names and all(re.fullmatch(matcher["value"], n) for n in names)

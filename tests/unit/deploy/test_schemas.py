@@ -15,6 +15,9 @@ kv = pytest.importorskip("kubernetes_validate", reason="pip install kcops[deploy
 operator_v1 = pytest.importorskip(
     "cloudcoil.models.prometheus_operator.v1", reason="pip install kcops[deploy]"
 )
+operator_v1alpha1 = pytest.importorskip(
+    "cloudcoil.models.prometheus_operator.v1alpha1", reason="pip install kcops[deploy]"
+)
 
 OPERATOR_GROUP = "monitoring.coreos.com/"
 
@@ -30,8 +33,9 @@ def _prune(value: Any) -> Any:
 
 
 def validate_operator(doc: dict[str, Any]) -> None:
-    model = getattr(operator_v1, doc["kind"], None)
-    assert model is not None, f"{doc['kind']}: no Prometheus Operator v1 model"
+    module = {"v1": operator_v1, "v1alpha1": operator_v1alpha1}[doc["apiVersion"].split("/")[1]]
+    model = getattr(module, doc["kind"], None)
+    assert model is not None, f"{doc['apiVersion']} {doc['kind']}: no Prometheus Operator model"
     obj = model.model_validate(doc)
     back = _prune(obj.model_dump(mode="json", by_alias=True, exclude_none=True))
     assert back == _prune(doc), f"{doc['kind']} {doc['metadata']['name']}: fields lost"
@@ -50,7 +54,13 @@ def test_every_object_validates(overlay: str, rendered: dict[str, list[dict[str,
             kv.validate(doc, version, strict=True)
         except kv.ValidationError as exc:
             pytest.fail(f"{doc['kind']} {doc['metadata']['name']} (Kubernetes {version}): {exc}")
-    assert {"Deployment", "HorizontalPodAutoscaler", "PodMonitor", "PrometheusRule"} <= kinds
+    assert {
+        "Deployment",
+        "HorizontalPodAutoscaler",
+        "PodMonitor",
+        "PrometheusRule",
+        "AlertmanagerConfig",
+    } <= kinds
 
 
 def test_validators_catch_a_bad_object(rendered: dict[str, list[dict[str, Any]]]) -> None:
