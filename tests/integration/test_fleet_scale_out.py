@@ -238,3 +238,12 @@ def test_a_holder_that_lost_its_lease_cannot_write(redis_url: str) -> None:
             await b.close()
 
     asyncio.run(main())
+
+
+def test_scopes() -> None:
+    from kcops.agent.actions.registry import default_registry
+
+    scopes = {s.name: s.scope for s in default_registry().specs()}
+    assert scopes.pop("scale_out") == "fleet"
+    assert set(scopes.values()) == {"pod"}
+    assert default_registry().get("scale_out").describe()["scope"] == "fleet"
