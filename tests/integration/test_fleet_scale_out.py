@@ -29,6 +29,9 @@ from tests.unit.actions.harness import audit, make_ctx, make_rem, settle, transi
 REPO = Path(__file__).resolve().parents[2]
 SURGE = (RemediationStep("scale_out", {"step": 1}, 600.0),)
 FLEET_COOLDOWN_S = 300.0
+# Long enough that the lease of the killed holder is still there when the
+# others fire right after the kill, even on a loaded machine.
+LEASE_S = 8.0
 
 
 def fleet_actions(redis_url: str, holder: str, lease_s: float = 30.0) -> dict[str, Any]:
@@ -131,11 +134,12 @@ import asyncio, json, sys
 from pathlib import Path
 from kcops.agent.clock import ManualClock
 from tests.unit.actions.harness import make_ctx, make_rem, transition
-from tests.integration.test_fleet_scale_out import SURGE, fleet_actions
+from tests.integration.test_fleet_scale_out import LEASE_S, SURGE, fleet_actions
 
 async def main():
     clock = ManualClock(float(sys.argv[3]))
-    ctx, _ = make_ctx(Path(sys.argv[2]), None, clock, **fleet_actions(sys.argv[1], "agent-k", 3.0))
+    actions = fleet_actions(sys.argv[1], "agent-k", LEASE_S)
+    ctx, _ = make_ctx(Path(sys.argv[2]), None, clock, **actions)
     async def pause(grant):
         print(json.dumps({"paused": grant.token}), flush=True)
         await asyncio.Event().wait()
@@ -160,39 +164,46 @@ def test_killed_holder_loses_the_lease_and_another_takes_over(
     tmp_path: Path, redis_url: str
 ) -> None:
     clock = ManualClock()
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen(
-        [sys.executable, "-c", KILLED_AGENT, redis_url, str(tmp_path / "k"), str(clock())],
-        stdout=subprocess.PIPE,
-        text=True,
-        env=env,
-        cwd=REPO,
-    )
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()  # blocks until the holder sits inside the action
-        assert '"paused"' in line, f"killed agent did not reach the write: {line!r}"
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=10)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     lock = "{kcops:fleet:kcops-fleet-scale-out}:lock"
     r = redis.Redis.from_url(redis_url)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+
+    def start_and_kill_holder() -> None:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", KILLED_AGENT, redis_url, str(tmp_path / "k"), str(clock())],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=REPO,
+        )
+        try:
+            assert proc.stdout is not None
+            line = proc.stdout.readline()  # blocks until the holder sits inside the action
+            assert '"paused"' in line, f"killed agent did not reach the write: {line!r}"
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=10)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
 
     async def main() -> None:
         rems = []
         for name in ("agent-b", "agent-c"):
-            ctx, _ = make_ctx(tmp_path / name, None, clock, **fleet_actions(redis_url, name, 3.0))
+            ctx, _ = make_ctx(
+                tmp_path / name, None, clock, **fleet_actions(redis_url, name, LEASE_S)
+            )
             rems.append(await make_rem(ctx))
         try:
-            if r.exists(lock):
-                # the dead holder's lease still stands: the fleet waits, nobody acts
-                await fire_all(rems, clock)
-                assert not [x for x in scale_runs(rems) if x["outcome"] == "ok"]
-                await resolve_all(rems, clock)
-            await asyncio.to_thread(wait_until, lambda: not r.exists(lock), 30, "lease expiry")
+            await asyncio.to_thread(start_and_kill_holder)
+            # the dead holder's lease still stands: the fleet waits, nobody acts
+            assert r.get(lock) is not None and r.get(lock).startswith(b"agent-k|")  # type: ignore[union-attr]
+            await fire_all(rems, clock)
+            runs = scale_runs(rems)
+            assert [x["outcome"] for x in runs] == ["refused", "refused"]
+            assert all("held by agent-k" in x["error"] for x in runs), runs
+            await resolve_all(rems, clock)
+            await asyncio.to_thread(wait_until, lambda: not r.exists(lock), 60, "lease expiry")
             clock.advance(1)
             await fire_all(rems, clock)
             ok = [x for x in scale_runs(rems) if x["outcome"] == "ok"]
@@ -217,8 +228,9 @@ def test_a_holder_that_lost_its_lease_cannot_write(redis_url: str) -> None:
             ga = await a.acquire("agent-a", 100.0)
             await asyncio.to_thread(
                 wait_until,
-                lambda: redis.Redis.from_url(redis_url).exists("{kcops:fleet:fence-test}:lock")
-                == 0,
+                lambda: (
+                    redis.Redis.from_url(redis_url).exists("{kcops:fleet:fence-test}:lock") == 0
+                ),
                 30,
                 "A's lease to expire",
             )
