@@ -131,3 +131,44 @@ def test_master_failover_mid_eviction(cluster: Cluster) -> None:
     assert out2["failed_nodes"] == {} and out2["evicted_keys"] == len(left)
     assert prefix_keys(rc) == set()
     assert all(rc.get(k) == b"keep" for k in OTHERS)
+
+
+def test_reference_worker_reloads_spilled_blocks_from_the_cluster(cluster: Cluster) -> None:
+    """The real worker (tiny model): blocks pushed out of memory come back as cache hits."""
+    torch = pytest.importorskip("torch")
+    import httpx
+
+    from kcops.worker.app import Background, WorkerOptions, build
+    from kcops.worker.cache import kv_nbytes
+    from tests.services import free_port
+
+    torch.set_num_threads(1)
+    prefix = "kcops:kv:cluster:"
+    rc = RedisCluster.from_url(cluster.url())
+    for k in OTHERS:
+        rc.set(k, b"keep")
+    block = kv_nbytes([(torch.zeros(2, 16, 32), torch.zeros(2, 16, 32))] * 2)
+    opts = WorkerOptions(
+        model="tiny",
+        token="t",
+        redis_url=cluster.url(),
+        redis_prefix=prefix,
+        cache_budget_bytes=6 * block,
+        cache_ttl_s=120,
+        progress=False,
+    )
+    state = build(opts)
+    with Background(state, "127.0.0.1", free_port()) as bg, httpx.Client(base_url=bg.url) as c:
+        a, b = list(range(1000, 1080)), list(range(2000, 2080))  # 5 blocks each
+        body = {"max_tokens": 2, "temperature": 0}
+        first = c.post("/v1/completions", json={"prompt": a, **body}).json()
+        c.post("/v1/completions", json={"prompt": b, **body})  # pushes A's blocks to Redis
+        spilled = set(rc.scan_iter(match=prefix + "*", target_nodes=RedisCluster.PRIMARIES))
+        assert len(spilled) == 4
+        assert all(k.startswith(prefix.encode() + b"{") for k in spilled)  # hash-tagged
+        again = c.post("/v1/completions", json={"prompt": a, **body}).json()
+        assert again["kcops"]["cached_tokens"] == 64  # served from the cluster
+        assert again["choices"][0]["text"] == first["choices"][0]["text"]
+        st = c.get("/admin/state").json()
+        assert st["cache"]["redis_hits"] == 4 and st["redis"]["errors"] == 0
+    assert all(rc.get(k) == b"keep" for k in OTHERS)
