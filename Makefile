@@ -56,3 +56,9 @@ demo: install services
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache
+
+# Regenerate deploy/'s generated objects (PrometheusRule, dashboard ConfigMaps);
+# tests/unit/deploy/test_generated.py fails when the committed files drift.
+.PHONY: deploy-gen
+deploy-gen: install
+	$(PY) -m kcops.agent.deploy_export --root .

@@ -1,7 +1,12 @@
 """Redis tier of the prefix cache: blocks spilled from memory, under a key prefix, with a TTL.
 
-Only keys ``<prefix><block hash>`` are ever written or read; nothing else in
-the database is touched. Values are safetensors bytes (no pickle). Redis errors
+Only keys ``<prefix>{<block hash>}`` are ever written or read; nothing else in
+the database is touched. The braces are a Redis Cluster hash tag: every key of
+one cache entry hashes to the entry's slot, so they live on one master and
+one ``UNLINK`` can evict them together (the agent's evict_cache groups keys by
+tag), while different entries spread over the masters. On a cluster the tier
+talks through ``redis.cluster.RedisCluster``, found by asking the node given
+in the URL (``INFO cluster``). Values are safetensors bytes (no pickle). Redis errors
 count and read as a miss: the cache tier is an optimisation, never a failure.
 """
 
@@ -62,12 +67,25 @@ class RedisTier:
     ) -> RedisTier:
         import redis
 
-        client = redis.Redis.from_url(url, socket_timeout=2.0, socket_connect_timeout=2.0)
+        client: Any = redis.Redis.from_url(url, socket_timeout=2.0, socket_connect_timeout=2.0)
+        try:
+            clustered = bool(int(client.info("cluster").get("cluster_enabled", 0)))
+        except Exception:  # unreachable now: a single node is assumed, errors read as misses
+            clustered = False
+        if clustered:
+            from redis.cluster import RedisCluster
+
+            client.close()
+            client = RedisCluster.from_url(url, socket_timeout=2.0, socket_connect_timeout=2.0)
         return cls(client=client, url=url, prefix=prefix, ttl_s=ttl_s, on_transfer=on_transfer)
+
+    def key(self, block: str) -> str:
+        """The Redis key of one cache entry: its hash tag is the block hash."""
+        return f"{self.prefix}{{{block}}}"
 
     def store(self, key: str, kv: KV) -> None:
         try:
-            self.client.set(self.prefix + key, encode(kv), ex=max(1, int(self.ttl_s)))
+            self.client.set(self.key(key), encode(kv), ex=max(1, int(self.ttl_s)))
             self.stored += 1
         except Exception as exc:  # redis.RedisError and connection errors: count, carry on
             self._error(exc)
@@ -75,7 +93,7 @@ class RedisTier:
     def load(self, key: str) -> KV | None:
         start = self.clock()
         try:
-            raw = self.client.get(self.prefix + key)
+            raw = self.client.get(self.key(key))
         except Exception as exc:
             self._error(exc)
             return None

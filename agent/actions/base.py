@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -69,6 +69,9 @@ class ActionSpec:
     params: type[Params]
     help: str
     precheck: Precheck | None = None
+    # pod: runs in every pod's agent; fleet: once per fleet, under the fleet
+    # lease (kcops.agent.actions.lease), which the action itself takes.
+    scope: Literal["pod", "fleet"] = "pod"
 
     def parse(self, raw: Mapping[str, Any] | None) -> Params:
         """Validate raw parameters; a bad value raises ActionRejected(reason="invalid")."""
@@ -88,6 +91,7 @@ class ActionSpec:
         return {
             "name": self.name,
             "help": self.help,
+            "scope": self.scope,
             "params": self.params.model_json_schema(),
         }
 

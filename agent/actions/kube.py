@@ -1,12 +1,21 @@
-"""The few Kubernetes API calls remediation needs, with the pod's service account."""
+"""The Kubernetes API calls remediation needs, through ``kubernetes_asyncio``.
+
+What the agent does in a cluster: delete its own pod (``restart_worker``),
+read the Deployment's scale, read and patch the one HPA it may raise
+(``scale_out``), and hold a ``coordination.k8s.io`` Lease (fleet actions).
+The service account token is reread whenever its file changes, because the
+kubelet rotates projected tokens (about hourly) and an old one is refused.
+
+Errors: 401/403 become ``ActionRejected(reason="forbidden")`` naming the
+request; anything else the API refuses is :class:`KubeError` with its status.
+"""
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import httpx
 
 from kcops.agent.config.actions import KubernetesSection
 from kcops.agent.errors import ActionRejected
@@ -14,9 +23,51 @@ from kcops.agent.errors import ActionRejected
 NS_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
+class KubeError(RuntimeError):
+    """The API server refused a request; ``status`` is its HTTP status (0: no answer)."""
+
+    def __init__(self, what: str, status: int, body: str = "") -> None:
+        super().__init__(f"{what}: HTTP {status}: {body[:300]}")
+        self.status = status
+
+
+@dataclass
+class _Token:
+    """The bearer token file, reread when its mtime or size changes (kubelet rotation)."""
+
+    path: Path
+    stamp: tuple[int, int] = (0, -1)
+    value: str = ""
+
+    def read(self) -> str:
+        try:
+            st = self.path.stat()
+            stamp = (st.st_mtime_ns, st.st_size)
+            if stamp != self.stamp:
+                self.value = self.path.read_text().strip()
+                self.stamp = stamp
+        except OSError as exc:
+            raise ActionRejected(
+                f"cannot read service account token {self.path}: {exc.strerror}", "unsupported"
+            ) from None
+        if not self.value:
+            raise ActionRejected(f"service account token {self.path} is empty", "unsupported")
+        return self.value
+
+
 class KubeClient:
+    """One API client per use: ``async with KubeClient(cfg) as kube: ...``.
+
+    Each method names the object it touches; the Role in deploy/base/rbac.yaml
+    grants exactly these verbs on these objects.
+    """
+
     def __init__(self, cfg: KubernetesSection) -> None:
         self.cfg = cfg
+        self._token = _Token(cfg.token_file)
+        self._api: Any = None
+
+    # -- identity -------------------------------------------------------------
 
     def namespace(self) -> str:
         if self.cfg.namespace:
@@ -37,55 +88,108 @@ class KubeClient:
             )
         return name
 
-    async def request(self, method: str, path: str, body: Any = None, ctype: str = "") -> Any:
+    # -- client ---------------------------------------------------------------
+
+    def _client(self) -> Any:
+        if self._api is not None:
+            return self._api
         try:
-            token = self.cfg.token_file.read_text().strip()
-        except OSError as exc:
+            from kubernetes_asyncio import client
+        except ImportError:
             raise ActionRejected(
-                f"cannot read service account token {self.cfg.token_file}: {exc.strerror}",
+                "the Kubernetes client is not installed: pip install 'kcops[kubernetes]'",
                 "unsupported",
             ) from None
-        headers = {"Authorization": f"Bearer {token}"}
-        if ctype:
-            headers["Content-Type"] = ctype
-        verify: Any = (
-            str(self.cfg.ca_file) if self.cfg.ca_file and self.cfg.ca_file.exists() else True
-        )
-        async with httpx.AsyncClient(timeout=self.cfg.timeout_s, verify=verify) as client:
-            content = None
-            if body is not None:
-                import json
+        conf = client.Configuration(host=self.cfg.api_url.rstrip("/"))
+        if self.cfg.ca_file is not None and self.cfg.ca_file.exists():
+            conf.ssl_ca_cert = str(self.cfg.ca_file)
+        token = self._token
 
-                content = json.dumps(body).encode()
-            resp = await client.request(
-                method, self.cfg.api_url.rstrip("/") + path, content=content, headers=headers
-            )
-        if resp.status_code in (401, 403):
-            raise ActionRejected(
-                f"{method} {path}: not permitted (HTTP {resp.status_code}): {resp.text[:200]}",
-                "forbidden",
-            )
-        if resp.status_code >= 400:
-            raise RuntimeError(f"{method} {path}: HTTP {resp.status_code}: {resp.text[:300]}")
-        return resp.json() if resp.content else None
+        def refresh(c: Any, *_: Any) -> None:
+            c.api_key["BearerToken"] = "Bearer " + token.read()
+
+        refresh(conf)
+        conf.refresh_api_key_hook = refresh
+        self._api = client.ApiClient(conf)
+        return self._api
+
+    async def close(self) -> None:
+        if self._api is not None:
+            await self._api.close()
+            self._api = None
+
+    async def __aenter__(self) -> KubeClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def call(self, what: str, coro_fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """Run one generated-client call; map its ApiException to our errors."""
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        kwargs.setdefault("_request_timeout", self.cfg.timeout_s)
+        try:
+            return await coro_fn(*args, **kwargs)
+        except ApiException as exc:
+            status = int(exc.status or 0)
+            body = str(exc.body or exc.reason or "")
+            if status in (401, 403):
+                raise ActionRejected(
+                    f"{what}: not permitted (HTTP {status}): {body[:200]}", "forbidden"
+                ) from None
+            raise KubeError(what, status, body) from None
+
+    def apis(self) -> Any:
+        from kubernetes_asyncio import client
+
+        api = self._client()
+        return _Apis(
+            core=client.CoreV1Api(api),
+            apps=client.AppsV1Api(api),
+            autoscaling=client.AutoscalingV2Api(api),
+            coordination=client.CoordinationV1Api(api),
+        )
+
+    # -- the calls remediation makes ------------------------------------------
 
     async def delete_own_pod(self) -> dict[str, Any]:
         ns, pod = self.namespace(), self.pod_name()
-        await self.request("DELETE", f"/api/v1/namespaces/{ns}/pods/{pod}")
+        try:
+            await self.call(
+                f"delete pod {ns}/{pod}", self.apis().core.delete_namespaced_pod, pod, ns
+            )
+        finally:
+            await self.close()
         return {"namespace": ns, "pod": pod}
 
     async def get_scale(self, deployment: str) -> int:
         ns = self.namespace()
-        out = await self.request(
-            "GET", f"/apis/apps/v1/namespaces/{ns}/deployments/{deployment}/scale"
+        out = await self.call(
+            f"get deployments/scale {ns}/{deployment}",
+            self.apis().apps.read_namespaced_deployment_scale,
+            deployment,
+            ns,
         )
-        return int(out["spec"].get("replicas", 0))
+        return int(out.spec.replicas or 0)
 
     async def patch_scale(self, deployment: str, replicas: int) -> None:
+        """Set a Deployment's replicas. Only for a Deployment no HPA owns (scale_out
+        raises the HPA's minReplicas instead when there is one)."""
         ns = self.namespace()
-        await self.request(
-            "PATCH",
-            f"/apis/apps/v1/namespaces/{ns}/deployments/{deployment}/scale",
+        await self.call(
+            f"patch deployments/scale {ns}/{deployment}",
+            self.apis().apps.patch_namespaced_deployment_scale,
+            deployment,
+            ns,
             {"spec": {"replicas": replicas}},
-            "application/merge-patch+json",
+            _content_type="application/merge-patch+json",
         )
+
+
+@dataclass
+class _Apis:
+    core: Any
+    apps: Any
+    autoscaling: Any
+    coordination: Any

@@ -123,20 +123,45 @@ def show_cmd(name: str, rules_file: str | None, params: tuple[str, ...]) -> None
 @click.option(
     "--format",
     "fmt",
-    type=click.Choice(["prometheus", "prometheus-operator"]),
+    type=click.Choice(["prometheus", "prometheusrule", "prometheus-operator"]),
     default="prometheus",
     show_default=True,
+    help="A rule file, or a Prometheus Operator PrometheusRule (prometheus-operator: alias).",
 )
 @click.option("--name", default="kcops", show_default=True, help="PrometheusRule name.")
 @click.option("--namespace", default=None, help="PrometheusRule namespace.")
+@click.option(
+    "--label",
+    "labels",
+    multiple=True,
+    help="KEY=VALUE label of the PrometheusRule (repeat), e.g. release=kube-prometheus-stack.",
+)
 @handle_errors
 def export_cmd(
-    rules_file: str | None, params: tuple[str, ...], fmt: str, name: str, namespace: str | None
+    rules_file: str | None,
+    params: tuple[str, ...],
+    fmt: str,
+    name: str,
+    namespace: str | None,
+    labels: tuple[str, ...],
 ) -> None:
-    from kcops.agent.rules.export import export_rules
+    from kcops.agent.rules.export import OPERATOR, export_rules
 
+    extra: dict[str, str] = {}
+    for pair in labels:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--label {pair!r}: expected KEY=VALUE")
+        extra[key] = value
     click.echo(
-        export_rules(_load(rules_file, params), fmt, name=name, namespace=namespace), nl=False
+        export_rules(
+            _load(rules_file, params),
+            OPERATOR if fmt == "prometheusrule" else fmt,
+            name=name,
+            namespace=namespace,
+            labels={"app.kubernetes.io/name": "kcops", **extra},
+        ),
+        nl=False,
     )
 
 

@@ -6,12 +6,16 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from kcops.agent.cli.alerts import _load as load_ruleset
 from kcops.agent.cli.alerts import param_option, rules_option
 from kcops.agent.cli.common import EXIT_FAILURE, EXIT_UNREACHABLE, handle_errors
+
+if TYPE_CHECKING:
+    from kcops.agent.rules.loader import RuleSet
 
 
 @click.group("dashboards", help="Build the Grafana dashboards, or push them to a Grafana.")
@@ -32,14 +36,69 @@ def dashboards_group() -> None:
 @handle_errors
 def build_cmd(out: str, rules_file: str | None, params: tuple[str, ...]) -> None:
     """Thresholds follow the rule set: `--param device_memory_ratio=0.85` moves the line."""
-    from kcops.dashboards.build import build_all
-
-    models = build_all(load_ruleset(rules_file, params))
+    files = dashboard_files(load_ruleset(rules_file, params))
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
-    for name, model in models.items():
-        (folder / name).write_text(json.dumps(model, indent=2, sort_keys=True) + "\n")
-        click.echo(f"wrote {folder / name} ({len(model['panels'])} panels)")
+    for name, text in files.items():
+        (folder / name).write_text(text)
+        click.echo(f"wrote {folder / name} ({len(json.loads(text)['panels'])} panels)")
+
+
+def dashboard_files(ruleset: RuleSet | None = None) -> dict[str, str]:
+    """File name -> the exact text ``dashboards build`` writes (the ConfigMaps reuse it)."""
+    from kcops.dashboards.build import build_all
+
+    return {
+        name: json.dumps(model, indent=2, sort_keys=True) + "\n"
+        for name, model in build_all(ruleset).items()
+    }
+
+
+# kube-prometheus-stack's Grafana sidecar loads every ConfigMap carrying this label.
+SIDECAR_LABEL = "grafana_dashboard"
+
+
+@dashboards_group.command(
+    "export",
+    help=(
+        "Write the dashboards as Kubernetes ConfigMaps labelled for the Grafana sidecar "
+        "(one YAML stream on stdout)."
+    ),
+)
+@click.option(
+    "--format", "fmt", type=click.Choice(["configmap"]), default="configmap", show_default=True
+)
+@click.option("--namespace", default=None, help="Namespace of the ConfigMaps (default: none).")
+@click.option(
+    "--label",
+    default=f"{SIDECAR_LABEL}=1",
+    show_default=True,
+    help="KEY=VALUE label the Grafana sidecar selects on.",
+)
+@click.option("--folder", default="kcops", show_default=True, help="Grafana folder annotation.")
+@rules_option
+@param_option
+@handle_errors
+def export_cmd(
+    fmt: str,
+    namespace: str | None,
+    label: str,
+    folder: str,
+    rules_file: str | None,
+    params: tuple[str, ...],
+) -> None:
+    from kcops.agent.deploy_export import dashboard_configmaps
+
+    key, sep, value = label.partition("=")
+    if not sep or not key:
+        click.echo(f"error: --label {label!r}: expected KEY=VALUE", err=True)
+        sys.exit(2)
+    click.echo(
+        dashboard_configmaps(
+            dashboard_files(load_ruleset(rules_file, params)), namespace, {key: value}, folder
+        ),
+        nl=False,
+    )
 
 
 @dashboards_group.command(

@@ -105,13 +105,50 @@ class KubernetesSection(Section):
     timeout_s: float = Field(5.0, gt=0, le=60)
 
 
+_K8S_NAME = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+
+
+class LeaseSection(Section):
+    """The lock a fleet action (scale_out) takes first, so one agent of the fleet acts."""
+
+    backend: Literal["none", "kubernetes", "redis"] = Field(
+        "none",
+        description="kubernetes: a coordination.k8s.io Lease; redis: a fenced Redis lock; "
+        "none: this agent acts alone (a single replica)",
+    )
+    name: str = Field("kcops-fleet-scale-out", pattern=_K8S_NAME, description="lease name")
+    redis_url: str | None = Field(None, description="redis://host:port/db (backend redis)")
+    duration_s: float = Field(
+        30.0, ge=1, le=3600, description="a holder that stops renewing loses it after this"
+    )
+    holder: str | None = Field(None, description="this agent's identity (default: $POD_NAME)")
+    cooldown_s: float | None = Field(
+        None,
+        ge=0,
+        le=86400,
+        description="fleet-wide time between two fleet actions (default: the action's "
+        "guard cooldown, which each agent also applies to itself)",
+    )
+
+
 class ScaleSection(Section):
     min_replicas: int = Field(1, ge=0)
     max_replicas: int = Field(10, ge=1)
     step: int = Field(1, ge=1)
     deployment: str | None = Field(
-        None, description="patch this Deployment's scale subresource (else only the gauge)"
+        None,
+        pattern=_K8S_NAME,
+        description="the Deployment whose current replicas scale_out reads",
     )
+    hpa: str | None = Field(
+        None,
+        pattern=_K8S_NAME,
+        description="raise this HPA's minReplicas (never patch replicas under an HPA)",
+    )
+    hold_s: float = Field(
+        1800.0, ge=0, le=7 * 86400, description="then minReplicas goes back to what it was"
+    )
+    lease: LeaseSection = Field(default_factory=LeaseSection)
 
     @model_validator(mode="after")
     def _order(self) -> ScaleSection:

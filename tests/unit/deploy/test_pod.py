@@ -1,0 +1,127 @@
+"""The serving pod's security and wiring, as the issue and DESIGN §1 ask."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.unit.deploy.conftest import OVERLAYS, find
+
+
+def _containers(dep: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    spec = dep["spec"]["template"]["spec"]
+    return {c["name"]: c for c in spec["containers"] + spec.get("initContainers", [])}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_agent_sidecar(overlay: str, rendered: dict[str, list[dict[str, Any]]]) -> None:
+    dep = find(rendered[overlay], "Deployment", "llm-serving")
+    pod = dep["spec"]["template"]["spec"]
+    assert pod["shareProcessNamespace"] is True
+    assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+    assert pod["automountServiceAccountToken"] is False
+    cs = _containers(dep)
+    agent = cs["kcops-agent"]
+    sc = agent["securityContext"]
+    assert sc["readOnlyRootFilesystem"] and sc["runAsNonRoot"]
+    assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"]["drop"] == ["ALL"]
+    assert agent["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert agent["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert agent["resources"]["requests"] and agent["resources"]["limits"]["memory"]
+    # the probe socket lives on a volume both containers mount
+    vols = {v["name"]: v for v in pod["volumes"]}
+    assert "emptyDir" in vols["kcops-run"]
+    for name in ("engine", "kcops-agent"):
+        mounts = {m["name"]: m["mountPath"] for m in cs[name]["volumeMounts"]}
+        assert mounts["kcops-run"] == "/run/kcops"
+    engine_env = {e["name"]: e.get("value") for e in cs["engine"].get("env", [])}
+    assert engine_env["KCOPS_PROBE_SOCKET"] == "/run/kcops/probe.sock"
+    # the API token reaches the agent only; the control token comes from a Secret
+    assert "kube-api-access" not in {m["name"] for m in cs["engine"]["volumeMounts"]}
+    assert vols["kcops-token"]["secret"]["secretName"] == "kcops-token"
+
+
+def test_vllm_engine_gets_the_plugin_from_the_init_container(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    dep = find(rendered["vllm"], "Deployment", "llm-serving")
+    cs = _containers(dep)
+    init = cs["kcops-install"]
+    assert init["image"] == cs["kcops-agent"]["image"], "probe and agent from one release"
+    target = init["command"][-1]
+    env = {e["name"]: e.get("value") for e in cs["engine"]["env"]}
+    assert env["PYTHONPATH"] == target
+    assert {m["mountPath"] for m in cs["engine"]["volumeMounts"]} >= {target}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_network_policy_admits_only_prometheus_and_alertmanager_to_the_agent(
+    overlay: str, rendered: dict[str, list[dict[str, Any]]]
+) -> None:
+    pol = find(rendered[overlay], "NetworkPolicy")
+    agent_rules = [
+        r for r in pol["spec"]["ingress"] if {"port": 9464, "protocol": "TCP"} in r["ports"]
+    ]
+    assert len(agent_rules) == 1
+    peers = {
+        p["podSelector"]["matchLabels"]["app.kubernetes.io/name"] for p in agent_rules[0]["from"]
+    }
+    assert peers == {"prometheus", "alertmanager"}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_rbac_is_narrow(overlay: str, rendered: dict[str, list[dict[str, Any]]]) -> None:
+    docs = rendered[overlay]
+    assert not [d for d in docs if d["kind"] in ("ClusterRole", "ClusterRoleBinding")]
+    role = find(docs, "Role", "kcops-agent")
+    for rule in role["rules"]:
+        assert "*" not in rule["verbs"] and "*" not in rule["resources"]
+        if rule["resources"] in (["horizontalpodautoscalers"], ["deployments/scale"]):
+            assert rule["resourceNames"] == ["llm-serving"]
+        if "update" in rule["verbs"]:
+            assert rule.get("resourceNames"), f"update without resourceNames: {rule}"
+    hpa = find(docs, "HorizontalPodAutoscaler", "llm-serving")
+    assert hpa["spec"]["scaleTargetRef"]["name"] == "llm-serving"
+    policy = find(docs, "ValidatingAdmissionPolicy")
+    assert "llm-serving" in policy["spec"]["validations"][0]["expression"]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_agent_config_is_valid(overlay: str, rendered: dict[str, list[dict[str, Any]]]) -> None:
+    import yaml
+
+    from kcops.agent.config import parse_config
+
+    cm = next(
+        d
+        for d in rendered[overlay]
+        if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("kcops-agent-")
+    )
+    cfg = parse_config(yaml.safe_load(cm["data"]["agent.yaml"]), f"{overlay} agent.yaml")
+    assert cfg.actions.scale.hpa == "llm-serving"
+    assert cfg.actions.scale.lease.backend == "kubernetes"
+    assert cfg.engine.adapter == {"vllm": "vllm", "kcops-worker": "kcops"}[overlay]
+    # the Role names exactly the objects the agent is configured to touch
+    role = find(rendered[overlay], "Role", "kcops-agent")
+    names = {n for r in role["rules"] for n in r.get("resourceNames", [])}
+    assert {cfg.actions.scale.hpa, cfg.actions.scale.lease.name} <= names
+
+
+def test_alertmanager_routes_kcops_alerts_to_the_agent_webhook(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    amc = find(rendered["vllm"], "AlertmanagerConfig")
+    hook = amc["spec"]["receivers"][0]["webhookConfigs"][0]
+    svc = find(rendered["vllm"], "Service", "kcops-agent")
+    assert (
+        hook["url"] == f"http://kcops-agent:{svc['spec']['ports'][0]['port']}/api/v1/alertmanager"
+    )
+    assert hook["httpConfig"]["authorization"]["credentials"]["name"] == "kcops-token"
+    # every alert the PrometheusRule defines matches the route
+    import re
+
+    rule = find(rendered["vllm"], "PrometheusRule")
+    matcher = amc["spec"]["route"]["matchers"][0]
+    names = [r["alert"] for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r]
+    assert names and all(re.fullmatch(matcher["value"], n) for n in names)
