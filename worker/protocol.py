@@ -28,6 +28,13 @@ MAX_STOPS = 4  # as OpenAI
 MAX_TOP_LOGPROBS = 5  # as OpenAI's completions API
 MAX_MESSAGES = 512
 MAX_TEXT_CHARS = 4 * 1024**2
+UNION_HINTS = {
+    "prompt": (
+        "must be a non-empty string, a list of strings, a list of token ids "
+        f"(integers >= 0) or a list of such lists (at most {MAX_PROMPTS} prompts)"
+    ),
+    "stop": f"must be a non-empty string or a list of at most {MAX_STOPS} such strings",
+}
 
 
 class ApiError(Exception):
@@ -201,9 +208,13 @@ def _describe(exc: ValidationError) -> tuple[str, str | None]:
         return "request body is not valid JSON (UTF-8, no lone surrogates, not too deep)", None
     if any(e["type"] == "model_type" and not e["loc"] for e in errors):
         return "request body must be a JSON object", None
-    # A union reports one error per branch: show the first few, shortest loc first.
+    # A union reports one error per branch: say what the field allows instead.
     errors.sort(key=lambda e: len(e["loc"]))
     param = ".".join(str(p) for p in errors[0]["loc"] if not _is_branch(p)) or None
+    top = {e["loc"][0] for e in errors if e["loc"]}
+    if len(errors) > 1 and len(top) == 1 and str(errors[0]["loc"][0]) in UNION_HINTS:
+        field = str(errors[0]["loc"][0])
+        return f"'{field}' {UNION_HINTS[field]}", field
     parts = []
     for e in errors[:3]:
         loc = ".".join(str(p) for p in e["loc"] if not _is_branch(p)) or "body"
@@ -220,8 +231,8 @@ def _is_branch(part: Any) -> bool:
 
 
 def parse_json(raw: bytes) -> Any:
-    """Any JSON value, with the same refusals as :func:`parse` (UTF-8, surrogates, depth)."""
+    """Any JSON value, with the same refusals as :func:`parse` (UTF-8, surrogates, depth, NaN)."""
     try:
-        return pydantic_core.from_json(raw or b"null")
+        return pydantic_core.from_json(raw or b"null", allow_inf_nan=False)
     except ValueError:
         raise ApiError("request body is not valid JSON") from None
