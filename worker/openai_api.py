@@ -191,6 +191,7 @@ async def _whole(gen: Generation, shape: Shape, head: dict[str, Any]) -> web.Res
         async for _ in gen.events():
             pass
     except EngineFailed as exc:
+        gen.cancel()  # the other choices would run for nobody
         raise ApiError(str(exc), 500) from None
     choices = [
         shape.whole(c, new_logprobs(c, (c.usage or {}).get("completion_tokens")))
@@ -237,6 +238,7 @@ async def _stream(
                     upto = (c.usage or {}).get("completion_tokens")
                     await chunk(shape.closing(c, new_logprobs(c, upto)))
         except EngineFailed as exc:
+            gen.cancel()
             await send(ApiError(str(exc), 500).body())
         else:
             if include_usage:

@@ -177,6 +177,20 @@ def test_long_chat_takes_the_optimized_path(worker: tuple[WorkerState, str]) -> 
     assert httpx.post(url + "/v1/chat/completions", json=body).json()["kcops"]["route"] == "base"
 
 
+def test_chat_is_shadow_checked_as_completions(worker: tuple[WorkerState, str]) -> None:
+    state, url = worker
+    before = scrape(url).get("kcops_worker_shadow_checks_total{}", 0)
+    state.engine.shadow_fraction = 1.0
+    try:
+        body = {"model": MODEL, "messages": [{"role": "user", "content": LONG}], "max_tokens": 1}
+        r = httpx.post(url + "/v1/chat/completions", json={**body, "n": 2}, timeout=60)
+    finally:
+        state.engine.shadow_fraction = 0.0
+    assert r.status_code == 200 and r.json()["kcops"]["route"] == "optimized"
+    assert scrape(url)["kcops_worker_shadow_checks_total{}"] - before == 2
+    assert 0.0 <= scrape(url)["kcops_worker_shadow_agreement_ratio{}"] <= 1.0
+
+
 def test_chat_and_completions_count_the_same_in_metrics(
     worker: tuple[WorkerState, str], client: openai.OpenAI
 ) -> None:
@@ -240,29 +254,56 @@ def test_async_client_streams_chat(worker: tuple[WorkerState, str], client: open
     assert asyncio.run(run()) == [want.choices[0].message.content] * 3
 
 
-@pytest.mark.parametrize(
-    "raw",
-    [
-        b'{"prompt": "a\\ud800b"}',  # lone surrogate
-        b'{"prompt": ' + b"[" * 5000 + b"]" * 5000 + b"}",  # deep nesting
-        b'{"prompt": "hi", "max_tokens": 1' + b"0" * 5000 + b"}",  # huge integer
-        b'{"prompt": "hi", "max_tokens": 10000000000000000000000}',
-        b'{"prompt": "hi", "stream": "false"}',  # a string is not a boolean
-        b'{"prompt": "hi", "max_tokens": true}',  # a boolean is not an integer
-        b'{"prompt": [true, false]}',
-        b'{"prompt": "\xff\xfe"}',  # not UTF-8
-        b'{"prompt": "hi", "temperature": Infinity}',
-        b'{"prompt": "hi", "echo": true, "logprobs": 1}',
-        b"",
-    ],
-)
-def test_hostile_bodies_get_a_json_400(worker: tuple[WorkerState, str], raw: bytes) -> None:
+HOSTILE = [
+    b'"a\\ud800b"',  # lone surrogate
+    b"[" * 5000 + b"]" * 5000,  # deep nesting
+    b'"\xff\xfe"',  # not UTF-8
+    b"[true, false]",  # booleans are not token ids, nor text
+    b"12",
+]
+FIELDS = [
+    b'"max_tokens": 1' + b"0" * 5000,  # huge integer
+    b'"max_tokens": 10000000000000000000000',
+    b'"max_tokens": true',  # a boolean is not an integer
+    b'"stream": "false"',  # a string is not a boolean
+    b'"n": 1.0',
+    b'"temperature": Infinity',
+]
+
+
+def hostile_bodies() -> list[tuple[str, bytes]]:
+    ok_prompt, ok_messages = b'"prompt": "hi"', b'"messages": [{"role": "user", "content": "hi"}]'
+    cases = [("/v1/completions", b'{"prompt": ' + v + b"}") for v in HOSTILE]
+    cases += [
+        ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": ' + v + b"}]}")
+        for v in HOSTILE
+    ]
+    for f in FIELDS:
+        cases.append(("/v1/completions", b"{" + ok_prompt + b", " + f + b"}"))
+        cases.append(("/v1/chat/completions", b"{" + ok_messages + b", " + f + b"}"))
+    cases.append(("/v1/completions", b"{" + ok_prompt + b', "echo": true, "logprobs": 1}'))
+    cases.append(("/v1/chat/completions", b'{"messages": "hi"}'))
+    cases += [("/v1/completions", b""), ("/v1/chat/completions", b"[]")]
+    return cases
+
+
+@pytest.mark.parametrize("path,raw", hostile_bodies())
+def test_hostile_bodies_get_a_json_400(
+    worker: tuple[WorkerState, str], path: str, raw: bytes
+) -> None:
     _, url = worker
-    for path in ("/v1/completions", "/v1/chat/completions"):
-        r = httpx.post(url + path, content=raw, headers={"content-type": "application/json"})
-        assert r.status_code == 400, r.text
-        err = r.json()["error"]
-        assert set(err) == {"message", "type", "param", "code"} and len(err["message"]) < 600
+    r = httpx.post(url + path, content=raw, headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and len(err["message"]) < 600
+    # the same endpoint still serves a good request
+    good = (
+        b'{"prompt": "hi", "max_tokens": 1}'
+        if "chat" not in path
+        else (b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}')
+    )
+    ok = httpx.post(url + path, content=good, headers={"content-type": "application/json"})
+    assert ok.status_code == 200, ok.text
 
 
 def raw_post(url: str, path: str, headers: bytes, body: bytes) -> tuple[int, Any]:
