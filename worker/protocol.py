@@ -185,6 +185,8 @@ class DrainBody(BaseModel):
 
 
 M = TypeVar("M", bound=BaseModel)
+MAX_WARNED = 64
+_warned: set[tuple[str, ...]] = set()  # field sets already logged (process-wide, capped)
 
 
 def parse(model: type[M], raw: bytes) -> M:
@@ -196,9 +198,11 @@ def parse(model: type[M], raw: bytes) -> M:
         raise ApiError(message, param=param) from None
     except (ValueError, RecursionError):
         raise ApiError("request body is not valid JSON") from None
-    extra = sorted(body.model_extra or {})
-    if extra:
-        log.debug("ignored request fields: %s", extra[:10])
+    extra = tuple(sorted(body.model_extra or {}))[:10]
+    if extra and extra not in _warned and len(_warned) < MAX_WARNED:
+        # As vLLM: say once which fields were ignored (a bounded set: no log flood).
+        _warned.add(extra)
+        log.warning("ignored request fields: %s", ", ".join(f[:40] for f in extra))
     return body
 
 
