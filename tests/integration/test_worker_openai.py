@@ -13,6 +13,7 @@ import httpx
 import openai
 import pytest
 import torch
+from openai.types.chat import ChatCompletionMessageParam
 from prometheus_client.parser import text_string_to_metric_families
 
 from kcops.worker.app import Background, WorkerOptions, build
@@ -21,7 +22,7 @@ from tests.services import free_port
 
 MODEL = "tiny"
 LONG = "The quick brown fox jumps over the lazy dog. " * 12  # ~120 tokens
-CHAT = [{"role": "user", "content": "Say hello."}]
+CHAT: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Say hello."}]
 
 
 @pytest.fixture(scope="module")
