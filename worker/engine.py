@@ -37,6 +37,7 @@ class Event:
     text: str = ""
     finish_reason: str | None = None
     usage: dict[str, int] | None = None
+    tokens: int = 0  # generated tokens when emitted: which logprobs a delta covers
 
 
 @dataclass
@@ -55,6 +56,9 @@ class GenRequest:
     sent_chars: int = 0
     cached_tokens: int = 0
     top_n: int | None = None  # default N this request ran under (None: dense)
+    logprobs: int | None = None  # record the top-k logprobs of each sampled token
+    token_logprobs: list[tuple[int, float, list[tuple[int, float]]]] = field(default_factory=list)
+    last_token_s: float | None = None
     _gen: torch.Generator | None = None
 
 
@@ -73,6 +77,18 @@ def policy_namespace(model_name: str, policy: TopNPolicy) -> str:
         return f"{model_name}|dense"
     by_layer = sorted(policy.top_n_by_layer.items())
     return f"{model_name}|topn:{policy.top_n}:{by_layer}:{sorted(policy.dense_layers)}"
+
+
+def served_logprobs(
+    logits: torch.Tensor, token: int, top: int
+) -> tuple[int, float, list[tuple[int, float]]]:
+    """The sampled token's log-probability under the served (unscaled) logits, and the top-k."""
+    lp = torch.log_softmax(logits.float(), dim=-1)
+    best = torch.topk(lp, top) if top > 0 else None
+    tops = (
+        [] if best is None else list(zip(best.indices.tolist(), best.values.tolist(), strict=True))
+    )
+    return token, float(lp[token]), tops
 
 
 class Engine:
@@ -240,6 +256,13 @@ class Engine:
 
     def _sample(self, logits: torch.Tensor, req: GenRequest) -> int:
         logits = torch.nan_to_num(logits, nan=0.0, posinf=1e4, neginf=-1e4)
+        token = self._pick(logits, req)
+        if req.logprobs is not None:
+            req.token_logprobs.append(served_logprobs(logits, token, req.logprobs))
+        return token
+
+    @staticmethod
+    def _pick(logits: torch.Tensor, req: GenRequest) -> int:
         if req.temperature <= 0:
             return int(logits.argmax())
         probs = torch.softmax(logits / req.temperature, dim=-1)
@@ -255,6 +278,10 @@ class Engine:
         if req.cancelled:
             req.emit(Event("done", finish_reason="abort", usage=self._usage(req)))
             return False
+        now = self.clock()
+        if req.last_token_s is not None:
+            self.metrics.itl.observe(now - req.last_token_s)
+        req.last_token_s = now
         is_eos = token in self.eos_ids
         if not is_eos:
             req.generated.append(token)
@@ -276,7 +303,7 @@ class Engine:
         else:
             visible = len(text)
         if visible > req.sent_chars:
-            req.emit(Event("delta", text=text[req.sent_chars : visible]))
+            req.emit(Event("delta", text=text[req.sent_chars : visible], tokens=len(req.generated)))
             req.sent_chars = visible
         if finish is not None:
             self.metrics.e2e.observe(self.clock() - req.arrival_s)

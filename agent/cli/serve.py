@@ -6,10 +6,14 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from kcops.agent.cli.common import EXIT_USAGE, handle_errors
+
+if TYPE_CHECKING:
+    from kcops.worker.state import WorkerState
 
 
 @click.command(
@@ -64,21 +68,14 @@ def serve_cmd(
     no_probe: bool,
 ) -> None:
     from kcops.agent.auth import load_token
-    from kcops.worker.control import BadSetting, parse_layers
 
-    try:
-        dense = parse_layers(dense_layers)
-    except BadSetting as exc:
-        raise click.UsageError(str(exc)) from None
-    if not topn_min <= top_n <= topn_max:
-        raise click.UsageError(
-            f"--top-n {top_n} outside [--topn-min {topn_min}, --topn-max {topn_max}]"
-        )
+    dense = _check_usage(dense_layers, top_n, topn_min, topn_max, redis_url)
     token = load_token(token_file)
 
     import torch
 
-    from kcops.worker.app import WorkerOptions, build, install_probe, serve_forever
+    from kcops.worker.app import WorkerOptions, build, install_probe
+    from kcops.worker.control import BadSetting
 
     torch.set_num_threads(threads)
     opts = WorkerOptions(
@@ -98,13 +95,6 @@ def serve_cmd(
         cache_budget_bytes=cache_budget_bytes,
         cache_ttl_s=cache_ttl_s,
     )
-    if redis_url is not None and not redis_url.startswith(("redis://", "rediss://", "unix://")):
-        click.echo(
-            f"error: --redis {redis_url!r}: use a URL such as redis://127.0.0.1:6379/0 "
-            "(schemes: redis, rediss, unix)",
-            err=True,
-        )
-        sys.exit(EXIT_USAGE)
     try:
         state = build(opts)
     except BadSetting as exc:
@@ -113,6 +103,37 @@ def serve_cmd(
     probe = install_probe() if not no_probe else "probe off (--no-probe)"
     if token is None:
         click.echo("kcops serve: no token configured: admin endpoints answer 401", err=True)
+    _serve(state, host, port, pidfile, probe)
+
+
+def _check_usage(
+    dense_layers: str, top_n: int, topn_min: int, topn_max: int, redis_url: str | None
+) -> frozenset[int]:
+    """Usage errors found before the model loads (exit 2); returns the dense layers."""
+    from kcops.worker.control import BadSetting, parse_layers
+
+    try:
+        dense = parse_layers(dense_layers)
+    except BadSetting as exc:
+        raise click.UsageError(str(exc)) from None
+    if not topn_min <= top_n <= topn_max:
+        raise click.UsageError(
+            f"--top-n {top_n} outside [--topn-min {topn_min}, --topn-max {topn_max}]"
+        )
+    if redis_url is not None and not redis_url.startswith(("redis://", "rediss://", "unix://")):
+        click.echo(
+            f"error: --redis {redis_url!r}: use a URL such as redis://127.0.0.1:6379/0 "
+            "(schemes: redis, rediss, unix)",
+            err=True,
+        )
+        sys.exit(EXIT_USAGE)
+    return dense
+
+
+def _serve(state: WorkerState, host: str, port: int, pidfile: Path | None, probe: str) -> None:
+    """Serve until SIGTERM or Ctrl-C; the pidfile lives exactly as long as the server."""
+    from kcops.worker.app import serve_forever
+
     # SIGTERM (supervisor, restart_worker) exits through the finally below.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
     if pidfile is not None:

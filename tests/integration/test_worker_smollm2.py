@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -49,3 +50,27 @@ def test_long_prompt_takes_the_optimized_path_and_stays_coherent(client: httpx.C
     ).json()
     assert r["kcops"]["route"] == "optimized" and r["kcops"]["top_n"] == 32
     assert "Paris" in r["choices"][0]["text"], r
+
+
+def test_chat_with_the_official_client_answers_from_the_chat_template(
+    client: httpx.Client,
+) -> None:
+    import openai
+
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    kw: dict[str, Any] = dict(model="smollm2", messages=messages, max_tokens=24, temperature=0)
+    with openai.OpenAI(
+        base_url=str(client.base_url).rstrip("/") + "/v1", api_key="x", max_retries=0
+    ) as sdk:
+        r = sdk.chat.completions.create(**kw)
+        answer = r.choices[0].message.content or ""
+        # An instruct model answers the question (the template's assistant turn), and
+        # stops at its end-of-turn token rather than writing the next user turn.
+        assert "Paris" in answer, answer
+        assert "<|im_start|>" not in answer and "user" not in answer.lower()
+        streamed = "".join(
+            ch.delta.content or ""
+            for chunk in sdk.chat.completions.create(**kw, stream=True)
+            for ch in chunk.choices
+        )
+    assert streamed == answer

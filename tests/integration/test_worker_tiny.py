@@ -168,7 +168,8 @@ def test_malformed_json_and_unknown_route(worker: tuple[WorkerState, httpx.Clien
         "/v1/completions", content=b"{not json", headers={"content-type": "application/json"}
     )
     assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]
-    assert c.get("/nope").json()["error"]["code"] == 404
+    assert c.get("/nope").status_code == 404
+    assert c.get("/nope").json()["error"]["code"] == "not_found"
 
 
 @pytest.mark.parametrize(
