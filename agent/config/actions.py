@@ -112,6 +112,11 @@ class ScaleSection(Section):
     deployment: str | None = Field(
         None, description="patch this Deployment's scale subresource (else only the gauge)"
     )
+    hpa: bool = Field(
+        False,
+        description="an HPA reads kcops_desired_replicas (prometheus-adapter); with neither "
+        "this nor deployment, scale_out has no scaler and is refused",
+    )
 
     @model_validator(mode="after")
     def _order(self) -> ScaleSection:
