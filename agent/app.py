@@ -97,8 +97,11 @@ class Agent:
         # Tick order is the list order: collectors (health feeds the engine's
         # lifecycle, the process watcher reads exits), rules, supervisor, remediation.
         self.components: list[Component] = [self.collector_runner]
-        self.components += rules_pkg.build(self.ctx)
-        self.components += actions_pkg.build(self.ctx, self.engine, pids)
+        rules = rules_pkg.build(self.ctx)
+        self.components += rules
+        self.components += actions_pkg.build(
+            self.ctx, self.engine, pids, rules[0] if rules else None
+        )
         self.components.append(QueryComponent(self.ctx))
         self.components += list(extra_components or [])
         self._stop = asyncio.Event()

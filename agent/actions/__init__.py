@@ -13,9 +13,17 @@ if TYPE_CHECKING:
     from kcops.agent.collectors.enginepid import EnginePid
     from kcops.agent.component import AgentContext
     from kcops.agent.engine import Engine
+    from kcops.agent.rules.component import RulesComponent
 
 
-def build(ctx: AgentContext, engine: Engine, pids: EnginePid | None = None) -> list[Any]:
+def build(
+    ctx: AgentContext,
+    engine: Engine,
+    pids: EnginePid | None = None,
+    rules: RulesComponent | None = None,
+) -> list[Any]:
+    """Supervisor (with ``engine.command``) and remediation. ``rules``: the local rule
+    engine, whose loaded rule set gives the ladders (read once, by the rules loader)."""
     from kcops.agent.actions.remediation import Remediation
     from kcops.agent.supervisor import Supervisor
 
@@ -34,6 +42,12 @@ def build(ctx: AgentContext, engine: Engine, pids: EnginePid | None = None) -> l
         if pids is not None:
             pids.supervisor_pid = sup.pid  # the collectors' pid source, built before this
         out.append(sup)
-    rem = Remediation(ctx, engine=engine, supervisor=sup)
+    rem = Remediation(
+        ctx,
+        engine=engine,
+        supervisor=sup,
+        alerts=rules,
+        ruleset=rules.ruleset if rules is not None else None,
+    )
     out.append(rem)
     return out

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from aiohttp import web
 
@@ -27,7 +27,6 @@ from kcops.agent.actions.guards import Guards
 from kcops.agent.actions.notify import send as send_notify
 from kcops.agent.actions.outcome import Outcome
 from kcops.agent.actions.registry import default_registry
-from kcops.agent.actions.rulesfile import RuleLadders
 from kcops.agent.actions.runner import Run, Runner
 from kcops.agent.actions.scale_out import Replicas
 from kcops.agent.actions.statefile import read_state, write_atomic
@@ -36,7 +35,44 @@ from kcops.agent.engine import Engine
 from kcops.agent.events import AlertTransition, RemediationStep
 from kcops.agent.samples import Sample
 
+if TYPE_CHECKING:
+    from kcops.agent.rules.loader import RuleSet
+
 log = logging.getLogger("kcops.agent.actions")
+
+
+class AlertsView(Protocol):
+    """What remediation reads of the local rule engine (:class:`RulesComponent`)."""
+
+    def is_firing(self, alertname: str, labels: Mapping[str, str] | None = None) -> bool: ...
+
+    def active(self) -> list[dict[str, Any]]: ...
+
+    def rule_names(self) -> list[str]: ...
+
+
+def _rule_ladders(
+    ruleset: RuleSet | None,
+) -> tuple[set[str], dict[str, tuple[RemediationStep, ...]]]:
+    """Alert names and ladders of the one loaded rule set (cluster alerts carry no ladder)."""
+    if ruleset is None:
+        return set(), {}
+    alerts = ruleset.alerts()
+    return {a.name for a in alerts}, {a.name: a.remediation for a in alerts if a.remediation}
+
+
+def load_ruleset(ctx: AgentContext) -> RuleSet | None:
+    """The rule set from config, for an agent whose rule engine is off (read once)."""
+    from kcops.agent.rules.loader import default_rules_path, load_rules
+    from kcops.agent.rules.model import RuleError
+
+    section = ctx.config.rules
+    path = section.file if section.file is not None else default_rules_path()
+    try:
+        return load_rules(path, dict(section.params))
+    except RuleError as exc:
+        log.warning("no ladders for cluster alerts: %s", exc)
+        return None
 
 STATE_FILE = "remediation-state.json"
 AUDIT_FILE = "audit.jsonl"
@@ -72,6 +108,8 @@ class Remediation:
         *,
         engine: Engine | None = None,
         supervisor: SupervisorHandle | None = None,
+        alerts: AlertsView | None = None,
+        ruleset: RuleSet | None = None,
     ) -> None:
         self.ctx = ctx
         self.config = ctx.config
@@ -106,8 +144,10 @@ class Remediation:
             on_change=self._mark_dirty,
             on_breaker=self._breaker_opened,
         )
-        self.rule_ladders = RuleLadders(
-            self.config.rules.file, self.config.actions.guards.default_verify_s
+        # Tests and older wiring may still hand the rule engine over as a named service.
+        self.alerts: AlertsView | None = alerts or ctx.services.get("alerts")
+        self.rule_names_all, self.rule_ladders = _rule_ladders(
+            ruleset if ruleset is not None else load_ruleset(ctx)
         )
         self.ladders: dict[str, L.Ladder] = {}
         self.ended: dict[str, float] = {}
@@ -175,12 +215,9 @@ class Remediation:
 
     # -- alert state --------------------------------------------------------
 
-    def _alerts(self) -> Any:
-        return self.ctx.services.get("alerts")
-
     def local_active(self, name: str) -> bool | None:
         """Whether the local rule engine has ``name`` pending or firing; None without one."""
-        alerts = self._alerts()
+        alerts = self.alerts
         if alerts is None:
             return None
         try:
@@ -208,17 +245,13 @@ class Remediation:
         return any(src == "local" for src in instances.values())
 
     def local_rule_names(self) -> set[str]:
-        names = set(self.rule_ladders.names()) | set(self.known_steps)
-        alerts = self._alerts()
-        if alerts is not None:
-            try:
-                names |= set(alerts.rule_names())
-            except Exception:
-                log.exception("alerts.rule_names() failed")
+        names = self.rule_names_all | set(self.known_steps)
+        if self.alerts is not None:
+            names |= set(self.alerts.rule_names())
         return names
 
     def steps_for(self, name: str) -> tuple[RemediationStep, ...]:
-        return self.known_steps.get(name) or self.rule_ladders.ladder(name)
+        return self.known_steps.get(name) or self.rule_ladders.get(name, ())
 
     # -- transitions --------------------------------------------------------
 
