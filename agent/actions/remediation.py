@@ -156,6 +156,7 @@ class Remediation:
         self.known_steps: dict[str, tuple[RemediationStep, ...]] = {}
         self._running: dict[str, Run] = {}
         self._dirty = False
+        self._identify_at = 0.0
         self._page_tasks: set[asyncio.Task[None]] = set()
         self.pages = 0
         self._subscribed = False
@@ -503,7 +504,28 @@ class Remediation:
 
     # -- tick -------------------------------------------------------------------
 
+    def _identify_engine(self, now: float) -> None:
+        """Resolve an auto-detected engine once (capabilities), tried at most every 10 s."""
+        eng = self.engine
+        if eng.url is None or (eng.adapter is not None and eng.capabilities_probed):
+            return
+        if now < self._identify_at:
+            return
+        self._identify_at = now + 10.0
+
+        async def _resolve() -> None:
+            try:
+                await eng.resolve()
+            except Exception as exc:  # not answering yet: tried again later
+                log.debug("engine not identified yet: %s", exc)
+
+        # Off the tick: an engine that does not answer must not hold the loop.
+        task = asyncio.get_running_loop().create_task(_resolve())
+        self._page_tasks.add(task)
+        task.add_done_callback(self._page_tasks.discard)
+
     async def tick(self, now: float) -> None:
+        self._identify_engine(now)
         for name, lad in list(self.ladders.items()):
             if lad.unconfirmed_until is not None:
                 if self.active(name):

@@ -142,3 +142,18 @@ class ActionsSection(Section):
     kubernetes: KubernetesSection = Field(default_factory=KubernetesSection)
     notify: NotifySection = Field(default_factory=NotifySection)
     alertmanager_webhook: bool = Field(True, description="serve POST /api/v1/alertmanager")
+
+
+def warnings(actions: ActionsSection) -> list[str]:
+    """Settings that make ladder steps refuse (not errors: the agent runs, those steps skip)."""
+    out = []
+    if not actions.notify.url:
+        out.append(
+            "actions.notify.url is not set: notify steps are refused "
+            "(no applicable remediation) and pages are only logged and audited"
+        )
+    if not actions.scale.deployment and not actions.scale.hpa:
+        out.append(
+            "actions.scale has no scaler (deployment or hpa): scale_out steps are refused"
+        )
+    return out

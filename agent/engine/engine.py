@@ -120,6 +120,11 @@ class Engine:
         self._caps = table
         self._probed_dev_mode = True
 
+    @property
+    def capabilities_probed(self) -> bool:
+        """True once the engine-specific extras (vLLM dev mode) were probed."""
+        return self._probed_dev_mode
+
     def need_url(self) -> str:
         if not self.url:
             raise ActionRejected("engine.url is not configured", "not_configured")
