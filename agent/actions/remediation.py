@@ -74,6 +74,7 @@ def load_ruleset(ctx: AgentContext) -> RuleSet | None:
         log.warning("no ladders for cluster alerts: %s", exc)
         return None
 
+
 STATE_FILE = "remediation-state.json"
 AUDIT_FILE = "audit.jsonl"
 

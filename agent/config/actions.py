@@ -153,7 +153,5 @@ def warnings(actions: ActionsSection) -> list[str]:
             "(no applicable remediation) and pages are only logged and audited"
         )
     if not actions.scale.deployment and not actions.scale.hpa:
-        out.append(
-            "actions.scale has no scaler (deployment or hpa): scale_out steps are refused"
-        )
+        out.append("actions.scale has no scaler (deployment or hpa): scale_out steps are refused")
     return out
