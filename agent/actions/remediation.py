@@ -145,8 +145,7 @@ class Remediation:
             on_change=self._mark_dirty,
             on_breaker=self._breaker_opened,
         )
-        # Tests and older wiring may still hand the rule engine over as a named service.
-        self.alerts: AlertsView | None = alerts or ctx.services.get("alerts")
+        self.alerts: AlertsView | None = alerts
         self.rule_names_all, self.rule_ladders = _rule_ladders(
             ruleset if ruleset is not None else load_ruleset(ctx)
         )

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from kcops.agent.store import Store
 
+Combine = Callable[[list[float]], float]
+
 # Canonical name -> how to combine the engine's series (one per model/engine index).
-CACHE_SERIES = {
+CACHE_SERIES: dict[str, Combine] = {
     "kcops_kv_cache_usage_ratio": max,
     "kcops_prefix_cache_hits_total": sum,
     "kcops_prefix_cache_queries_total": sum,
@@ -18,7 +21,9 @@ CACHE_SERIES = {
 }
 
 
-def read(store: Store, adapter: str | None, names: dict[str, object] = CACHE_SERIES) -> dict:
+def read(
+    store: Store, adapter: str | None, names: Mapping[str, Combine] = CACHE_SERIES
+) -> dict[str, float | None]:
     """Latest value of each series of engine ``adapter``, combined; absent ones left out.
 
     ``t`` is the newest sample's timestamp (None when nothing was found).
@@ -36,12 +41,14 @@ def read(store: Store, adapter: str | None, names: dict[str, object] = CACHE_SER
                 vals.append(got[1])
                 newest = got[0] if newest is None else max(newest, got[0])
         if vals:
-            out[name.removeprefix("kcops_")] = float(combine(vals))  # type: ignore[operator]
+            out[name.removeprefix("kcops_")] = float(combine(vals))
     out["t"] = newest
     return out
 
 
-async def after(store: Store, adapter: str | None, since: float, timeout_s: float) -> dict:
+async def after(
+    store: Store, adapter: str | None, since: float, timeout_s: float
+) -> dict[str, float | None]:
     """The series once a scrape newer than ``since`` landed (or what there is at the deadline)."""
     deadline = time.monotonic() + timeout_s
     while True:
