@@ -38,6 +38,16 @@ class FakeVllm:
             dropped = q.get("reset_running_requests") == "true"
             return web.json_response({"success": dropped or not self.busy})
 
+        async def pause(request: web.Request) -> web.Response:
+            self.calls.append((request.method, request.path, dict(request.query)))
+            if not self.dev_mode:
+                return web.json_response({"detail": "Not Found"}, status=404)
+            return web.json_response({"status": "paused"})
+
+        async def resume(request: web.Request) -> web.Response:
+            self.calls.append((request.method, request.path, dict(request.query)))
+            return web.json_response({"status": "resumed"})
+
         async def health(_: web.Request) -> web.Response:
             return web.Response(status=200)
 
@@ -46,6 +56,8 @@ class FakeVllm:
         app.router.add_get("/is_paused", is_paused)
         app.router.add_post("/reset_prefix_cache", reset)
         app.router.add_get("/health", health)
+        app.router.add_post("/pause", pause)
+        app.router.add_post("/resume", resume)
         return app
 
     async def start(self) -> str:

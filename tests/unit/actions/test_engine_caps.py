@@ -120,3 +120,27 @@ def test_ticket_alert_with_nothing_applicable_is_not_a_page(tmp_path: Path) -> N
         assert "actions.notify.url is not configured" in esc[0]["message"]
 
     asyncio.run(body())
+
+
+def test_vllm_pause_only_in_dev_mode_probed_once() -> None:
+    from kcops.agent.engine import Engine
+
+    async def body() -> None:
+        for dev in (True, False):
+            v = FakeVllm(dev_mode=dev)
+            url = await v.start()
+            eng = Engine(url, "auto")
+            try:
+                assert await eng.resolve() == "vllm"
+                caps = eng.capabilities
+                assert caps is not None and caps.pause is dev and not caps.route
+                how = await eng.stop_admitting(deadline_s=5)
+                assert how == ("pause" if dev else None)
+                await eng.resume_admitting(how)
+                paths = [c[1] for c in v.calls]
+                assert paths == (["/pause", "/resume"] if dev else [])
+            finally:
+                await eng.aclose()
+                await v.stop()
+
+    asyncio.run(body())
