@@ -144,3 +144,16 @@ def test_vllm_pause_only_in_dev_mode_probed_once() -> None:
                 await v.stop()
 
     asyncio.run(body())
+
+
+def test_check_config_warns_about_steps_that_will_refuse(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from kcops.agent.cli.agent_cmd import agent_group
+
+    cfg = tmp_path / "agent.yaml"
+    cfg.write_text("actions: {scale: {hpa: true}}\n")
+    res = CliRunner().invoke(agent_group, ["check-config", str(cfg)])
+    assert res.exit_code == 0
+    assert "warning: actions.notify.url is not set: notify steps are refused" in res.output
+    assert "scale_out steps are refused" not in res.output
