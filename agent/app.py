@@ -25,9 +25,11 @@ from kcops.agent import rules as rules_pkg
 from kcops.agent.auth import TokenCheck, load_token
 from kcops.agent.clock import Clock, system_clock
 from kcops.agent.collectors import CollectorRunner, TickHistogram
+from kcops.agent.collectors.enginepid import EnginePid
 from kcops.agent.component import AgentContext, Component
 from kcops.agent.config import Config
 from kcops.agent.control import core_routes
+from kcops.agent.engine import Engine
 from kcops.agent.errors import ConfigError
 from kcops.agent.events import EventBus
 from kcops.agent.exporter import build_registry
@@ -74,17 +76,32 @@ class Agent:
             auth=TokenCheck(token),
             state_dir=state_dir,
         )
-        self.ctx.services["agent"] = self
+        # The one engine object and the one engine pid source, handed to whoever needs them.
+        eng = config.engine
+        self.engine = Engine(
+            eng.url,
+            eng.adapter,
+            token=token,
+            timeout_s=max(5.0, eng.timeout_s),
+            now=clock(),
+            startup_timeout_s=eng.startup_timeout_s,
+        )
+        pids = EnginePid(pid=eng.pid, pidfile=eng.pidfile)
         self.ticks = TickHistogram()
         self.collector_runner = CollectorRunner(
             self.store,
-            collectors_pkg.build(self.ctx, self.ticks) + list(extra_collectors or []),
+            collectors_pkg.build(self.ctx, self.ticks, self.engine, pids)
+            + list(extra_collectors or []),
             timeout_s=min(0.8 * config.agent.tick_s, config.engine.timeout_s + 0.2),
         )
-        self.ctx.services["collectors"] = self.collector_runner
+        # Tick order is the list order: collectors (health feeds the engine's
+        # lifecycle, the process watcher reads exits), rules, supervisor, remediation.
         self.components: list[Component] = [self.collector_runner]
-        self.components += rules_pkg.build(self.ctx)
-        self.components += actions_pkg.build(self.ctx)
+        rules = rules_pkg.build(self.ctx)
+        self.components += rules
+        self.components += actions_pkg.build(
+            self.ctx, self.engine, pids, rules[0] if rules else None
+        )
         self.components.append(QueryComponent(self.ctx))
         self.components += list(extra_components or [])
         self._stop = asyncio.Event()
@@ -191,6 +208,7 @@ class Agent:
             if self._http is not None:
                 await self._http.cleanup()
                 self._http = None
+            await self.engine.aclose()
 
         try:
             await asyncio.wait_for(_all(), timeout=deadline)

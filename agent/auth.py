@@ -45,6 +45,11 @@ class TokenCheck:
         self._token = token.encode() if token else None
 
     @property
+    def token(self) -> str | None:
+        """The token itself, for the agent's own calls to the engine's admin API."""
+        return self._token.decode() if self._token is not None else None
+
+    @property
     def configured(self) -> bool:
         return self._token is not None
 

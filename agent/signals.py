@@ -66,6 +66,15 @@ SIGNALS: dict[str, Meta] = {
         COUNTER, "Engine health checks, by outcome (ok, timeout, connect, http_status, ...)."
     ),
     "kcops_engine_up": Meta(GAUGE, "1 when the engine answered its health check this tick."),
+    "kcops_engine_state": Meta(
+        GAUGE, "1 for the engine's lifecycle state (starting, ready, hung, down), else 0."
+    ),
+    "kcops_engine_starting_seconds": Meta(
+        GAUGE, "How long the engine's current start has lasted; only while starting."
+    ),
+    "kcops_engine_startup_timeout_seconds": Meta(
+        GAUGE, "engine.startup_timeout_s: a start longer than this fires KcopsEngineStartSlow."
+    ),
     "kcops_engine_last_healthy_age_seconds": Meta(
         GAUGE, "Seconds since the engine last answered its health check."
     ),

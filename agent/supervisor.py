@@ -1,11 +1,19 @@
 """Engine supervision: ``kcops agent run -- ENGINE CMD…`` launches and owns the engine.
 
 The child runs in its own session (process group) so signals reach every
-process it forks. A requested restart is graceful — stop admitting (the
-engine's drain endpoint, where it has one), wait for in-flight requests up
-to the drain deadline, SIGTERM, SIGKILL after the grace period — and
-respawns at once. A crash respawns after an exponential backoff; too many
-crashes within the window is a crash loop: the supervisor stops and pages.
+process it forks. A requested restart is graceful — stop admitting (the kcops
+worker's drain, vLLM's ``/pause`` in dev mode), wait until nothing runs or the
+drain deadline, SIGTERM to the whole group, SIGKILL after the grace period —
+removes the POSIX shared memory the dead tree left (:mod:`kcops.agent.engine.shm`)
+and respawns at once; a restart abandoned before the kill resumes admitting.
+A crash respawns after an exponential backoff; too many crashes within the
+window is a crash loop: the supervisor stops and pages. The supervisor is the
+one owner of restarts: while it backs off, ``restart_worker`` is refused.
+
+How the child died is recorded as what is known (exit code, signal, whether
+the supervisor sent it); an out-of-memory verdict needs evidence and is the
+process watcher's (:mod:`kcops.agent.collectors.procwatch`), never a guess
+from SIGKILL.
 """
 
 from __future__ import annotations
@@ -22,8 +30,9 @@ from typing import Any
 
 from aiohttp import web
 
-from kcops.agent.actions.engine import EngineAdmin
 from kcops.agent.config.actions import RestartSection
+from kcops.agent.engine import Engine, series, shm
+from kcops.agent.engine import lifecycle as lc
 from kcops.agent.samples import Sample, SeriesKey
 
 log = logging.getLogger("kcops.agent.supervisor")
@@ -53,7 +62,7 @@ class Supervisor:
         *,
         clock: Callable[[], float],
         store: Any = None,
-        engine: EngineAdmin | None = None,
+        engine: Engine | None = None,
         page: Callable[..., None] | None = None,
         env: dict[str, str] | None = None,
     ) -> None:
@@ -80,15 +89,25 @@ class Supervisor:
         self._killing_pid: int | None = None
         self.ready = False
         self.last_exit_info: dict[str, Any] | None = None
+        self._shm_before: set[str] = set()
+        self.shm_removed_total = 0
 
     # -- process handling ----------------------------------------------------------
 
     def engine_last_exit(self) -> dict[str, Any] | None:
-        """How the last child exited: pid, returncode, and whether it looks like OOM.
-
-        A SIGKILL the supervisor did not send is most likely the kernel's OOM killer.
-        """
+        """How the last child exited: pid, returncode, signal, and whether we sent it."""
         return self.last_exit_info
+
+    def backing_off(self) -> str | None:
+        """Why the supervisor owns the engine's next start now, or None."""
+        if self.gave_up:
+            return "the engine is in a crash loop; supervision stopped"
+        if self.respawn_at is not None:
+            return (
+                "the supervisor is backing off after the engine exited "
+                f"({self.last_exit}) and respawns it at {self.respawn_at:.0f}"
+            )
+        return None
 
     def pid(self) -> int | None:
         if self.proc is None or self.proc.returncode is not None:
@@ -96,6 +115,7 @@ class Supervisor:
         return self.proc.pid
 
     async def _spawn(self) -> None:
+        self._shm_before = shm.snapshot()
         self.proc = await asyncio.create_subprocess_exec(
             *self.command,
             start_new_session=True,
@@ -106,6 +126,8 @@ class Supervisor:
         self.started_at = self.clock()
         self.ready = False
         self.respawn_at = None
+        if self.engine is not None:
+            self.engine.observe(lc.Spawned(self.started_at))
         log.info("engine started: pid %d: %s", self.proc.pid, " ".join(self.command))
 
     def _signal(self, sig: int) -> None:
@@ -119,50 +141,101 @@ class Supervisor:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.proc.pid, sig)
 
+    def _group_alive(self, pgid: int) -> bool:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
     async def _terminate(self, grace_s: float) -> bool:
-        """SIGTERM, then SIGKILL after ``grace_s``. Returns True when SIGKILL was needed."""
+        """SIGTERM the group, SIGKILL after ``grace_s``. True when SIGKILL was needed.
+
+        Waits for the whole group, not only the child: a worker process that
+        outlives its parent still holds memory and shared segments.
+        """
         if self.proc is None or self._waiter is None or self.proc.returncode is not None:
             return False
+        pgid = self.proc.pid
         self._signal(signal.SIGTERM)
-        done, _ = await asyncio.wait([self._waiter], timeout=grace_s)
-        if done:
+        deadline = time.monotonic() + grace_s
+        await asyncio.wait([self._waiter], timeout=grace_s)
+        while self._group_alive(pgid) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if self._waiter.done() and not self._group_alive(pgid):
             return False
-        self._killing_pid = self.proc.pid
-        self._signal(signal.SIGKILL)
+        self._killing_pid = pgid
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
         await asyncio.wait([self._waiter], timeout=5.0)
         return True
 
-    async def _drain(self) -> dict[str, Any] | None:
+    def _reap_shm(self) -> list[str]:
+        """Remove the shared memory the dead tree left (only entries new since its spawn)."""
+        removed = shm.cleanup(self._shm_before)
+        self.shm_removed_total += len(removed)
+        return removed
+
+    async def _running_requests(self) -> int | None:
         if self.engine is None:
             return None
         try:
-            out = await self.engine.drain(admit=False)
+            got = await self.engine.in_flight()
+        except Exception:
+            got = None
+        if got is None and self.store is not None:
+            value = series.read(self.store, self.engine.adapter, {"kcops_requests_running": sum})
+            running = value.get("requests_running")
+            got = int(running) if running is not None else None
+        return got
+
+    async def _drain(self) -> dict[str, Any] | None:
+        """Stop admitting, then wait until nothing runs or the drain deadline."""
+        if self.engine is None:
+            return None
+        deadline_s = self.cfg.drain_deadline_s
+        t0 = time.monotonic()
+        try:
+            how = await self.engine.stop_admitting(deadline_s)
         except Exception as exc:
             log.warning("drain request failed: %s", exc)
             return None
-        if out is None:
+        if how is None:
             return None
-        deadline = time.monotonic() + self.cfg.drain_deadline_s
-        in_flight = out.get("in_flight", 0)
-        while in_flight and time.monotonic() < deadline:
+        running = await self._running_requests()
+        while running and time.monotonic() - t0 < deadline_s:
             await asyncio.sleep(0.2)
-            try:
-                in_flight = (await self.engine.state()).get("in_flight", 0)
-            except Exception:
-                break
-        return {"drained": not in_flight, "in_flight_left": in_flight}
+            running = await self._running_requests()
+        return {"how": how, "drained": not running, "in_flight_left": running}
+
+    async def _resume(self, drain: dict[str, Any] | None) -> None:
+        if self.engine is None or not drain:
+            return
+        try:
+            await self.engine.resume_admitting(drain.get("how"))
+        except Exception as exc:
+            log.warning("resume after an abandoned restart failed: %s", exc)
 
     # -- the restart ---------------------------------------------------------------
 
     async def restart(self, reason: str = "requested") -> dict[str, Any]:
         """Graceful restart; returns before/after pids. Raises RuntimeError after a crash loop."""
         async with self._lock:
-            if self.gave_up:
-                raise RuntimeError("engine is in a crash loop; supervision stopped")
+            why = self.backing_off()
+            if why is not None:
+                raise RuntimeError(why)
             old = self.pid()
             t0 = time.monotonic()
-            drain = await self._drain() if old is not None else None
-            killed = await self._terminate(self.cfg.grace_s)
+            drain = None
+            try:
+                drain = await self._drain() if old is not None else None
+                killed = await self._terminate(self.cfg.grace_s)
+            except BaseException:
+                await self._resume(drain)  # abandoned before the kill: admit again
+                raise
+            removed = self._reap_shm()
             await self._spawn()
             self.restarts += 1
             self.publish(self.clock())
@@ -176,6 +249,7 @@ class Supervisor:
                 "after": {"pid": self.pid()},
                 "drain": drain,
                 "killed": killed,
+                "shm_removed": removed,
                 "seconds": round(time.monotonic() - t0, 3),
             }
 
@@ -230,12 +304,22 @@ class Supervisor:
     def _crashed(self, returncode: int, now: float) -> None:
         self.last_exit = returncode
         pid = self.proc.pid if self.proc is not None else None
+        # What is known, nothing guessed: a SIGKILL is a kill; OOM needs evidence
+        # (cgroup oom_kill, kernel log, engine log), which the process watcher reads.
+        sig = -returncode if returncode < 0 else None
         self.last_exit_info = {
             "pid": pid,
             "returncode": returncode,
+            "signal": signal.Signals(sig).name if sig else None,
+            "by_supervisor": pid is not None and pid == self._killing_pid,
             "t": now,
-            "oom": returncode == -signal.SIGKILL and pid != self._killing_pid,
         }
+        if self.engine is not None:
+            self.engine.observe(lc.Exited(now))
+        with contextlib.suppress(OSError):
+            if self.proc is not None and self._group_alive(self.proc.pid):
+                os.killpg(self.proc.pid, signal.SIGKILL)  # leftovers of a dead root
+        self._reap_shm()
         self.crashes = [t for t in self.crashes if now - t < self.cfg.crash_loop_window_s]
         self.crashes.append(now)
         self.consecutive_crashes += 1
@@ -258,8 +342,7 @@ class Supervisor:
     async def stop(self) -> None:
         self._stopping = True
         await self._terminate(min(self.cfg.grace_s, 3.0))
-        if self.engine is not None:
-            await self.engine.aclose()
+        self._reap_shm()
 
     def status(self) -> dict[str, Any]:
         pid = self.pid()
@@ -280,6 +363,8 @@ class Supervisor:
             "last_exit": self.last_exit,
             "crash_loop": self.gave_up,
             "ready": self.ready,
+            "last_exit_info": self.last_exit_info,
+            "shm_removed_total": self.shm_removed_total,
         }
 
     def routes(self) -> list[web.RouteDef]:

@@ -78,15 +78,29 @@ SERVING = Dashboard(
     description="Latency, KV cache, prefix cache and memory of the engine kcops watches.",
     panels=(
         Panel(
-            "P99 request latency",
-            (
-                q(_p99("kcops_request_latency_seconds"), "p99"),
-                q(_p99("kcops_ttft_seconds"), "TTFT p99"),
-            ),
+            "Time to first token p99",
+            (q(_p99("kcops_ttft_seconds"), "TTFT p99"),),
             unit="s",
-            thresholds=(Threshold("p99_latency_seconds"),),
-            description="p99 above ${p99_latency_seconds}s.",
+            thresholds=(Threshold("p99_ttft_seconds"),),
+            description="p99 time to first token above ${p99_ttft_seconds}s.",
             alert="KcopsP99LatencyHigh",
+        ),
+        Panel(
+            "Inter-token latency p99",
+            (q(_p99("kcops_inter_token_latency_seconds"), "inter-token p99"),),
+            unit="s",
+            thresholds=(Threshold("p99_inter_token_seconds"),),
+            description="p99 gap between streamed tokens above ${p99_inter_token_seconds}s.",
+            alert="KcopsInterTokenLatencyHigh",
+        ),
+        Panel(
+            "Request latency p99 (whole request)",
+            (q(_p99("kcops_request_latency_seconds"), "p99"),),
+            unit="s",
+            description=(
+                "End to end, every decoded token included: it grows with the answer's "
+                "length, so no alert watches it; TTFT and inter-token latency do."
+            ),
         ),
         Panel(
             "Requests",
@@ -136,9 +150,23 @@ SERVING = Dashboard(
             alert="KcopsSegmentTransferSlow",
         ),
         Panel(
-            "Engine up",
-            (q("min(kcops_engine_up{$SEL})", "up"),),
-            kind="stat",
+            "Engine state",
+            (q("max by (state) (kcops_engine_state{$SEL})", "{{state}}"),),
+            description=(
+                "starting -> ready -> hung/down. Engine down is paged only once the engine "
+                "has been ready."
+            ),
+            alert="KcopsEngineDown",
+            width=6,
+        ),
+        Panel(
+            "Engine start time",
+            (
+                q("max(kcops_engine_starting_seconds{$SEL})", "starting for"),
+                q("max(kcops_engine_startup_timeout_seconds{$SEL})", "timeout"),
+            ),
+            unit="s",
+            alert="KcopsEngineStartSlow",
             width=6,
         ),
         Panel(

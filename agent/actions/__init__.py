@@ -10,16 +10,25 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from kcops.agent.collectors.enginepid import EnginePid
     from kcops.agent.component import AgentContext
+    from kcops.agent.engine import Engine
+    from kcops.agent.rules.component import RulesComponent
 
 
-def build(ctx: AgentContext) -> list[Any]:
-    from kcops.agent.actions.engine import EngineAdmin
+def build(
+    ctx: AgentContext,
+    engine: Engine,
+    pids: EnginePid | None = None,
+    rules: RulesComponent | None = None,
+) -> list[Any]:
+    """Supervisor (with ``engine.command``) and remediation. ``rules``: the local rule
+    engine, whose loaded rule set gives the ladders (read once, by the rules loader)."""
     from kcops.agent.actions.remediation import Remediation
     from kcops.agent.supervisor import Supervisor
 
-    rem = Remediation(ctx)
     out: list[Any] = []
+    sup = None
     command = ctx.config.engine.command
     if command:
         sup = Supervisor(
@@ -27,18 +36,18 @@ def build(ctx: AgentContext) -> list[Any]:
             ctx.config.actions.restart,
             clock=ctx.clock,
             store=ctx.store,
-            engine=EngineAdmin(
-                ctx.config.engine.url,
-                ctx.config.engine.adapter,
-                token=rem._token(),
-                timeout_s=max(2.0, ctx.config.engine.timeout_s),
-            ),
-            page=rem.page,
+            engine=engine,
+            page=lambda message, **kw: rem.page(message, **kw),
         )
-        ctx.services["supervisor"] = sup
-        ctx.services["engine_pid"] = sup.pid
-        ctx.services["engine_last_exit"] = sup.engine_last_exit
+        if pids is not None:
+            pids.supervisor_pid = sup.pid  # the collectors' pid source, built before this
         out.append(sup)
-    ctx.services["remediation"] = rem
+    rem = Remediation(
+        ctx,
+        engine=engine,
+        supervisor=sup,
+        alerts=rules,
+        ruleset=rules.ruleset if rules is not None else None,
+    )
     out.append(rem)
     return out

@@ -10,15 +10,28 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from kcops.agent.errors import ActionRejected
 
 if TYPE_CHECKING:
-    from kcops.agent.actions.engine import EngineAdmin
     from kcops.agent.config import Config
+    from kcops.agent.engine import Engine
+    from kcops.agent.store import Store
+
+
+class SupervisorHandle(Protocol):
+    """What actions need of the engine supervisor (:class:`kcops.agent.supervisor.Supervisor`)."""
+
+    def starting(self, now: float) -> bool: ...
+
+    def backing_off(self) -> str | None:
+        """Why the supervisor owns the engine's next start now (crash backoff), or None."""
+        ...
+
+    async def restart(self, reason: str = "requested") -> dict[str, Any]: ...
 
 
 class Params(BaseModel):
@@ -31,15 +44,27 @@ class NoParams(Params):
     pass
 
 
+@dataclass(frozen=True)
+class Check:
+    """What a precheck may look at: no I/O, so dry-run and enforce decide alike."""
+
+    config: Config
+    engine: Engine
+    supervisor: SupervisorHandle | None
+    now: float
+
+
 @dataclass
 class ActionContext:
     """What an action may use. Built by the runner for each run."""
 
     config: Config
-    engine: EngineAdmin
+    engine: Engine
     target: str
     now: float
-    # Named services of the agent (supervisor, notifier, replicas, ...).
+    supervisor: SupervisorHandle | None = None
+    store: Store | None = None
+    # Named services still read by actions owned elsewhere (scale_out: "replicas").
     services: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -57,9 +82,10 @@ class ActionResult:
 
 
 ActionFn = Callable[[ActionContext, Any], Awaitable[ActionResult]]
-# Runs before any guard: raise ActionRejected to refuse without using the
-# budget or starting a cooldown (e.g. "the engine is still starting").
-Precheck = Callable[["Config", Mapping[str, Any], float], None]
+# Runs before any guard, in dry-run as in enforce: raise ActionRejected to refuse
+# without using the budget or starting a cooldown (unsupported by the engine,
+# not configured, no target, the engine still starting).
+Precheck = Callable[[Check, Any], None]
 
 
 @dataclass(frozen=True)

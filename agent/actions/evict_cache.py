@@ -1,15 +1,26 @@
-"""``evict_cache``: free KV cache in the engine and in the Redis KV tier."""
+"""``evict_cache``: free KV cache in the engine and in the Redis KV tier.
+
+The engine must be able to do the asked policy (a partial eviction never
+becomes a full reset: ``lru`` on vLLM is refused); its answer is read, so
+vLLM's ``200 {"success": false}`` is ``failed`` with its reason. Before and
+after come from the engine's own series in the store (KV usage, prefix cache),
+with the kcops worker's block counts when it reports them.
+"""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import redis.asyncio as aioredis
 from pydantic import Field
 
-from kcops.agent.actions.base import ActionContext, ActionResult, ActionSpec, Params
+from kcops.agent.actions.base import ActionContext, ActionResult, ActionSpec, Check, Params
 from kcops.agent.actions.redis_tier import evict_redis
+from kcops.agent.engine import series
 from kcops.agent.errors import ActionRejected
+
+# How long to wait for a scrape after the eviction, for "after" (a few ticks).
+AFTER_WAIT_S = 5.0
 
 
 class EvictParams(Params):
@@ -17,6 +28,55 @@ class EvictParams(Params):
     fraction: float = Field(0.5, ge=0.0, le=1.0, description="share of blocks/keys for lru")
     engine: bool = Field(True, description="evict in the engine")
     redis: bool = Field(True, description="evict in the Redis KV tier, when configured")
+    drop_running: bool = Field(
+        False,
+        description="a full reset may also free running requests' blocks "
+        "(vLLM reset_running_requests); they are preempted and recomputed",
+    )
+
+
+def applicable(check: Check, p: EvictParams) -> None:
+    use_engine = p.engine and check.config.engine.url is not None
+    use_redis = p.redis and check.config.actions.evict.redis_url is not None
+    if not use_engine and not use_redis:
+        raise ActionRejected(
+            "evict_cache: nothing to evict from (no engine.url, no actions.evict.redis_url)",
+            "not_configured",
+        )
+    if use_engine:
+        check.engine.require("evict", policy=p.policy)
+
+
+async def _evict_engine(ctx: ActionContext, p: EvictParams) -> dict[str, Any]:
+    adapter = ctx.engine.adapter
+    before = series.read(ctx.store, adapter) if ctx.store is not None else {}
+    out = await ctx.engine.evict(p.policy, p.fraction, drop_running=p.drop_running)
+    after: dict[str, Any] = {}
+    if ctx.store is not None and before.get("t") is not None:
+        after = await series.after(ctx.store, adapter, ctx.now, AFTER_WAIT_S)
+    return {
+        "answer": out,
+        # The engine's series, plus the kcops worker's own block counts when it reports them.
+        "before": {**before, **(out["before"] if isinstance(out.get("before"), dict) else {})},
+        "after": {**after, **(out["after"] if isinstance(out.get("after"), dict) else {})},
+    }
+
+
+def _describe(eng: dict[str, Any] | None, redis_keys: int | None) -> str:
+    parts = []
+    if eng is not None:
+        answer = eng["answer"]
+        if "evicted_blocks" in answer:
+            parts.append(f"engine evicted {answer['evicted_blocks']} blocks")
+        else:
+            parts.append(f"engine cache reset ({answer.get('route', 'all')})")
+        b = eng["before"].get("kv_cache_usage_ratio")
+        a = eng["after"].get("kv_cache_usage_ratio")
+        if b is not None:
+            parts[-1] += f", kv usage {b:.3f} -> " + (f"{a:.3f}" if a is not None else "?")
+    if redis_keys is not None:
+        parts.append(f"redis unlinked {redis_keys} keys")
+    return "; ".join(parts)
 
 
 async def evict_cache(ctx: ActionContext, p: EvictParams) -> ActionResult:
@@ -24,13 +84,12 @@ async def evict_cache(ctx: ActionContext, p: EvictParams) -> ActionResult:
     data: dict[str, object] = {}
     before: dict[str, object] = {}
     after: dict[str, object] = {}
+    eng = None
     if p.engine and ctx.config.engine.url:
-        out = await ctx.engine.evict(p.policy, p.fraction)
-        data["engine"] = out
-        if "before" in out:
-            before["engine"] = out["before"]
-        if "after" in out:
-            after["engine"] = out["after"]
+        eng = await _evict_engine(ctx, p)
+        data["engine"] = eng["answer"]
+        before["engine"], after["engine"] = eng["before"], eng["after"]
+    redis_keys = None
     if p.redis and cfg.redis_url:
         client = aioredis.from_url(cfg.redis_url)
         try:
@@ -49,24 +108,15 @@ async def evict_cache(ctx: ActionContext, p: EvictParams) -> ActionResult:
         data["redis"] = rep.to_json()
         before["redis_keys"] = rep.keys_before
         after["redis_keys"] = rep.keys_before - rep.evicted
-    if not data:
-        raise ActionRejected(
-            "evict_cache: nothing to evict from (no engine.url, no actions.evict.redis_url)",
-            "unsupported",
-        )
-    parts = []
-    if isinstance(data.get("engine"), dict):
-        eng = data["engine"]
-        assert isinstance(eng, dict)
-        parts.append(f"engine evicted {eng.get('evicted_blocks', '?')} blocks")
-    if isinstance(data.get("redis"), dict):
-        parts.append(f"redis unlinked {data['redis']['evicted_keys']} keys")  # type: ignore[index]
-    return ActionResult(detail="; ".join(parts), before=before, after=after, data=data)
+        redis_keys = rep.evicted
+    return ActionResult(detail=_describe(eng, redis_keys), before=before, after=after, data=data)
 
 
 SPEC = ActionSpec(
     "evict_cache",
     evict_cache,
     EvictParams,
-    "Evict KV cache (expired | lru | all) in the engine and the Redis KV tier (prefix only).",
+    "Evict KV cache (expired | lru | all, as the engine supports) in the engine and the "
+    "Redis KV tier (prefix only).",
+    precheck=applicable,
 )

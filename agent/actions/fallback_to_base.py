@@ -8,7 +8,14 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from kcops.agent.actions.base import ActionContext, ActionResult, ActionSpec, NoParams, Params
+from kcops.agent.actions.base import (
+    ActionContext,
+    ActionResult,
+    ActionSpec,
+    Check,
+    NoParams,
+    Params,
+)
 
 
 class FallbackParams(Params):
@@ -23,6 +30,10 @@ class FallbackParams(Params):
 def hold_of(params: dict[str, object], default_s: float) -> float:
     value = params.get("hold_s")
     return float(value) if isinstance(value, int | float) else default_s
+
+
+def needs_route(check: Check, _: Params) -> None:
+    check.engine.require("route")
 
 
 async def fallback_to_base(ctx: ActionContext, p: FallbackParams) -> ActionResult:
@@ -48,7 +59,12 @@ SPEC = ActionSpec(
     fallback_to_base,
     FallbackParams,
     "Route requests to the base model; restored automatically after the alert's hold time.",
+    precheck=needs_route,
 )
 RESTORE_SPEC = ActionSpec(
-    "restore_route", restore_route, NoParams, "Route requests normally again (undo fallback)."
+    "restore_route",
+    restore_route,
+    NoParams,
+    "Route requests normally again (undo fallback).",
+    precheck=needs_route,
 )

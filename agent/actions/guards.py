@@ -116,6 +116,16 @@ class Guards:
                 self.cooldown_owner[key] = owner
         self.in_flight[target] = run_id
 
+    def refund(self, action: str, target: str, t: float) -> None:
+        """Undo :meth:`start` of a run that turned out not to act (refused while running)."""
+        if (t, action) in self.runs:
+            self.runs.remove((t, action))
+        key = f"{action}|{target}"
+        cool = self.cooldown_s(action)
+        if cool > 0 and self.cooldown_until.get(key) == t + cool:
+            del self.cooldown_until[key]
+            self.cooldown_owner.pop(key, None)
+
     def finish(self, target: str) -> None:
         self.in_flight.pop(target, None)
 

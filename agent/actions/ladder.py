@@ -1,27 +1,50 @@
-"""Escalation ladders: one per alert name, stepped once per tick.
+"""Escalation ladders: one per alert name, a pure step ``(ladder, event) -> (ladder, decisions)``.
 
 A ladder runs its current step, waits the step's verify window, and if the
-alert is still active climbs to the next step; past the last step it pages
-once and waits for the alert to resolve. A refusal by cooldown counts as the
-step having run recently (wait its window); a refusal by budget stops the
-ladder and pages (the circuit breaker is open). Everything here is plain
-data, persisted with the guard state so a restarted agent resumes where it
-was without repeating a step.
+alert is still active climbs to the next step. A step that cannot apply here
+(``refused``/``invalid``: unsupported by the engine, not configured, no
+target) did not run: the ladder moves straight to the next step, having
+spent nothing. Past the last step the ladder ends at the alert's own
+severity: a page for a page alert, a ticket record otherwise — "remediation
+ran and it is still active" when some step ran, "no applicable remediation"
+when none could. A refusal by cooldown counts as the step having run
+recently (wait its window); one by budget stops the ladder (the circuit
+breaker pages). Everything here is plain data, persisted with the guard
+state so a restarted agent resumes where it was without repeating a step.
+
+:func:`step` does no I/O: the remediation component carries out its
+decisions (submit a run, audit, escalate, hold a restore) and feeds each
+decided run back as a :class:`Decided` event.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
+from enum import StrEnum
 from typing import Any
 
+from kcops.agent.actions.outcome import Outcome
 from kcops.agent.events import RemediationStep
 
-# Phases of a ladder.
-RUN = "run"  # the current step is due
-RUNNING = "running"  # its action is executing
-VERIFY = "verify"  # waiting for the verify window to show resolution
-EXHAUSTED = "exhausted"  # every step done, paged; waiting for resolution
-BLOCKED = "blocked"  # breaker open, paged; waiting for resolution
+PAGE_SEVERITIES = frozenset({"page", "critical"})
+
+
+class Phase(StrEnum):
+    RUN = "run"  # the current step is due
+    RUNNING = "running"  # its action is executing
+    VERIFY = "verify"  # waiting for the verify window to show resolution
+    EXHAUSTED = "exhausted"  # every step done or refused, escalated; waiting for resolution
+    BLOCKED = "blocked"  # breaker open, paged; waiting for resolution
+
+
+# Older names, still used by callers and state files.
+RUN, RUNNING, VERIFY, EXHAUSTED, BLOCKED = (
+    Phase.RUN,
+    Phase.RUNNING,
+    Phase.VERIFY,
+    Phase.EXHAUSTED,
+    Phase.BLOCKED,
+)
 
 
 @dataclass
@@ -31,7 +54,7 @@ class Ladder:
     started_at: float
     trigger: dict[str, Any]
     step: int = 0
-    phase: str = RUN
+    phase: Phase = Phase.RUN
     verify_until: float | None = None
     run_id: str | None = None
     # After a refusal that passes by itself (busy, engine starting): try again then.
@@ -42,6 +65,7 @@ class Ladder:
     unconfirmed_until: float | None = None
     # Firing instances: fingerprint -> source ("local" | "alertmanager").
     instances: dict[str, str] = field(default_factory=dict)
+    # One entry per step left behind: {step, action, t, why, ran}.
     history: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
@@ -70,27 +94,175 @@ class Ladder:
     def id(self) -> str:
         return f"{self.alertname}@{self.started_at:.3f}"
 
+    @property
+    def severity(self) -> str:
+        labels = self.trigger.get("labels") or {}
+        return str(labels.get("severity", "page"))
+
     def ref(self) -> dict[str, Any]:
+        # Past the last step the index would read "step 2/1": show the last one.
         return {
             "alertname": self.alertname,
-            "step": self.step,
+            "step": min(self.step, max(0, len(self.steps) - 1)),
             "of": len(self.steps),
             "id": self.id,
         }
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        out["phase"] = str(self.phase)
+        return out
 
     @classmethod
     def from_json(cls, data: dict[str, Any], now: float, grace_s: float = 0.0) -> Ladder:
         known = set(cls.__dataclass_fields__)
         lad = cls(**{k: v for k, v in data.items() if k in known})
+        lad.phase = Phase(lad.phase)
         lad.unconfirmed_until = now + grace_s
-        if lad.phase == RUNNING:
+        if lad.phase is Phase.RUNNING:
             # The agent stopped while the step ran: it may have acted. Never
             # repeat it; verify its effect as if it had finished now.
             cur = lad.current
-            lad.phase = VERIFY
+            lad.phase = Phase.VERIFY
             lad.verify_until = now + (float(cur["verify_s"]) if cur else 0.0)
             lad.run_id = None
         return lad
+
+
+# -- events ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Tick:
+    now: float
+
+
+@dataclass(frozen=True)
+class Decided:
+    """The current step's run was decided. ``outcome`` None: its run was lost (restart)."""
+
+    now: float
+    outcome: Outcome | None
+    run_id: str | None = None
+    error: str | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+Event = Tick | Decided
+
+
+# -- decisions -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Submit:
+    action: str
+    params: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Audit:
+    event: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Escalate:
+    """Tell a human: a page when ``page``, else a ticket record at the alert's severity."""
+
+    message: str
+    page: bool
+    severity: str
+
+
+@dataclass(frozen=True)
+class HoldRestore:
+    """A fallback ran: restore normal routing once the alert stayed resolved."""
+
+    run_id: str | None
+    params: dict[str, Any]
+
+
+Decision = Submit | Audit | Escalate | HoldRestore
+
+
+def step(lad: Ladder, ev: Event, *, retry_s: float) -> tuple[Ladder, list[Decision]]:
+    """The ladder after ``ev`` and what to do about it. Pure: the input is not changed."""
+    lad = replace(lad, history=list(lad.history), instances=dict(lad.instances))
+    out: list[Decision] = []
+    if isinstance(ev, Decided):
+        _decided(lad, ev, retry_s, out)
+    else:
+        _tick(lad, ev.now, out)
+    return lad, out
+
+
+def _tick(lad: Ladder, now: float, out: list[Decision]) -> None:
+    if lad.phase is Phase.VERIFY:
+        if lad.verify_until is not None and now < lad.verify_until:
+            return
+        _leave(lad, now, "not resolved within the verify window", ran=True, out=out)
+    if lad.phase is not Phase.RUN:
+        return  # RUNNING: wait for its Decided; EXHAUSTED, BLOCKED: wait for resolution
+    if lad.retry_at is not None and now < lad.retry_at:
+        return
+    lad.retry_at = None
+    cur = lad.current
+    if cur is None:
+        _end(lad, out)
+        return
+    lad.phase = Phase.RUNNING
+    lad.run_id = None
+    out.append(Submit(str(cur["action"]), dict(cur["params"])))
+
+
+def _decided(lad: Ladder, ev: Decided, retry_s: float, out: list[Decision]) -> None:
+    cur = lad.current
+    if lad.phase is not Phase.RUNNING or cur is None:
+        return
+    lad.run_id = ev.run_id
+    o = ev.outcome
+    if o is None or o in (Outcome.OK, Outcome.DRY_RUN, Outcome.SKIPPED_COOLDOWN):
+        # Cooldown: the step ran recently; give that run its window.
+        lad.phase = Phase.VERIFY
+        lad.verify_until = ev.now + float(cur["verify_s"])
+        if cur["action"] == "fallback_to_base" and o in (Outcome.OK, Outcome.DRY_RUN):
+            out.append(HoldRestore(ev.run_id, dict(ev.params)))
+    elif o in (Outcome.SKIPPED_BUSY, Outcome.SKIPPED_STARTING, Outcome.SKIPPED_OFF):
+        lad.phase = Phase.RUN
+        lad.retry_at = ev.now + retry_s
+    elif o is Outcome.SKIPPED_BUDGET:
+        lad.phase = Phase.BLOCKED
+        out.append(Audit("blocked", {"why": ev.error}))
+    elif o.not_applicable:
+        _leave(lad, ev.now, f"step {cur['action']} {o}: {ev.error}", ran=False, out=out)
+        _tick(lad, ev.now, out)
+    else:  # failed, timeout: it ran; the next rung, now
+        _leave(lad, ev.now, f"step {cur['action']} {o}: {ev.error}", ran=True, out=out)
+        _tick(lad, ev.now, out)
+
+
+def _leave(lad: Ladder, now: float, why: str, *, ran: bool, out: list[Decision]) -> None:
+    cur = lad.current
+    action = cur["action"] if cur else None
+    lad.history.append({"step": lad.step, "action": action, "t": now, "why": why, "ran": ran})
+    lad.step += 1
+    lad.phase = Phase.RUN
+    lad.verify_until = None
+    out.append(Audit("climb" if ran else "skipped", {"why": why}))
+
+
+def _end(lad: Ladder, out: list[Decision]) -> None:
+    lad.phase = Phase.EXHAUSTED
+    ran = [h["action"] for h in lad.history if h.get("ran", True)]
+    refused = [f"{h['action']} ({h['why']})" for h in lad.history if not h.get("ran", True)]
+    page = lad.severity in PAGE_SEVERITIES
+    if ran:
+        msg = f"{lad.alertname}: remediation ran ({', '.join(ran)}) and it is still active"
+        if refused:
+            msg += f"; not applicable: {'; '.join(refused)}"
+        out.append(Audit("exhausted", {"ran": ran, "refused": refused}))
+    else:
+        msg = f"{lad.alertname}: no applicable remediation: {'; '.join(refused) or 'no steps'}"
+        out.append(Audit("no_applicable_remediation", {"refused": refused}))
+    out.append(Escalate(msg, page=page, severity=lad.severity))

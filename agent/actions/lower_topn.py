@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kcops.agent.actions.base import ActionContext, ActionResult, ActionSpec
-from kcops.agent.actions.topn import TopNParams, change_topn
+from kcops.agent.actions.topn import TopNParams, change_topn, needs_topn
 
 
 async def lower_topn(ctx: ActionContext, p: TopNParams) -> ActionResult:
@@ -11,5 +11,9 @@ async def lower_topn(ctx: ActionContext, p: TopNParams) -> ActionResult:
 
 
 SPEC = ActionSpec(
-    "lower_topn", lower_topn, TopNParams, "Lower the attention budget N by a step, within bounds."
+    "lower_topn",
+    lower_topn,
+    TopNParams,
+    "Lower the attention budget N by a step, within bounds.",
+    precheck=needs_topn,
 )

@@ -7,7 +7,7 @@ from typing import Any, Literal
 import httpx
 from pydantic import Field
 
-from kcops.agent.actions.base import ActionContext, ActionResult, ActionSpec, Params
+from kcops.agent.actions.base import ActionContext, ActionResult, ActionSpec, Check, Params
 from kcops.agent.config.actions import NotifySection
 from kcops.agent.errors import ActionRejected
 
@@ -20,12 +20,17 @@ class NotifyParams(Params):
 async def send(cfg: NotifySection, payload: dict[str, Any]) -> int:
     """POST ``payload`` as JSON; returns the HTTP status. Raises on transport errors."""
     if not cfg.url:
-        raise ActionRejected("actions.notify.url is not configured", "unsupported")
+        raise ActionRejected("actions.notify.url is not configured", "not_configured")
     async with httpx.AsyncClient(timeout=cfg.timeout_s) as client:
         resp = await client.post(cfg.url, json=payload, headers=cfg.headers)
     if resp.status_code >= 400:
         raise RuntimeError(f"notify webhook answered HTTP {resp.status_code}: {resp.text[:200]}")
     return resp.status_code
+
+
+def has_url(check: Check, _: Params) -> None:
+    if not check.config.actions.notify.url:
+        raise ActionRejected("actions.notify.url is not configured", "not_configured")
 
 
 async def notify(ctx: ActionContext, p: NotifyParams) -> ActionResult:
@@ -40,4 +45,6 @@ async def notify(ctx: ActionContext, p: NotifyParams) -> ActionResult:
     return ActionResult(detail=f"webhook answered {status}", data={"payload": payload})
 
 
-SPEC = ActionSpec("notify", notify, NotifyParams, "Post a message to the notify webhook.")
+SPEC = ActionSpec(
+    "notify", notify, NotifyParams, "Post a message to the notify webhook.", precheck=has_url
+)

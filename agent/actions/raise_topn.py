@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kcops.agent.actions.base import ActionContext, ActionResult, ActionSpec
-from kcops.agent.actions.topn import TopNParams, change_topn
+from kcops.agent.actions.topn import TopNParams, change_topn, needs_topn
 
 
 async def raise_topn(ctx: ActionContext, p: TopNParams) -> ActionResult:
@@ -11,5 +11,9 @@ async def raise_topn(ctx: ActionContext, p: TopNParams) -> ActionResult:
 
 
 SPEC = ActionSpec(
-    "raise_topn", raise_topn, TopNParams, "Raise the attention budget N by a step, within bounds."
+    "raise_topn",
+    raise_topn,
+    TopNParams,
+    "Raise the attention budget N by a step, within bounds.",
+    precheck=needs_topn,
 )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from kcops.agent.actions import (
     evict_cache,
     fallback_to_base,
@@ -11,7 +13,19 @@ from kcops.agent.actions import (
     restart_worker,
     scale_out,
 )
-from kcops.agent.actions.base import Registry
+from kcops.agent.actions.base import Check, Params, Registry
+from kcops.agent.errors import ActionRejected
+
+
+def has_scaler(check: Check, _: Params) -> None:
+    """scale_out with nothing that acts on its number would report a scale-out that never is."""
+    cfg = check.config.actions.scale
+    if not cfg.deployment and not cfg.hpa and cfg.lease.backend == "none":
+        raise ActionRejected(
+            "scale_out: no scaler configured (set actions.scale.deployment, actions.scale.hpa, "
+            "or a fleet lease whose floor an HPA reads through kcops_desired_replicas)",
+            "not_configured",
+        )
 
 
 def default_registry() -> Registry:
@@ -23,7 +37,7 @@ def default_registry() -> Registry:
         lower_topn.SPEC,
         raise_topn.SPEC,
         restart_worker.SPEC,
-        scale_out.SPEC,
+        replace(scale_out.SPEC, precheck=has_scaler),
         notify.SPEC,
     ):
         reg.register(spec)

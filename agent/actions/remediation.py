@@ -14,34 +14,66 @@ import logging
 from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from aiohttp import web
 
 from kcops.agent.actions import ladder as L
 from kcops.agent.actions.alertmanager import FINGERPRINT, STARTS_AT
 from kcops.agent.actions.audit import AuditLog
-from kcops.agent.actions.base import Registry
-from kcops.agent.actions.engine import EngineAdmin
+from kcops.agent.actions.base import Registry, SupervisorHandle
 from kcops.agent.actions.fallback_to_base import hold_of
 from kcops.agent.actions.guards import Guards
 from kcops.agent.actions.notify import send as send_notify
+from kcops.agent.actions.outcome import Outcome
 from kcops.agent.actions.registry import default_registry
-from kcops.agent.actions.rulesfile import RuleLadders
-from kcops.agent.actions.runner import (
-    DRY_RUN,
-    OK,
-    Run,
-    Runner,
-)
+from kcops.agent.actions.runner import Run, Runner
 from kcops.agent.actions.scale_out import Replicas
 from kcops.agent.actions.statefile import read_state, write_atomic
-from kcops.agent.auth import load_token
 from kcops.agent.component import AgentContext
+from kcops.agent.engine import Engine
 from kcops.agent.events import AlertTransition, RemediationStep
 from kcops.agent.samples import Sample
 
+if TYPE_CHECKING:
+    from kcops.agent.rules.loader import RuleSet
+
 log = logging.getLogger("kcops.agent.actions")
+
+
+class AlertsView(Protocol):
+    """What remediation reads of the local rule engine (:class:`RulesComponent`)."""
+
+    def is_firing(self, alertname: str, labels: Mapping[str, str] | None = None) -> bool: ...
+
+    def active(self) -> list[dict[str, Any]]: ...
+
+    def rule_names(self) -> list[str]: ...
+
+
+def _rule_ladders(
+    ruleset: RuleSet | None,
+) -> tuple[set[str], dict[str, tuple[RemediationStep, ...]]]:
+    """Alert names and ladders of the one loaded rule set (cluster alerts carry no ladder)."""
+    if ruleset is None:
+        return set(), {}
+    alerts = ruleset.alerts()
+    return {a.name for a in alerts}, {a.name: a.remediation for a in alerts if a.remediation}
+
+
+def load_ruleset(ctx: AgentContext) -> RuleSet | None:
+    """The rule set from config, for an agent whose rule engine is off (read once)."""
+    from kcops.agent.rules.loader import default_rules_path, load_rules
+    from kcops.agent.rules.model import RuleError
+
+    section = ctx.config.rules
+    path = section.file if section.file is not None else default_rules_path()
+    try:
+        return load_rules(path, dict(section.params))
+    except RuleError as exc:
+        log.warning("no ladders for cluster alerts: %s", exc)
+        return None
+
 
 STATE_FILE = "remediation-state.json"
 AUDIT_FILE = "audit.jsonl"
@@ -70,7 +102,16 @@ def parse_time(value: str | None) -> float | None:
 class Remediation:
     name = "remediation"
 
-    def __init__(self, ctx: AgentContext, registry: Registry | None = None) -> None:
+    def __init__(
+        self,
+        ctx: AgentContext,
+        registry: Registry | None = None,
+        *,
+        engine: Engine | None = None,
+        supervisor: SupervisorHandle | None = None,
+        alerts: AlertsView | None = None,
+        ruleset: RuleSet | None = None,
+    ) -> None:
         self.ctx = ctx
         self.config = ctx.config
         self.clock = ctx.clock
@@ -80,12 +121,16 @@ class Remediation:
         self.guards = Guards(self.config.actions.guards)
         self.replicas = Replicas()
         ctx.services.setdefault("replicas", self.replicas)
-        self.engine = EngineAdmin(
+        self._own_engine = engine is None
+        self.engine = engine or Engine(
             self.config.engine.url,
             self.config.engine.adapter,
-            token=self._token(),
+            token=ctx.auth.token,
             timeout_s=max(5.0, self.config.engine.timeout_s),
+            now=ctx.clock(),
+            startup_timeout_s=self.config.engine.startup_timeout_s,
         )
+        self.supervisor = supervisor
         self.runner = Runner(
             self.config,
             self.registry,
@@ -95,11 +140,14 @@ class Remediation:
             ctx.tracer,
             ctx.clock,
             ctx.services,
+            supervisor=supervisor,
+            store=ctx.store,
             on_change=self._mark_dirty,
             on_breaker=self._breaker_opened,
         )
-        self.rule_ladders = RuleLadders(
-            self.config.rules.file, self.config.actions.guards.default_verify_s
+        self.alerts: AlertsView | None = alerts
+        self.rule_names_all, self.rule_ladders = _rule_ladders(
+            ruleset if ruleset is not None else load_ruleset(ctx)
         )
         self.ladders: dict[str, L.Ladder] = {}
         self.ended: dict[str, float] = {}
@@ -108,15 +156,10 @@ class Remediation:
         self.known_steps: dict[str, tuple[RemediationStep, ...]] = {}
         self._running: dict[str, Run] = {}
         self._dirty = False
+        self._identify_at = 0.0
         self._page_tasks: set[asyncio.Task[None]] = set()
         self.pages = 0
         self._subscribed = False
-
-    def _token(self) -> str | None:
-        try:
-            return load_token(self.config.agent.token_file)
-        except Exception:
-            return None
 
     # -- lifecycle ----------------------------------------------------------
 
@@ -147,7 +190,8 @@ class Remediation:
         if self._page_tasks:
             await asyncio.wait(list(self._page_tasks), timeout=1.0)
         self.save()
-        await self.engine.aclose()
+        if self._own_engine:
+            await self.engine.aclose()
         self.audit.close()
 
     def _mark_dirty(self) -> None:
@@ -172,12 +216,9 @@ class Remediation:
 
     # -- alert state --------------------------------------------------------
 
-    def _alerts(self) -> Any:
-        return self.ctx.services.get("alerts")
-
     def local_active(self, name: str) -> bool | None:
         """Whether the local rule engine has ``name`` pending or firing; None without one."""
-        alerts = self._alerts()
+        alerts = self.alerts
         if alerts is None:
             return None
         try:
@@ -205,17 +246,13 @@ class Remediation:
         return any(src == "local" for src in instances.values())
 
     def local_rule_names(self) -> set[str]:
-        names = set(self.rule_ladders.names()) | set(self.known_steps)
-        alerts = self._alerts()
-        if alerts is not None:
-            try:
-                names |= set(alerts.rule_names())
-            except Exception:
-                log.exception("alerts.rule_names() failed")
+        names = self.rule_names_all | set(self.known_steps)
+        if self.alerts is not None:
+            names |= set(self.alerts.rule_names())
         return names
 
     def steps_for(self, name: str) -> tuple[RemediationStep, ...]:
-        return self.known_steps.get(name) or self.rule_ladders.ladder(name)
+        return self.known_steps.get(name) or self.rule_ladders.get(name, ())
 
     # -- transitions --------------------------------------------------------
 
@@ -275,7 +312,7 @@ class Remediation:
         self._dirty = True
         self._audit_ladder(lad, "started", now)
         # Run the first step right away: reaction within the tick that fired.
-        self._advance(lad, now)
+        self._feed(lad, L.Tick(now))
 
     def _decision(self, ev: AlertTransition, now: float, what: str, why: str) -> None:
         self.audit.append(
@@ -313,90 +350,72 @@ class Remediation:
         self._audit_ladder(lad, why, now)
 
     def _advance(self, lad: L.Ladder, now: float) -> None:
-        for _ in range(len(lad.steps) + 2):  # bounded: each pass moves forward or stops
-            if lad.phase == L.RUN:
-                if lad.retry_at is not None and now < lad.retry_at:
-                    return
-                lad.retry_at = None
-                cur = lad.current
-                if cur is None:
-                    lad.phase = L.EXHAUSTED
-                    self._dirty = True
-                    self._audit_ladder(lad, "exhausted", now)
-                    self.page(
-                        f"{lad.alertname}: every remediation step ran "
-                        f"({', '.join(s['action'] for s in lad.steps)}) and it is still active",
-                        alertname=lad.alertname,
-                    )
-                    return
-                run = self.runner.submit(
-                    cur["action"],
-                    cur["params"],
-                    now=now,
-                    trigger=lad.trigger,
-                    ladder=lad.ref(),
-                )
-                lad.run_id = run.id
-                self._dirty = True
-                if not run.done:
-                    lad.phase = L.RUNNING
-                    self._running[lad.alertname] = run
-                    return
-                if not self._after_run(lad, run, now):
-                    return
-            elif lad.phase == L.RUNNING:
-                in_flight = self._running.get(lad.alertname)
-                if in_flight is not None and not in_flight.done:
-                    return
-                self._running.pop(lad.alertname, None)
-                if in_flight is None:
-                    lad.phase = L.VERIFY
-                    lad.verify_until = now + float(lad.steps[lad.step]["verify_s"])
-                    return
-                if not self._after_run(lad, in_flight, now):
-                    return
-            elif lad.phase == L.VERIFY:
-                if lad.verify_until is not None and now < lad.verify_until:
-                    return
-                self._climb(lad, now, "not resolved within the verify window")
-            else:  # EXHAUSTED, BLOCKED: wait for resolution
+        """Feed the ladder this tick (and the outcome of a run that finished)."""
+        ev: L.Event = L.Tick(now)
+        if lad.phase is L.Phase.RUNNING:
+            run = self._running.get(lad.alertname)
+            if run is not None and not run.done:
                 return
+            self._running.pop(lad.alertname, None)
+            ev = self._decided(run, now)
+        self._feed(lad, ev)
 
-    def _climb(self, lad: L.Ladder, now: float, why: str) -> None:
-        lad.history.append({"step": lad.step, "t": now, "why": why})
-        lad.step += 1
-        lad.phase = L.RUN
-        lad.verify_until = None
-        self._dirty = True
-        self._audit_ladder(lad, "climb", now, why=why)
+    def _decided(self, run: Run | None, now: float) -> L.Decided:
+        if run is None:  # lost across an agent restart: verify as if it ran
+            return L.Decided(now, None)
+        return L.Decided(now, run.outcome, run.id, run.error, dict(run.params))
 
-    def _after_run(self, lad: L.Ladder, run: Run, now: float) -> bool:
-        """Move the ladder after a decided run; True when the loop should continue now."""
-        cur = lad.steps[lad.step]
-        self._dirty = True
-        if run.outcome in (OK, DRY_RUN, "skipped_cooldown"):
-            # Cooldown: the step ran recently; give that run its window.
-            lad.phase = L.VERIFY
-            lad.verify_until = now + float(cur["verify_s"])
-            if run.action == "fallback_to_base" and run.outcome != "skipped_cooldown":
-                hold = hold_of(run.params, self.config.actions.fallback.hold_s)
-                self.restores[lad.alertname] = {"since": None, "run_id": run.id, "hold_s": hold}
-            return False
-        if run.outcome in ("skipped_busy", "skipped_starting"):
-            lad.phase = L.RUN
-            lad.retry_at = now + self.config.actions.guards.retry_s
-            return False
-        if run.outcome == "skipped_budget":
-            lad.phase = L.BLOCKED
-            self._audit_ladder(lad, "blocked", now, why=run.error)
-            return False
-        if run.outcome == "skipped_off":
-            lad.phase = L.RUN
-            lad.retry_at = now + self.config.actions.guards.retry_s
-            return False
-        # failed, timeout, refused, invalid: the next rung, now.
-        self._climb(lad, now, f"step {run.action} {run.outcome}: {run.error}")
-        return True
+    def _feed(self, lad: L.Ladder, ev: L.Event) -> None:
+        """Step the ladder and carry out its decisions; bounded, each pass moves forward."""
+        retry_s = self.config.actions.guards.retry_s
+        for _ in range(2 * len(lad.steps) + 4):
+            new, decisions = L.step(lad, ev, retry_s=retry_s)
+            if new != lad or decisions:
+                self._dirty = True
+            # The step is pure; the component keeps one object per ladder (status, routes).
+            vars(lad).update(vars(new))
+            nxt: L.Event | None = None
+            for d in decisions:
+                nxt = self._carry_out(lad, d, ev) or nxt
+            if nxt is None:
+                return
+            ev = nxt
+
+    def _carry_out(self, lad: L.Ladder, d: L.Decision, ev: L.Event) -> L.Event | None:
+        now = ev.now
+        if isinstance(d, L.Submit):
+            run = self.runner.submit(
+                d.action, d.params, now=now, trigger=lad.trigger, ladder=lad.ref()
+            )
+            lad.run_id = run.id
+            if not run.done:
+                self._running[lad.alertname] = run
+                return None
+            return self._decided(run, now)
+        if isinstance(d, L.Audit):
+            self._audit_ladder(lad, d.event, now, **d.extra)
+        elif isinstance(d, L.Escalate):
+            if d.page:
+                self.page(d.message, alertname=lad.alertname)
+            else:
+                self._ticket(d.message, d.severity, lad.alertname, now)
+        elif isinstance(d, L.HoldRestore):
+            hold = hold_of(d.params, self.config.actions.fallback.hold_s)
+            self.restores[lad.alertname] = {"since": None, "run_id": d.run_id, "hold_s": hold}
+        return None
+
+    def _ticket(self, message: str, severity: str, alertname: str, now: float) -> None:
+        """An alert that is not a page ends its ladder with a record, never a page."""
+        self.audit.append(
+            {
+                "kind": "escalation",
+                "ts": now,
+                "severity": severity,
+                "message": message,
+                "alertname": alertname,
+            }
+        )
+        log.warning("%s (%s)", message, severity)
 
     # -- restores -------------------------------------------------------------
 
@@ -407,7 +426,7 @@ class Remediation:
                 if not pending.done:
                     continue
                 del self._restore_runs[name]
-                if pending.outcome in ("ok", "dry_run"):
+                if pending.outcome in (Outcome.OK, Outcome.DRY_RUN):
                     del self.restores[name]
                     self._dirty = True
                 # failed or timed out: the entry stays and the restore is tried again
@@ -431,12 +450,12 @@ class Remediation:
                 force=True,
                 reason=f"automatic restore: {name} resolved for {hold:g}s",
             )
-            if run.outcome == "skipped_busy":
+            if run.outcome in (Outcome.SKIPPED_BUSY, Outcome.SKIPPED_STARTING):
                 continue
             if not run.done:
                 self._restore_runs[name] = run  # decided on a later tick, by its outcome
                 continue
-            if run.outcome in ("ok", "dry_run"):
+            if run.outcome in (Outcome.OK, Outcome.DRY_RUN):
                 del self.restores[name]
                 self._dirty = True
 
@@ -485,7 +504,28 @@ class Remediation:
 
     # -- tick -------------------------------------------------------------------
 
+    def _identify_engine(self, now: float) -> None:
+        """Resolve an auto-detected engine once (capabilities), tried at most every 10 s."""
+        eng = self.engine
+        if eng.url is None or (eng.adapter is not None and eng.capabilities_probed):
+            return
+        if now < self._identify_at:
+            return
+        self._identify_at = now + 10.0
+
+        async def _resolve() -> None:
+            try:
+                await eng.resolve()
+            except Exception as exc:  # not answering yet: tried again later
+                log.debug("engine not identified yet: %s", exc)
+
+        # Off the tick: an engine that does not answer must not hold the loop.
+        task = asyncio.get_running_loop().create_task(_resolve())
+        self._page_tasks.add(task)
+        task.add_done_callback(self._page_tasks.discard)
+
     async def tick(self, now: float) -> None:
+        self._identify_engine(now)
         for name, lad in list(self.ladders.items()):
             if lad.unconfirmed_until is not None:
                 if self.active(name):
@@ -496,7 +536,7 @@ class Remediation:
                 else:
                     self._close(lad, now, "resolved")
                     continue
-            if lad.phase != L.RUNNING and not self.active(name):
+            if lad.phase is not L.Phase.RUNNING and not self.active(name):
                 self._close(lad, now, "resolved")
                 continue
             self._advance(lad, now)

@@ -13,15 +13,17 @@ import asyncio
 import os
 import signal
 import time
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
 
-from kcops.agent.actions.base import ActionContext, ActionResult, ActionSpec, NoParams
+from kcops.agent.actions.base import (
+    ActionContext,
+    ActionResult,
+    ActionSpec,
+    Check,
+    NoParams,
+    Params,
+)
 from kcops.agent.actions.kube import KubeClient
 from kcops.agent.errors import ActionRejected
-
-if TYPE_CHECKING:
-    from kcops.agent.config import Config
 
 
 def engine_pid(ctx: ActionContext) -> int | None:
@@ -68,40 +70,54 @@ async def _signal_restart(ctx: ActionContext) -> ActionResult:
     )
 
 
-def not_while_starting(config: Config, services: Mapping[str, Any], now: float) -> None:
-    """A supervised engine that has not been healthy since its start is loading, not hung."""
-    sup = services.get("supervisor")
-    if sup is None or config.actions.restart.mode not in ("auto", "supervisor"):
+def _mode(check: Check) -> str:
+    mode = check.config.actions.restart.mode
+    if mode == "auto":
+        if check.supervisor is None:
+            raise ActionRejected(
+                "restart_worker: the agent does not supervise the engine; set "
+                "actions.restart.mode to signal or kubernetes",
+                "not_configured",
+            )
+        return "supervisor"
+    if mode == "off":
+        raise ActionRejected("restart_worker: actions.restart.mode is off", "not_configured")
+    if mode == "supervisor" and check.supervisor is None:
+        raise ActionRejected("restart mode supervisor, but no engine command (--)", "no_target")
+    if mode == "signal" and not (check.config.engine.pid or check.config.engine.pidfile):
+        raise ActionRejected(
+            "restart mode signal needs engine.pid or engine.pidfile", "not_configured"
+        )
+    return mode
+
+
+def applicable(check: Check, _: Params) -> None:
+    """Refuse before any guard: no way to restart, the supervisor owns the next start, or
+    the engine is still loading (a load looks like a hang)."""
+    if _mode(check) != "supervisor" or check.supervisor is None:
         return
-    if sup.starting(now):
+    why = check.supervisor.backing_off()
+    if why is not None:
+        # One owner of restarts: a ladder never respawns what the supervisor respawns.
+        raise ActionRejected(f"restart_worker: {why}", "supervisor_owns")
+    if check.supervisor.starting(check.now):
         raise ActionRejected(
             "the engine is still starting (not healthy since it was started, within "
-            f"actions.restart.startup_grace_s={config.actions.restart.startup_grace_s:g})",
+            f"actions.restart.startup_grace_s={check.config.actions.restart.startup_grace_s:g})",
             "starting",
         )
 
 
 async def restart_worker(ctx: ActionContext, p: NoParams) -> ActionResult:
-    mode = ctx.config.actions.restart.mode
-    supervisor = ctx.services.get("supervisor")
-    if mode == "auto":
-        if supervisor is None:
-            raise ActionRejected(
-                "restart_worker: the agent does not supervise the engine; set "
-                "actions.restart.mode to signal or kubernetes",
-                "unsupported",
-            )
-        mode = "supervisor"
-    if mode == "off":
-        raise ActionRejected("restart_worker: actions.restart.mode is off", "unsupported")
+    mode = _mode(Check(ctx.config, ctx.engine, ctx.supervisor, ctx.now))
     if mode == "supervisor":
-        if supervisor is None:
-            raise ActionRejected(
-                "restart mode supervisor, but no engine command (--)", "unsupported"
-            )
-        out = await supervisor.restart(reason="restart_worker")
+        assert ctx.supervisor is not None
+        out = await ctx.supervisor.restart(reason="restart_worker")
         return ActionResult(
-            detail=out.get("detail", "restarted"), before=out["before"], after=out["after"]
+            detail=out.get("detail", "restarted"),
+            before=out["before"],
+            after=out["after"],
+            data={k: out[k] for k in ("drain", "killed", "shm_removed") if k in out},
         )
     if mode == "signal":
         return await _signal_restart(ctx)
@@ -114,5 +130,5 @@ SPEC = ActionSpec(
     restart_worker,
     NoParams,
     "Restart the engine: drain, SIGTERM, SIGKILL, respawn (supervised), or signal/delete pod.",
-    precheck=not_while_starting,
+    precheck=applicable,
 )

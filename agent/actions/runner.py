@@ -16,31 +16,37 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry.trace import Status, StatusCode, Tracer
 
+from kcops.agent.actions import outcome as outcome_mod
 from kcops.agent.actions.audit import AuditLog
-from kcops.agent.actions.base import ActionContext, ActionResult, Registry
-from kcops.agent.actions.engine import EngineAdmin
+from kcops.agent.actions.base import (
+    ActionContext,
+    ActionResult,
+    ActionSpec,
+    Check,
+    Params,
+    Registry,
+    SupervisorHandle,
+)
 from kcops.agent.actions.guards import BreakerOpen, Guards
+from kcops.agent.actions.outcome import Outcome
 from kcops.agent.clock import Clock
 from kcops.agent.config import Config
+from kcops.agent.engine import Engine
 from kcops.agent.errors import ActionRejected
+
+if TYPE_CHECKING:
+    from kcops.agent.store import Store
 
 log = logging.getLogger("kcops.agent.actions")
 
-# Outcomes, the values of kcops_action_runs_total's `outcome` label.
-OK, FAILED, TIMEOUT, DRY_RUN = "ok", "failed", "timeout", "dry_run"
-REFUSED = "refused"  # the action itself said no (unsupported, at bound)
-INVALID = "invalid"
-SKIPPED = {  # refused by a guard, by reason
-    "cooldown": "skipped_cooldown",
-    "budget": "skipped_budget",
-    "busy": "skipped_busy",
-    "off": "skipped_off",
-    "starting": "skipped_starting",
-}
+# Outcome values under their older names (kcops_action_runs_total's `outcome`).
+OK, FAILED, TIMEOUT, DRY_RUN = Outcome.OK, Outcome.FAILED, Outcome.TIMEOUT, Outcome.DRY_RUN
+REFUSED, INVALID = Outcome.REFUSED, Outcome.INVALID
+SKIPPED = outcome_mod.SKIPPED
 
 _SCOPES = {"notify": "notify", "scale_out": "replicas"}
 
@@ -62,8 +68,10 @@ class Run:
     ladder: dict[str, Any] | None = None
     forced: bool = False
     reason: str | None = None
-    outcome: str | None = None
+    outcome: Outcome | None = None
     error: str | None = None
+    # Why it was refused, as a code (unsupported, not_configured, at_bound, ...).
+    refusal: str | None = None
     result: ActionResult | None = None
     duration_s: float = 0.0
     task: asyncio.Task[None] | None = field(default=None, repr=False)
@@ -92,6 +100,7 @@ class Run:
             "ladder": self.ladder,
             "forced": self.forced,
             "reason": self.reason,
+            "refusal": self.refusal,
         }
 
 
@@ -102,11 +111,13 @@ class Runner:
         registry: Registry,
         guards: Guards,
         audit: AuditLog,
-        engine: EngineAdmin,
+        engine: Engine,
         tracer: Tracer,
         clock: Clock,
         services: Mapping[str, Any],
         *,
+        supervisor: SupervisorHandle | None = None,
+        store: Store | None = None,
         on_change: Callable[[], None] = lambda: None,
         on_breaker: Callable[[str, Run], None] = lambda scope, run: None,
     ) -> None:
@@ -118,6 +129,8 @@ class Runner:
         self.tracer = tracer
         self.clock = clock
         self.services = services
+        self.supervisor = supervisor
+        self.store = store
         self.on_change = on_change
         self.on_breaker = on_breaker
         self.counts: dict[tuple[str, str], int] = {}
@@ -127,13 +140,13 @@ class Runner:
 
     # -- bookkeeping ----------------------------------------------------------
 
-    def _finish(self, run: Run, outcome: str, error: str | None = None) -> None:
+    def _finish(self, run: Run, outcome: Outcome, error: str | None = None) -> None:
         run.outcome = outcome
         run.error = error
         key = (run.action, outcome)
         self.counts[key] = self.counts.get(key, 0) + 1
         self.audit.append(run.record())
-        level = logging.INFO if outcome in (OK, DRY_RUN) else logging.WARNING
+        level = logging.INFO if outcome in (Outcome.OK, Outcome.DRY_RUN) else logging.WARNING
         log.log(
             level,
             "action %s on %s: %s%s%s",
@@ -144,7 +157,7 @@ class Runner:
             f" [{run.result.detail}]" if run.result and run.result.detail else "",
         )
 
-    def _span(self, run: Run, outcome: str, error: str | None) -> None:
+    def _span(self, run: Run, outcome: Outcome, error: str | None) -> None:
         """A zero-length span for a run decided without executing (dry run, refusal)."""
         span = self.tracer.start_span(f"action {run.action}", start_time=int(run.t * 1e9))
         self._span_attrs(span, run, outcome)
@@ -153,7 +166,7 @@ class Runner:
         span.end(end_time=int(run.t * 1e9))
 
     @staticmethod
-    def _span_attrs(span: Any, run: Run, outcome: str) -> None:
+    def _span_attrs(span: Any, run: Run, outcome: Outcome) -> None:
         span.set_attribute("kcops.action", run.action)
         span.set_attribute("kcops.target", run.target)
         span.set_attribute("kcops.mode", run.mode)
@@ -183,7 +196,6 @@ class Runner:
         """
         now = self.clock() if now is None else now
         mode = self.config.actions.mode
-        owner = str(ladder["id"]) if ladder and "id" in ladder else None
         if dry_run and mode == "enforce":
             mode = "dry-run"
         run = Run(
@@ -198,57 +210,69 @@ class Runner:
             forced=force,
             reason=reason,
         )
-        try:
-            if force and not (isinstance(reason, str) and reason.strip()):
-                raise ActionRejected("force needs a reason", "invalid")
-            spec = self.registry.get(action)
-            parsed = spec.parse(params)
-            run.params = parsed.model_dump(mode="json")
-            if mode == "off":
-                raise ActionRejected("remediation mode is off", "off")
-            if spec.precheck is not None:
-                spec.precheck(self.config, self.services, now)
-            self.guards.check(action, run.target, now, force=force, owner=owner)
-        except BreakerOpen as exc:
-            self._refuse(run, exc)
-            for scope in exc.opened:
-                self.on_breaker(scope, run)
+        owner = str(ladder["id"]) if ladder and "id" in ladder else None
+        decided = self._decide(run, owner)
+        if decided is None:
             return run
-        except ActionRejected as exc:
-            self._refuse(run, exc)
-            return run
-        if dry_run:
-            # A one-off dry run asked of an enforcing agent is a question, not a
-            # run: it must not spend the real cooldown or budget.
+        spec, parsed = decided
+        if dry_run or mode == "dry-run":
+            if not dry_run:
+                # A dry-run agent keeps its guards as if it acted, so its log shows
+                # the decisions (cooldowns, budget) an enforcing agent would take.
+                # A one-off dry run asked of an enforcing agent is a question: it
+                # must not spend the real cooldown or budget.
+                self.guards.start(action, run.target, run.id, now, owner)
+                self.guards.finish(run.target)
+                self.on_change()
             run.result = ActionResult(detail=f"dry run: would run {action} {run.params}")
-            self._finish(run, DRY_RUN)
-            self._span(run, DRY_RUN, None)
+            self._finish(run, Outcome.DRY_RUN)
+            self._span(run, Outcome.DRY_RUN, None)
             return run
         self.guards.start(action, run.target, run.id, now, owner)
         self.on_change()
-        if mode == "dry-run":
-            # A dry-run agent keeps its guards as if it acted, so its log shows
-            # the decisions (cooldowns, budget) an enforcing agent would take.
-            self.guards.finish(run.target)
-            run.result = ActionResult(detail=f"dry run: would run {action} {run.params}")
-            self._finish(run, DRY_RUN)
-            self._span(run, DRY_RUN, None)
-            return run
         run.task = asyncio.get_running_loop().create_task(self._execute(run, spec, parsed))
         self.tasks.add(run.task)
         run.task.add_done_callback(self.tasks.discard)
         return run
 
+    def _decide(self, run: Run, owner: str | None) -> tuple[ActionSpec, Params] | None:
+        """Parameters, mode, applicability, then guards; None when refused (recorded)."""
+        try:
+            if run.forced and not (isinstance(run.reason, str) and run.reason.strip()):
+                raise ActionRejected("force needs a reason", "invalid")
+            spec = self.registry.get(run.action)
+            parsed = spec.parse(run.params)
+            run.params = parsed.model_dump(mode="json")
+            if run.mode == "off":
+                raise ActionRejected("remediation mode is off", "off")
+            # Applicability before guards: a step that cannot act here spends nothing.
+            check = Check(self.config, self.engine, self.supervisor, run.t)
+            if run.target == "engine" and self.engine.tracked:
+                self.engine.not_starting()
+            if spec.precheck is not None:
+                spec.precheck(check, parsed)
+            self.guards.check(run.action, run.target, run.t, force=run.forced, owner=owner)
+        except BreakerOpen as exc:
+            self._refuse(run, exc)
+            for scope in exc.opened:
+                self.on_breaker(scope, run)
+            return None
+        except ActionRejected as exc:
+            self._refuse(run, exc)
+            return None
+        return spec, parsed
+
     def _refuse(self, run: Run, exc: ActionRejected) -> None:
-        outcome = SKIPPED.get(
-            exc.reason, INVALID if exc.reason in ("invalid", "unknown") else REFUSED
-        )
+        outcome = outcome_mod.of_refusal(exc.reason)
+        run.refusal = exc.reason
+        if run.mode == "dry-run" and outcome is Outcome.REFUSED:
+            run.result = ActionResult(detail=f"dry run: would refuse: {exc}")
         self._finish(run, outcome, str(exc))
         self._span(run, outcome, str(exc))
 
-    async def _execute(self, run: Run, spec: Any, parsed: Any) -> None:
+    async def _execute(self, run: Run, spec: ActionSpec, parsed: Params) -> None:
         t0 = time.monotonic()
-        outcome, error = OK, None
+        outcome, error = Outcome.OK, None
         with self.tracer.start_as_current_span(
             f"action {run.action}", start_time=int(run.t * 1e9)
         ) as span:
@@ -257,6 +281,8 @@ class Runner:
                 engine=self.engine,
                 target=run.target,
                 now=run.t,
+                supervisor=self.supervisor,
+                store=self.store,
                 services=self.services,
             )
             try:
@@ -264,14 +290,18 @@ class Runner:
                     spec.fn(actx, parsed), timeout=self.config.actions.guards.action_timeout_s
                 )
             except TimeoutError:
-                outcome, error = TIMEOUT, "timed out"
+                outcome, error = Outcome.TIMEOUT, "timed out"
             except ActionRejected as exc:
-                outcome, error = REFUSED, str(exc)
+                # Found out only while acting (at a bound, the engine said 400): it
+                # did not act, so it gives back the cooldown and budget it took.
+                outcome, error = outcome_mod.of_refusal(exc.reason), str(exc)
+                run.refusal = exc.reason
+                self.guards.refund(run.action, run.target, run.t)
             except asyncio.CancelledError:
-                outcome, error = FAILED, "cancelled (agent stopping)"
+                outcome, error = Outcome.FAILED, "cancelled (agent stopping)"
                 raise
             except Exception as exc:
-                outcome, error = FAILED, f"{type(exc).__name__}: {exc}"
+                outcome, error = Outcome.FAILED, f"{type(exc).__name__}: {exc}"
             finally:
                 run.duration_s = time.monotonic() - t0
                 self._span_attrs(span, run, outcome)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from kcops.agent.actions.base import ActionContext, ActionResult, Params
+from kcops.agent.actions.base import ActionContext, ActionResult, Check, Params
 from kcops.agent.errors import ActionRejected
 
 
@@ -12,9 +12,13 @@ class TopNParams(Params):
     step: int | None = Field(None, ge=1, description="default: actions.topn.step")
 
 
+def needs_topn(check: Check, _: Params) -> None:
+    check.engine.require("topn")
+
+
 async def change_topn(ctx: ActionContext, p: TopNParams, direction: int) -> ActionResult:
     cfg = ctx.config.actions.topn
-    state = await ctx.engine.state()
+    state = await ctx.engine.state_doc()
     current = int(state["top_n"])
     lo, hi = cfg.min, cfg.max
     bounds = state.get("top_n_bounds")

@@ -29,11 +29,11 @@ def parse_since(value: str | None, now: float | None = None) -> float | None:
     """``30m``/``2h``/``1d`` ago, an ISO time, or Unix seconds."""
     if not value:
         return None
-    from kcops.agent.actions.rulesfile import parse_duration_s
+    from kcops.agent.duration import parse_duration
 
     now = time.time() if now is None else now
     try:
-        return now - parse_duration_s(value, 0.0)
+        return now - parse_duration(value)
     except ValueError:
         pass
     try:

@@ -105,6 +105,10 @@ def check_config(path: str) -> None:
     except ConfigError as exc:
         click.echo(str(exc), err=True)
         sys.exit(EXIT_USAGE)
+    from kcops.agent.config.actions import warnings
+
+    for w in warnings(cfg.actions):
+        click.echo(f"warning: {w}", err=True)
     click.echo(f"{path}: ok (listen {cfg.agent.listen}, tick {cfg.agent.tick_s}s)")
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -51,14 +50,12 @@ def handle_errors(fn: F) -> F:
 
 
 def token_headers(token_file: str | None = None) -> dict[str, str]:
-    token = None
-    if token_file:
-        try:
-            with open(token_file) as fh:
-                token = fh.read().strip()
-        except OSError as exc:
-            raise ConfigError(f"--token-file {token_file}: cannot read: {exc.strerror}") from None
-    token = token or os.environ.get("KCOPS_TOKEN", "").strip()
+    """Authorization header from the one token loader (``kcops.agent.auth.load_token``)."""
+    from pathlib import Path
+
+    from kcops.agent.auth import load_token
+
+    token = load_token(Path(token_file) if token_file else None)
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 

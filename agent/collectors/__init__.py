@@ -12,7 +12,10 @@ from kcops.agent.collectors.base import Collector, CollectorRunner, InThread
 from kcops.agent.collectors.selfmetrics import SelfCollector, TickHistogram
 
 if TYPE_CHECKING:
+    from kcops.agent.collectors.enginepid import EnginePid
+    from kcops.agent.collectors.procwatch import EngineWatch
     from kcops.agent.component import AgentContext
+    from kcops.agent.engine import Engine
 
 __all__ = ["Collector", "CollectorRunner", "SelfCollector", "TickHistogram", "build"]
 
@@ -21,41 +24,26 @@ def _on(switch: str, auto: bool) -> bool:
     return switch == "on" or (switch == "auto" and auto)
 
 
-def build(ctx: AgentContext, ticks: TickHistogram) -> list[Collector]:
+def build(
+    ctx: AgentContext,
+    ticks: TickHistogram,
+    engine: Engine | None = None,
+    pids: EnginePid | None = None,
+) -> list[Collector]:
     """The collectors the configuration asks for, in the order they run.
 
-    Publishes in ``ctx.services``: ``engine_pid_source`` (an
-    :class:`~kcops.agent.collectors.enginepid.EnginePid`; ``.resolve()`` gives
-    the engine pid now), ``engine_watch`` (the process tree watcher) and, with
-    ``engine.url``, ``engine_client`` and ``engine_adapter`` (a callable giving
-    the adapter name in use, or None before auto-detection has seen a page).
+    ``engine`` (the one engine object) learns its adapter from the scrape and
+    its lifecycle from the health checks; ``pids`` is the one engine pid
+    source (the supervisor, built later, sets its ``supervised``).
     """
-    from kcops.agent.collectors.cpumem import CpuDeviceMemoryCollector
-    from kcops.agent.collectors.engine_http import EngineClient
     from kcops.agent.collectors.enginepid import EnginePid
-    from kcops.agent.collectors.health import HealthCollector
-    from kcops.agent.collectors.nvml import Nvml, NvmlCollector
-    from kcops.agent.collectors.probe import ProbeReceiver
-    from kcops.agent.collectors.process import EngineEventsCollector, ProcessCollector
     from kcops.agent.collectors.procwatch import EngineWatch
-    from kcops.agent.collectors.scrape import EngineScrapeCollector
-    from kcops.agent.errors import ConfigError
 
     cfg = ctx.config.collectors
     eng = ctx.config.engine
-    out: list[Collector] = []
-    if cfg.self_metrics:
-        out.append(SelfCollector(ticks))
-
-    pids = EnginePid(pid=eng.pid, pidfile=eng.pidfile, services=ctx.services)
-    watch = EngineWatch(
-        pids,
-        log_path=eng.log_path,
-        log_tail_bytes=cfg.process.log_tail_bytes,
-        services=ctx.services,
-    )
-    ctx.services["engine_pid_source"] = pids
-    ctx.services["engine_watch"] = watch
+    out: list[Collector] = [SelfCollector(ticks)] if cfg.self_metrics else []
+    pids = pids or EnginePid(pid=eng.pid, pidfile=eng.pidfile)
+    watch = EngineWatch(pids, log_path=eng.log_path, log_tail_bytes=cfg.process.log_tail_bytes)
     # A pid may be known: configured, supervised (`-- CMD`), or read from the
     # kcops worker's /admin/state once the engine at engine.url answers.
     pid_knowable = (
@@ -63,7 +51,20 @@ def build(ctx: AgentContext, ticks: TickHistogram) -> list[Collector]:
         or bool(eng.command)
         or (eng.url is not None and eng.adapter in ("auto", "kcops"))
     )
+    out += _local(ctx, watch, pid_knowable)
+    out += _http(ctx, pids, engine)
+    return out
 
+
+def _local(ctx: AgentContext, watch: EngineWatch, pid_knowable: bool) -> list[Collector]:
+    """Probe receiver, NVML, and the engine's process tree."""
+    from kcops.agent.collectors.cpumem import CpuDeviceMemoryCollector
+    from kcops.agent.collectors.nvml import Nvml, NvmlCollector
+    from kcops.agent.collectors.probe import ProbeReceiver
+    from kcops.agent.collectors.process import EngineEventsCollector, ProcessCollector
+
+    cfg = ctx.config.collectors
+    out: list[Collector] = []
     if cfg.probe.enabled:
         out.append(
             ProbeReceiver(
@@ -90,7 +91,18 @@ def build(ctx: AgentContext, ticks: TickHistogram) -> list[Collector]:
         out.append(EngineEventsCollector(watch))
     if _on(cfg.device_memory.enabled, pid_knowable):
         out.append(CpuDeviceMemoryCollector(watch, limit_bytes=cfg.device_memory.limit_bytes))
+    return out
 
+
+def _http(ctx: AgentContext, pids: EnginePid, engine: Engine | None) -> list[Collector]:
+    """Health and /metrics of the engine at engine.url, over one shared poll."""
+    from kcops.agent.collectors.engine_http import EngineClient
+    from kcops.agent.collectors.health import HealthCollector
+    from kcops.agent.collectors.scrape import EngineScrapeCollector
+    from kcops.agent.errors import ConfigError
+
+    cfg = ctx.config.collectors
+    eng = ctx.config.engine
     has_url = eng.url is not None
     for section, what in ((cfg.health, "health"), (cfg.scrape, "scrape")):
         if section.enabled == "on" and not has_url:
@@ -100,24 +112,24 @@ def build(ctx: AgentContext, ticks: TickHistogram) -> list[Collector]:
             )
     want_health = _on(cfg.health.enabled, has_url)
     want_scrape = _on(cfg.scrape.enabled, has_url)
-    if eng.url is not None and (want_health or want_scrape):
-        client = EngineClient(
-            eng.url,
-            metrics_path=eng.metrics_path,
-            health_path=eng.health_path,
-            state_path=eng.state_path,
-            # Under the runner's own per-collector deadline (0.8 of a tick), so a hung
-            # engine reads as "down" (up=0) rather than as a timed-out collector.
-            timeout_s=min(eng.timeout_s, 0.7 * ctx.config.agent.tick_s),
-            max_body_bytes=cfg.scrape.max_body_bytes,
-            pids=pids,
-        )
-        ctx.services["engine_client"] = client
-        if want_health:
-            out.append(HealthCollector(client))
-        if want_scrape:
-            scrape = EngineScrapeCollector(client, eng.adapter)
-            out.append(scrape)
-            # The engine dialect in use, once known (auto: after the first page).
-            ctx.services["engine_adapter"] = lambda: scrape.adapter.name if scrape.adapter else None
+    if eng.url is None or not (want_health or want_scrape):
+        return []
+    client = EngineClient(
+        eng.url,
+        metrics_path=eng.metrics_path,
+        health_path=eng.health_path,
+        state_path=eng.state_path,
+        # Under the runner's own per-collector deadline (0.8 of a tick), so a hung
+        # engine reads as "down" (up=0) rather than as a timed-out collector.
+        timeout_s=min(eng.timeout_s, 0.7 * ctx.config.agent.tick_s),
+        max_body_bytes=cfg.scrape.max_body_bytes,
+        pids=pids,
+        # One HTTP client for the engine, shared with its admin calls.
+        http=engine.http if engine is not None else None,
+    )
+    out: list[Collector] = []
+    if want_health:
+        out.append(HealthCollector(client, engine))
+    if want_scrape:
+        out.append(EngineScrapeCollector(client, eng.adapter, engine))
     return out

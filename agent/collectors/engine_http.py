@@ -151,7 +151,7 @@ class EngineClient:
     async def _get(self, path: str, limit: int, t0: float) -> Fetch:
         url = self.base_url + path
         try:
-            async with self.http.stream("GET", url) as r:
+            async with self.http.stream("GET", url, timeout=self.timeout_s) as r:
                 chunks = []
                 size = 0
                 async for chunk in r.aiter_bytes():

@@ -2,15 +2,15 @@
 
 Sources, first that answers wins: ``engine.pid``; ``engine.pidfile`` (read each
 time, so a restarted engine that rewrites it is followed); the child the agent
-supervises (``ctx.services["engine_pid"]``, a callable published by the
-supervisor, looked up lazily because it is built after the collectors); the
+supervises (``supervisor_pid``, the supervisor's ``pid`` callable, set once the
+supervisor is built, after the collectors); the
 pid the kcops worker reports in ``GET /admin/state`` (``observed``).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +23,11 @@ class EnginePid:
         *,
         pid: int | None = None,
         pidfile: Path | str | None = None,
-        services: Mapping[str, Any] | None = None,
+        supervisor_pid: Callable[[], int | None] | None = None,
     ) -> None:
         self.pid = pid
         self.pidfile = Path(pidfile) if pidfile is not None else None
-        self.services = services if services is not None else {}
+        self.supervisor_pid = supervisor_pid
         # Set by the engine HTTP client from the kcops worker's /admin/state.
         self.observed: int | None = None
         self.source: str | None = None
@@ -39,7 +39,7 @@ class EnginePid:
         return self.pid is not None or self.pidfile is not None
 
     def supervised(self) -> bool:
-        return callable(self.services.get("engine_pid"))
+        return self.supervisor_pid is not None
 
     def resolve(self) -> int | None:
         """The engine's pid now, or None when no source knows it."""
@@ -51,9 +51,8 @@ class EnginePid:
             if got is not None:
                 self.source = "pidfile"
                 return got
-        fn: Callable[[], int | None] | None = self.services.get("engine_pid")
-        if callable(fn):
-            got = fn()
+        if self.supervisor_pid is not None:
+            got = self.supervisor_pid()
             if got is not None:
                 self.source = "supervisor"
                 return int(got)

@@ -5,19 +5,28 @@ tick, else 0), ``kcops_engine_last_healthy_age_seconds`` (seconds since the
 last good answer; absent until there was one) and
 ``kcops_engine_health_checks_total{outcome}``. This collector does not fail
 when the engine does: "engine down" must read as ``up == 0``, not as absent.
+
+With an engine object it also feeds the engine's lifecycle and exports it:
+``kcops_engine_state{state}`` (one-hot over starting, ready, hung, down),
+``kcops_engine_starting_seconds`` (how long the current start has lasted,
+only while starting) and ``kcops_engine_startup_timeout_seconds``
+(``engine.startup_timeout_s``), which ``KcopsEngineStartSlow`` compares.
 """
 
 from __future__ import annotations
 
 from kcops.agent.collectors.engine_http import EngineClient
+from kcops.agent.engine import Engine, EngineState
+from kcops.agent.engine import lifecycle as lc
 from kcops.agent.samples import Sample, label_pairs
 
 
 class HealthCollector:
     name = "engine_health"
 
-    def __init__(self, client: EngineClient) -> None:
+    def __init__(self, client: EngineClient, engine: Engine | None = None) -> None:
         self.client = client
+        self.engine = engine
         client.want_health = True
         self.last_ok_at: float | None = None
         self.last_error: str | None = None
@@ -46,4 +55,20 @@ class HealthCollector:
             Sample("kcops_engine_health_checks_total", label_pairs({"outcome": k}), float(v))
             for k, v in self._outcomes.items()
         ]
+        if self.engine is not None:
+            self.engine.observe(lc.Health(now, ok, "" if ok else outcome))
+            out += lifecycle_samples(self.engine, now)
         return out
+
+
+def lifecycle_samples(engine: Engine, now: float) -> list[Sample]:
+    state = engine.state
+    out = [
+        Sample("kcops_engine_state", label_pairs({"state": s.value}), 1.0 if s is state else 0.0)
+        for s in EngineState
+    ]
+    out.append(Sample("kcops_engine_startup_timeout_seconds", (), engine.startup_timeout_s))
+    starting = engine.starting_overrun_s(now)
+    if starting is not None:
+        out.append(Sample("kcops_engine_starting_seconds", (), starting))
+    return out

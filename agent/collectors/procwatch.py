@@ -12,8 +12,10 @@ An exit counts as out-of-memory when there is evidence of it:
   time the exit is; a rise seen one read before the exit still matches);
 - the kernel log (``/dev/kmsg``, where readable) has ``Killed process <pid>``;
 - the engine's own log (``engine.log_path``) gained an out-of-memory error
-  since the previous read (CUDA OOM, ``torch.OutOfMemoryError``, ``MemoryError``);
-- the supervisor (``ctx.services["engine_last_exit"]``, optional) says so.
+  since the previous read (CUDA OOM, ``torch.OutOfMemoryError``, ``MemoryError``).
+
+A SIGKILL with none of these is a kill, not an OOM (issue 11): the exit is
+recorded with empty evidence.
 """
 
 from __future__ import annotations
@@ -22,10 +24,9 @@ import logging
 import os
 import re
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import psutil
 
@@ -72,7 +73,6 @@ class EngineWatch:
         log_path: Path | str | None = None,
         log_tail_bytes: int = 65_536,
         kmsg_path: Path | str | None = "/dev/kmsg",
-        services: Mapping[str, Any] | None = None,
         children_every: int = 5,
         process_factory: Callable[[int], psutil.Process] = psutil.Process,
     ) -> None:
@@ -82,7 +82,6 @@ class EngineWatch:
         self.log_path = Path(log_path) if log_path is not None else None
         self.log_tail_bytes = log_tail_bytes
         self.kmsg_path = Path(kmsg_path) if kmsg_path is not None else None
-        self.services = services if services is not None else pids.services
         self.children_every = max(1, children_every)
         self._new_process = process_factory
 
@@ -105,8 +104,6 @@ class EngineWatch:
         self._oom_carry = 0
         self._log_offset: int | None = None
         self._kmsg_ok = kmsg_path is not None
-        self._reads_total = 0
-        self._pending_verdicts: list[tuple[int, int]] = []
 
     # -- public --------------------------------------------------------------
 
@@ -250,11 +247,6 @@ class EngineWatch:
             elif new_log and OOM_LOG_PATTERN.search(new_log):
                 evidence = "engine log"
                 new_log = b""  # one log line explains one exit
-            elif is_root and self._supervisor_says_oom(pid):
-                evidence = "supervisor"
-            elif is_root and callable(self.services.get("engine_last_exit")):
-                # The supervisor runs after the collectors in a tick: ask again later.
-                self._pending_verdicts.append((pid, self._reads_total))
             oom = bool(evidence)
             if oom:
                 self.oom_total += 1
@@ -267,18 +259,6 @@ class EngineWatch:
             self.exits.append(ExitRecord(pid, now, is_root, oom, evidence))
         # A kill counted just before the exit became visible matches on the next read.
         self._oom_carry = min(avail, delta)
-        self._reads_total += 1
-        still = []
-        for pid, at in self._pending_verdicts:
-            if at == self._reads_total - 1:
-                still.append((pid, at))  # recorded in this very read, already asked
-            elif self._supervisor_says_oom(pid):
-                self.oom_total += 1
-                self.exits.append(ExitRecord(pid, now, True, True, "supervisor"))
-                log.warning("engine process %s exited by out-of-memory (supervisor)", pid)
-            elif self._reads_total - at <= 3:
-                still.append((pid, at))
-        self._pending_verdicts = still
 
     def _log_size(self) -> int:
         if self.log_path is None:
@@ -328,14 +308,3 @@ class EngineWatch:
         finally:
             os.close(fd)
         return False
-
-    def _supervisor_says_oom(self, pid: int) -> bool:
-        fn = self.services.get("engine_last_exit")
-        if not callable(fn):
-            return False
-        try:
-            info = fn()
-        except Exception:
-            log.exception("engine_last_exit failed")
-            return False
-        return bool(info) and info.get("pid") == pid and bool(info.get("oom"))

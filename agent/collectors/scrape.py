@@ -13,6 +13,7 @@ from __future__ import annotations
 from kcops.agent.collectors import adapters, promtext
 from kcops.agent.collectors.adapters import Adapter
 from kcops.agent.collectors.engine_http import EngineClient
+from kcops.agent.engine import Engine
 from kcops.agent.errors import CollectorUnavailable
 from kcops.agent.samples import Sample
 
@@ -20,8 +21,11 @@ from kcops.agent.samples import Sample
 class EngineScrapeCollector:
     name = "engine_scrape"
 
-    def __init__(self, client: EngineClient, adapter: str = "auto") -> None:
+    def __init__(
+        self, client: EngineClient, adapter: str = "auto", engine: Engine | None = None
+    ) -> None:
         self.client = client
+        self.engine = engine
         client.want_metrics = True
         self.configured = adapter
         self.adapter: Adapter | None = None if adapter == "auto" else adapters.get(adapter)
@@ -60,6 +64,8 @@ class EngineScrapeCollector:
             text = body.decode("utf-8")
         except UnicodeDecodeError:
             raise promtext.ExpositionError("engine /metrics is not UTF-8 text") from None
+        if self.adapter is None and self.engine is not None and self.engine.adapter:
+            self._use(adapters.get(self.engine.adapter))  # resolved once, by the engine
         if self.adapter is None:
             found = adapters.detect(promtext.metric_names(text))
             if found is None:
@@ -69,6 +75,8 @@ class EngineScrapeCollector:
                     reason="unknown_engine",
                 )
             self._use(found)
+            if self.engine is not None:
+                self.engine.learn(found.name)
         assert self.adapter is not None
         if body == self._last_body:  # an idle engine serves the same page: parse once
             return list(self._last_samples)

@@ -174,3 +174,20 @@ class ActionsSection(Section):
     kubernetes: KubernetesSection = Field(default_factory=KubernetesSection)
     notify: NotifySection = Field(default_factory=NotifySection)
     alertmanager_webhook: bool = Field(True, description="serve POST /api/v1/alertmanager")
+
+
+def warnings(actions: ActionsSection) -> list[str]:
+    """Settings that make ladder steps refuse (not errors: the agent runs, those steps skip)."""
+    out = []
+    if not actions.notify.url:
+        out.append(
+            "actions.notify.url is not set: notify steps are refused "
+            "(no applicable remediation) and pages are only logged and audited"
+        )
+    scale = actions.scale
+    if not scale.deployment and not scale.hpa and scale.lease.backend == "none":
+        out.append(
+            "actions.scale has no scaler (deployment, hpa or a fleet lease): "
+            "scale_out steps are refused"
+        )
+    return out

@@ -21,6 +21,13 @@ class EngineSection(Section):
         "/admin/state", description="kcops worker state (its pid), read when adapter is kcops"
     )
     timeout_s: float = Field(0.5, gt=0, le=30, description="HTTP timeout, shorter than a tick")
+    startup_timeout_s: float = Field(
+        600.0,
+        gt=0,
+        le=86_400,
+        description="a start (agent start or supervised spawn) not ready within this fires "
+        "KcopsEngineStartSlow; the engine is 'starting', not down, until then",
+    )
     pid: int | None = Field(None, ge=1)
     pidfile: Path | None = None
     log_path: Path | None = Field(

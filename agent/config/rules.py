@@ -16,6 +16,6 @@ class RulesSection(Section):
         default_factory=dict,
         description=(
             "overrides of the rule file's params (thresholds, windows), e.g. "
-            "{p99_latency_seconds: 0.3}; an unknown name is refused at load"
+            "{p99_ttft_seconds: 0.3}; an unknown name is refused at load"
         ),
     )

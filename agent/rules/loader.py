@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from kcops.agent.duration import parse_duration
 from kcops.agent.events import RemediationStep
 from kcops.agent.rules.model import RuleError
 from kcops.agent.rules.parse import parse_expr
@@ -38,25 +39,7 @@ RULE_KEYS = frozenset(
     {"alert", "record", "expr", "for", "keep_firing_for", "labels", "annotations"}
 )
 GROUP_KEYS = frozenset({"name", "interval", "rules", "limit"})
-_DURATION = re.compile(
-    r"^(?:(\d+)y)?(?:(\d+)w)?(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?(?:(\d+)ms)?$"
-)
-_UNITS = (365 * 86400, 7 * 86400, 86400, 3600, 60, 1, 0.001)
 _PARAM = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
-
-
-def parse_duration(text: Any) -> float:
-    """Prometheus duration (``1m30s``, ``500ms``, ``0``) in seconds; ValueError if bad."""
-    if isinstance(text, int) and not isinstance(text, bool) and text == 0:
-        return 0.0
-    if not isinstance(text, str) or not text:
-        raise ValueError(f"not a duration: {text!r}")
-    if text == "0":
-        return 0.0
-    m = _DURATION.match(text)
-    if m is None or not any(m.groups()):
-        raise ValueError(f'not a valid duration string: "{text}"')
-    return float(sum(int(g) * u for g, u in zip(m.groups(), _UNITS, strict=True) if g))
 
 
 @dataclass(frozen=True)

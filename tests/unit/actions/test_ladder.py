@@ -270,8 +270,7 @@ def test_resumed_ladder_waits_for_the_new_rule_engine(tmp_path: Path) -> None:
         ctx, _ = make_ctx(tmp_path, url, clock, mode="enforce", guards=grace)
         alerts = AlertsStub()
         alerts.state = "firing"
-        ctx.services["alerts"] = alerts
-        rem = await make_rem(ctx)
+        rem = await make_rem(ctx, alerts)
         ctx.bus.publish(transition("KcopsOOM", "firing", clock(), steps))
         await settle(rem)
         await rem.tick(clock.advance(1))
@@ -279,8 +278,7 @@ def test_resumed_ladder_waits_for_the_new_rule_engine(tmp_path: Path) -> None:
 
         ctx2, _ = make_ctx(tmp_path, url, clock, mode="enforce", guards=grace)
         alerts2 = AlertsStub()  # a fresh rule engine: nothing active yet
-        ctx2.services["alerts"] = alerts2
-        rem2 = await make_rem(ctx2)
+        rem2 = await make_rem(ctx2, alerts2)
         try:
             for _ in range(40):  # past the verify window, inside the grace: hold
                 await rem2.tick(clock.advance(1))
@@ -296,8 +294,7 @@ def test_resumed_ladder_waits_for_the_new_rule_engine(tmp_path: Path) -> None:
 
         # and when the alert does not come back, the ladder resolves after the grace
         ctx3, _ = make_ctx(tmp_path, url, clock, mode="enforce", guards=grace)
-        ctx3.services["alerts"] = AlertsStub()
-        rem3 = await make_rem(ctx3)
+        rem3 = await make_rem(ctx3, AlertsStub())
         try:
             await rem3.tick(clock.advance(99))
             assert "KcopsOOM" in rem3.ladders

@@ -45,7 +45,13 @@ def test_enforce_runs_audits_counts_and_traces(tmp_path: Path) -> None:
         ]
         ev = recs[0]
         assert ev["mode"] == "enforce" and ev["outcome"] == "ok"
-        assert ev["params"] == {"policy": "lru", "fraction": 0.5, "engine": True, "redis": True}
+        assert ev["params"] == {
+            "policy": "lru",
+            "fraction": 0.5,
+            "engine": True,
+            "redis": True,
+            "drop_running": False,
+        }
         assert ev["before"]["engine"]["blocks"] == 100 and ev["after"]["engine"]["blocks"] == 50
         assert recs[1]["before"] == "normal" and recs[1]["after"] == "fallback"
         assert recs[2]["before"] == {"top_n": 64} and recs[2]["after"] == {"top_n": 32}
@@ -70,9 +76,15 @@ def test_dry_run_changes_nothing_and_logs_everything(tmp_path: Path) -> None:
             for name in ("evict_cache", "fallback_to_base", "lower_topn", "raise_topn"):
                 run = rem.runner.submit(name)
                 assert run.outcome == "dry_run" and run.task is None
+            # dry-run runs the same checks as enforce: no supervisor, no restart
+            run = rem.runner.submit("restart_worker")
+            assert run.outcome == "refused" and run.refusal == "not_configured"
+            assert run.result is not None and run.result.detail.startswith(
+                "dry run: would refuse: restart_worker: the agent does not supervise"
+            )
             # and a per-request dry run of an enforcing agent
             ctx.config.actions.mode = "enforce"
-            run = rem.runner.submit("restart_worker", dry_run=True)
+            run = rem.runner.submit("fallback_to_base", dry_run=True, force=True, reason="t")
             assert run.outcome == "dry_run"
             await rem.tick(clock())
         finally:
@@ -81,7 +93,8 @@ def test_dry_run_changes_nothing_and_logs_everything(tmp_path: Path) -> None:
         assert w.snapshot() == before
         assert w.calls == []
         recs = audit(rem, "action")
-        assert len(recs) == 5 and {r["outcome"] for r in recs} == {"dry_run"}
+        assert [r["outcome"] for r in recs] == ["dry_run"] * 4 + ["refused", "dry_run"]
+        assert recs[4]["refusal"] == "not_configured"
         assert counter(ctx, "evict_cache", "dry_run") == 1
 
     asyncio.run(body())
@@ -105,11 +118,15 @@ def test_refusals_are_typed_audited_and_counted(tmp_path: Path) -> None:
             r = rem.runner.submit("raise_topn")
             await r.task  # type: ignore[misc]
             assert r.outcome == "refused" and "bound" in (r.error or "")
+            assert r.refusal == "at_bound"
+            # a refusal spends no cooldown and no budget: asked again, it is tried again
+            assert rem.guards.cooldown_until == {} and rem.guards.runs == []
             r = rem.runner.submit("raise_topn")
-            assert r.outcome == "skipped_cooldown"
-            r = rem.runner.submit("restart_worker")  # not supervised, mode auto
             await r.task  # type: ignore[misc]
             assert r.outcome == "refused"
+            r = rem.runner.submit("restart_worker")  # not supervised, mode auto
+            assert r.outcome == "refused" and r.task is None  # refused before any guard
+            assert r.refusal == "not_configured"
             ctx.config.actions.mode = "off"
             r = rem.runner.submit("evict_cache")
             assert r.outcome == "skipped_off"
@@ -118,8 +135,8 @@ def test_refusals_are_typed_audited_and_counted(tmp_path: Path) -> None:
             await rem.stop()
             await w.stop()
         assert w.state["top_n"] == 256
-        assert counter(ctx, "raise_topn", "skipped_cooldown") == 1
-        assert counter(ctx, "raise_topn", "refused") == 1
+        assert counter(ctx, "raise_topn", "skipped_cooldown") is None
+        assert counter(ctx, "raise_topn", "refused") == 2
 
     asyncio.run(body())
 

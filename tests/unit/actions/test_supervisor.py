@@ -39,11 +39,11 @@ async def wait_exit(sup: Supervisor) -> None:
 
 def test_graceful_restart_drains_then_respawns() -> None:
     async def body() -> None:
-        from kcops.agent.actions.engine import EngineAdmin
+        from kcops.agent.engine import Engine
 
         w = FakeWorker()
         url = await w.start()
-        engine = EngineAdmin(url, "kcops", token=w.token)
+        engine = Engine(url, "kcops", token=w.token)
         store = Store()
         clock = ManualClock()
         sup = Supervisor(
@@ -55,7 +55,11 @@ def test_graceful_restart_drains_then_respawns() -> None:
             assert old is not None
             out = await sup.restart("test")
             assert out["before"] == {"pid": old} and out["after"]["pid"] not in (None, old)
-            assert not out["killed"] and out["drain"] == {"drained": True, "in_flight_left": 0}
+            assert not out["killed"] and out["drain"] == {
+                "how": "drain",
+                "drained": True,
+                "in_flight_left": 0,
+            }
             assert ("POST", "/admin/drain", {"admit": False}) in w.calls
             assert not alive(old)
             await sup.tick(clock())
@@ -120,8 +124,10 @@ def test_not_restarted_while_starting() -> None:
     """An engine that has not been healthy since its start is loading, not hung."""
 
     async def body() -> None:
+        from kcops.agent.actions.base import Check, NoParams
         from kcops.agent.actions.restart_worker import SPEC
         from kcops.agent.config import parse_config
+        from kcops.agent.engine import Engine
         from kcops.agent.errors import ActionRejected
         from kcops.agent.samples import Sample
 
@@ -130,23 +136,30 @@ def test_not_restarted_while_starting() -> None:
         cfg = parse_config({"actions": {"restart": {"startup_grace_s": 60}}})
         sup = Supervisor(SLEEPER, cfg.actions.restart, clock=clock, store=store)
         await sup.start()
-        services = {"supervisor": sup}
-        try:
+        engine = Engine(None)
+        params = NoParams()
+
+        def check() -> None:
             assert SPEC.precheck is not None
+            SPEC.precheck(Check(cfg, engine, sup, clock()), params)
+
+        try:
             import pytest
 
             with pytest.raises(ActionRejected) as exc:
-                SPEC.precheck(cfg, services, clock())
+                check()
             assert exc.value.reason == "starting"
             # healthy once since the start: restarts are allowed
             store.add([Sample.of("kcops_engine_up", 1)], clock.advance(5))
             await sup.tick(clock())
-            SPEC.precheck(cfg, services, clock())
+            check()
             # after a restart it is starting again, until healthy or the grace passes
             await sup.restart()
+            clock.advance(1)
             with pytest.raises(ActionRejected):
-                SPEC.precheck(cfg, services, clock.advance(1))
-            SPEC.precheck(cfg, services, clock.advance(60))
+                check()
+            clock.advance(60)
+            check()
         finally:
             await sup.stop()
 

@@ -19,7 +19,7 @@ def built(data: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
 def test_defaults_without_an_engine() -> None:
     names, services = built({})
     assert names == ["self", "probe", "nvml"]
-    assert "engine_pid_source" in services
+    assert services == {}  # no service registry: dependencies are passed in
 
 
 def test_engine_url_with_auto_adapter_enables_everything() -> None:
@@ -34,8 +34,7 @@ def test_engine_url_with_auto_adapter_enables_everything() -> None:
         "engine_health",
         "engine_scrape",
     ]
-    assert "engine_client" in services
-    assert services["engine_adapter"]() is None  # auto: not detected before a page
+    assert services == {}
 
 
 def test_vllm_by_url_only_has_no_process_collectors() -> None:

@@ -38,7 +38,9 @@ def make_ctx(tmp_path: Path, rules_cfg: dict[str, Any] | None = None) -> AgentCo
 
 def feed_healthy(store: Store, t: float, up: float) -> None:
     store.append(SeriesKey.of("kcops_engine_up", {"engine": "e1"}), t, up)
-    store.append(SeriesKey.of("kcops_engine_last_healthy_age_seconds", {"engine": "e1"}), t, 0.0)
+    # The engine was ready; down when it stops answering (kcops_engine_state, one-hot).
+    for state, on in (("starting", 0.0), ("ready", up), ("hung", 0.0), ("down", 1.0 - up)):
+        store.append(SeriesKey.of("kcops_engine_state", {"engine": "e1", "state": state}), t, on)
 
 
 def test_engine_down_fires_after_30s_and_resolves(tmp_path: Path) -> None:
@@ -62,7 +64,7 @@ def test_engine_down_fires_after_30s_and_resolves(tmp_path: Path) -> None:
     firing = next(tr for tr in seen if tr.state == "firing")
     assert [s.action for s in firing.remediation] == ["restart_worker"]
     assert firing.labels["engine"] == "e1" and firing.labels["severity"] == "page"
-    assert "KcopsEngineDown" in comp.rule_names() and len(comp.rule_names()) == 11
+    assert "KcopsEngineDown" in comp.rule_names() and len(comp.rule_names()) == 13
     # state series for the exporter and for rules over ALERTS
     key = SeriesKey.of("kcops_alert_state", {"alertname": "KcopsEngineDown", "state": "inactive"})
     assert ctx.store.latest(key) == (T0 + 59, 1.0)
@@ -110,9 +112,9 @@ def test_is_firing_active_and_routes(tmp_path: Path) -> None:
 
 
 def test_config_params_override_and_bad_files_refuse_to_start(tmp_path: Path) -> None:
-    ctx = make_ctx(tmp_path, {"params": {"engine_hung_seconds": 5}})
+    ctx = make_ctx(tmp_path, {"params": {"p99_ttft_seconds": 5}})
     (comp,) = rules.build(ctx)
-    assert "> 5" in comp.ruleset.get("KcopsEngineDown").expr
+    assert "> 5" in comp.ruleset.get("KcopsP99LatencyHigh").expr
     with pytest.raises(ConfigError, match="unknown parameter"):
         rules.build(make_ctx(tmp_path, {"params": {"nope": 1}}))
     bad = tmp_path / "bad.yaml"

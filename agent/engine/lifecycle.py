@@ -1,0 +1,77 @@
+"""Engine lifecycle: starting -> ready -> hung | down, as a pure step.
+
+``starting`` lasts from the start of the engine (the agent's start, or a
+supervised spawn) until its first healthy answer; an engine that was never
+ready is loading, not down, so ``KcopsEngineDown`` counts only from
+``ready`` and a slow start has its own alert (``KcopsEngineStartSlow``).
+After ``ready``, a health check that times out is ``hung`` (the process
+answers nothing) and any other failure is ``down``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from enum import StrEnum
+
+
+class EngineState(StrEnum):
+    STARTING = "starting"
+    READY = "ready"
+    HUNG = "hung"
+    DOWN = "down"
+
+
+@dataclass(frozen=True)
+class Lifecycle:
+    state: EngineState
+    since: float  # Unix s the state began
+    started_at: float  # Unix s of the start (agent start or spawn)
+
+
+@dataclass(frozen=True)
+class Health:
+    """One tick's health answer: ``ok``, or the failure's reason (timeout, connect, ...)."""
+
+    t: float
+    ok: bool
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Spawned:
+    """The supervisor started a new engine process at ``t``."""
+
+    t: float
+
+
+@dataclass(frozen=True)
+class Exited:
+    """The supervised engine process exited at ``t``."""
+
+    t: float
+
+
+Event = Health | Spawned | Exited
+
+
+def initial(now: float) -> Lifecycle:
+    return Lifecycle(EngineState.STARTING, now, now)
+
+
+def step(lc: Lifecycle, ev: Event) -> Lifecycle:
+    """The lifecycle after ``ev`` (pure)."""
+    if isinstance(ev, Spawned):
+        return Lifecycle(EngineState.STARTING, ev.t, ev.t)
+    if isinstance(ev, Exited):
+        # A process that dies while loading is respawned by the supervisor (which
+        # pages on a crash loop): it has not been ready, so it is not "down".
+        return lc if lc.state is EngineState.STARTING else _to(lc, EngineState.DOWN, ev.t)
+    if ev.ok:
+        return _to(lc, EngineState.READY, ev.t)
+    if lc.state is EngineState.STARTING:
+        return lc  # still loading: not down until it was ready once
+    return _to(lc, EngineState.HUNG if ev.reason == "timeout" else EngineState.DOWN, ev.t)
+
+
+def _to(lc: Lifecycle, state: EngineState, t: float) -> Lifecycle:
+    return lc if lc.state is state else replace(lc, state=state, since=t)
