@@ -20,10 +20,10 @@ from kcops.agent.errors import ActionRejected
 def has_scaler(check: Check, _: Params) -> None:
     """scale_out with nothing that acts on its number would report a scale-out that never is."""
     cfg = check.config.actions.scale
-    if not cfg.deployment and not cfg.hpa and cfg.lease.backend == "none":
+    if not (cfg.deployment or cfg.hpa or cfg.hpa_reads_gauge) and cfg.lease.backend == "none":
         raise ActionRejected(
             "scale_out: no scaler configured (set actions.scale.deployment, actions.scale.hpa, "
-            "or a fleet lease whose floor an HPA reads through kcops_desired_replicas)",
+            "actions.scale.hpa_reads_gauge, or a fleet lease)",
             "not_configured",
         )
 

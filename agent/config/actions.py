@@ -145,6 +145,12 @@ class ScaleSection(Section):
         pattern=_K8S_NAME,
         description="raise this HPA's minReplicas (never patch replicas under an HPA)",
     )
+    hpa_reads_gauge: bool = Field(
+        False,
+        description="an HPA scales on kcops_desired_replicas (prometheus-adapter): publishing "
+        "the gauge is the scale-out; with none of deployment, hpa, this or a fleet lease, "
+        "scale_out has no scaler and is refused",
+    )
     hold_s: float = Field(
         1800.0, ge=0, le=7 * 86400, description="then minReplicas goes back to what it was"
     )
@@ -185,9 +191,12 @@ def warnings(actions: ActionsSection) -> list[str]:
             "(no applicable remediation) and pages are only logged and audited"
         )
     scale = actions.scale
-    if not scale.deployment and not scale.hpa and scale.lease.backend == "none":
+    if (
+        not (scale.deployment or scale.hpa or scale.hpa_reads_gauge)
+        and scale.lease.backend == "none"
+    ):
         out.append(
-            "actions.scale has no scaler (deployment, hpa or a fleet lease): "
+            "actions.scale has no scaler (deployment, hpa, hpa_reads_gauge or a fleet lease): "
             "scale_out steps are refused"
         )
     return out

@@ -152,7 +152,7 @@ def test_check_config_warns_about_steps_that_will_refuse(tmp_path: Path) -> None
     from kcops.agent.cli.agent_cmd import agent_group
 
     cfg = tmp_path / "agent.yaml"
-    cfg.write_text("actions: {scale: {hpa: true}}\n")
+    cfg.write_text("actions: {scale: {hpa: serving}}\n")
     res = CliRunner().invoke(agent_group, ["check-config", str(cfg)])
     assert res.exit_code == 0
     assert "warning: actions.notify.url is not set: notify steps are refused" in res.output

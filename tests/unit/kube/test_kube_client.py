@@ -129,7 +129,7 @@ def test_scale_out_raises_the_hpa_floor_under_a_lease(tmp_path: Path) -> None:
             n = len(api.requests)
             run = rem_b.runner.submit("scale_out", {"step": 1})
             await run.task  # type: ignore[misc]
-            assert run.outcome == "refused" and "cooldown" in (run.error or "")
+            assert run.outcome == "skipped_cooldown" and "cooldown" in (run.error or "")
             assert "PATCH" not in [r.verb for r in api.requests[n:]]
         finally:
             await rem_b.stop()
