@@ -35,7 +35,7 @@ from kcops.agent.query import QueryComponent
 from kcops.agent.samples import Sample
 from kcops.agent.signals import register_all
 from kcops.agent.store import Store
-from kcops.agent.telemetry import build_tracer_provider
+from kcops.agent.telemetry import build_metric_exporters, build_tracer_provider
 
 log = logging.getLogger("kcops.agent")
 
@@ -86,6 +86,7 @@ class Agent:
         self.components += rules_pkg.build(self.ctx)
         self.components += actions_pkg.build(self.ctx)
         self.components.append(QueryComponent(self.ctx))
+        self.components += build_metric_exporters(self.ctx, self.started_at)
         self.components += list(extra_components or [])
         self._stop = asyncio.Event()
         self._http: web.AppRunner | None = None

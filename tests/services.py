@@ -134,6 +134,7 @@ def agent_in_thread(
     tick_s: float = 0.1,
     min_ticks: int = 2,
     token: str | None = None,
+    config: dict[str, object] | None = None,
     **agent_kwargs: object,
 ) -> Iterator[str]:
     """A real Agent (HTTP included) on its own event loop in a thread; yields its URL."""
@@ -145,7 +146,10 @@ def agent_in_thread(
 
     port = free_port()
     cfg = parse_config(
-        {"agent": {"listen": f"127.0.0.1:{port}", "state_dir": str(tmp), "tick_s": tick_s}}
+        {
+            "agent": {"listen": f"127.0.0.1:{port}", "state_dir": str(tmp), "tick_s": tick_s},
+            **(config or {}),
+        }
     )
     agent = Agent(cfg, token=token, **agent_kwargs)  # type: ignore[arg-type]
     loop = asyncio.new_event_loop()
