@@ -32,6 +32,7 @@ from kcops.agent.errors import ConfigError
 from kcops.agent.events import EventBus
 from kcops.agent.exporter import build_registry
 from kcops.agent.query import QueryComponent
+from kcops.agent.query_range import QueryRangeComponent
 from kcops.agent.samples import Sample
 from kcops.agent.signals import register_all
 from kcops.agent.store import Store
@@ -86,6 +87,7 @@ class Agent:
         self.components += rules_pkg.build(self.ctx)
         self.components += actions_pkg.build(self.ctx)
         self.components.append(QueryComponent(self.ctx))
+        self.components.append(QueryRangeComponent(self.ctx))
         self.components += build_metric_exporters(self.ctx, self.started_at)
         self.components += list(extra_components or [])
         self._stop = asyncio.Event()

@@ -52,6 +52,7 @@ _add_optional("kcops.agent.cli.runbook", "runbook_cmd", "runbook", "runbooks: no
 _add_optional("kcops.agent.cli.diagnose", "diagnose_cmd", "diagnose", "not scheduled yet")
 _add_optional("kcops.agent.cli.top", "top_cmd", "top", "issue 15: live view")
 _add_optional("kcops.agent.cli.load.cmd", "load_cmd", "load", "issue 15: Locust load")
+_add_optional("kcops.agent.cli.report.cmd", "report_cmd", "report", "issue 15: report page")
 _add_optional(
     "kcops.agent.cli.dashboards", "dashboards_group", "dashboards", "dashboards: not scheduled yet"
 )

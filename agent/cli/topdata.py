@@ -112,6 +112,25 @@ class AgentClient:
                 out.append((dict(r["metric"]), v))
         return out
 
+    def matrix(
+        self, expr: str, start: float, end: float, step_s: float
+    ) -> list[tuple[dict[str, str], dict[float, float]]]:
+        """A range query's series as (labels, {t: value}); NaN and Inf dropped."""
+        params = {
+            "query": expr,
+            "start": f"{start:.3f}",
+            "end": f"{end:.3f}",
+            "step": f"{step_s:.3f}",
+        }
+        body = self.get("/api/v1/query_range", params)
+        if not isinstance(body, dict) or body.get("status") != "success":
+            return []
+        out = []
+        for r in body["data"]["result"]:
+            pts = {round(float(t), 3): float(v) for t, v in r["values"]}
+            out.append((dict(r["metric"]), {t: v for t, v in pts.items() if math.isfinite(v)}))
+        return out
+
     def scalar(self, expr: str, at: float | None = None) -> float | None:
         rows = self.vector(expr, at)
         return rows[0][1] if rows else None
