@@ -49,7 +49,9 @@ test-fast: install
 	$(VENV)/bin/pytest -q -m "not slow" tests/unit
 
 demo: install services
-	$(VENV)/bin/kcops demo
+	@$(PY) -c "import importlib.util as u,sys; sys.exit(not (u.find_spec('locust') and u.find_spec('matplotlib')))" \
+		|| $(PIP) install --quiet -e ".[load,viz]"
+	$(VENV)/bin/kcops demo $(DEMO_ARGS)
 
 # Locust headless against the worker or any OpenAI-compatible engine, with a ramp:
 #   make load HOST=http://127.0.0.1:8000 [AGENT=http://127.0.0.1:9464] [USERS=8 RATE=1 TIME=60]

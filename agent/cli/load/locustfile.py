@@ -9,7 +9,11 @@ entry, type ``TTFT``, is the time to the first token. One request in
 the route it took: those entries are named ``short→base`` / ``long→topn``, which
 makes the reference worker's short→base / long→optimized split visible in
 Locust's own table. Environment: ``KCOPS_LOAD_MAX_TOKENS`` (16),
-``KCOPS_LOAD_MODEL`` (the engine's default model when empty).
+``KCOPS_LOAD_MODEL`` (the engine's default model when empty), and
+``KCOPS_LOAD_MODE_FILE``: a file read before each request whose content shifts
+the traffic while Locust runs (the demo's drills): ``mixed`` (default),
+``unique`` (every prompt starts differently: no prefix reuse) or ``long``
+(long prompts only: K(C) rises).
 
     locust -f bench/locustfile.py --host http://127.0.0.1:8000
 """
@@ -38,12 +42,36 @@ def _corpus() -> list[str]:
 CORPUS = _corpus()
 MAX_TOKENS = int(os.environ.get("KCOPS_LOAD_MAX_TOKENS", "16"))
 MODEL = os.environ.get("KCOPS_LOAD_MODEL", "")
+MODE_FILE = os.environ.get("KCOPS_LOAD_MODE_FILE", "")
 PLAIN_EVERY = max(1, int(os.environ.get("KCOPS_LOAD_PLAIN_EVERY", "3")))
 
 
-def prompt(kind: str, rng: random.Random) -> str:
+def load_mode() -> str:
+    if not MODE_FILE:
+        return "mixed"
+    try:
+        with open(MODE_FILE) as fh:
+            return fh.read().strip() or "mixed"
+    except OSError:
+        return "mixed"
+
+
+def prompt(kind: str, rng: random.Random, mode: str = "mixed") -> str:
+    if mode == "long":
+        kind = "long"
     lo, hi = SHORT_CHARS if kind == "short" else LONG_CHARS
-    return rng.choice(CORPUS)[: rng.randint(lo, hi)]
+    text = rng.choice(CORPUS)[: rng.randint(lo, hi)]
+    if mode == "unique":
+        # A different first block for every request: the prefix cache cannot hit.
+        text = f"Request {rng.getrandbits(64):016x}. " + text
+    return text
+
+
+def _back_off(status: int) -> None:
+    # Status 0 is "no answer" (engine down or restarting): a user waits a second
+    # instead of counting hundreds of refused connections, as a client with retry would.
+    if status == 0:
+        time.sleep(1.0)
 
 
 class CompletionsUser(HttpUser):
@@ -57,7 +85,7 @@ class CompletionsUser(HttpUser):
 
     def _body(self, kind: str, stream: bool) -> dict[str, object]:
         body: dict[str, object] = {
-            "prompt": prompt(kind, self.rng),
+            "prompt": prompt(kind, self.rng, load_mode()),
             "max_tokens": MAX_TOKENS,
             "temperature": 0,
             "stream": stream,
@@ -87,6 +115,7 @@ class CompletionsUser(HttpUser):
         ) as resp:
             if resp.status_code != 200:
                 resp.failure(f"HTTP {resp.status_code}")
+                _back_off(resp.status_code)
                 return
             try:
                 route = resp.json().get("kcops", {}).get("route")
@@ -109,17 +138,22 @@ class CompletionsUser(HttpUser):
         ) as resp:
             if resp.status_code != 200:
                 resp.failure(f"HTTP {resp.status_code}")
+                _back_off(resp.status_code)
                 return
             error = None
-            for line in resp.iter_lines():
-                if not line.startswith(b"data: ") or line == b"data: [DONE]":
-                    continue
-                chunk = json.loads(line[6:])
-                if "error" in chunk:
-                    error = str(chunk["error"])[:200]
-                    break
-                if ttft_s is None and chunk["choices"][0].get("text"):
-                    ttft_s = time.perf_counter() - t0
+            try:
+                for line in resp.iter_lines():
+                    if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                        continue
+                    chunk = json.loads(line[6:])
+                    if "error" in chunk:
+                        error = str(chunk["error"])[:200]
+                        break
+                    if ttft_s is None and chunk["choices"][0].get("text"):
+                        ttft_s = time.perf_counter() - t0
+            except (OSError, ValueError, KeyError, IndexError) as exc:
+                # A stream cut mid-way (engine restarted) or garbled: a failed request.
+                error = f"{type(exc).__name__}: {str(exc)[:160]}"
             # Locust timed the headers; the user waits for the whole stream.
             resp.request_meta["response_time"] = (time.perf_counter() - t0) * 1000
             if error:

@@ -148,6 +148,7 @@ class LocustRun:
     run_time_s: float = 60.0
     max_tokens: int = 16
     log_path: Path | None = None
+    mode_file: Path | None = None
     proc: subprocess.Popen[bytes] | None = None
 
     def command(self) -> list[str]:
@@ -163,6 +164,8 @@ class LocustRun:
             raise ConfigError("Locust is not installed: pip install 'kcops[load]'")
         self.csv_prefix.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "KCOPS_LOAD_MAX_TOKENS": str(self.max_tokens)}
+        if self.mode_file is not None:
+            env["KCOPS_LOAD_MODE_FILE"] = str(self.mode_file)
         log = open(self.log_path or os.devnull, "wb")  # noqa: SIM115 (owned by the child)
         self.proc = subprocess.Popen(
             self.command(), stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True

@@ -32,6 +32,11 @@ def _dt(ts: float) -> datetime:
     return datetime.fromtimestamp(ts).astimezone()
 
 
+def acted(tl: Timeline) -> list[dict[str, Any]]:
+    """Actions that ran (or were rehearsed): a guard's skip is in the table, not on the plot."""
+    return [r for r in tl.actions if not str(r.get("outcome", "")).startswith("skipped")]
+
+
 def _decorate(ax: Any, tl: Timeline) -> None:
     import matplotlib.dates as mdates
 
@@ -40,7 +45,7 @@ def _decorate(ax: Any, tl: Timeline) -> None:
     ax.grid(True, alpha=0.3)
     for iv in tl.intervals:
         ax.axvspan(_dt(iv.start), _dt(iv.end), color=BAND.get(iv.state, "#999"), alpha=0.15, lw=0)
-    for rec in tl.actions:
+    for rec in acted(tl):
         ax.axvline(_dt(float(rec["ts"])), color="#333", ls="--", lw=0.8, alpha=0.7)
 
 
@@ -48,7 +53,7 @@ def _figure() -> tuple[Any, Any]:
     # Fixed margins, not a layout engine: every panel's plot area spans the same
     # pixels, so one instant is at the same x on every image of the page.
     fig, ax = _pyplot().subplots(figsize=(WIDTH_IN, HEIGHT_IN))
-    fig.subplots_adjust(left=0.14, right=0.99, bottom=0.14, top=0.88)
+    fig.subplots_adjust(left=0.2, right=0.99, bottom=0.14, top=0.88)
     return fig, ax
 
 
@@ -91,7 +96,7 @@ def alerts_png(tl: Timeline) -> bytes:
                 color=BAND.get(iv.state, "#999"), height=0.6)  # fmt: skip
     ax.set_yticks(range(len(names)), names, fontsize=7)
     ax.set_ylim(-0.7, max(len(names), 1) - 0.3)
-    for rec in tl.actions:
+    for rec in acted(tl):
         ax.annotate(f"{rec.get('action')} ({rec.get('outcome')})", (_dt(float(rec["ts"])), -0.6),
                     fontsize=6, rotation=90, va="bottom", ha="right", color="#333")  # fmt: skip
     if not names:
