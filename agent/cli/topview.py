@@ -68,9 +68,10 @@ def gib(v: float | None) -> str:
 def header(s: Snapshot) -> Text:
     st = s.status
     v = s.values
-    if v.get("engine_up") is None:
+    up = v.get("engine_up")
+    if up is None:
         engine = Text("engine ?", style="dim")
-    elif v["engine_up"] >= 1:
+    elif up >= 1:
         engine = Text("engine UP", style="bold green")
     else:
         engine = Text("engine DOWN", style="bold red")
