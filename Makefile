@@ -74,6 +74,7 @@ load: install
 		for i in $$(seq 120); do curl -sf "http://127.0.0.1:$$port/health" >/dev/null && break; sleep 1; done; \
 		$(VENV)/bin/kcops load --host "http://127.0.0.1:$$port" $(if $(AGENT),--agent "$(AGENT)") \
 			--users $(USERS) --spawn-rate $(RATE) --run-time $(TIME); \
+		rc=$$?; kill $$wpid 2>/dev/null; wait $$wpid 2>/dev/null; exit $$rc; \
 	fi
 
 clean:
