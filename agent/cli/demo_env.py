@@ -189,6 +189,10 @@ class DemoEnv:
             lambda: httpx.get(self.worker + "/health", timeout=1).is_success,
         )
         self.first_pid = self.worker_state()["pid"]
+        click.echo(
+            f"- agent {self.agent}, worker {self.worker}; "
+            f"watch with `kcops top --agent {self.agent}`"
+        )
 
     # -- what the parts see ----------------------------------------------------
 
