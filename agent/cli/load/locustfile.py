@@ -56,11 +56,16 @@ def load_mode() -> str:
         return "mixed"
 
 
+# Chat traffic shares an instruction prefix across requests; a prefix cache
+# exists for it. Short enough that short prompts stay under the long threshold.
+SYSTEM = "You answer questions about Python from its reference manual. Be brief.\n\n"
+
+
 def prompt(kind: str, rng: random.Random, mode: str = "mixed") -> str:
     if mode == "long":
         kind = "long"
     lo, hi = SHORT_CHARS if kind == "short" else LONG_CHARS
-    text = rng.choice(CORPUS)[: rng.randint(lo, hi)]
+    text = SYSTEM + rng.choice(CORPUS)[: rng.randint(lo, hi)]
     if mode == "unique":
         # A different first block for every request: the prefix cache cannot hit.
         text = f"Request {rng.getrandbits(64):016x}. " + text
