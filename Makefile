@@ -7,7 +7,7 @@ TORCH_VERSION := 2.13.0
 STAMP := $(VENV)/.kcops-installed
 APT_PACKAGES := redis-server prometheus prometheus-alertmanager
 
-.PHONY: install services lint typecheck test test-fast demo clean
+.PHONY: install services lint typecheck test test-fast demo load clean
 
 install: $(STAMP)
 
@@ -52,7 +52,33 @@ test-fast: install lint typecheck
 	$(VENV)/bin/pytest -q -n 2 --dist loadfile -m "not slow" tests/unit
 
 demo: install services
-	$(VENV)/bin/kcops demo
+	@$(PY) -c "import importlib.util as u,sys; sys.exit(not (u.find_spec('locust') and u.find_spec('matplotlib')))" \
+		|| $(PIP) install --quiet -e ".[load,viz]"
+	$(VENV)/bin/kcops demo $(DEMO_ARGS)
+
+# Locust headless against the worker or any OpenAI-compatible engine, with a ramp:
+#   make load HOST=http://127.0.0.1:8000 [AGENT=http://127.0.0.1:9464] [USERS=8 RATE=1 TIME=60]
+# With no HOST, it starts the reference worker (tiny model) on a free port for the run.
+HOST ?=
+AGENT ?=
+USERS ?= 8
+RATE ?= 1
+TIME ?= 60
+load: install
+	@$(PY) -c "import importlib.util,sys; sys.exit(importlib.util.find_spec('locust') is None)" \
+		|| $(PIP) install --quiet -e ".[load]"
+	@if [ -n "$(HOST)" ]; then \
+		$(VENV)/bin/kcops load --host "$(HOST)" $(if $(AGENT),--agent "$(AGENT)") \
+			--users $(USERS) --spawn-rate $(RATE) --run-time $(TIME); \
+	else \
+		port=$$($(PY) -c "import socket;s=socket.socket();s.bind(('127.0.0.1',0));print(s.getsockname()[1])"); \
+		$(VENV)/bin/kcops serve --model tiny --port $$port --long-threshold 64 >/tmp/kcops-load-worker.log 2>&1 & \
+		wpid=$$!; trap "kill $$wpid" EXIT; \
+		for i in $$(seq 120); do curl -sf "http://127.0.0.1:$$port/health" >/dev/null && break; sleep 1; done; \
+		$(VENV)/bin/kcops load --host "http://127.0.0.1:$$port" $(if $(AGENT),--agent "$(AGENT)") \
+			--users $(USERS) --spawn-rate $(RATE) --run-time $(TIME); \
+		rc=$$?; kill $$wpid 2>/dev/null; wait $$wpid 2>/dev/null; exit $$rc; \
+	fi
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache

@@ -129,7 +129,13 @@ def redis_server(tmp: Path) -> Iterator[str]:
 
 @contextlib.contextmanager
 def agent_in_thread(
-    tmp: Path, *, tick_s: float = 0.1, min_ticks: int = 2, **agent_kwargs: object
+    tmp: Path,
+    *,
+    tick_s: float = 0.1,
+    min_ticks: int = 2,
+    token: str | None = None,
+    config: dict[str, object] | None = None,
+    **agent_kwargs: object,
 ) -> Iterator[str]:
     """A real Agent (HTTP included) on its own event loop in a thread; yields its URL."""
     import asyncio
@@ -140,9 +146,12 @@ def agent_in_thread(
 
     port = free_port()
     cfg = parse_config(
-        {"agent": {"listen": f"127.0.0.1:{port}", "state_dir": str(tmp), "tick_s": tick_s}}
+        {
+            "agent": {"listen": f"127.0.0.1:{port}", "state_dir": str(tmp), "tick_s": tick_s},
+            **(config or {}),
+        }
     )
-    agent = Agent(cfg, token=None, **agent_kwargs)  # type: ignore[arg-type]
+    agent = Agent(cfg, token=token, **agent_kwargs)  # type: ignore[arg-type]
     loop = asyncio.new_event_loop()
     t = threading.Thread(target=loop.run_until_complete, args=(agent.run(False),), daemon=True)
     t.start()

@@ -50,6 +50,9 @@ _add_optional("kcops.agent.cli.actions", "actions_group", "actions", "issue 7: r
 _add_optional("kcops.agent.cli.demo", "demo_cmd", "demo", "foundation")
 _add_optional("kcops.agent.cli.runbook", "runbook_cmd", "runbook", "runbooks: not scheduled yet")
 _add_optional("kcops.agent.cli.diagnose", "diagnose_cmd", "diagnose", "not scheduled yet")
+_add_optional("kcops.agent.cli.top", "top_cmd", "top", "issue 15: live view")
+_add_optional("kcops.agent.cli.load.cmd", "load_cmd", "load", "issue 15: Locust load")
+_add_optional("kcops.agent.cli.report.cmd", "report_cmd", "report", "issue 15: report page")
 _add_optional(
     "kcops.agent.cli.dashboards", "dashboards_group", "dashboards", "dashboards: not scheduled yet"
 )

@@ -23,6 +23,7 @@ from kcops.agent.cli.common import (
     handle_errors,
     token_headers,
 )
+from kcops.agent.cli.timefmt import as_float, when
 
 
 def parse_since(value: str | None, now: float | None = None) -> float | None:
@@ -63,10 +64,9 @@ def parse_params(pairs: tuple[str, ...]) -> dict[str, Any]:
 
 
 def _when(ts: Any) -> str:
-    try:
-        return datetime.fromtimestamp(float(ts), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    except (TypeError, ValueError):
-        return "?"
+    """Local ISO time and how long ago, e.g. ``2026-12-01T03:04:05+01:00 (3m ago)``."""
+    t = as_float(ts)
+    return "?" if t is None else when(t)
 
 
 def format_record(r: dict[str, Any]) -> str:

@@ -17,6 +17,7 @@ from kcops.agent.cli.common import (
     echo_json,
     handle_errors,
 )
+from kcops.agent.cli.timefmt import as_float, when
 from kcops.agent.errors import ConfigError
 
 
@@ -91,15 +92,17 @@ def list_cmd(agent_url: str, rules_file: str | None, as_json: bool) -> None:
         click.echo("no active alerts")
     for a in active:
         labels = ",".join(f"{k}={v}" for k, v in sorted(a["labels"].items()) if k != "alertname")
-        click.echo(f"{a['alertname']:<30} {a['state']:<8} since={a['active_since']:.0f} {labels}")
+        since = a.get("fired_at") if a["state"] == "firing" else a.get("active_since")
+        click.echo(f"{a['alertname']:<30} {a['state']:<8} since {when(as_float(since))} {labels}")
 
 
 @alerts_group.command("show", help="One rule: expression, for, labels, annotations, remediation.")
 @click.argument("name")
 @rules_option
 @param_option
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @handle_errors
-def show_cmd(name: str, rules_file: str | None, params: tuple[str, ...]) -> None:
+def show_cmd(name: str, rules_file: str | None, params: tuple[str, ...], as_json: bool) -> None:
     rs = _load(rules_file, params)
     rule = rs.get(name)
     if rule is None:
@@ -114,6 +117,9 @@ def show_cmd(name: str, rules_file: str | None, params: tuple[str, ...]) -> None
             {"action": s.action, "params": dict(s.params), "verify_s": s.verify_s}
             for s in rule.remediation
         ]
+    if as_json:
+        echo_json(doc)
+        return
     click.echo(yaml.safe_dump(doc, sort_keys=False, width=1000), nl=False)
 
 

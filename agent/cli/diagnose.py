@@ -14,6 +14,7 @@ from kcops.agent.cli.common import (
     handle_errors,
 )
 from kcops.agent.cli.status import format_status
+from kcops.agent.cli.timefmt import ago, as_float, when
 
 
 def _optional(agent_url: str, path: str) -> Any:
@@ -69,13 +70,17 @@ def diagnose_cmd(agent_url: str, as_json: bool) -> None:
     if alerts:
         click.echo("\nalerts:")
         for a in alerts:
-            click.echo(f"  {a['state']:8} {a['alertname']} {a.get('labels', {})}")
+            since = a.get("fired_at") if a["state"] == "firing" else a.get("active_since")
+            click.echo(
+                f"  {a['state']:8} {a['alertname']} since {when(as_float(since))} "
+                f"{a.get('labels', {})}"
+            )
     hist = report.get("history")
     records = hist.get("records", hist) if isinstance(hist, dict) else (hist or [])
     if records:
         click.echo("\nrecent actions:")
         for r in records[-10:]:
             click.echo(
-                f"  {r.get('action', r.get('event', '?')):18} {r.get('outcome', ''):10} "
-                f"{r.get('alertname', '')}"
+                f"  {ago(as_float(r.get('ts'))):>9}  {r.get('action', r.get('event', '?')):18} "
+                f"{r.get('outcome', ''):10} {r.get('alertname', '')}"
             )

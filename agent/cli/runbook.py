@@ -21,8 +21,10 @@ from kcops.agent.cli.common import (
     agent_get_json,
     agent_option,
     agent_request,
+    echo_json,
     handle_errors,
 )
+from kcops.agent.cli.timefmt import as_float, when
 
 INLINE_CODE = re.compile(r"`([^`\n]+)`")
 
@@ -70,9 +72,14 @@ def _fmt_result(data: dict[str, Any]) -> list[str]:
     return rows or ["(no data)"]
 
 
-def _query(agent_url: str, expr: str) -> list[str]:
+def _query(agent_url: str, expr: str) -> dict[str, Any]:
+    """The query API's answer: ``{"status": ..., "data": ...}`` or an error body."""
     resp = agent_request("GET", agent_url, "/api/v1/query?" + _qs(expr))
-    body = resp.json()
+    body: dict[str, Any] = resp.json()
+    return body
+
+
+def _rows(body: dict[str, Any]) -> list[str]:
     if body.get("status") != "success":
         return [f"error: {body.get('error')}"]
     return _fmt_result(body["data"])
@@ -84,38 +91,61 @@ def _qs(expr: str) -> str:
     return urlencode({"query": expr})
 
 
+def live_data(agent_url: str, name: str, text: str) -> dict[str, Any]:
+    """The alert's state, its expression's value now and each check's value, as JSON."""
+    alerts = agent_get_json(agent_url, "/api/v1/alerts").get("alerts", [])
+    rules = agent_get_json(agent_url, "/api/v1/rules").get("rules", [])
+    rule = next((r for r in rules if r.get("name") == name), None)
+    expr = " ".join(rule["expr"].split()) if rule is not None and rule.get("expr") else None
+    return {
+        "agent": agent_url,
+        "alerts": [a for a in alerts if a.get("alertname") == name],
+        "expr": expr,
+        "expr_result": _query(agent_url, expr) if expr else None,
+        "checks": [{"expr": q, "result": _query(agent_url, q)} for q in runbook_queries(text)],
+    }
+
+
+def print_live(name: str, live: dict[str, Any]) -> None:
+    click.echo("\n## Live data from " + live["agent"])
+    if not live["alerts"]:
+        click.echo(f"- {name}: inactive")
+    for a in live["alerts"]:
+        labels = ",".join(f"{k}={v}" for k, v in sorted(a.get("labels", {}).items()))
+        since = a.get("fired_at") if a["state"] == "firing" else a.get("active_since")
+        click.echo(f"- {name}: {a['state']} since {when(as_float(since))} {{{labels}}}")
+    if live["expr"]:
+        click.echo(f"- the alert's expression now: {live['expr']}")
+        for row in _rows(live["expr_result"]):
+            click.echo(f"    {row}")
+    for check in live["checks"]:
+        click.echo(f"- {check['expr']}")
+        for row in _rows(check["result"]):
+            click.echo(f"    {row}")
+
+
 @click.command("runbook", help="Show an alert's runbook and run its checks against live data.")
 @click.argument("name", required=False)
 @agent_option
 @click.option("--offline", is_flag=True, help="Print the runbook only; do not ask the agent.")
+@click.option("--json", "as_json", is_flag=True, help="Print the runbook and live data as JSON.")
 @handle_errors
-def runbook_cmd(name: str | None, agent_url: str, offline: bool) -> None:
+def runbook_cmd(name: str | None, agent_url: str, offline: bool, as_json: bool) -> None:
     names = runbook_names()
     if not name:
-        click.echo("runbooks: " + ", ".join(names))
+        if as_json:
+            echo_json({"runbooks": names})
+        else:
+            click.echo("runbooks: " + ", ".join(names))
         return
     if name not in names:
         click.echo(f"error: no runbook {name!r}; known: {', '.join(names)}", err=True)
         sys.exit(EXIT_USAGE)
     text = runbook_text(name)
-    click.echo(text.rstrip())
-    if offline:
+    live = None if offline else live_data(agent_url, name, text)
+    if as_json:
+        echo_json({"name": name, "text": text, "live": live})
         return
-    click.echo("\n## Live data from " + agent_url)
-    alerts = agent_get_json(agent_url, "/api/v1/alerts").get("alerts", [])
-    mine = [a for a in alerts if a.get("alertname") == name]
-    if not mine:
-        click.echo(f"- {name}: inactive")
-    for a in mine:
-        labels = ",".join(f"{k}={v}" for k, v in sorted(a.get("labels", {}).items()))
-        click.echo(f"- {name}: {a['state']} since {a.get('active_since')} {{{labels}}}")
-    rules = agent_get_json(agent_url, "/api/v1/rules").get("rules", [])
-    rule = next((r for r in rules if r.get("name") == name), None)
-    if rule is not None and rule.get("expr"):
-        click.echo(f"- the alert's expression now: {' '.join(rule['expr'].split())}")
-        for row in _query(agent_url, rule["expr"]):
-            click.echo(f"    {row}")
-    for expr in runbook_queries(text):
-        click.echo(f"- {expr}")
-        for row in _query(agent_url, expr):
-            click.echo(f"    {row}")
+    click.echo(text.rstrip())
+    if live is not None:
+        print_live(name, live)

@@ -8,19 +8,16 @@ from typing import Any
 import click
 
 from kcops.agent.cli.common import agent_get_json, agent_option, echo_json, handle_errors
+from kcops.agent.cli.timefmt import ago, duration, local_iso
 
 
-def _fmt_uptime(seconds: float) -> str:
-    s = int(seconds)
-    h, rem = divmod(s, 3600)
-    m, sec = divmod(rem, 60)
-    return f"{h}h{m:02d}m{sec:02d}s" if h else f"{m}m{sec:02d}s"
-
-
-def format_status(st: dict[str, Any]) -> str:
+def format_status(st: dict[str, Any], now: float | None = None) -> str:
+    now = time.time() if now is None else now
+    started = local_iso(now - float(st["uptime_s"]))
     lines = [
         f"kcops agent {st['version']} (pid {st['pid']})",
-        f"  uptime   {_fmt_uptime(st['uptime_s'])}, {st['ticks']} ticks of {st['tick_s']}s",
+        f"  uptime   {duration(st['uptime_s'])} (since {started}), "
+        f"{st['ticks']} ticks of {st['tick_s']}s",
         f"  series   {st['series']}",
         f"  mode     {st['mode']}",
         f"  engine   {st.get('engine_url') or '(none configured)'}",
@@ -29,11 +26,11 @@ def format_status(st: dict[str, Any]) -> str:
     collectors = comps.get("collectors", {}).get("collectors", {})
     if collectors:
         lines.append("  collectors:")
-        now = time.time()
         for name, h in sorted(collectors.items()):
             if h["ok"]:
-                age = now - h["last_success"] if h.get("last_success") else 0.0
-                lines.append(f"    {name}: ok ({h['series']} series, {age:.0f}s ago)")
+                lines.append(
+                    f"    {name}: ok ({h['series']} series, {ago(h.get('last_success'), now)})"
+                )
             else:
                 lines.append(f"    {name}: unavailable ({h.get('error') or 'not run yet'})")
     for cname, c in sorted(comps.items()):

@@ -13,6 +13,10 @@ class OtlpSection(Section):
     )
     service_name: str = "kcops-agent"
     timeout_s: float = Field(5.0, gt=0, le=60)
+    metrics: bool = Field(True, description="also push the agent's series as OTLP metrics")
+    metrics_interval_s: float = Field(
+        15.0, ge=0.05, le=3600, description="seconds between two OTLP metric exports"
+    )
 
 
 class ExportersSection(Section):

@@ -1,0 +1,308 @@
+"""What ``kcops demo`` runs on: Redis, the agent supervising the reference worker, load.
+
+:class:`DemoEnv` starts the processes (each in its own session, logging to the
+work folder) and stops them all, even on failure; the helpers ask the agent and
+the worker what they see, over their HTTP APIs, with a deadline on every wait.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import click
+import httpx
+import yaml
+
+
+class DemoFailed(Exception):
+    pass
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def kcops_exe() -> str:
+    here = Path(sys.executable).parent / "kcops"
+    return str(here) if here.exists() else (shutil.which("kcops") or "kcops")
+
+
+def wait(what: str, timeout_s: float, probe: Callable[[], Any], every_s: float = 0.5) -> Any:
+    """Poll ``probe`` until it returns something truthy, showing the wait.
+
+    On a terminal one line counts up; in a log (``make demo`` piped) a line
+    every 10 s, so the output stays readable.
+    """
+    tty = sys.stdout.isatty()
+    t0 = time.monotonic()
+    shown = 0.0
+    while True:
+        try:
+            got = probe()
+        except httpx.HTTPError:
+            got = None
+        elapsed = time.monotonic() - t0
+        if got:
+            prefix = "\r" if tty else ""
+            click.echo(f"{prefix}  {what}: done in {elapsed:.1f}s" + " " * 10)
+            return got
+        if elapsed > timeout_s:
+            if tty:
+                click.echo("")
+            raise DemoFailed(f"{what}: not within {timeout_s:.0f}s")
+        if tty and elapsed - shown >= 1.0:
+            click.echo(f"\r  {what}: waiting {elapsed:.0f}s", nl=False)
+            shown = elapsed
+        elif not tty and elapsed - shown >= 10.0:
+            click.echo(f"  {what}: still waiting ({elapsed:.0f}s)")
+            shown = elapsed
+        time.sleep(every_s)
+
+
+class DemoEnv:
+    """The demo's processes and addresses. Use as a context manager: exit stops them all."""
+
+    def __init__(self, work: Path, model: str, rule_params: dict[str, Any] | None = None) -> None:
+        self.work = work
+        self.model = model
+        self.rule_params = rule_params or {}
+        self.state_dir = work / "state"
+        self.token = secrets.token_hex(16)
+        self.agent = f"http://127.0.0.1:{free_port()}"
+        self.worker = f"http://127.0.0.1:{free_port()}"
+        self.load_mode_file = work / "load-mode"
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.first_pid: int | None = None
+        self.notices: list[dict[str, Any]] = []
+        self._webhook: ThreadingHTTPServer | None = None
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"}
+
+    def __enter__(self) -> DemoEnv:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._webhook is not None:
+            self._webhook.shutdown()
+            self._webhook.server_close()
+        for p in reversed(self.procs):
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+        for p in self.procs:
+            try:
+                p.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+
+    def _spawn(self, cmd: list[str], log: str, env: dict[str, str] | None = None) -> None:
+        with open(self.work / log, "wb") as fh:
+            self.procs.append(
+                subprocess.Popen(
+                    cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True
+                )
+            )
+
+    def start_webhook(self) -> str:
+        """A local receiver for the agent's notify/page messages (kept in ``notices``)."""
+        notices = self.notices
+
+        class Hook(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(min(int(self.headers.get("Content-Length", 0)), 1 << 20))
+                try:
+                    notices.append(json.loads(body))
+                except ValueError:
+                    notices.append({"raw": body[:200].decode(errors="replace")})
+                self.send_response(204)
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self._webhook = ThreadingHTTPServer(("127.0.0.1", 0), Hook)
+        threading.Thread(target=self._webhook.serve_forever, daemon=True).start()
+        return f"http://127.0.0.1:{self._webhook.server_address[1]}/notify"
+
+    def start_redis(self) -> str | None:
+        exe = shutil.which("redis-server") or (
+            "/usr/bin/redis-server" if Path("/usr/bin/redis-server").exists() else None
+        )
+        if exe is None:
+            click.echo("- redis-server not installed: the KV cache runs without its Redis tier")
+            return None
+        port = free_port()
+        self._spawn([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", ""], "redis.log")
+        url = f"redis://127.0.0.1:{port}/0"
+        click.echo(f"- redis-server on {url}")
+        return url
+
+    def start_agent(self, redis_url: str | None) -> None:
+        worker_cmd = [
+            kcops_exe(), "serve", "--model", self.model, "--port", self.worker.rsplit(":", 1)[1],
+            "--enable-faults", "--long-threshold", "256", "--shadow-fraction", "0.25",
+        ]  # fmt: skip
+        if redis_url:
+            worker_cmd += ["--redis", redis_url]
+        config = self.work / "agent.yaml"
+        cfg = {
+            "rules": {"params": self.rule_params},
+            "actions": {"notify": {"url": self.start_webhook()}},
+        }
+        config.write_text(yaml.safe_dump(cfg))
+        agent_cmd = [
+            kcops_exe(), "agent", "run", "--config", str(config),
+            "--listen", self.agent.split("://", 1)[1],
+            "--state-dir", str(self.state_dir), "--mode", "enforce",
+            "--engine-url", self.worker, "--engine-adapter", "kcops", "--", *worker_cmd,
+        ]  # fmt: skip
+        click.echo("- agent (enforce mode) supervising: " + " ".join(worker_cmd[1:]))
+        env = {
+            **os.environ,
+            "KCOPS_TOKEN": self.token,
+            "KCOPS_PROBE_SOCKET": str(self.work / "probe.sock"),
+            "PYTHONUNBUFFERED": "1",
+        }
+        self._spawn(agent_cmd, "agent.log", env)
+        wait(
+            "agent answering", 60, lambda: httpx.get(self.agent + "/healthz", timeout=1).is_success
+        )
+        wait(
+            f"worker loaded {self.model} (first run converts the model once)",
+            600,
+            lambda: httpx.get(self.worker + "/health", timeout=1).is_success,
+        )
+        self.first_pid = self.worker_state()["pid"]
+        click.echo(
+            f"- agent {self.agent}, worker {self.worker}; "
+            f"watch with `kcops top --agent {self.agent}`"
+        )
+
+    # -- what the parts see ----------------------------------------------------
+
+    def worker_state(self) -> dict[str, Any]:
+        return dict(httpx.get(self.worker + "/admin/state", timeout=2).json())
+
+    def route_mode(self) -> str:
+        """The worker's route mode, or ``?`` while it does not answer (being restarted)."""
+        try:
+            return str(self.worker_state()["route_mode"])
+        except (httpx.HTTPError, ValueError, KeyError):
+            return "?"
+
+    def reset_route(self) -> None:
+        """Route mode back to normal, waiting for a worker that is being restarted."""
+
+        def probe() -> bool:
+            if self.route_mode() == "normal":
+                return True
+            self.admin("/admin/route", {"mode": "normal"})
+            return self.route_mode() == "normal"
+
+        wait("route mode back to normal for the next drill", 300, probe, every_s=1)
+
+    def fault(self, body: dict[str, Any]) -> None:
+        r = httpx.post(self.worker + "/admin/faults", json=body, headers=self.headers, timeout=10)
+        if r.status_code != 200:
+            raise DemoFailed(f"POST /admin/faults {body}: HTTP {r.status_code}: {r.text[:200]}")
+
+    def admin(self, path: str, body: dict[str, Any]) -> None:
+        r = httpx.post(self.worker + path, json=body, headers=self.headers, timeout=10)
+        if r.status_code != 200:
+            raise DemoFailed(f"POST {path} {body}: HTTP {r.status_code}: {r.text[:200]}")
+
+    def alert_state(self, alertname: str) -> str:
+        """``firing``, ``pending`` or ``inactive`` (the worst of the alert's instances)."""
+        alerts = httpx.get(self.agent + "/api/v1/alerts", timeout=5).json()["alerts"]
+        states = {a["state"] for a in alerts if a.get("alertname") == alertname}
+        return "firing" if "firing" in states else "pending" if "pending" in states else "inactive"
+
+    def firing(self, alertname: str) -> bool:
+        return self.alert_state(alertname) == "firing"
+
+    def audit_runs(self, since: float) -> list[dict[str, Any]]:
+        """Actions the agent ran (outcome ok) since ``since``, from its audit log."""
+        path = self.state_dir / "audit.jsonl"
+        if not path.exists():
+            return []
+        out = []
+        for raw in path.read_text().splitlines():
+            try:
+                rec = json.loads(raw)
+            except ValueError:
+                continue
+            ok = rec.get("kind") == "action" and rec.get("outcome") == "ok"
+            if ok and float(rec.get("ts", 0)) >= since:
+                out.append(rec)
+        return out
+
+    def audit_run(self, action: str, since: float) -> dict[str, Any] | None:
+        return next((r for r in self.audit_runs(since) if r.get("action") == action), None)
+
+    def set_load_mode(self, mode: str) -> None:
+        """The Locust users read this file: ``mixed``, ``unique`` (no reuse) or ``long``."""
+        self.load_mode_file.write_text(mode)
+
+
+# What the agent knows, asked through its own query API (the rule engine's evaluator).
+SUMMARY = (
+    ("completions seen", "sum(kcops_request_latency_seconds_count)", "{:.0f}"),
+    (
+        "p99 latency (1m), s",
+        "histogram_quantile(0.99, sum by (le) (rate(kcops_request_latency_seconds_bucket[1m])))",
+        "{:.3f}",
+    ),
+    (
+        "prefix-cache hit rate",
+        "sum(kcops_prefix_cache_hits_total) / sum(kcops_prefix_cache_queries_total)",
+        "{:.1%}",
+    ),
+    ("KV cache usage", "max(kcops_kv_cache_usage_ratio)", "{:.1%}"),
+    (
+        "device memory used",
+        "max(kcops_device_memory_used_bytes / kcops_device_memory_total_bytes)",
+        "{:.1%}",
+    ),
+    ("attention calls", "sum(kcops_attention_calls_total)", "{:.0f}"),
+    (
+        "K(C) median, tokens (p=0.9)",
+        "histogram_quantile(0.5, sum by (le) (kcops_kc_tokens_bucket))",
+        "{:.0f}",
+    ),
+    ("kappa median", "histogram_quantile(0.5, sum by (le) (kcops_kc_ratio_bucket))", "{:.1%}"),
+    (
+        "top-32 keys' mass, median",
+        'histogram_quantile(0.5, sum by (le) (kcops_topn_mass_ratio_bucket{n="32"}))',
+        "{:.1%}",
+    ),
+)
+
+
+def summary(agent: str) -> list[str]:
+    rows = []
+    for label, expr, fmt in SUMMARY:
+        body = httpx.get(agent + "/api/v1/query", params={"query": expr}, timeout=5).json()
+        result = body.get("data", {}).get("result") if body.get("status") == "success" else None
+        if isinstance(result, list) and result:
+            value = float(result[0]["value"][1])
+            text = "n/a" if value != value else fmt.format(value)
+        else:
+            text = "absent"
+        rows.append(f"{label:<30} {text}")
+    return rows

@@ -1,0 +1,200 @@
+"""The demo's drills: each alert of the table reproduced on the reference worker by a real cause.
+
+A drill applies its cause (a worker fault, a shift of the Locust traffic, a
+lower attention budget), waits for the alert to fire and for the agent's
+ladder to act, then removes the cause. Resolution is awaited for all drills
+together at the end (:func:`settle`), because an alert's windows keep it
+active a while after its cause is gone. Drills whose cause needs a feature
+the worker does not have yet say which, and are reported as not run.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import click
+
+from kcops.agent.cli.demo_env import DemoEnv, DemoFailed, wait
+from kcops.agent.cli.timefmt import duration
+
+Step = Callable[[DemoEnv], None]
+
+
+def _nothing(env: DemoEnv) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class Drill:
+    alert: str
+    cause: str
+    start: Step
+    stop: Step
+    fire_within_s: float
+    estimate_s: float  # start to resolved, on this kind of machine
+    default: bool = False
+    needs: str | None = None  # a feature missing for a real cause: the drill is not run
+
+
+@dataclass
+class DrillResult:
+    alert: str
+    fired: bool = False
+    time_to_fire_s: float | None = None
+    action: str | None = None
+    resolved: bool = False
+    note: str = ""
+
+
+def _wait_new_worker(env: DemoEnv) -> None:
+    first = env.first_pid
+    new = wait(
+        "a new worker process answering",
+        600,
+        lambda: (p := env.worker_state()["pid"]) != first and p,
+    )
+    click.echo(f"  worker pid {first} -> {new}")
+    env.first_pid = new
+
+
+# Rule params the demo's agent runs with: the table's alerts as shipped, with
+# windows short enough that an alert resolves within minutes of its cause going.
+DEMO_PARAMS = {"attention_errors_window": "1m", "rate_window": "1m", "baseline_window": "10m"}
+
+DRILLS: tuple[Drill, ...] = (
+    Drill(
+        "KcopsAttentionErrors", "NaN injected into the attention output",
+        lambda e: e.fault({"nan": True}), lambda e: e.fault({"nan": False}),
+        fire_within_s=60, estimate_s=90, default=True,
+    ),
+    Drill(
+        "KcopsP99LatencyHigh", "every request delayed 700 ms in the worker's serving path",
+        lambda e: e.fault({"latency_ms": 700}), lambda e: e.fault({"latency_ms": 0}),
+        fire_within_s=300, estimate_s=330,
+    ),
+    Drill(
+        "KcopsPrefixCacheHitRateLow", "traffic with no prefix reuse (every prompt starts apart)",
+        lambda e: e.set_load_mode("unique"), lambda e: e.set_load_mode("mixed"),
+        fire_within_s=600, estimate_s=600,
+    ),
+    Drill(
+        "KcopsKCSurge", "traffic shifts to long prompts: more context holds the attention mass",
+        lambda e: e.set_load_mode("long"), lambda e: e.set_load_mode("mixed"),
+        fire_within_s=600, estimate_s=600,
+    ),
+    Drill(
+        "KcopsAccuracyDrop", "attention budget N lowered to 2 keys: shadow agreement falls",
+        lambda e: e.admin("/admin/attention", {"top_n": 2}), _nothing,
+        fire_within_s=900, estimate_s=900,
+    ),
+    Drill(
+        "KcopsLatencyFluctuation", "every request delayed 250 ms: mean latency off its baseline",
+        lambda e: e.fault({"latency_ms": 250}), lambda e: e.fault({"latency_ms": 0}),
+        fire_within_s=900, estimate_s=960,
+    ),
+    Drill(
+        "KcopsEngineDown", "the worker's loop hangs (health stops answering)",
+        lambda e: e.fault({"hang": True}), _wait_new_worker,
+        fire_within_s=120, estimate_s=90, default=True,
+    ),
+    Drill(
+        "KcopsDeviceMemoryHigh", "KV cache filled with real blocks until eviction frees memory",
+        _nothing, _nothing, 0, 0,
+        needs="a KV cache sized against device memory (worker), or a memory limit on CPU",
+    ),
+    Drill(
+        "KcopsEngineOOM", "the worker allocates past a memory limit and is OOM-killed",
+        _nothing, _nothing, 0, 0,
+        needs="the supervisor running the worker under a memory limit (cgroup memory.max)",
+    ),
+    Drill(
+        "KcopsSegmentTransferSlow", "the Redis tier slowed by added network latency",
+        _nothing, _nothing, 0, 0,
+        needs="a latency proxy (or fault) on the worker's Redis connection",
+    ),
+)  # fmt: skip
+
+
+def select(spec: str) -> list[Drill]:
+    """``default``, ``all``, ``none`` or a comma list of alert names."""
+    spec = spec.strip()
+    if spec == "none":
+        return []
+    if spec == "default":
+        return [d for d in DRILLS if d.default]
+    if spec == "all":
+        return list(DRILLS)
+    names = [n.strip() for n in spec.split(",") if n.strip()]
+    by_name = {d.alert: d for d in DRILLS}
+    unknown = [n for n in names if n not in by_name]
+    if unknown:
+        raise click.BadParameter(
+            f"unknown drill(s) {unknown}: use default, all, none or names from "
+            f"{', '.join(by_name)}",
+            param_hint="--drills",
+        )
+    return [by_name[n] for n in names]
+
+
+def estimate_s(drills: list[Drill]) -> float:
+    return sum(d.estimate_s for d in drills if d.needs is None)
+
+
+def ladder_action(env: DemoEnv, alert: str, since: float) -> str | None:
+    for rec in env.audit_runs(since):
+        if (rec.get("ladder") or {}).get("alertname") == alert:
+            return str(rec.get("action"))
+    return None
+
+
+def run_drill(env: DemoEnv, drill: Drill) -> DrillResult:
+    res = DrillResult(drill.alert)
+    if drill.needs is not None:
+        res.note = f"not run: needs {drill.needs}"
+        click.echo(f"- drill {drill.alert}: {res.note}")
+        return res
+    click.echo(f"- drill {drill.alert}: {drill.cause}")
+    t0 = time.time()
+    drill.start(env)
+    try:
+        wait(f"{drill.alert} firing", drill.fire_within_s, lambda: env.firing(drill.alert))
+        res.fired, res.time_to_fire_s = True, time.time() - t0
+        res.action = wait(
+            "the agent's ladder acting", 180, lambda: ladder_action(env, drill.alert, t0)
+        )
+        click.echo(f"  action: {res.action}; route mode now: {env.route_mode()}")
+    except DemoFailed as exc:
+        res.note = str(exc)
+    finally:
+        drill.stop(env)
+    return res
+
+
+def settle(env: DemoEnv, results: list[DrillResult], timeout_s: float) -> None:
+    """Wait (one deadline for all) until every drilled alert is inactive again."""
+    pending = [r for r in results if r.fired]
+    if not pending:
+        return
+
+    def all_resolved() -> bool:
+        for r in pending:
+            r.resolved = r.resolved or env.alert_state(r.alert) == "inactive"
+        return all(r.resolved for r in pending)
+
+    try:
+        wait("drilled alerts resolving", timeout_s, all_resolved, every_s=2)
+    except DemoFailed as exc:
+        click.echo(f"  {exc}")
+
+
+def table(results: list[DrillResult]) -> list[str]:
+    lines = [f"{'alert':<27} {'fired':<5} {'to fire':>7}  {'action taken':<17} resolved"]
+    for r in results:
+        ttf = duration(r.time_to_fire_s) if r.time_to_fire_s is not None else "-"
+        lines.append(
+            f"{r.alert:<27} {'yes' if r.fired else 'no':<5} {ttf:>7}  {r.action or '-':<17} "
+            f"{'yes' if r.resolved else 'no'}" + (f"  ({r.note})" if r.note else "")
+        )
+    return lines

@@ -1,0 +1,202 @@
+"""What ``kcops top`` shows, read from a running agent's HTTP API.
+
+Everything comes from the agent's own routes: PromQL through ``/api/v1/query``
+(the rule engine's evaluator), alert states from ``/api/v1/alerts``, the audit
+log's tail from ``/api/v1/actions/history`` and health from ``/api/v1/status``.
+A value the agent does not have stays ``None`` (shown as ``-``), never 0.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from kcops.agent.errors import KcopsError, Unreachable
+
+# One PromQL expression per number on the screen: (key, expression).
+HQ = "histogram_quantile({q}, sum by (le) (rate({m}_bucket[1m])))"
+GAUGES: tuple[tuple[str, str], ...] = (
+    ("ttft_p50", HQ.format(q=0.5, m="kcops_ttft_seconds")),
+    ("ttft_p99", HQ.format(q=0.99, m="kcops_ttft_seconds")),
+    ("itl_p50", HQ.format(q=0.5, m="kcops_inter_token_latency_seconds")),
+    ("itl_p99", HQ.format(q=0.99, m="kcops_inter_token_latency_seconds")),
+    ("latency_p99", HQ.format(q=0.99, m="kcops_request_latency_seconds")),
+    ("rps", "sum(rate(kcops_request_latency_seconds_count[1m]))"),
+    ("running", "sum(kcops_requests_running)"),
+    ("waiting", "sum(kcops_requests_waiting)"),
+    ("kv_usage", "max(kcops_kv_cache_usage_ratio)"),
+    (
+        "prefix_hit",
+        "sum(rate(kcops_prefix_cache_hits_total[5m]))"
+        " / sum(rate(kcops_prefix_cache_queries_total[5m]))",
+    ),
+    ("mem_used", "max(kcops_device_memory_used_bytes)"),
+    ("mem_total", "max(kcops_device_memory_total_bytes)"),
+    ("engine_up", "max(kcops_engine_up)"),
+    ("route_fallback", "max(kcops_route_fallback)"),
+    ("topn", "max(kcops_attention_topn)"),
+    ("shadow", "min(kcops_shadow_agreement_ratio)"),
+    ("kc_p50", HQ.format(q=0.5, m="kcops_kc_tokens")),
+    ("kappa_p50", HQ.format(q=0.5, m="kcops_kc_ratio")),
+    ("attn_errors", "sum(increase(kcops_attention_errors_total[5m]))"),
+)
+# Per-layer views: K(C) by layer where the probe labels it, attention calls by layer.
+KC_BY_LAYER = "histogram_quantile(0.5, sum by (le, layer) (rate(kcops_kc_tokens_bucket[5m])))"
+CALLS_BY_LAYER = "sum by (layer) (rate(kcops_attention_calls_total[1m]))"
+# Sparklines: these few, sampled back in time at the start, then one point per refresh.
+HISTORY_KEYS = ("latency_p99", "ttft_p99", "kv_usage", "mem_used", "kc_p50", "rps")
+HISTORY_POINTS = 20
+MAX_LAYERS_SHOWN = 64
+
+
+@dataclass
+class Snapshot:
+    """One frame's data. ``values`` maps GAUGES keys to a number or None."""
+
+    agent_url: str
+    taken_at: float
+    status: dict[str, Any]
+    values: dict[str, float | None]
+    kc_by_layer: list[tuple[str, float]]
+    calls_by_layer: list[tuple[str, float]]
+    alerts: list[dict[str, Any]]
+    rules: list[dict[str, Any]]
+    actions: list[dict[str, Any]]
+    history: dict[str, list[float | None]] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+
+
+class AgentClient:
+    """A small synchronous client of the agent's read API (and the action route)."""
+
+    def __init__(self, agent_url: str, timeout_s: float = 5.0) -> None:
+        self.url = agent_url.rstrip("/")
+        self.http = httpx.Client(timeout=timeout_s)
+
+    def close(self) -> None:
+        self.http.close()
+
+    def get(self, path: str, params: dict[str, str] | None = None) -> Any:
+        try:
+            resp = self.http.get(self.url + path, params=params)
+        except httpx.HTTPError as exc:
+            raise Unreachable(f"cannot reach the agent at {self.url}: {exc}") from None
+        if resp.status_code == 404:
+            return None
+        if resp.status_code >= 400:
+            raise KcopsError(f"GET {path}: HTTP {resp.status_code}: {resp.text[:200]}")
+        return resp.json()
+
+    def vector(self, expr: str, at: float | None = None) -> list[tuple[dict[str, str], float]]:
+        """An instant query's samples, NaN and Inf dropped; [] when the agent has none."""
+        params = {"query": expr}
+        if at is not None:
+            params["time"] = f"{at:.3f}"
+        body = self.get("/api/v1/query", params)
+        if not isinstance(body, dict) or body.get("status") != "success":
+            return []
+        data = body["data"]
+        rows = data["result"]
+        if data["resultType"] == "scalar":
+            rows = [{"metric": {}, "value": rows}]
+        elif data["resultType"] != "vector":
+            return []
+        out = []
+        for r in rows:
+            v = float(r["value"][1])
+            if math.isfinite(v):
+                out.append((dict(r["metric"]), v))
+        return out
+
+    def matrix(
+        self, expr: str, start: float, end: float, step_s: float
+    ) -> list[tuple[dict[str, str], dict[float, float]]]:
+        """A range query's series as (labels, {t: value}); NaN and Inf dropped."""
+        params = {
+            "query": expr,
+            "start": f"{start:.3f}",
+            "end": f"{end:.3f}",
+            "step": f"{step_s:.3f}",
+        }
+        body = self.get("/api/v1/query_range", params)
+        if not isinstance(body, dict) or body.get("status") != "success":
+            return []
+        out = []
+        for r in body["data"]["result"]:
+            pts = {round(float(t), 3): float(v) for t, v in r["values"]}
+            out.append((dict(r["metric"]), {t: v for t, v in pts.items() if math.isfinite(v)}))
+        return out
+
+    def scalar(self, expr: str, at: float | None = None) -> float | None:
+        rows = self.vector(expr, at)
+        return rows[0][1] if rows else None
+
+    def run_action(self, name: str, headers: dict[str, str], reason: str) -> dict[str, Any]:
+        """POST an action through the agent's guards; the audit record (or error) back."""
+        try:
+            resp = self.http.post(
+                f"{self.url}/api/v1/actions/{name}",
+                json={"params": {}, "reason": reason},
+                headers=headers,
+                timeout=180.0,
+            )
+        except httpx.HTTPError as exc:
+            raise Unreachable(f"cannot reach the agent at {self.url}: {exc}") from None
+        try:
+            data = resp.json()
+        except ValueError:
+            data = {"error": resp.text[:200]}
+        if not isinstance(data, dict):
+            data = {"error": str(data)[:200]}
+        data.setdefault("http_status", resp.status_code)
+        return data
+
+
+def by_label(rows: list[tuple[dict[str, str], float]], label: str) -> list[tuple[str, float]]:
+    out = [(m.get(label, "all"), v) for m, v in rows]
+    out.sort(key=lambda kv: _layer_order(kv[0]))
+    return out[:MAX_LAYERS_SHOWN]
+
+
+def _layer_order(name: str) -> tuple[int, str]:
+    # "model.layers.10.self_attn" after "model.layers.9.self_attn": numeric parts as numbers.
+    digits = "".join(ch if ch.isdigit() else " " for ch in name).split()
+    return (int(digits[-1]) if digits else 1 << 30, name)
+
+
+def history(
+    client: AgentClient, now: float, span_s: float = 300.0
+) -> dict[str, list[float | None]]:
+    """The HISTORY_KEYS sampled at HISTORY_POINTS instants over the last ``span_s``."""
+    exprs = dict(GAUGES)
+    step = span_s / (HISTORY_POINTS - 1)
+    times = [now - span_s + i * step for i in range(HISTORY_POINTS)]
+    return {k: [client.scalar(exprs[k], t) for t in times] for k in HISTORY_KEYS}
+
+
+def snapshot(client: AgentClient, with_history: bool = False, actions_shown: int = 8) -> Snapshot:
+    """Read everything for one frame. Unreachable propagates; a missing route is empty."""
+    now = time.time()
+    status = client.get("/api/v1/status") or {}
+    values = {key: client.scalar(expr) for key, expr in GAUGES}
+    alerts = (client.get("/api/v1/alerts") or {}).get("alerts", [])
+    rules = (client.get("/api/v1/rules") or {}).get("rules", [])
+    hist = client.get("/api/v1/actions/history", {"limit": str(actions_shown)}) or {}
+    snap = Snapshot(
+        agent_url=client.url,
+        taken_at=now,
+        status=status,
+        values=values,
+        kc_by_layer=by_label(client.vector(KC_BY_LAYER), "layer"),
+        calls_by_layer=by_label(client.vector(CALLS_BY_LAYER), "layer"),
+        alerts=alerts,
+        rules=rules,
+        actions=list(hist.get("records", []))[-actions_shown:],
+    )
+    if with_history:
+        snap.history = history(client, now)
+    return snap

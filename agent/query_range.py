@@ -1,0 +1,116 @@
+"""``GET /api/v1/query_range``: a PromQL expression over a time range, Prometheus's shape.
+
+The same evaluator as ``/api/v1/query``, stepped over ``start..end`` inside
+the agent, so a report of 240 points is one request per line instead of 240.
+Open read; at most ``MAX_POINTS`` steps and ``MAX_QUERY_CHARS`` characters.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from kcops.agent.query import MAX_QUERY_CHARS
+from kcops.agent.rules.evaluator import Evaluator
+from kcops.agent.rules.gofmt import go_float
+from kcops.agent.rules.model import EvalError, RuleError
+from kcops.agent.rules.parse import parse_expr
+
+if TYPE_CHECKING:
+    from kcops.agent.component import AgentContext
+
+MAX_POINTS = 11_000  # Prometheus's own limit on points per series
+
+
+class RangeError(ValueError):
+    pass
+
+
+def _float_param(request: web.Request, name: str) -> float:
+    raw = request.query.get(name)
+    if raw is None:
+        raise RangeError(f"missing parameter {name!r}")
+    try:
+        v = float(raw)
+    except ValueError:
+        raise RangeError(f"parameter {name!r} must be a number, got {raw[:40]!r}") from None
+    if not math.isfinite(v):
+        raise RangeError(f"parameter {name!r} must be finite, got {raw[:40]!r}")
+    return v
+
+
+def evaluate_range(ctx: AgentContext, text: str, start: float, end: float, step: float) -> Any:
+    """Prometheus ``data`` of resultType matrix; raises RuleError, EvalError or RangeError."""
+    if len(text) > MAX_QUERY_CHARS:
+        raise RuleError(f"query is {len(text)} characters; at most {MAX_QUERY_CHARS}")
+    if step <= 0:
+        raise RangeError(f"step must be > 0 seconds, got {step}")
+    if end < start:
+        raise RangeError(f"end ({end}) is before start ({start})")
+    n = int((end - start) / step) + 1
+    if n > MAX_POINTS:
+        raise RangeError(f"{n} points; at most {MAX_POINTS}: raise step or shorten the range")
+    node = parse_expr(text)
+    series: dict[tuple[tuple[str, str], ...], list[list[Any]]] = {}
+    for i in range(n):
+        t = start + i * step
+        value = Evaluator(ctx.store).eval(node, t)
+        if isinstance(value, str):
+            raise RangeError("a string expression has no range")
+        rows = [((), value)] if isinstance(value, float) else [(e.labels, e.value) for e in value]
+        for labels, v in rows:
+            series.setdefault(tuple(labels), []).append([t, go_float(v)])
+    return {
+        "resultType": "matrix",
+        "result": [{"metric": dict(k), "values": vals} for k, vals in sorted(series.items())],
+    }
+
+
+class QueryRangeComponent:
+    """Serves the range route; does nothing on ticks."""
+
+    name = "query_range"
+
+    def __init__(self, ctx: AgentContext) -> None:
+        self.ctx = ctx
+
+    async def start(self) -> None:
+        return None
+
+    async def tick(self, now: float) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+    def status(self) -> dict[str, Any]:
+        return {"healthy": True}
+
+    def routes(self) -> list[web.RouteDef]:
+        async def handler(request: web.Request) -> web.Response:
+            text = request.query.get("query", "").strip()
+            try:
+                if not text:
+                    raise RangeError("missing parameter 'query'")
+                data = evaluate_range(
+                    self.ctx,
+                    text,
+                    _float_param(request, "start"),
+                    _float_param(request, "end"),
+                    _float_param(request, "step"),
+                )
+            except (RuleError, RangeError) as exc:
+                return _error("bad_data", str(exc))
+            except (EvalError, ArithmeticError) as exc:
+                return _error("execution", str(exc), status=422)
+            return web.json_response({"status": "success", "data": data})
+
+        return [web.get("/api/v1/query_range", handler)]
+
+
+def _error(kind: str, message: str, status: int = 400) -> web.Response:
+    return web.json_response(
+        {"status": "error", "errorType": kind, "error": message}, status=status
+    )
