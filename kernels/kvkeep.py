@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -49,6 +49,8 @@ class KeptLayer(DynamicLayer):
         super().__init__()
         self.logical = 0
         self.budget: int | None = None
+        self.slack = EVICT_SLACK  # keys a layer may grow past its budget before a cut
+        self.heavy = True  # False: sinks + recent window only (StreamingLLM)
         self.valid: torch.Tensor | None = None
         self.score: torch.Tensor | None = None
 
@@ -90,6 +92,8 @@ class KeptLayer(DynamicLayer):
         if self.keys.shape[-2] <= n:
             return
         sinks, recent = split_budget(n)
+        if not self.heavy:
+            recent = n - sinks
         valid = self.valid
         rank = valid.long().cumsum(-1)
         total = rank[..., -1:]
@@ -109,7 +113,7 @@ class KeptLayer(DynamicLayer):
         budget fell (``lower_topn``)."""
         if self.score is None or n is None or self.keys is None:
             return
-        if n < (self.budget or n) or self.keys.shape[-2] > n + EVICT_SLACK:
+        if n < (self.budget or n) or self.keys.shape[-2] > n + self.slack:
             self.compress(n)
 
 
@@ -143,18 +147,29 @@ def cache_nbytes(cache: Any) -> int:
 
 
 # -- scores while prefilling ---------------------------------------------------
-_CAPTURE: contextvars.ContextVar[dict[int, torch.Tensor] | None] = contextvars.ContextVar(
+@dataclass
+class Capture:
+    """Per layer: key scores (B, Hkv, K); with ``with_kp``, the median over the window's
+    rows and query heads of K_p (p = ``KP_MASS``), for per-layer budgets."""
+
+    scores: dict[int, torch.Tensor] = field(default_factory=dict)
+    kp: dict[int, float] = field(default_factory=dict)
+    with_kp: bool = False
+
+
+KP_MASS = 0.9
+_CAPTURE: contextvars.ContextVar[Capture | None] = contextvars.ContextVar(
     "kcops_kv_capture", default=None
 )
 
 
 @contextlib.contextmanager
-def capture_scores() -> Iterator[dict[int, torch.Tensor]]:
-    """Inside the block, attention calls record per-layer key scores (B, Hkv, K)."""
-    scores: dict[int, torch.Tensor] = {}
-    token = _CAPTURE.set(scores)
+def capture_scores(*, with_kp: bool = False) -> Iterator[Capture]:
+    """Inside the block, attention calls record per-layer key scores (and K_p)."""
+    cap = Capture(with_kp=with_kp)
+    token = _CAPTURE.set(cap)
     try:
-        yield scores
+        yield cap
     finally:
         _CAPTURE.reset(token)
 
@@ -164,8 +179,8 @@ def record_scores(
 ) -> None:
     """SnapKV scores: attention of the last ``OBS_WINDOW`` query rows, summed over rows
     and over the query heads of each KV group. Causal, queries at the last positions."""
-    store = _CAPTURE.get()
-    if store is None:
+    cap = _CAPTURE.get()
+    if cap is None:
         return
     _b, h, q_len, d = query.shape
     hkv, k_len = key.shape[1], key.shape[-2]
@@ -175,7 +190,13 @@ def record_scores(
     q_pos = torch.arange(k_len - w, k_len, device=query.device).repeat(h // hkv)
     causal = torch.arange(k_len, device=query.device)[None, :] <= q_pos[:, None]
     s = s.masked_fill(~causal, float("-inf"))
-    store[layer] = torch.softmax(s, dim=-1).sum(dim=2)
+    weights = torch.softmax(s, dim=-1)
+    cap.scores[layer] = weights.sum(dim=2)
+    if cap.with_kp:
+        from kcops.kernels.kc import k_from_sorted
+
+        k = k_from_sorted(weights.sort(dim=-1, descending=True).values, KP_MASS)
+        cap.kp[layer] = float(k.float().median())
 
 
 # -- attention over a compressed layer ---------------------------------------------

@@ -238,14 +238,14 @@ class Engine:
         kv_cache: Any = DynamicCache(config=self.model.config)
         for layer, (k, v) in enumerate(cached):
             kv_cache.update(k[None], v[None], layer)
-        with capture_scores() as scores:
+        with capture_scores() as cap:
             out = self._forward(policy, kv_cache, input_ids=torch.tensor([ids[n_cached:]]))
         logits = out.logits[0, -1].float()
         kv: KV = [(lay.keys[0], lay.values[0]) for lay in kv_cache.layers]
         with self.cache_lock:
             self.cache.insert(ids, ns, kv, self.clock())
         kept = [
-            compress_request(k, v, scores.get(i), budget.n_for_layer(i))
+            compress_request(k, v, cap.scores.get(i), budget.n_for_layer(i))
             if req.route == OPTIMIZED
             else LayerKV(k, v, None, None, len(ids))
             for i, (k, v) in enumerate(kv)
