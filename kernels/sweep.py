@@ -127,9 +127,7 @@ def budgets(
     """Per-layer N (None: the layer keeps everything)."""
     if n is None:
         return [None] * layers
-    if policy in ("uniform", "window"):
-        per = [n] * layers
-    elif policy == "dense_first":
+    if policy in ("uniform", "window") or policy == "dense_first":
         per = [n] * layers
     elif policy == "per_layer":
         weights = [max(kp.get(i, 1.0), 1.0) for i in range(layers)]
@@ -144,6 +142,13 @@ def budgets(
 
 
 # -- one context ---------------------------------------------------------------------
+def _cache_kw(model: Any) -> str:
+    """transformers >= 5.2x renamed ``past_key_values`` to ``cache``."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 @dataclass
 class Prefilled:
     kv: list[tuple[torch.Tensor, torch.Tensor]]
@@ -163,7 +168,7 @@ def prefill(model: Any, seqs: torch.Tensor, eval_tokens: int) -> Prefilled:
         raise SweepError(f"context {context} must exceed --eval-tokens {eval_tokens}")
     cache = DynamicCache(config=model.config)
     with torch.inference_mode(), use_policy(DENSE), capture_scores(with_kp=True) as cap:
-        model(input_ids=seqs[:, :start], past_key_values=cache, use_cache=True)
+        model(input_ids=seqs[:, :start], use_cache=True, **{_cache_kw(model): cache})
     kv = [(layer.keys, layer.values) for layer in cache.layers]
     return Prefilled(kv, cap.scores, cap.kp, seqs[:, start:context], seqs[:, start + 1 :], start)
 
@@ -181,6 +186,7 @@ def decode(model: Any, pre: Prefilled, per_layer: list[int | None], heavy: bool)
             layer.slack, layer.heavy = 0, heavy
             layer.compress(n)
     logits, peak, attended, elapsed = [], 0, 0.0, 0.0
+    kw = _cache_kw(model)
     with torch.inference_mode(), use_policy(DENSE), use_kept(cache):
         for j in range(steps):
             pos = torch.full((s, 1), pre.start + j)
@@ -188,8 +194,8 @@ def decode(model: Any, pre: Prefilled, per_layer: list[int | None], heavy: bool)
             out = model(
                 input_ids=pre.feed[:, j : j + 1],
                 position_ids=pos,
-                past_key_values=cache,
                 use_cache=True,
+                **{kw: cache},
             )
             elapsed += time.perf_counter() - t0
             logits.append(out.logits[:, -1].float())

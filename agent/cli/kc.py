@@ -210,6 +210,103 @@ def measure_cmd(
         click.echo("\n".join(summary_lines(doc)))
 
 
+def parse_ints(raw: str, hint: str) -> tuple[int, ...]:
+    """``"16,32,64"`` -> (16, 32, 64); each a positive integer, duplicates dropped."""
+    try:
+        values = tuple(int(x) for x in raw.split(",") if x.strip())
+    except ValueError:
+        raise click.BadParameter(
+            f"{raw!r}: expected positive integers, e.g. 16,32,64", param_hint=hint
+        ) from None
+    if not values or min(values) < 1:
+        raise click.BadParameter(
+            f"{raw!r}: expected positive integers, e.g. 16,32,64", param_hint=hint
+        )
+    return tuple(sorted(dict.fromkeys(values)))
+
+
+def parse_policies(raw: str) -> tuple[str, ...]:
+    from kcops.kernels.sweep import POLICIES
+
+    values = tuple(dict.fromkeys(x.strip() for x in raw.split(",") if x.strip()))
+    bad = [v for v in values if v not in POLICIES]
+    if not values or bad:
+        raise click.BadParameter(f"{raw!r}: allowed {', '.join(POLICIES)}", param_hint="--policies")
+    return values
+
+
+@kc_group.command("sweep")
+@click.option("--model", "model_name", required=True, help="tiny, smollm2 or a local HF folder.")
+@click.option(
+    "--corpus", default="pydoc", show_default=True, help="pydoc, stdlib, a file or a folder."
+)
+@click.option("--n", "n_raw", default="16,32,64,128,256,512", show_default=True, help="Budgets N.")
+@click.option("--context", "ctx_raw", default="1024", show_default=True, help="Context lengths.")
+@click.option(
+    "--policies",
+    "pol_raw",
+    default="uniform,per_layer,dense_first,window",
+    show_default=True,
+    help="Budget policies to compare.",
+)
+@click.option("--sequences", type=click.IntRange(1, 256), default=4, show_default=True)
+@click.option("--eval-tokens", type=click.IntRange(1, 4096), default=32, show_default=True)
+@click.option(
+    "--tolerance",
+    type=click.FloatRange(0.0, 100.0),
+    default=1.0,
+    show_default=True,
+    help="Accuracy points below full attention still acceptable.",
+)
+@click.option("--out", "out_dir", default=None, help="Folder for rows (resumable) and tables.")
+@click.option("--threads", type=click.IntRange(1, 256), default=None, help="torch CPU threads.")
+@click.option("--json", "as_json", is_flag=True, help="Print rows and recommendation as JSON.")
+@handle_errors
+def sweep_cmd(
+    model_name: str,
+    corpus: str,
+    n_raw: str,
+    ctx_raw: str,
+    pol_raw: str,
+    sequences: int,
+    eval_tokens: int,
+    tolerance: float,
+    out_dir: str | None,
+    threads: int | None,
+    as_json: bool,
+) -> None:
+    """Accuracy, agreement, perplexity, speed and KV bytes per budget N, against full attention."""
+    ns = parse_ints(n_raw, "--n")
+    contexts = parse_ints(ctx_raw, "--context")
+    policies = parse_policies(pol_raw)
+    check_model(model_name)
+    if eval_tokens >= min(contexts):
+        raise click.BadParameter(
+            f"{eval_tokens} must be below the smallest context {min(contexts)}",
+            param_hint="--eval-tokens",
+        )
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from kcops.kernels.sweeprun import run_sweep
+
+    doc = run_sweep(
+        model_name=model_name,
+        corpus=corpus,
+        ns=ns,
+        contexts=contexts,
+        policies=policies,
+        sequences=sequences,
+        eval_tokens=eval_tokens,
+        tolerance=tolerance,
+        out=Path(out_dir) if out_dir else None,
+        threads=threads,
+    )
+    if as_json:
+        json.dump(doc, sys.stdout)
+        sys.stdout.write("\n")
+    else:
+        click.echo(doc["markdown"])
+
+
 def _not_built(name: str) -> click.Command:
     @click.command(
         name,
@@ -225,5 +322,4 @@ def _not_built(name: str) -> click.Command:
     return cmd
 
 
-kc_group.add_command(_not_built("sweep"))
 kc_group.add_command(_not_built("report"))
