@@ -16,7 +16,7 @@ from typing import Any
 
 import click
 
-from kcops.agent.cli.common import EXIT_FAILURE, handle_errors
+from kcops.agent.cli.common import handle_errors
 
 DEFAULT_MAX_TOKENS = 512
 TOPN = (16, 32, 64)
@@ -323,6 +323,7 @@ def sweep_cmd(
 @click.option("--sequences", type=click.IntRange(1, 256), default=2, show_default=True)
 @click.option("--variants", "var_raw", default="recency,top", show_default=True)
 @click.option("--threads", type=click.IntRange(1, 256), default=None, help="torch CPU threads.")
+@click.option("--out", "out_dir", default=None, help="Folder to write kpred.json into.")
 @click.option("--json", "as_json", is_flag=True, help="Print summary and rows as JSON.")
 @handle_errors
 def kpred_cmd(
@@ -333,6 +334,7 @@ def kpred_cmd(
     sequences: int,
     var_raw: str,
     threads: int | None,
+    out_dir: str | None,
     as_json: bool,
 ) -> None:
     """K_pred: the least recent / top-attended context that keeps the greedy token."""
@@ -364,6 +366,7 @@ def kpred_cmd(
             model, seqs, count=positions, variants=variants, tick=lambda: bar.update(1)
         )
     doc = kpred.summary(rows)
+    _save(out_dir, "kpred.json", doc)
     if as_json:
         json.dump(doc, sys.stdout)
         sys.stdout.write("\n")
@@ -392,6 +395,7 @@ def kpred_cmd(
     help="full, topn:N, window:W:G, performer:M.",
 )
 @click.option("--threads", type=click.IntRange(1, 256), default=None, help="torch CPU threads.")
+@click.option("--out", "out_dir", default=None, help="Folder to write verify.json into.")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
 @handle_errors
 def verify_cmd(
@@ -401,6 +405,7 @@ def verify_cmd(
     sequences: int,
     var_raw: str,
     threads: int | None,
+    out_dir: str | None,
     as_json: bool,
 ) -> None:
     """Relative error, KL and greedy agreement of approximations vs full attention; pass/fail."""
@@ -426,6 +431,7 @@ def verify_cmd(
     seqs = chunks(ids, sequences, context - 1)
     with tqdm(total=len(variants), desc="kc verify", unit="variant") as bar:
         results = ver.verify(model, seqs, variants, tick=lambda: bar.update(1))
+    _save(out_dir, "verify.json", {"thresholds": ver.THRESHOLDS, "results": results})
     if as_json:
         json.dump({"thresholds": ver.THRESHOLDS, "results": results}, sys.stdout)
         sys.stdout.write("\n")
@@ -447,19 +453,26 @@ def verify_cmd(
     )
 
 
-def _not_built(name: str) -> click.Command:
-    @click.command(
-        name,
-        context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
-        help="Not built yet (issue 3 delivered `kc measure` only).",
-    )
-    def cmd() -> None:
-        click.echo(
-            f"kcops kc {name}: not built yet (issue 3 delivered `kc measure` only).", err=True
-        )
-        sys.exit(EXIT_FAILURE)
-
-    return cmd
+def _save(out_dir: str | None, name: str, doc: Any) -> None:
+    if out_dir is None:
+        return
+    folder = Path(out_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / name).write_text(json.dumps(doc), encoding="utf-8")
 
 
-kc_group.add_command(_not_built("report"))
+@kc_group.command("report")
+@click.argument("folder")
+@click.option("--tolerance", type=click.FloatRange(0.0, 100.0), default=1.0, show_default=True)
+@handle_errors
+def report_cmd(folder: str, tolerance: float) -> None:
+    """One HTML page (tables + PNGs) from the --out folder of kc sweep / kpred / verify."""
+    try:
+        import matplotlib  # noqa: F401  (the viz extra)
+    except ImportError as exc:
+        msg = f"kc report needs the viz extra (pip install kcops[viz]): {exc}"
+        raise click.ClickException(msg) from None
+    from kcops.kernels.report import render
+
+    page = render(Path(folder), tolerance)
+    click.echo(str(page))

@@ -104,3 +104,10 @@ def test_cli_json_rows_and_resume(tmp_path: Path) -> None:
     assert (out / "rows.jsonl").read_text().splitlines() == lines  # nothing re-measured
     bad = CliRunner().invoke(kc_group, [*args[:-1], "--sequences", "2"])
     assert bad.exit_code == 2 and "other settings" in bad.output
+    page = CliRunner().invoke(kc_group, ["report", str(out)])
+    assert page.exit_code == 0, page.output
+    text = (out / "report.html").read_text()
+    assert "Budget sweep" in text and "data:image/png;base64," in text
+    assert (out / "sweep_1024.png").stat().st_size > 1000
+    empty = CliRunner().invoke(kc_group, ["report", str(tmp_path)])
+    assert empty.exit_code == 2 and "no rows.jsonl" in empty.output
