@@ -169,7 +169,8 @@ def prefill(model: Any, seqs: torch.Tensor, eval_tokens: int) -> Prefilled:
     cache = DynamicCache(config=model.config)
     with torch.inference_mode(), use_policy(DENSE), capture_scores(with_kp=True) as cap:
         model(input_ids=seqs[:, :start], use_cache=True, **{_cache_kw(model): cache})
-    kv = [(layer.keys, layer.values) for layer in cache.layers]
+    layers: list[Any] = list(cache.layers)  # DynamicLayer: keys/values set by the forward
+    kv = [(layer.keys, layer.values) for layer in layers]
     return Prefilled(kv, cap.scores, cap.kp, seqs[:, start:context], seqs[:, start + 1 :], start)
 
 

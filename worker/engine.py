@@ -180,7 +180,7 @@ class Engine:
 
     def _iteration(self) -> None:
         new = [r for r in self._admit() if not self._abort_if_cancelled(r)]
-        prefilled: list[tuple[GenRequest, KV]] = []
+        prefilled: list[tuple[GenRequest, list[LayerKV]]] = []
         for req in new:
             try:
                 kv = self._prefill(req)
