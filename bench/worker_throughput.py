@@ -1,12 +1,14 @@
 """Worker throughput: base (full attention) vs optimized (top-N) path, side by side.
 
 Steps the worker's batching loop in-process (no HTTP) on prompts of ``--context``
-tokens cut from CPython's reference documentation (``pydoc_data.topics``),
-each prompt distinct so that the prefix cache never hits. Reports prefill and
-decode tokens/s, end-to-end tokens/s, and the peak resident memory above the
-loaded model (sampled every 10 ms) for each path.
+tokens (one or more lengths, comma-separated) cut from CPython's reference
+documentation (``pydoc_data.topics``); both paths get the same prompts and the
+prefix cache is emptied before each path, so it never hits. Reports prefill and
+decode tokens/s, the peak KV bytes held by decoding requests, the peak resident
+memory above the loaded model (sampled every 10 ms), and the greedy agreement of
+the optimized path's tokens with full attention's (position by position).
 
-    .venv/bin/python bench/worker_throughput.py --model smollm2 --context 2048
+    .venv/bin/python bench/worker_throughput.py --model smollm2 --context 2048,4096,8192
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ class Result:
     decode_tokens_per_s: float
     total_s: float
     peak_rss_over_model_bytes: int
+    peak_kv_bytes: int
+    context: int = 0
+    agreement: float = 1.0
 
 
 class RssPeak:
@@ -74,11 +79,14 @@ def prompts(tok: Any, n: int, context: int, offset: int) -> list[list[int]]:
     return out
 
 
-def run_path(state: Any, path: str, batch: list[list[int]], max_tokens: int) -> Result:
+def run_path(
+    state: Any, path: str, batch: list[list[int]], max_tokens: int
+) -> tuple[Result, list[list[int]]]:
     from kcops.worker.engine import Event, GenRequest
 
     eng = state.engine
     eng.cache.evict("all")
+    eng.kv_bytes_peak = 0
     state.control.set_mode("fallback" if path == "base" else "normal")
     done: list[Event] = []
     first: dict[int, float] = {}
@@ -96,10 +104,14 @@ def run_path(state: Any, path: str, batch: list[list[int]], max_tokens: int) -> 
     # The loop is stepped here, not in its thread: all requests are admitted in the
     # same iteration, so they decode as one batch and the numbers do not depend on
     # thread timing.
+    reqs = [
+        GenRequest(prompt_ids=ids, max_tokens=max_tokens, emit=emitter(i))
+        for i, ids in enumerate(batch)
+    ]
     with RssPeak() as peak, torch.inference_mode():
         base_rss = peak.peak
-        for i, ids in enumerate(batch):
-            eng.submit(GenRequest(prompt_ids=ids, max_tokens=max_tokens, emit=emitter(i)))
+        for req in reqs:
+            eng.submit(req)
         while len(done) < len(batch):
             eng._iteration()
     end = time.perf_counter()
@@ -109,7 +121,7 @@ def run_path(state: Any, path: str, batch: list[list[int]], max_tokens: int) -> 
     gen = sum((e.usage or {}).get("completion_tokens", 0) for e in done)
     prompt = sum(len(b) for b in batch)
     last_first = max(first.values())
-    return Result(
+    result = Result(
         path=path,
         requests=len(batch),
         prompt_tokens=prompt,
@@ -119,13 +131,57 @@ def run_path(state: Any, path: str, batch: list[list[int]], max_tokens: int) -> 
         decode_tokens_per_s=(gen - len(batch)) / max(1e-9, end - last_first),
         total_s=end - start,
         peak_rss_over_model_bytes=peak.peak - base_rss,
+        peak_kv_bytes=eng.kv_bytes_peak,
+        context=len(batch[0]),
     )
+    return result, [r.generated for r in reqs]
+
+
+def agreement(a: list[list[int]], b: list[list[int]]) -> float:
+    """Share of generated positions where both paths chose the same token."""
+    same = total = 0
+    for x, y in zip(a, b, strict=True):
+        total += max(len(x), len(y))
+        same += sum(int(p == q) for p, q in zip(x, y, strict=False))
+    return same / total if total else 1.0
+
+
+def measure(state: Any, context: int, requests: int, max_tokens: int) -> list[Result]:
+    batch = prompts(state.engine.tok, requests, context, offset=1)
+    base, base_tokens = run_path(state, "base", batch, max_tokens)
+    opt, opt_tokens = run_path(state, "optimized", batch, max_tokens)
+    opt.agreement = agreement(base_tokens, opt_tokens)
+    return [base, opt]
+
+
+def report(args: argparse.Namespace, b: Result, o: Result) -> None:
+    print(
+        f"model={args.model} context={b.context} requests={args.requests} "
+        f"max_tokens={args.max_tokens} top_n={args.top_n} dense_layers={args.dense_layers} "
+        f"threads={args.threads} torch={torch.__version__}"
+    )
+    rows = [
+        ("prefill tokens/s", "prefill_tokens_per_s", "{:.0f}"),
+        ("decode tokens/s", "decode_tokens_per_s", "{:.1f}"),
+        ("mean TTFT s", "ttft_s_mean", "{:.2f}"),
+        ("total s", "total_s", "{:.1f}"),
+        ("peak KV MiB (decoding)", "peak_kv_bytes", "{:.1f}"),
+        ("peak RSS over model MiB", "peak_rss_over_model_bytes", "{:.0f}"),
+    ]
+    print(f"{'':28}{'base':>12}{'optimized':>12}{'opt/base':>10}")
+    for label, key, fmt in rows:
+        bv, ov = getattr(b, key), getattr(o, key)
+        if key.endswith("_bytes"):
+            bv, ov = bv / 2**20, ov / 2**20
+        ratio = f"{ov / bv:.3f}" if bv else "-"
+        print(f"{label:28}{fmt.format(bv):>12}{fmt.format(ov):>12}{ratio:>10}")
+    print(f"{'greedy agreement':28}{'':>12}{o.agreement:>12.3f}\n", flush=True)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2")
-    ap.add_argument("--context", type=int, default=2048)
+    ap.add_argument("--context", default="2048", help="prompt length(s), comma-separated")
     ap.add_argument("--requests", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--top-n", type=int, default=64)
@@ -137,45 +193,28 @@ def main() -> None:
     from kcops.worker.app import WorkerOptions, build
     from kcops.worker.control import parse_layers
 
+    contexts = [int(c) for c in args.context.split(",")]
     torch.set_num_threads(args.threads)
     opts = WorkerOptions(
         model=args.model,
-        long_threshold=args.context // 2,
+        long_threshold=min(64, min(contexts) // 2),  # every measured prompt is "long"
         top_n=args.top_n,
         dense_layers=parse_layers(args.dense_layers),
         progress=False,
     )
     state = build(opts)
-    warm = prompts(state.engine.tok, 1, 256, offset=0)
+    # Warm-up above the routing threshold (both paths), short: first-call costs only.
+    warm = prompts(state.engine.tok, 1, opts.long_threshold + 16, offset=0)
     for path in ("base", "optimized"):  # warm-up: first-call costs out of the numbers
         run_path(state, path, warm, 2)
     results = []
-    for k, path in enumerate(("base", "optimized")):
-        batch = prompts(state.engine.tok, args.requests, args.context, offset=1 + k * args.requests)
-        results.append(run_path(state, path, batch, args.max_tokens))
+    for context in contexts:
+        b, o = measure(state, context, args.requests, args.max_tokens)
+        results += [b, o]
+        if not args.json:
+            report(args, b, o)
     if args.json:
         print(json.dumps([asdict(r) for r in results], indent=2))
-        return
-    b, o = results
-    print(
-        f"model={args.model} context={args.context} requests={args.requests} "
-        f"max_tokens={args.max_tokens} top_n={args.top_n} dense_layers={args.dense_layers} "
-        f"threads={args.threads} torch={torch.__version__}"
-    )
-    rows = [
-        ("prefill tokens/s", "prefill_tokens_per_s", "{:.0f}"),
-        ("decode tokens/s", "decode_tokens_per_s", "{:.1f}"),
-        ("mean TTFT s", "ttft_s_mean", "{:.2f}"),
-        ("total s", "total_s", "{:.1f}"),
-        ("peak RSS over model MiB", "peak_rss_over_model_bytes", "{:.0f}"),
-    ]
-    print(f"{'':28}{'base':>12}{'optimized':>12}{'opt/base':>10}")
-    for label, key, fmt in rows:
-        bv, ov = getattr(b, key), getattr(o, key)
-        if key.endswith("_bytes"):
-            bv, ov = bv / 2**20, ov / 2**20
-        ratio = f"{ov / bv:.2f}" if bv else "-"
-        print(f"{label:28}{fmt.format(bv):>12}{fmt.format(ov):>12}{ratio:>10}")
 
 
 if __name__ == "__main__":

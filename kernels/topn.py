@@ -161,11 +161,16 @@ def topn_attention_forward(
     """transformers attention-interface function: top-N under the current policy, else SDPA."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+    from kcops.kernels.kvkeep import kept_attention, kept_layer, record_scores
+
     policy = _POLICY.get()
     layer = int(getattr(module, "layer_idx", 0) or 0)
     n = policy.n_for_layer(layer)
     k_len = key.shape[-2]
-    if n is None or n + policy.sink_tokens + policy.recent_tokens >= k_len:
+    kept = kept_layer(layer)
+    if kept is not None:  # a layer whose KV cache holds only its budget
+        out = kept_attention(kept, query, key, value, scaling)
+    elif n is None or n + policy.sink_tokens + policy.recent_tokens >= k_len:
         out, _ = sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
@@ -180,6 +185,7 @@ def topn_attention_forward(
             sink_tokens=policy.sink_tokens,
             recent_tokens=policy.recent_tokens,
         )
+    record_scores(layer, query, key, scaling)  # only under kvkeep.capture_scores()
     if policy.inject_nan:
         config = getattr(module, "config", None)
         last = int(getattr(config, "num_hidden_layers", layer + 1)) - 1

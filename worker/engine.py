@@ -5,6 +5,11 @@ cached prefix), groups the new ones into *cohorts* of the same path and
 similar prompt length (left-padded into one KV batch), then runs one decode
 step for every live cohort. New requests therefore start while older cohorts
 are still decoding. Finished rows leave their cohort at once.
+
+Both paths prefill with full attention. The optimized path then keeps in its
+KV cache only what the top-N budget can use (kcops.kernels.kvkeep: sinks, a
+recent window and heavy hitters per layer and KV head; dense layers whole),
+so its KV bytes and decode reads scale with N, not with the context.
 """
 
 from __future__ import annotations
@@ -21,6 +26,14 @@ from typing import Any
 
 import torch
 
+from kcops.kernels.kvkeep import (
+    LayerKV,
+    cache_nbytes,
+    capture_scores,
+    compress_request,
+    kept_cache,
+    use_kept,
+)
 from kcops.kernels.topn import DENSE, TopNPolicy, use_policy
 from kcops.worker.cache import KV, PrefixCache
 from kcops.worker.control import BASE, OPTIMIZED, Control
@@ -70,6 +83,10 @@ class Cohort:
     mask: torch.Tensor  # (B, L) 1 = real token
     pos: torch.Tensor  # (B,) next position per row
 
+    @property
+    def kv_bytes(self) -> int:
+        return cache_nbytes(self.cache)
+
 
 def policy_namespace(model_name: str, policy: TopNPolicy) -> str:
     """Cache namespace: KV computed under different attention differs."""
@@ -116,6 +133,8 @@ class Engine:
         self.shadow_checks = 0
         self.max_batch_seen = 0  # largest decode batch so far (evidence of batching)
         self.shadow_agree = 0
+        self.kv_bytes = 0  # KV held by live cohorts, after the last iteration
+        self.kv_bytes_peak = 0
         self._queue: queue.Queue[GenRequest] = queue.Queue()
         self._cohorts: list[Cohort] = []
         self._stop = threading.Event()
@@ -177,7 +196,7 @@ class Engine:
 
     def _iteration(self) -> None:
         new = [r for r in self._admit() if not self._abort_if_cancelled(r)]
-        prefilled: list[tuple[GenRequest, KV]] = []
+        prefilled: list[tuple[GenRequest, list[LayerKV]]] = []
         for req in new:
             try:
                 kv = self._prefill(req)
@@ -198,6 +217,8 @@ class Engine:
                 cohort.reqs = []
             if not cohort.reqs:
                 self._cohorts.remove(cohort)
+        self.kv_bytes = sum(c.kv_bytes for c in self._cohorts)
+        self.kv_bytes_peak = max(self.kv_bytes_peak, self.kv_bytes)
 
     def _abort_if_cancelled(self, req: GenRequest) -> bool:
         if req.cancelled:
@@ -207,10 +228,10 @@ class Engine:
     def _forward(self, policy: TopNPolicy, kv_cache: Any = None, **kwargs: Any) -> Any:
         if kv_cache is not None:
             kwargs[self._cache_kw] = kv_cache
-        with use_policy(policy):
+        with use_policy(policy), use_kept(kv_cache):
             return self.model(use_cache=True, **kwargs)
 
-    def _prefill(self, req: GenRequest) -> KV | None:
+    def _prefill(self, req: GenRequest) -> list[LayerKV] | None:
         from transformers import DynamicCache
 
         if self.faults.latency_ms > 0:
@@ -218,9 +239,11 @@ class Engine:
         ids = req.prompt_ids
         req.route = self.control.route(len(ids))
         self.metrics.routed(req.route)
-        policy = self.control.policy(req.route, inject_nan=self.faults.nan)
-        req.top_n = policy.top_n
-        ns = policy_namespace(self.model_name, policy)
+        budget = self.control.policy(req.route)
+        req.top_n = budget.top_n
+        # Prefill is full attention on both paths: the budget applies to what is kept.
+        policy = TopNPolicy(inject_nan=self.faults.nan)
+        ns = policy_namespace(self.model_name, DENSE)
         now = self.clock()
         with self.cache_lock:
             n_cached, cached = self.cache.lookup(ids, ns, now)
@@ -231,27 +254,43 @@ class Engine:
         kv_cache: Any = DynamicCache(config=self.model.config)
         for layer, (k, v) in enumerate(cached):
             kv_cache.update(k[None], v[None], layer)
-        out = self._forward(policy, kv_cache, input_ids=torch.tensor([ids[n_cached:]]))
+        with capture_scores() as cap:
+            out = self._forward(policy, kv_cache, input_ids=torch.tensor([ids[n_cached:]]))
         logits = out.logits[0, -1].float()
         kv: KV = [(lay.keys[0], lay.values[0]) for lay in kv_cache.layers]
         with self.cache_lock:
             self.cache.insert(ids, ns, kv, self.clock())
-        if req.route == OPTIMIZED and self.rng.random() < self.shadow_fraction:
-            self._shadow(ids, logits)
+        kept = [
+            compress_request(k, v, cap.scores.get(i), budget.n_for_layer(i))
+            if req.route == OPTIMIZED
+            else LayerKV(k, v, None, None, len(ids))
+            for i, (k, v) in enumerate(kv)
+        ]
         if req.seed is not None:
             req._gen = torch.Generator().manual_seed(req.seed)
         token = self._sample(logits, req)
+        if req.route == OPTIMIZED and self.rng.random() < self.shadow_fraction:
+            self._shadow(kv, kept, token, len(ids))
         self.metrics.ttft.observe(self.clock() - req.arrival_s)
         if self._accept(req, token):
-            return kv
+            return kept
         return None
 
-    def _shadow(self, ids: list[int], served_logits: torch.Tensor) -> None:
-        """Recompute the next-token choice with full attention; count agreement."""
-        out = self._forward(DENSE, input_ids=torch.tensor([ids]))
-        dense_choice = int(out.logits[0, -1].float().argmax())
+    def _shadow(self, full: KV, kept: list[LayerKV], token: int, pos: int) -> None:
+        """One decode step on the full KV and on the kept KV: count greedy agreement."""
+        from transformers import DynamicCache
+
+        dense_cache = DynamicCache(config=self.model.config)
+        for layer, (k, v) in enumerate(full):
+            dense_cache.update(k[None], v[None], layer)
+        choices = []
+        for cache in (dense_cache, self._batch_cache([kept])[0]):
+            out = self._forward(
+                DENSE, cache, input_ids=torch.tensor([[token]]), position_ids=torch.tensor([[pos]])
+            )
+            choices.append(int(torch.nan_to_num(out.logits[0, -1].float()).argmax()))
         self.shadow_checks += 1
-        self.shadow_agree += int(dense_choice == int(torch.nan_to_num(served_logits).argmax()))
+        self.shadow_agree += int(choices[0] == choices[1])
         self.metrics.shadow_checks.inc()
 
     def _sample(self, logits: torch.Tensor, req: GenRequest) -> int:
@@ -317,32 +356,52 @@ class Engine:
         p, c = len(req.prompt_ids), len(req.generated)
         return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
-    def _form_cohorts(self, prefilled: list[tuple[GenRequest, KV]]) -> None:
-        groups: dict[tuple[str, int], list[tuple[GenRequest, KV]]] = {}
+    def _form_cohorts(self, prefilled: list[tuple[GenRequest, list[LayerKV]]]) -> None:
+        groups: dict[tuple[str, int], list[tuple[GenRequest, list[LayerKV]]]] = {}
         for req, kv in prefilled:
             groups.setdefault((req.route, len(req.prompt_ids).bit_length()), []).append((req, kv))
         for (route, _), members in groups.items():
             for start in range(0, len(members), MAX_COHORT):
                 self._cohorts.append(self._cohort(route, members[start : start + MAX_COHORT]))
 
-    def _cohort(self, route: str, members: list[tuple[GenRequest, KV]]) -> Cohort:
-        from transformers import DynamicCache
-
-        lengths = [kv[0][0].shape[-2] for _, kv in members]
+    def _cohort(self, route: str, members: list[tuple[GenRequest, list[LayerKV]]]) -> Cohort:
+        reqs = [r for r, _ in members]
+        cache, lengths = self._batch_cache([kv for _, kv in members])
         width = max(lengths)
-        cache = DynamicCache(config=self.model.config)
-        for layer in range(len(members[0][1])):
-            ks, vs = [], []
-            for (_, kv), n in zip(members, lengths, strict=True):
-                k, v = kv[layer]
-                pad = (0, 0, width - n, 0)  # left-pad the sequence axis
-                ks.append(torch.nn.functional.pad(k, pad))
-                vs.append(torch.nn.functional.pad(v, pad))
-            cache.update(torch.stack(ks), torch.stack(vs), layer)
         mask = torch.zeros(len(members), width, dtype=torch.long)
         for row, n in enumerate(lengths):
             mask[row, width - n :] = 1
-        return Cohort(route, [r for r, _ in members], cache, mask, torch.tensor(lengths))
+        return Cohort(route, reqs, cache, mask, torch.tensor(lengths))
+
+    def _batch_cache(self, rows: list[list[LayerKV]]) -> tuple[Any, list[int]]:
+        """Left-pad the rows' per-layer KV into one cache; returns it and the prompt lengths."""
+        lengths = [kv[0].logical for kv in rows]
+        width = max(lengths)
+        cache = kept_cache(self.model.config, len(rows[0]))
+        for layer, kl in enumerate(cache.layers):
+            parts = [kv[layer] for kv in rows]
+            t = max(p.keys.shape[-2] for p in parts)
+            pad = [(0, 0, t - p.keys.shape[-2], 0) for p in parts]
+            pad_fn = torch.nn.functional.pad
+            keys = torch.stack([pad_fn(p.keys, q) for p, q in zip(parts, pad, strict=True)])
+            values = torch.stack([pad_fn(p.values, q) for p, q in zip(parts, pad, strict=True)])
+            kl.update(keys, values)
+            kl.logical = width
+            if any(p.valid is not None for p in parts):
+                valid, score = [], []
+                for p in parts:
+                    n = p.keys.shape[-2]
+                    v = (
+                        p.valid
+                        if p.valid is not None
+                        else torch.ones(p.keys.shape[:2], dtype=torch.bool)
+                    )
+                    sc = p.score if p.score is not None else torch.zeros(p.keys.shape[:2])
+                    valid.append(pad_fn(v, (t - n, 0), value=False))
+                    score.append(pad_fn(sc.float(), (t - n, 0)))
+                kl.valid, kl.score = torch.stack(valid), torch.stack(score)
+                kl.budget = min((p.budget for p in parts if p.budget is not None), default=None)
+        return cache, lengths
 
     def _decode_step(self, cohort: Cohort) -> None:
         reqs = cohort.reqs
@@ -358,6 +417,10 @@ class Engine:
             position_ids=cohort.pos[:, None],
         )
         cohort.mask, cohort.pos = mask, cohort.pos + 1
+        if cohort.route == OPTIMIZED:  # H2O: cut grown layers back; follow a lowered budget
+            budget = self.control.policy(OPTIMIZED)
+            for i, layer in enumerate(cohort.cache.layers):
+                layer.maybe_evict(budget.n_for_layer(i))
         keep = [
             i
             for i, req in enumerate(reqs)

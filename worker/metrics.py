@@ -33,6 +33,7 @@ class LiveState:
     top_n: int
     fallback: bool
     shadow_agreement: float | None
+    kv_bytes: int | None = None  # KV held by running requests (top-N keeps less)
 
 
 class _LiveCollector(Collector):
@@ -64,6 +65,12 @@ class _LiveCollector(Collector):
         yield gauge(
             "kcops_worker_route_fallback", "1 when all requests go to base.", int(s.fallback)
         )
+        if s.kv_bytes is not None:
+            yield gauge(
+                "kcops_worker_kv_bytes",
+                "Bytes of KV cache held by running requests (after top-N retention).",
+                s.kv_bytes,
+            )
         if s.shadow_agreement is not None:
             yield gauge(
                 "kcops_worker_shadow_agreement_ratio",

@@ -47,6 +47,7 @@ def live_state(state: WorkerState) -> LiveState:
         top_n=state.control.budget.top_n,
         fallback=state.control.mode == "fallback",
         shadow_agreement=eng.shadow_agreement,
+        kv_bytes=eng.kv_bytes,
     )
 
 

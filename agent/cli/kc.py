@@ -16,7 +16,7 @@ from typing import Any
 
 import click
 
-from kcops.agent.cli.common import EXIT_FAILURE, handle_errors
+from kcops.agent.cli.common import handle_errors
 
 DEFAULT_MAX_TOKENS = 512
 TOPN = (16, 32, 64)
@@ -210,20 +210,269 @@ def measure_cmd(
         click.echo("\n".join(summary_lines(doc)))
 
 
-def _not_built(name: str) -> click.Command:
-    @click.command(
-        name,
-        context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
-        help="Not built yet (issue 3 delivered `kc measure` only).",
-    )
-    def cmd() -> None:
-        click.echo(
-            f"kcops kc {name}: not built yet (issue 3 delivered `kc measure` only).", err=True
+def parse_ints(raw: str, hint: str) -> tuple[int, ...]:
+    """``"16,32,64"`` -> (16, 32, 64); each a positive integer, duplicates dropped."""
+    try:
+        values = tuple(int(x) for x in raw.split(",") if x.strip())
+    except ValueError:
+        raise click.BadParameter(
+            f"{raw!r}: expected positive integers, e.g. 16,32,64", param_hint=hint
+        ) from None
+    if not values or min(values) < 1:
+        raise click.BadParameter(
+            f"{raw!r}: expected positive integers, e.g. 16,32,64", param_hint=hint
         )
-        sys.exit(EXIT_FAILURE)
-
-    return cmd
+    return tuple(sorted(dict.fromkeys(values)))
 
 
-kc_group.add_command(_not_built("sweep"))
-kc_group.add_command(_not_built("report"))
+def parse_policies(raw: str) -> tuple[str, ...]:
+    from kcops.kernels.sweep import POLICIES
+
+    values = tuple(dict.fromkeys(x.strip() for x in raw.split(",") if x.strip()))
+    bad = [v for v in values if v not in POLICIES]
+    if not values or bad:
+        raise click.BadParameter(f"{raw!r}: allowed {', '.join(POLICIES)}", param_hint="--policies")
+    return values
+
+
+@kc_group.command("sweep")
+@click.option("--model", "model_name", required=True, help="tiny, smollm2 or a local HF folder.")
+@click.option(
+    "--corpus", default="pydoc", show_default=True, help="pydoc, stdlib, a file or a folder."
+)
+@click.option("--n", "n_raw", default="16,32,64,128,256,512", show_default=True, help="Budgets N.")
+@click.option("--context", "ctx_raw", default="1024", show_default=True, help="Context lengths.")
+@click.option(
+    "--policies",
+    "pol_raw",
+    default="uniform,per_layer,dense_first,window",
+    show_default=True,
+    help="Budget policies to compare.",
+)
+@click.option("--sequences", type=click.IntRange(1, 256), default=4, show_default=True)
+@click.option("--eval-tokens", type=click.IntRange(1, 4096), default=32, show_default=True)
+@click.option(
+    "--tolerance",
+    type=click.FloatRange(0.0, 100.0),
+    default=1.0,
+    show_default=True,
+    help="Accuracy points below full attention still acceptable.",
+)
+@click.option("--out", "out_dir", default=None, help="Folder for rows (resumable) and tables.")
+@click.option("--threads", type=click.IntRange(1, 256), default=None, help="torch CPU threads.")
+@click.option("--json", "as_json", is_flag=True, help="Print rows and recommendation as JSON.")
+@handle_errors
+def sweep_cmd(
+    model_name: str,
+    corpus: str,
+    n_raw: str,
+    ctx_raw: str,
+    pol_raw: str,
+    sequences: int,
+    eval_tokens: int,
+    tolerance: float,
+    out_dir: str | None,
+    threads: int | None,
+    as_json: bool,
+) -> None:
+    """Accuracy, agreement, perplexity, speed and KV bytes per budget N, against full attention."""
+    ns = parse_ints(n_raw, "--n")
+    contexts = parse_ints(ctx_raw, "--context")
+    policies = parse_policies(pol_raw)
+    check_model(model_name)
+    if eval_tokens >= min(contexts):
+        raise click.BadParameter(
+            f"{eval_tokens} must be below the smallest context {min(contexts)}",
+            param_hint="--eval-tokens",
+        )
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from kcops.kernels.sweeprun import run_sweep
+
+    doc = run_sweep(
+        model_name=model_name,
+        corpus=corpus,
+        ns=ns,
+        contexts=contexts,
+        policies=policies,
+        sequences=sequences,
+        eval_tokens=eval_tokens,
+        tolerance=tolerance,
+        out=Path(out_dir) if out_dir else None,
+        threads=threads,
+    )
+    if as_json:
+        json.dump(doc, sys.stdout)
+        sys.stdout.write("\n")
+    else:
+        click.echo(doc["markdown"])
+
+
+@kc_group.command("kpred")
+@click.option("--model", "model_name", required=True, help="tiny, smollm2 or a local HF folder.")
+@click.option(
+    "--corpus", default="pydoc", show_default=True, help="pydoc, stdlib, a file or a folder."
+)
+@click.option("--context", type=click.IntRange(2, 1 << 20), default=1024, show_default=True)
+@click.option(
+    "--positions",
+    type=click.IntRange(1, 4096),
+    default=16,
+    show_default=True,
+    help="Query positions per sequence (second half, evenly spaced).",
+)
+@click.option("--sequences", type=click.IntRange(1, 256), default=2, show_default=True)
+@click.option("--variants", "var_raw", default="recency,top", show_default=True)
+@click.option("--threads", type=click.IntRange(1, 256), default=None, help="torch CPU threads.")
+@click.option("--out", "out_dir", default=None, help="Folder to write kpred.json into.")
+@click.option("--json", "as_json", is_flag=True, help="Print summary and rows as JSON.")
+@handle_errors
+def kpred_cmd(
+    model_name: str,
+    corpus: str,
+    context: int,
+    positions: int,
+    sequences: int,
+    var_raw: str,
+    threads: int | None,
+    out_dir: str | None,
+    as_json: bool,
+) -> None:
+    """K_pred: the least recent / top-attended context that keeps the greedy token."""
+    from kcops.kernels.kpred import VARIANTS
+
+    variants = tuple(dict.fromkeys(v.strip() for v in var_raw.split(",") if v.strip()))
+    if not variants or any(v not in VARIANTS for v in variants):
+        raise click.BadParameter(
+            f"{var_raw!r}: allowed {', '.join(VARIANTS)}", param_hint="--variants"
+        )
+    check_model(model_name)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    import torch
+    from tqdm import tqdm
+
+    from kcops.kernels import kpred
+    from kcops.kernels.sweep import chunks, corpus_text
+    from kcops.kernels.topn import register
+    from kcops.worker.models import load_model
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+    model, tok = load_model(model_name, progress=not as_json, attn_implementation=register())
+    ids = tok(corpus_text(corpus, 8 * sequences * context), add_special_tokens=False).input_ids
+    seqs = chunks(ids, sequences, context - 1)
+    total = sequences * len(kpred.positions(context, positions)) * len(variants)
+    with tqdm(total=total, desc="kc kpred", unit="token") as bar:
+        rows = kpred.measure(
+            model, seqs, count=positions, variants=variants, tick=lambda: bar.update(1)
+        )
+    doc = kpred.summary(rows)
+    _save(out_dir, "kpred.json", doc)
+    if as_json:
+        json.dump(doc, sys.stdout)
+        sys.stdout.write("\n")
+        return
+    click.echo(f"K_pred on {model_name}, {corpus}, context {context}, {len(rows)} rows")
+    for v, s in doc["summary"].items():
+        click.echo(
+            f"  {v:8} median {s['k_pred_median']:>6} p90 {s['k_pred_p90']:>6} "
+            f"median ratio {s['ratio_median']:.3f}  share needing < 10% of context "
+            f"{s['share_below_10pct']:.2f}"
+        )
+
+
+@kc_group.command("verify")
+@click.option("--model", "model_name", required=True, help="tiny, smollm2 or a local HF folder.")
+@click.option(
+    "--corpus", default="pydoc", show_default=True, help="pydoc, stdlib, a file or a folder."
+)
+@click.option("--context", type=click.IntRange(2, 1 << 16), default=256, show_default=True)
+@click.option("--sequences", type=click.IntRange(1, 64), default=2, show_default=True)
+@click.option(
+    "--variants",
+    "var_raw",
+    default="full,topn:32,topn:128,window:64:4,performer:64,performer:256",
+    show_default=True,
+    help="full, topn:N, window:W:G, performer:M.",
+)
+@click.option("--threads", type=click.IntRange(1, 256), default=None, help="torch CPU threads.")
+@click.option("--out", "out_dir", default=None, help="Folder to write verify.json into.")
+@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
+@handle_errors
+def verify_cmd(
+    model_name: str,
+    corpus: str,
+    context: int,
+    sequences: int,
+    var_raw: str,
+    threads: int | None,
+    out_dir: str | None,
+    as_json: bool,
+) -> None:
+    """Relative error, KL and greedy agreement of approximations vs full attention; pass/fail."""
+    from kcops.kernels import verify as ver
+    from kcops.kernels.sweep import SweepError
+
+    try:
+        variants = [ver.parse_variant(v) for v in var_raw.split(",") if v.strip()]
+    except SweepError as exc:
+        raise click.BadParameter(str(exc), param_hint="--variants") from None
+    check_model(model_name)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    import torch
+    from tqdm import tqdm
+
+    from kcops.kernels.sweep import chunks, corpus_text
+    from kcops.worker.models import load_model
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+    model, tok = load_model(model_name, progress=not as_json, attn_implementation=ver.register())
+    ids = tok(corpus_text(corpus, 8 * sequences * context), add_special_tokens=False).input_ids
+    seqs = chunks(ids, sequences, context - 1)
+    with tqdm(total=len(variants), desc="kc verify", unit="variant") as bar:
+        results = ver.verify(model, seqs, variants, tick=lambda: bar.update(1))
+    _save(out_dir, "verify.json", {"thresholds": ver.THRESHOLDS, "results": results})
+    if as_json:
+        json.dump({"thresholds": ver.THRESHOLDS, "results": results}, sys.stdout)
+        sys.stdout.write("\n")
+        return
+    tasks = list(ver.THRESHOLDS)
+    click.echo(
+        f"{'variant':16} {'max rel err':>12} {'mean KL':>10} {'agreement':>10} "
+        + " ".join(f"{t:>14}" for t in tasks)
+    )
+    for r in results:
+        verdicts = " ".join(f"{'pass' if r['pass'][t] else 'FAIL':>14}" for t in tasks)
+        click.echo(
+            f"{r['variant']:16} {r['max_rel_error']:>12.2e} {r['mean_kl']:>10.2e} "
+            f"{r['agreement']:>10.3f} {verdicts}"
+        )
+    click.echo(
+        "thresholds (max per-layer relative error): "
+        + ", ".join(f"{t} {v:g}" for t, v in ver.THRESHOLDS.items())
+    )
+
+
+def _save(out_dir: str | None, name: str, doc: Any) -> None:
+    if out_dir is None:
+        return
+    folder = Path(out_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / name).write_text(json.dumps(doc), encoding="utf-8")
+
+
+@kc_group.command("report")
+@click.argument("folder")
+@click.option("--tolerance", type=click.FloatRange(0.0, 100.0), default=1.0, show_default=True)
+@handle_errors
+def report_cmd(folder: str, tolerance: float) -> None:
+    """One HTML page (tables + PNGs) from the --out folder of kc sweep / kpred / verify."""
+    try:
+        import matplotlib  # noqa: F401  (the viz extra)
+    except ImportError as exc:
+        msg = f"kc report needs the viz extra (pip install kcops[viz]): {exc}"
+        raise click.ClickException(msg) from None
+    from kcops.kernels.report import render
+
+    page = render(Path(folder), tolerance)
+    click.echo(str(page))

@@ -95,10 +95,10 @@ def test_empty_text_exits_2(fake_load: None, tmp_path: Path) -> None:
     assert "empty" in res.output
 
 
-def test_sweep_says_not_built() -> None:
-    res = CliRunner().invoke(cli, ["kc", "sweep"])
-    assert res.exit_code == 1
-    assert "not built" in res.output
+def test_sweep_bad_usage_exits_2_before_loading_a_model() -> None:
+    for extra, word in ((["--n", "0"], "--n"), (["--policies", "nope"], "--policies")):
+        res = CliRunner().invoke(cli, ["kc", "sweep", "--model", "tiny", *extra])
+        assert res.exit_code == 2 and word in res.output, res.output
 
 
 def test_quantile() -> None:

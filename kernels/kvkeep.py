@@ -1,0 +1,267 @@
+"""Top-N KV retention: keep in the KV cache only what an attention budget N can use.
+
+After a prompt is prefilled with full attention, each layer with a budget keeps,
+per KV head, ``N`` keys: a few *sink* tokens (the first ones), a *recent*
+window (the last ones), and the *heavy hitters* — the keys that the last
+``OBS_WINDOW`` prompt rows attended most (SnapKV), summed over the query heads
+of the KV group. While decoding, each new row's attention weights are added to
+those scores (H2O's accumulated attention) and a layer that has grown
+``EVICT_SLACK`` keys past its budget is cut back to N. So the KV bytes of a
+compressed layer scale with N, not with the context, and decode reads N keys.
+
+The cache stays a transformers ``DynamicCache``; its layers become
+:class:`KeptLayer`, which report the *logical* sequence length (every token
+seen, kept or not) so that positions and 2-D masks stay those of the full
+sequence. A compressed layer carries its own per-key validity (left padding
+of a batch, rows shorter than N) and attends through :func:`kept_attention`,
+never through the full-width mask.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers.cache_utils import DynamicLayer
+
+OBS_WINDOW = 32  # prompt rows whose attention picks the heavy hitters (SnapKV)
+EVICT_SLACK = 16  # decode steps between two cuts back to the budget
+MAX_SINKS = 4
+
+
+def split_budget(n: int) -> tuple[int, int]:
+    """``(sinks, recent)`` carved out of a budget of ``n`` keys; the rest are heavy hitters."""
+    if n < 1:
+        raise ValueError(f"a KV budget needs N >= 1, got {n}")
+    return min(MAX_SINKS, n // 8), n // 4
+
+
+class KeptLayer(DynamicLayer):
+    """A cache layer that may hold a subset of the keys; lengths stay logical.
+
+    ``valid`` / ``score`` ((B, Hkv, T) each) are None for a layer kept whole."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.logical = 0
+        self.budget: int | None = None
+        self.slack = EVICT_SLACK  # keys a layer may grow past its budget before a cut
+        self.heavy = True  # False: sinks + recent window only (StreamingLLM)
+        self.valid: torch.Tensor | None = None
+        self.score: torch.Tensor | None = None
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        out = super().update(key_states, value_states)
+        new = key_states.shape[-2]
+        self.logical += new
+        if self.valid is not None and self.score is not None:
+            b, h = self.valid.shape[:2]
+            self.valid = torch.cat([self.valid, self.valid.new_ones(b, h, new)], dim=-1)
+            self.score = torch.cat([self.score, self.score.new_zeros(b, h, new)], dim=-1)
+        return out
+
+    def get_seq_length(self) -> int:
+        return self.logical
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.logical + query_length, 0
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        super().batch_select_indices(indices)
+        if self.valid is not None and self.score is not None:
+            self.valid = self.valid.index_select(0, indices)
+            self.score = self.score.index_select(0, indices)
+
+    @property
+    def nbytes(self) -> int:
+        if not self.is_initialized or self.keys is None or self.values is None:
+            return 0
+        return int(self.keys.nbytes + self.values.nbytes)
+
+    def compress(self, n: int) -> None:
+        """Cut this layer to ``n`` keys per (row, KV head): sinks, recent, then by score."""
+        if self.valid is None or self.score is None or self.keys is None or self.values is None:
+            raise ValueError("compress needs scores: prefill the layer under capture_scores()")
+        self.budget = n
+        if self.keys.shape[-2] <= n:
+            return
+        sinks, recent = split_budget(n)
+        if not self.heavy:
+            recent = n - sinks
+        valid = self.valid
+        rank = valid.long().cumsum(-1)
+        total = rank[..., -1:]
+        forced = valid & ((rank <= sinks) | (rank > total - recent))
+        pri = self.score.float().masked_fill(~valid, float("-inf"))
+        pri = pri.masked_fill(forced, float("inf"))
+        idx = pri.topk(n, dim=-1).indices.sort(dim=-1).values
+        d = self.keys.shape[-1]
+        gidx = idx[..., None].expand(-1, -1, -1, d)
+        self.keys = self.keys.gather(2, gidx)
+        self.values = self.values.gather(2, gidx)
+        self.valid = valid.gather(2, idx)
+        self.score = self.score.gather(2, idx)
+
+    def maybe_evict(self, n: int | None) -> None:
+        """Cut back once the layer has grown ``EVICT_SLACK`` past its budget, or the
+        budget fell (``lower_topn``)."""
+        if self.score is None or n is None or self.keys is None:
+            return
+        if n < (self.budget or n) or self.keys.shape[-2] > n + self.slack:
+            self.compress(n)
+
+
+def kept_cache(config: Any, layers: int) -> Any:
+    """A ``DynamicCache`` whose layers are :class:`KeptLayer`."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=config)
+    cache.layers = [KeptLayer() for _ in range(layers)]
+    return cache
+
+
+@dataclass
+class LayerKV:
+    """One request's KV of one layer: keys/values (Hkv, T, D); valid/score (Hkv, T) or None."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    valid: torch.Tensor | None
+    score: torch.Tensor | None
+    logical: int
+    budget: int | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.keys.nbytes + self.values.nbytes)
+
+
+def cache_nbytes(cache: Any) -> int:
+    return sum(int(getattr(layer, "nbytes", 0)) for layer in cache.layers)
+
+
+# -- scores while prefilling ---------------------------------------------------
+@dataclass
+class Capture:
+    """Per layer: key scores (B, Hkv, K); with ``with_kp``, the median over the window's
+    rows and query heads of K_p (p = ``KP_MASS``), for per-layer budgets."""
+
+    scores: dict[int, torch.Tensor] = field(default_factory=dict)
+    kp: dict[int, float] = field(default_factory=dict)
+    with_kp: bool = False
+
+
+KP_MASS = 0.9
+_CAPTURE: contextvars.ContextVar[Capture | None] = contextvars.ContextVar(
+    "kcops_kv_capture", default=None
+)
+
+
+@contextlib.contextmanager
+def capture_scores(*, with_kp: bool = False) -> Iterator[Capture]:
+    """Inside the block, attention calls record per-layer key scores (and K_p)."""
+    cap = Capture(with_kp=with_kp)
+    token = _CAPTURE.set(cap)
+    try:
+        yield cap
+    finally:
+        _CAPTURE.reset(token)
+
+
+def record_scores(
+    layer: int, query: torch.Tensor, key: torch.Tensor, scaling: float | None
+) -> None:
+    """SnapKV scores: attention of the last ``OBS_WINDOW`` query rows, summed over rows
+    and over the query heads of each KV group. Causal, queries at the last positions."""
+    cap = _CAPTURE.get()
+    if cap is None:
+        return
+    _b, h, q_len, d = query.shape
+    hkv, k_len = key.shape[1], key.shape[-2]
+    w = min(OBS_WINDOW, q_len)
+    q = query[:, :, -w:].float().reshape(_b, hkv, (h // hkv) * w, d)
+    s = torch.matmul(q, key.float().transpose(-1, -2)) * (scaling if scaling else d**-0.5)
+    q_pos = torch.arange(k_len - w, k_len, device=query.device).repeat(h // hkv)
+    causal = torch.arange(k_len, device=query.device)[None, :] <= q_pos[:, None]
+    s = s.masked_fill(~causal, float("-inf"))
+    weights = torch.softmax(s, dim=-1)
+    cap.scores[layer] = weights.sum(dim=2)
+    if cap.with_kp:
+        from kcops.kernels.kc import k_from_sorted
+
+        k = k_from_sorted(weights.sort(dim=-1, descending=True).values, KP_MASS)
+        cap.kp[layer] = float(k.float().median())
+
+
+# -- attention over a compressed layer ---------------------------------------------
+_KEPT: contextvars.ContextVar[Any] = contextvars.ContextVar("kcops_kept_cache", default=None)
+
+
+@contextlib.contextmanager
+def use_kept(cache: Any) -> Iterator[None]:
+    """Attention calls inside the block read compressed layers of ``cache``."""
+    token = _KEPT.set(cache)
+    try:
+        yield
+    finally:
+        _KEPT.reset(token)
+
+
+def kept_layer(layer: int) -> KeptLayer | None:
+    """The compressed layer ``layer`` of the cache in use, or None (attend as usual)."""
+    cache = _KEPT.get()
+    if cache is None or layer >= len(cache.layers):
+        return None
+    obj = cache.layers[layer]
+    return obj if isinstance(obj, KeptLayer) and obj.score is not None else None
+
+
+def kept_attention(
+    kept: KeptLayer,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    scaling: float | None,
+) -> torch.Tensor:
+    """Decode rows (Q = 1) over a compressed layer; adds the weights to the key scores.
+
+    Returns (B, Q, H, D) like transformers' attention functions."""
+    if kept.valid is None or kept.score is None:
+        raise ValueError("kept_attention needs a compressed layer")
+    b, h, q_len, d = query.shape
+    hkv = key.shape[1]
+    g = h // hkv
+    if q_len != 1:
+        raise ValueError(f"a compressed layer attends decode rows only (Q = 1), got Q = {q_len}")
+    q = query.reshape(b, hkv, g, d)
+    s = torch.matmul(q, key.transpose(-1, -2)) * (scaling if scaling else d**-0.5)
+    s = s.masked_fill(~kept.valid[:, :, None, :], float("-inf"))
+    w = torch.softmax(s.float(), dim=-1)
+    kept.score = kept.score + w.sum(dim=2)
+    out = torch.matmul(w.to(value.dtype), value)  # (B, Hkv, g, D)
+    return out.reshape(b, h, 1, d).transpose(1, 2)
+
+
+def compress_request(
+    keys: torch.Tensor, values: torch.Tensor, score: torch.Tensor | None, n: int | None
+) -> LayerKV:
+    """One prefilled request's layer (Hkv, T, D), cut to ``n`` keys per KV head by
+    ``score`` (Hkv, T) or (1, Hkv, T); ``n`` None keeps the layer whole (dense)."""
+    logical = keys.shape[-2]
+    if n is None or score is None:
+        return LayerKV(keys, values, None, None, logical)
+    layer = KeptLayer()
+    layer.update(keys[None], values[None])
+    layer.valid = torch.ones(keys.shape[:2], dtype=torch.bool)[None]
+    layer.score = score.reshape(1, *keys.shape[:2]).float()
+    layer.compress(n)
+    assert layer.keys is not None and layer.values is not None
+    return LayerKV(
+        layer.keys[0], layer.values[0], layer.valid[0], layer.score[0], logical, budget=n
+    )

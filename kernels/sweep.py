@@ -1,0 +1,318 @@
+"""``kc sweep``: what an attention budget N buys, measured the way the worker serves it.
+
+For each context length C, ``sequences`` chunks of C + 1 corpus tokens are cut at
+fixed offsets (deterministic). Each chunk's first C - E tokens are prefilled with
+full attention (scores captured, SnapKV); then the KV cache is cut to the
+policy's budget (kcops.kernels.kvkeep) and the last E tokens are fed one at a
+time, teacher-forced, as decode steps: the E evaluation positions see C - E + 1
+… C tokens of context. The cache is cut back to the budget after every step
+(slack 0), so a compressed layer attends exactly N + 1 keys. Per row:
+
+- accuracy: greedy next token == the text's next token;
+- agreement: greedy next token == full attention's, same positions, same run;
+- perplexity of the text's tokens; latency per decode step and tokens/s;
+- kv_bytes: peak KV bytes per sequence while decoding; keys attended (mean over
+  layers and steps).
+
+Policies: ``uniform`` (N everywhere), ``per_layer`` (N scaled per layer by the
+layer's measured K_0.9, same total), ``dense_first`` (layers 0 and 1 whole),
+``window`` (sinks + recent only, no heavy hitters). A layer whose N covers the
+whole context runs as full attention: nothing would ever be dropped.
+"""
+
+from __future__ import annotations
+
+import math
+import sysconfig
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kcops.agent.errors import KcopsError
+from kcops.kernels.kvkeep import cache_nbytes, capture_scores, kept_cache, use_kept
+from kcops.kernels.topn import DENSE, use_policy
+
+POLICIES = ("uniform", "per_layer", "dense_first", "window")
+FULL = "full"
+DENSE_FIRST = frozenset({0, 1})
+TEXT_SUFFIXES = (".py", ".md", ".txt", ".rst")
+
+
+class SweepError(KcopsError):
+    """Bad sweep input (corpus too short, unknown policy). Exit code 2."""
+
+    exit_code = 2
+
+
+@dataclass
+class Row:
+    policy: str
+    n: int | None
+    context: int
+    accuracy: float
+    agreement: float
+    perplexity: float
+    latency_s_per_token: float
+    tokens_per_s: float
+    kv_bytes: int
+    keys_attended: float
+    positions: int
+    budgets: list[int | None]
+
+    @property
+    def key(self) -> str:
+        return row_key(self.policy, self.n, self.context)
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def row_key(policy: str, n: int | None, context: int) -> str:
+    return f"{policy}|{n}|{context}"
+
+
+# -- corpus ------------------------------------------------------------------------
+def _read_files(files: Iterable[Path], min_chars: int) -> str:
+    parts: list[str] = []
+    total = 0
+    for f in files:
+        try:
+            text = f.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue  # a binary or unreadable file is not corpus text
+        parts.append(text)
+        total += len(text)
+        if total >= min_chars:
+            break
+    return "\n\n".join(parts)
+
+
+def corpus_text(corpus: str, min_chars: int) -> str:
+    """``pydoc`` (CPython's reference docs), ``stdlib`` (its source), a file or a folder."""
+    if corpus == "pydoc":
+        import pydoc_data.topics as topics
+
+        return "\n\n".join(topics.topics[k] for k in sorted(topics.topics))
+    if corpus == "stdlib":
+        root = Path(sysconfig.get_paths()["stdlib"])
+        return _read_files(sorted(root.glob("*.py")), min_chars)
+    path = Path(corpus).expanduser()
+    if path.is_file():
+        return _read_files([path], min_chars)
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.suffix in TEXT_SUFFIXES and p.is_file())
+        return _read_files(files, min_chars)
+    raise SweepError(f"--corpus {corpus!r}: allowed pydoc, stdlib, a text file or a folder")
+
+
+def chunks(ids: Sequence[int], sequences: int, context: int) -> torch.Tensor:
+    """``sequences`` consecutive chunks of ``context + 1`` tokens: (S, C + 1)."""
+    need = sequences * (context + 1)
+    if len(ids) < need:
+        raise SweepError(
+            f"the corpus has {len(ids)} tokens; {sequences} sequences of {context + 1} "
+            f"need {need}: use a larger corpus or fewer --sequences"
+        )
+    return torch.tensor(ids[:need]).reshape(sequences, context + 1)
+
+
+# -- budgets -----------------------------------------------------------------------
+def budgets(
+    policy: str, n: int | None, layers: int, context: int, kp: dict[int, float]
+) -> list[int | None]:
+    """Per-layer N (None: the layer keeps everything)."""
+    if n is None:
+        return [None] * layers
+    if policy in ("uniform", "window") or policy == "dense_first":
+        per = [n] * layers
+    elif policy == "per_layer":
+        weights = [max(kp.get(i, 1.0), 1.0) for i in range(layers)]
+        total = sum(weights)
+        per = [max(1, round(n * layers * w / total)) for w in weights]
+    else:
+        raise SweepError(f"policy {policy!r}: allowed {', '.join(POLICIES)}")
+    out: list[int | None] = [x if x < context else None for x in per]
+    if policy == "dense_first":
+        out = [None if i in DENSE_FIRST else x for i, x in enumerate(out)]
+    return out
+
+
+# -- one context ---------------------------------------------------------------------
+def _cache_kw(model: Any) -> str:
+    """transformers >= 5.2x renamed ``past_key_values`` to ``cache``."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+@dataclass
+class Prefilled:
+    kv: list[tuple[torch.Tensor, torch.Tensor]]
+    scores: dict[int, torch.Tensor]
+    kp: dict[int, float]
+    feed: torch.Tensor  # (S, E) tokens fed while decoding
+    target: torch.Tensor  # (S, E) the text's next tokens
+    start: int  # position of the first fed token
+
+
+def prefill(model: Any, seqs: torch.Tensor, eval_tokens: int) -> Prefilled:
+    from transformers import DynamicCache
+
+    context = seqs.shape[1] - 1
+    start = context - eval_tokens
+    if start < 1:
+        raise SweepError(f"context {context} must exceed --eval-tokens {eval_tokens}")
+    cache = DynamicCache(config=model.config)
+    with torch.inference_mode(), use_policy(DENSE), capture_scores(with_kp=True) as cap:
+        model(input_ids=seqs[:, :start], use_cache=True, **{_cache_kw(model): cache})
+    layers: list[Any] = list(cache.layers)  # DynamicLayer: keys/values set by the forward
+    kv = [(layer.keys, layer.values) for layer in layers]
+    return Prefilled(kv, cap.scores, cap.kp, seqs[:, start:context], seqs[:, start + 1 :], start)
+
+
+def decode(model: Any, pre: Prefilled, per_layer: list[int | None], heavy: bool) -> dict[str, Any]:
+    """Teacher-forced decode steps over a cache cut to ``per_layer``; logits and costs."""
+    s, steps = pre.feed.shape
+    cache = kept_cache(model.config, len(pre.kv))
+    for i, (layer, (k, v)) in enumerate(zip(cache.layers, pre.kv, strict=True)):
+        layer.update(k, v)
+        n = per_layer[i]
+        if n is not None:
+            layer.valid = torch.ones(k.shape[:3], dtype=torch.bool)
+            layer.score = pre.scores[i].float().clone()
+            layer.slack, layer.heavy = 0, heavy
+            layer.compress(n)
+    logits, peak, attended, elapsed = [], 0, 0.0, 0.0
+    kw = _cache_kw(model)
+    with torch.inference_mode(), use_policy(DENSE), use_kept(cache):
+        for j in range(steps):
+            pos = torch.full((s, 1), pre.start + j)
+            t0 = time.perf_counter()
+            out = model(
+                input_ids=pre.feed[:, j : j + 1],
+                position_ids=pos,
+                use_cache=True,
+                **{kw: cache},
+            )
+            elapsed += time.perf_counter() - t0
+            logits.append(out.logits[:, -1].float())
+            peak = max(peak, cache_nbytes(cache))
+            attended += sum(layer.keys.shape[-2] for layer in cache.layers) / len(cache.layers)
+            for layer, n in zip(cache.layers, per_layer, strict=True):
+                layer.maybe_evict(n)
+    return {
+        "logits": torch.stack(logits, dim=1),  # (S, E, V)
+        "elapsed_s": elapsed,
+        "kv_bytes": peak // s,
+        "keys_attended": attended / steps,
+    }
+
+
+def score_row(
+    policy: str,
+    n: int | None,
+    context: int,
+    res: dict[str, Any],
+    pre: Prefilled,
+    full_pred: torch.Tensor | None,
+    per_layer: list[int | None],
+) -> tuple[Row, torch.Tensor]:
+    logits = res["logits"]
+    pred = logits.argmax(-1)
+    nll = torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), pre.target.reshape(-1)
+    )
+    positions = pred.numel()
+    agree = pred if full_pred is None else full_pred
+    row = Row(
+        policy=policy,
+        n=n,
+        context=context,
+        accuracy=float((pred == pre.target).float().mean()),
+        agreement=float((pred == agree).float().mean()),
+        perplexity=float(math.exp(float(nll))),
+        latency_s_per_token=res["elapsed_s"] / pre.feed.shape[1],
+        tokens_per_s=positions / res["elapsed_s"] if res["elapsed_s"] > 0 else 0.0,
+        kv_bytes=int(res["kv_bytes"]),
+        keys_attended=float(res["keys_attended"]),
+        positions=positions,
+        budgets=per_layer,
+    )
+    return row, pred
+
+
+def sweep_context(
+    model: Any,
+    seqs: torch.Tensor,
+    *,
+    ns: Sequence[int],
+    policies: Sequence[str],
+    eval_tokens: int,
+    done: dict[str, Row],
+    on_row: Callable[[Row], None],
+    tick: Callable[[], None] = lambda: None,
+) -> list[Row]:
+    """All rows of one context (full attention first); rows in ``done`` are reused."""
+    context = seqs.shape[1] - 1
+    jobs = [(p, n) for p in policies for n in ns]
+    wanted = [row_key(FULL, None, context)] + [row_key(p, n, context) for p, n in jobs]
+    if all(k in done for k in wanted):
+        for _ in wanted:
+            tick()
+        return [done[k] for k in wanted]
+    pre = prefill(model, seqs, eval_tokens)
+    layers = len(pre.kv)
+    res = decode(model, pre, [None] * layers, heavy=True)
+    full, full_pred = score_row(FULL, None, context, res, pre, None, [None] * layers)
+    rows = [full]
+    if full.key not in done:
+        on_row(full)
+    tick()
+    for policy, n in jobs:
+        key = row_key(policy, n, context)
+        if key in done:
+            rows.append(done[key])
+        else:
+            per = budgets(policy, n, layers, context, pre.kp)
+            res = decode(model, pre, per, heavy=policy != "window")
+            row, _ = score_row(policy, n, context, res, pre, full_pred, per)
+            on_row(row)
+            rows.append(row)
+        tick()
+    return rows
+
+
+def recommend(rows: Sequence[Row], tolerance_points: float) -> list[dict[str, Any]]:
+    """Per context: the smallest KV budget whose accuracy is within ``tolerance_points``
+    (percentage points) of full attention's, and what it saves."""
+    out: list[dict[str, Any]] = []
+    for context in sorted({r.context for r in rows}):
+        ctx = [r for r in rows if r.context == context]
+        full = next((r for r in ctx if r.policy == FULL), None)
+        if full is None:
+            continue
+        ok = [
+            r
+            for r in ctx
+            if r.policy != FULL and r.accuracy >= full.accuracy - tolerance_points / 100.0
+        ]
+        if not ok:
+            out.append({"context": context, "policy": None, "n": None, "full": full.as_json()})
+            continue
+        best = min(ok, key=lambda r: (r.kv_bytes, r.n or 0, POLICIES.index(r.policy)))
+        out.append(
+            {
+                "context": context,
+                "policy": best.policy,
+                "n": best.n,
+                "accuracy_delta_points": 100.0 * (best.accuracy - full.accuracy),
+                "agreement": best.agreement,
+                "kv_bytes_saved_ratio": 1.0 - best.kv_bytes / full.kv_bytes,
+                "tokens_per_s_ratio": best.tokens_per_s / full.tokens_per_s,
+            }
+        )
+    return out

@@ -1,0 +1,108 @@
+"""``kc sweep`` output: the resumable row cache, the Markdown and CSV tables.
+
+Rows are appended to ``rows.jsonl`` in the output folder as soon as they are
+measured, keyed by policy, N and context, under a header line that names the
+run's settings; a second run with the same settings skips them (resume), a run
+with different settings refuses the folder rather than mixing numbers.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from kcops.kernels.sweep import FULL, Row, SweepError
+
+ROWS_FILE = "rows.jsonl"
+COLUMNS = (
+    "policy",
+    "n",
+    "context",
+    "accuracy",
+    "agreement",
+    "perplexity",
+    "latency_s_per_token",
+    "tokens_per_s",
+    "kv_bytes",
+    "keys_attended",
+    "positions",
+)
+
+
+def load_done(out: Path, settings: dict[str, Any]) -> dict[str, Row]:
+    """Rows already measured under the same ``settings`` (empty for a new folder)."""
+    path = out / ROWS_FILE
+    if not path.exists():
+        out.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"settings": settings}) + "\n", encoding="utf-8")
+        return {}
+    lines = path.read_text(encoding="utf-8").splitlines()
+    head = json.loads(lines[0]) if lines else {}
+    if head.get("settings") != settings:
+        raise SweepError(
+            f"{path} holds a sweep with other settings ({head.get('settings')}); "
+            "use another --out folder or delete it"
+        )
+    done: dict[str, Row] = {}
+    for line in lines[1:]:
+        try:
+            row = Row(**json.loads(line))
+        except (ValueError, TypeError):
+            continue  # a line cut by an interrupted run: measure it again
+        done[row.key] = row
+    return done
+
+
+def append_row(out: Path, row: Row) -> None:
+    with (out / ROWS_FILE).open("a", encoding="utf-8") as fh:
+        fh.write(json.dumps(row.as_json()) + "\n")
+
+
+def _full(rows: Sequence[Row], context: int) -> Row | None:
+    return next((r for r in rows if r.context == context and r.policy == FULL), None)
+
+
+def markdown(rows: Sequence[Row], rec: Sequence[dict[str, Any]], tolerance: float) -> str:
+    lines = [
+        "| policy | N | context | accuracy | Δ acc (pts) | agreement | perplexity "
+        "| ms/token | tokens/s | KV KiB/seq | KV vs full | keys attended |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        full = _full(rows, r.context)
+        d_acc = 100.0 * (r.accuracy - full.accuracy) if full else 0.0
+        kv_ratio = r.kv_bytes / full.kv_bytes if full and full.kv_bytes else 1.0
+        lines.append(
+            f"| {r.policy} | {r.n if r.n is not None else '—'} | {r.context} "
+            f"| {r.accuracy:.3f} | {d_acc:+.1f} | {r.agreement:.3f} | {r.perplexity:.2f} "
+            f"| {1000 * r.latency_s_per_token:.1f} | {r.tokens_per_s:.1f} "
+            f"| {r.kv_bytes / 1024:.0f} | {kv_ratio:.3f} | {r.keys_attended:.0f} |"
+        )
+    lines += ["", f"Recommendation (accuracy within {tolerance:g} point(s) of full attention):"]
+    for item in rec:
+        if item.get("policy") is None:
+            lines.append(f"- context {item['context']}: no budget stays within the tolerance")
+            continue
+        lines.append(
+            f"- context {item['context']}: **{item['policy']} N={item['n']}** — "
+            f"accuracy {item['accuracy_delta_points']:+.1f} pts, agreement "
+            f"{item['agreement']:.3f}, KV bytes −{100 * item['kv_bytes_saved_ratio']:.0f}%, "
+            f"decode tokens/s ×{item['tokens_per_s_ratio']:.2f}"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def write_tables(
+    out: Path, rows: Sequence[Row], rec: Sequence[dict[str, Any]], tolerance: float
+) -> None:
+    (out / "table.md").write_text(markdown(rows, rec, tolerance), encoding="utf-8")
+    with (out / "table.csv").open("w", newline="", encoding="utf-8") as fh:
+        w = csv.writer(fh)
+        w.writerow(COLUMNS)
+        for r in rows:
+            d = r.as_json()
+            w.writerow(["" if d[c] is None else d[c] for c in COLUMNS])
+    (out / "recommendation.json").write_text(json.dumps(list(rec), indent=2), encoding="utf-8")
