@@ -114,6 +114,21 @@ DRILLS: tuple[Drill, ...] = (
         _nothing, _nothing, 0, 0,
         needs="a latency proxy (or fault) on the worker's Redis connection",
     ),
+    Drill(
+        "KcopsInterTokenLatencyHigh", "every decoded token delayed in the worker's decode loop",
+        _nothing, _nothing, 0, 0,
+        needs="a per-token delay fault in the worker (latency_ms delays the request once)",
+    ),
+    Drill(
+        "KcopsDeviceMemoryFullSoon", "the worker's memory climbs steadily toward its limit",
+        _nothing, _nothing, 0, 0,
+        needs="a memory ramp fault (hold_memory_bytes grows in steps) under a memory limit",
+    ),
+    Drill(
+        "KcopsEngineStartSlow", "the worker takes longer to load than engine.startup_timeout_s",
+        _nothing, _nothing, 0, 0,
+        needs="a start-delay fault in the worker (or the demo restarting it with a short timeout)",
+    ),
 )  # fmt: skip
 
 

@@ -23,8 +23,13 @@ TOKEN = "top-test-token"
 
 @pytest.fixture
 def agent_url(tmp_path: Path) -> Iterator[str]:
+    # A notify URL makes `notify` applicable; the dry-run agent never posts to it.
     with agent_in_thread(
-        tmp_path, min_ticks=4, token=TOKEN, extra_collectors=[EngineLike()]
+        tmp_path,
+        min_ticks=4,
+        token=TOKEN,
+        config={"actions": {"notify": {"url": "http://127.0.0.1:9/unused"}}},
+        extra_collectors=[EngineLike()],
     ) as url:
         yield url
 
