@@ -191,7 +191,9 @@ groups:
 
     async def body() -> None:
         clock = ManualClock(1_796_000_000.0)
-        ctx, _ = make_ctx(tmp_path / "state", None, clock, mode="enforce", scale={"hpa_reads_gauge": True})
+        ctx, _ = make_ctx(
+            tmp_path / "state", None, clock, mode="enforce", scale={"hpa_reads_gauge": True}
+        )
         ctx.config.rules.file = rules
         rem = await make_rem(ctx)
         runner, url = await serve(rem)
