@@ -22,7 +22,6 @@ from kcops import __version__
 from kcops.agent import actions as actions_pkg
 from kcops.agent import collectors as collectors_pkg
 from kcops.agent import rules as rules_pkg
-from kcops.agent.auth import TokenCheck, load_token
 from kcops.agent.clock import Clock, system_clock
 from kcops.agent.collectors import CollectorRunner, TickHistogram
 from kcops.agent.collectors.enginepid import EnginePid
@@ -30,7 +29,6 @@ from kcops.agent.component import AgentContext, Component
 from kcops.agent.config import Config
 from kcops.agent.control import core_routes
 from kcops.agent.engine import Engine
-from kcops.agent.errors import ConfigError
 from kcops.agent.events import EventBus
 from kcops.agent.exporter import build_registry
 from kcops.agent.query import QueryComponent
@@ -39,6 +37,8 @@ from kcops.agent.samples import Sample
 from kcops.agent.signals import register_all
 from kcops.agent.store import Store
 from kcops.agent.telemetry import build_metric_exporters, build_tracer_provider
+from kcops.auth import TokenCheck, load_token
+from kcops.errors import ConfigError
 
 log = logging.getLogger("kcops.agent")
 

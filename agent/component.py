@@ -17,10 +17,10 @@ if TYPE_CHECKING:
     from aiohttp import web
     from opentelemetry.trace import Tracer
 
-    from kcops.agent.auth import TokenCheck
     from kcops.agent.config import Config
     from kcops.agent.events import EventBus
     from kcops.agent.store import Store
+    from kcops.auth import TokenCheck
 
 
 @dataclass

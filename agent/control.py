@@ -2,7 +2,7 @@
 
 Components add their routes (alerts, actions, webhook) through
 :meth:`Component.routes`; reads are open, writes go through
-:meth:`~kcops.agent.auth.TokenCheck.require`.
+:meth:`~kcops.auth.TokenCheck.require`.
 """
 
 from __future__ import annotations

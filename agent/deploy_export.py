@@ -87,7 +87,7 @@ def render_generated() -> dict[str, str]:
     """Run each generator in-process; path -> text it writes. Raises RuntimeError on failure."""
     from click.testing import CliRunner
 
-    from kcops.agent.cli import cli
+    from kcops.cli import cli
 
     out: dict[str, str] = {}
     for path, args in GENERATED.items():

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from kcops.agent.errors import KcopsError
+from kcops.errors import KcopsError
 from kcops.kernels.kvkeep import cache_nbytes, capture_scores, kept_cache, use_kept
 from kcops.kernels.topn import DENSE, use_policy
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
-from kcops.agent.auth import TokenCheck
+from kcops.auth import TokenCheck
 from kcops.worker.cache import PrefixCache
 from kcops.worker.control import Control
 from kcops.worker.engine import Engine

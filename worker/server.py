@@ -15,7 +15,7 @@ import logging
 
 from aiohttp import web
 
-from kcops.agent.auth import Handler, TokenCheck
+from kcops.auth import Handler, TokenCheck
 from kcops.worker import admin, openai_api
 from kcops.worker.protocol import ApiError
 from kcops.worker.state import STATE, WorkerState, hang_gate, live_state, state_of

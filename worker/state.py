@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from kcops.agent.auth import TokenCheck
+from kcops.auth import TokenCheck
 from kcops.worker.control import Control
 from kcops.worker.engine import Engine
 from kcops.worker.faults import Faults

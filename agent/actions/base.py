@@ -2,7 +2,7 @@
 
 An action never applies guards itself; :class:`~kcops.agent.actions.runner.Runner`
 does that for all of them. It raises
-:class:`~kcops.agent.errors.ActionRejected` when it cannot do what was asked
+:class:`~kcops.errors.ActionRejected` when it cannot do what was asked
 (unsupported engine, already at a bound) and lets anything else raise.
 """
 
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from kcops.agent.errors import ActionRejected
+from kcops.errors import ActionRejected
 
 if TYPE_CHECKING:
     from kcops.agent.config import Config

@@ -17,7 +17,7 @@ from pydantic import Field
 from kcops.agent.actions.base import ActionContext, ActionResult, ActionSpec, Check, Params
 from kcops.agent.actions.redis_tier import evict_redis
 from kcops.agent.engine import series
-from kcops.agent.errors import ActionRejected
+from kcops.errors import ActionRejected
 
 # How long to wait for a scrape after the eviction, for "after" (a few ticks).
 AFTER_WAIT_S = 5.0

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kcops.agent.config.actions import GuardsSection
-from kcops.agent.errors import ActionRejected
+from kcops.errors import ActionRejected
 
 HOUR_S = 3600.0
 GLOBAL = "*"

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from kcops.agent.config.actions import KubernetesSection
-from kcops.agent.errors import ActionRejected
+from kcops.errors import ActionRejected
 
 NS_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from kcops.agent.errors import ActionRejected
+from kcops.errors import ActionRejected
 
 ANN = "kcops.io/"  # annotation prefix of the fleet state on the HPA
 

@@ -9,7 +9,7 @@ from pydantic import Field
 
 from kcops.agent.actions.base import ActionContext, ActionResult, ActionSpec, Check, Params
 from kcops.agent.config.actions import NotifySection
-from kcops.agent.errors import ActionRejected
+from kcops.errors import ActionRejected
 
 
 class NotifyParams(Params):

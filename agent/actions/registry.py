@@ -14,7 +14,7 @@ from kcops.agent.actions import (
     scale_out,
 )
 from kcops.agent.actions.base import Check, Params, Registry
-from kcops.agent.errors import ActionRejected
+from kcops.errors import ActionRejected
 
 
 def has_scaler(check: Check, _: Params) -> None:

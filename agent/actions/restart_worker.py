@@ -23,7 +23,7 @@ from kcops.agent.actions.base import (
     Params,
 )
 from kcops.agent.actions.kube import KubeClient
-from kcops.agent.errors import ActionRejected
+from kcops.errors import ActionRejected
 
 
 def engine_pid(ctx: ActionContext) -> int | None:

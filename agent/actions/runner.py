@@ -36,7 +36,7 @@ from kcops.agent.actions.outcome import Outcome
 from kcops.agent.clock import Clock
 from kcops.agent.config import Config
 from kcops.agent.engine import Engine
-from kcops.agent.errors import ActionRejected
+from kcops.errors import ActionRejected
 
 if TYPE_CHECKING:
     from kcops.agent.store import Store

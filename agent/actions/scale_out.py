@@ -25,7 +25,7 @@ from pydantic import Field
 from kcops.agent.actions.base import ActionContext, ActionResult, ActionSpec, Params
 from kcops.agent.actions.lease import Fleet, FleetState, FleetWrite, Grant
 from kcops.agent.config import Config
-from kcops.agent.errors import ActionRejected
+from kcops.errors import ActionRejected
 
 # A test seam: awaited between taking the lease and writing (None in production).
 PauseHook = Callable[[Grant], Awaitable[None]]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from kcops.agent.actions.base import ActionContext, ActionResult, Check, Params
-from kcops.agent.errors import ActionRejected
+from kcops.errors import ActionRejected
 
 
 class TopNParams(Params):

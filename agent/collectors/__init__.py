@@ -99,7 +99,7 @@ def _http(ctx: AgentContext, pids: EnginePid, engine: Engine | None) -> list[Col
     from kcops.agent.collectors.engine_http import EngineClient
     from kcops.agent.collectors.health import HealthCollector
     from kcops.agent.collectors.scrape import EngineScrapeCollector
-    from kcops.agent.errors import ConfigError
+    from kcops.errors import ConfigError
 
     cfg = ctx.config.collectors
     eng = ctx.config.engine

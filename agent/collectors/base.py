@@ -2,7 +2,7 @@
 
 A collector is any object with a ``name`` and ``collect(now)`` returning
 samples (or an awaitable of them, for collectors that do network I/O). It
-raises :class:`~kcops.agent.errors.CollectorUnavailable` when its source
+raises :class:`~kcops.errors.CollectorUnavailable` when its source
 cannot be read; anything else it raises is a bug, counted just the same so
 that one broken collector never stops the loop.
 """
@@ -19,9 +19,9 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
-from kcops.agent.errors import CollectorUnavailable
 from kcops.agent.samples import Sample, SeriesKey
 from kcops.agent.store import Store
+from kcops.errors import CollectorUnavailable
 
 log = logging.getLogger("kcops.agent.collectors")
 

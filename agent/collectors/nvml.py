@@ -24,8 +24,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from kcops.agent.errors import CollectorUnavailable
 from kcops.agent.samples import Sample, label_pairs
+from kcops.errors import CollectorUnavailable
 
 log = logging.getLogger("kcops.agent.collectors.nvml")
 

@@ -36,8 +36,8 @@ from typing import Any
 
 from prometheus_client.utils import floatToGoString
 
-from kcops.agent.errors import CollectorUnavailable
 from kcops.agent.samples import LabelPairs, Sample
+from kcops.errors import CollectorUnavailable
 from kcops.kernels import wire
 
 log = logging.getLogger("kcops.agent.collectors.probe")

@@ -15,8 +15,8 @@ Two collectors over one :class:`~kcops.agent.collectors.procwatch.EngineWatch`:
 from __future__ import annotations
 
 from kcops.agent.collectors.procwatch import EngineWatch, TreeSnapshot
-from kcops.agent.errors import CollectorUnavailable
 from kcops.agent.samples import Sample, label_pairs
+from kcops.errors import CollectorUnavailable
 
 ENGINE = label_pairs({"process": "engine"})
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from kcops.agent.errors import CollectorUnavailable
+from kcops.errors import CollectorUnavailable
 
 _NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 _SUFFIXES = ("_bucket", "_sum", "_count", "_total", "_created", "_gcount", "_gsum")

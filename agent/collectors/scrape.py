@@ -14,8 +14,8 @@ from kcops.agent.collectors import adapters, promtext
 from kcops.agent.collectors.adapters import Adapter
 from kcops.agent.collectors.engine_http import EngineClient
 from kcops.agent.engine import Engine
-from kcops.agent.errors import CollectorUnavailable
 from kcops.agent.samples import Sample
+from kcops.errors import CollectorUnavailable
 
 
 class EngineScrapeCollector:

@@ -1,7 +1,7 @@
 """Configuration: one YAML file, validated into typed models on load.
 
 Each section lives in its own module. A bad file is refused with
-:class:`~kcops.agent.errors.ConfigError` naming the field path, the bad value
+:class:`~kcops.errors.ConfigError` naming the field path, the bad value
 and what is allowed; unknown keys are errors.
 """
 
@@ -20,7 +20,7 @@ from kcops.agent.config.collectors import CollectorsSection
 from kcops.agent.config.engine import EngineSection
 from kcops.agent.config.exporters import ExportersSection
 from kcops.agent.config.rules import RulesSection
-from kcops.agent.errors import ConfigError
+from kcops.errors import ConfigError
 
 __all__ = ["Config", "format_validation_error", "load_config", "parse_config"]
 

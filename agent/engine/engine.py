@@ -7,7 +7,7 @@ it before every action). It resolves the adapter once (``auto``: from the
 metrics page, else by probing admin routes), keeps one shared HTTP client,
 and turns each capability into data (:mod:`kcops.agent.engine.capabilities`).
 
-Refusals are :class:`~kcops.agent.errors.ActionRejected` with a reason code
+Refusals are :class:`~kcops.errors.ActionRejected` with a reason code
 the runner records in the audit log: ``not_configured`` (no ``engine.url``),
 ``unsupported`` (the engine lacks the capability), ``starting`` (the engine
 is loading or not identified yet).
@@ -24,7 +24,7 @@ from kcops.agent.engine import capabilities as caps
 from kcops.agent.engine import lifecycle as lc
 from kcops.agent.engine.capabilities import Capabilities
 from kcops.agent.engine.lifecycle import EngineState, Lifecycle
-from kcops.agent.errors import ActionRejected
+from kcops.errors import ActionRejected
 
 log = logging.getLogger("kcops.agent.engine")
 

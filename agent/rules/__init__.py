@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 def build(ctx: AgentContext) -> list[Any]:
     """The rules component, registered as ``ctx.services["alerts"]``; none when disabled.
 
-    Raises :class:`~kcops.agent.errors.ConfigError` (exit 2) when the rule
+    Raises :class:`~kcops.errors.ConfigError` (exit 2) when the rule
     file is bad, naming the rule and the reason.
     """
     from kcops.agent.rules.component import RulesComponent

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
-from kcops.agent.errors import ConfigError, KcopsError
+from kcops.errors import ConfigError, KcopsError
 
 Labels = tuple[tuple[str, str], ...]
 NAME = "__name__"

@@ -22,8 +22,8 @@ import redis
 
 from kcops.agent.actions.lease import FleetWrite, RedisFleet
 from kcops.agent.clock import ManualClock
-from kcops.agent.errors import ActionRejected
 from kcops.agent.events import RemediationStep
+from kcops.errors import ActionRejected
 from tests.unit.actions.harness import audit, make_ctx, make_rem, settle, transition
 
 REPO = Path(__file__).resolve().parents[2]

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from kcops.agent.cli.alerts import alerts_group
 from kcops.alerts import packaged_file, packaged_tests
+from kcops.cli.alerts import alerts_group
 
 needs_promtool = pytest.mark.skipif(shutil.which("promtool") is None, reason="no promtool")
 TESTS = packaged_tests()

@@ -31,7 +31,7 @@ pytestmark = pytest.mark.slow
 
 def _have_stack() -> str | None:
     try:
-        import kcops.agent.cli.serve  # noqa: F401
+        import kcops.cli.serve  # noqa: F401
     except ModuleNotFoundError:
         return "kcops serve (issue 4) not built"
     from kcops.agent import rules

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_sigkill_mid_ladder_resumes(tmp_path: Path, redis_url: str) -> None:
-    pytest.importorskip("kcops.agent.cli.serve")
+    pytest.importorskip("kcops.cli.serve")
     wport, aport = free_port(), free_port()
     worker, agent = f"http://127.0.0.1:{wport}", f"http://127.0.0.1:{aport}"
     rules = {

@@ -41,8 +41,8 @@ def test_agent_and_cli_import_without_torch() -> None:
     # torch blocked outright: any import of it from the agent side fails loudly.
     code = (
         "import sys; sys.modules['torch'] = None; sys.modules['transformers'] = None\n"
-        "import kcops.agent.app, kcops.agent.cli, kcops.kernels, kcops.kernels.wire\n"
-        "from kcops.agent.cli import cli\n"
+        "import kcops.agent.app, kcops.cli, kcops.kernels, kcops.kernels.wire\n"
+        "from kcops.cli import cli\n"
         "print('ok')\n"
     )
     out = subprocess.run(

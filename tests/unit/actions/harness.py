@@ -12,13 +12,13 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from kcops.agent.actions.audit import read_audit
 from kcops.agent.actions.remediation import Remediation
-from kcops.agent.auth import TokenCheck
 from kcops.agent.clock import ManualClock
 from kcops.agent.component import AgentContext
 from kcops.agent.config import parse_config
 from kcops.agent.events import AlertTransition, EventBus, RemediationStep
 from kcops.agent.samples import SeriesKey
 from kcops.agent.store import Store
+from kcops.auth import TokenCheck
 from tests.unit.actions.fakeworker import TOKEN
 
 

@@ -6,8 +6,8 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from kcops.agent.actions.audit import AuditLog
-from kcops.agent.cli import cli
-from kcops.agent.cli.actions import parse_params, parse_since
+from kcops.cli import cli
+from kcops.cli.actions import parse_params, parse_since
 
 T0 = 1_796_043_700.0
 

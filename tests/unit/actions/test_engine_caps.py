@@ -149,7 +149,7 @@ def test_vllm_pause_only_in_dev_mode_probed_once() -> None:
 def test_check_config_warns_about_steps_that_will_refuse(tmp_path: Path) -> None:
     from click.testing import CliRunner
 
-    from kcops.agent.cli.agent_cmd import agent_group
+    from kcops.cli.agent_cmd import agent_group
 
     cfg = tmp_path / "agent.yaml"
     cfg.write_text("actions: {scale: {hpa: serving}}\n")

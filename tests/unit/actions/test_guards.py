@@ -4,7 +4,7 @@ import pytest
 
 from kcops.agent.actions.guards import BreakerOpen, Guards
 from kcops.agent.config.actions import GuardsSection
-from kcops.agent.errors import ActionRejected
+from kcops.errors import ActionRejected
 
 T0 = 1_700_000_000.0
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from kcops.agent.auth import TokenCheck, load_token
-from kcops.agent.errors import ConfigError
+from kcops.auth import TokenCheck, load_token
+from kcops.errors import ConfigError
 
 
 def test_no_token_configured_refuses_everything() -> None:

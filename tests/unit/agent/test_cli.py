@@ -1,4 +1,4 @@
-"""CLI conventions: exit codes, check-config, status, groups not built yet."""
+"""CLI conventions: exit codes, check-config, status."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from kcops import __version__
-from kcops.agent.cli import cli
+from kcops.cli import cli
 from tests.services import agent_in_thread, free_port
 
 

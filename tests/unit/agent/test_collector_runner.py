@@ -6,9 +6,9 @@ import asyncio
 from collections.abc import Iterable
 
 from kcops.agent.collectors import CollectorRunner
-from kcops.agent.errors import CollectorUnavailable
 from kcops.agent.samples import Sample, SeriesKey
 from kcops.agent.store import Store
+from kcops.errors import CollectorUnavailable
 
 
 class Scripted:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from kcops.agent.config import Config, load_config, parse_config
-from kcops.agent.errors import ConfigError
+from kcops.errors import ConfigError
 
 
 def test_defaults_are_useful() -> None:

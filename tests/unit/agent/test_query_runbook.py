@@ -9,9 +9,9 @@ import httpx
 import pytest
 from click.testing import CliRunner
 
-from kcops.agent.cli import cli
-from kcops.agent.cli.runbook import runbook_names, runbook_queries
 from kcops.agent.samples import Sample
+from kcops.cli import cli
+from kcops.cli.runbook import runbook_names, runbook_queries
 from tests.services import agent_in_thread
 
 
@@ -62,7 +62,7 @@ def test_every_alert_has_a_runbook_with_live_queries() -> None:
     doc = yaml.safe_load(packaged_file("rules.yaml").read_text())
     alerts = {r["alert"] for g in doc["groups"] for r in g["rules"] if "alert" in r}
     assert alerts <= set(runbook_names())
-    from kcops.agent.cli.runbook import runbook_text
+    from kcops.cli.runbook import runbook_text
 
     assert runbook_queries(runbook_text("KcopsDeviceMemoryHigh"))
 

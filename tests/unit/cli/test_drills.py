@@ -6,7 +6,7 @@ import click
 import pytest
 import yaml
 
-from kcops.agent.cli.drills import DRILLS, DrillResult, estimate_s, select, table
+from kcops.cli.drills import DRILLS, DrillResult, estimate_s, select, table
 
 
 def test_every_alert_of_the_table_has_a_drill() -> None:

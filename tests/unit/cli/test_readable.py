@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from kcops.agent.cli import cli
-from kcops.agent.cli.timefmt import ago, duration, local_iso, when
+from kcops.cli import cli
+from kcops.cli.timefmt import ago, duration, local_iso, when
 from tests.services import agent_in_thread
 from tests.unit.cli.engine_like import EngineLike
 
@@ -83,7 +83,7 @@ def test_alerts_show_and_runbook_offline_json() -> None:
 
 
 def test_audit_record_shows_local_time_and_ago() -> None:
-    from kcops.agent.cli.actions import format_record
+    from kcops.cli.actions import format_record
 
     now = time.time()
     line = format_record({"kind": "action", "ts": now - 180, "action": "notify", "outcome": "ok"})

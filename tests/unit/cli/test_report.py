@@ -12,9 +12,9 @@ import httpx
 import pytest
 from click.testing import CliRunner
 
-from kcops.agent.cli import cli
-from kcops.agent.cli.report.plots import DPI, HEIGHT_IN, WIDTH_IN
-from kcops.agent.cli.report.timeline import PANELS
+from kcops.cli import cli
+from kcops.cli.report.plots import DPI, HEIGHT_IN, WIDTH_IN
+from kcops.cli.report.timeline import PANELS
 from tests.services import agent_in_thread
 from tests.unit.cli.engine_like import EngineLike
 

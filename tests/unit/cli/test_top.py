@@ -11,10 +11,10 @@ import httpx
 import pytest
 from click.testing import CliRunner
 
-from kcops.agent.cli import cli
-from kcops.agent.cli.topapp import ActionPicker, Confirm, RunbookScreen, TopApp
-from kcops.agent.cli.topdata import AgentClient
-from kcops.agent.cli.topview import sparkline
+from kcops.cli import cli
+from kcops.cli.topapp import ActionPicker, Confirm, RunbookScreen, TopApp
+from kcops.cli.topdata import AgentClient
+from kcops.cli.topview import sparkline
 from tests.services import agent_in_thread
 from tests.unit.cli.engine_like import EngineLike
 

@@ -7,7 +7,7 @@ import pytest
 
 from kcops.agent.collectors import TickHistogram, build
 from kcops.agent.config import parse_config
-from kcops.agent.errors import ConfigError
+from kcops.errors import ConfigError
 
 
 def built(data: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:

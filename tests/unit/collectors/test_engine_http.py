@@ -11,7 +11,7 @@ from kcops.agent.collectors.engine_http import EngineClient
 from kcops.agent.collectors.enginepid import EnginePid
 from kcops.agent.collectors.health import HealthCollector
 from kcops.agent.collectors.scrape import EngineScrapeCollector
-from kcops.agent.errors import CollectorUnavailable
+from kcops.errors import CollectorUnavailable
 from tests.unit.collectors.helpers import latest, runner, value
 
 VLLM_PAGE = (Path(__file__).resolve().parents[2] / "fixtures" / "vllm_metrics.txt").read_bytes()

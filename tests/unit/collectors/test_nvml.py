@@ -7,8 +7,8 @@ import os
 import pynvml
 import pytest
 
-from kcops.agent.cli.status import format_status
 from kcops.agent.collectors.nvml import UNKNOWN, Nvml, NvmlCollector, NvmlUnavailable
+from kcops.cli.status import format_status
 from tests.unit.collectors import fake_pynvml
 from tests.unit.collectors.fake_pynvml import FakeNvmlModule, ProcessInfo
 from tests.unit.collectors.helpers import collect, latest, runner, value

@@ -6,7 +6,7 @@ import struct
 from pathlib import Path
 
 from kcops.agent.collectors.probe import ProbeReceiver
-from kcops.agent.errors import CollectorUnavailable
+from kcops.errors import CollectorUnavailable
 from kcops.kernels import wire
 from tests.unit.collectors.helpers import collect, latest, names, runner, value
 

@@ -16,7 +16,7 @@ from kcops.agent.collectors.cpumem import CpuDeviceMemoryCollector
 from kcops.agent.collectors.enginepid import EnginePid
 from kcops.agent.collectors.process import EngineEventsCollector, ProcessCollector
 from kcops.agent.collectors.procwatch import EngineWatch
-from kcops.agent.errors import CollectorUnavailable
+from kcops.errors import CollectorUnavailable
 from tests.unit.collectors.helpers import collect, latest, need, runner, value
 
 ENGINE = {"process": "engine"}

@@ -14,8 +14,8 @@ import pytest
 from aiohttp import web
 from click.testing import CliRunner
 
-from kcops.agent.cli import cli
 from kcops.agent.signals import SIGNALS
+from kcops.cli import cli
 from kcops.dashboards.build import build_all
 from tests.services import free_port
 

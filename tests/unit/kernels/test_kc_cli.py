@@ -10,8 +10,8 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from kcops.agent.cli import cli
-from kcops.agent.cli import kc as kc_cli
+from kcops.cli import cli
+from kcops.cli import kc as kc_cli
 from tests.unit.kernels.conftest import VOCAB, tiny_llama
 
 

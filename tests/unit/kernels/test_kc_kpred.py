@@ -9,7 +9,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from kcops.agent.cli.kc import kc_group
+from kcops.cli.kc import kc_group
 from kcops.kernels.kpred import KpredRow, grid, kpred_recency, kpred_top, summary
 from kcops.kernels.sweep import corpus_text
 from kcops.kernels.topn import register

@@ -12,7 +12,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from kcops.agent.cli.kc import kc_group
+from kcops.cli.kc import kc_group
 from kcops.kernels.kvkeep import split_budget
 from kcops.kernels.sweep import FULL, chunks, corpus_text, sweep_context
 from kcops.kernels.topn import register

@@ -9,7 +9,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from kcops.agent.cli.kc import kc_group
+from kcops.cli.kc import kc_group
 from kcops.kernels.sweep import SweepError, chunks, corpus_text
 from kcops.kernels.verify import parse_variant, register, verify
 from kcops.worker.models import load_model

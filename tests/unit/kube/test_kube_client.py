@@ -19,7 +19,7 @@ from kcops.agent.actions.scale_out import release_hold
 from kcops.agent.clock import ManualClock
 from kcops.agent.config import parse_config
 from kcops.agent.config.actions import KubernetesSection
-from kcops.agent.errors import ActionRejected
+from kcops.errors import ActionRejected
 from tests.unit.actions.harness import make_ctx, make_rem
 from tests.unit.kube.apiserver import ApiServer
 

@@ -10,9 +10,9 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from kcops.agent.cli import alerts as alerts_cli
-from kcops.agent.cli.alerts import alerts_group
 from kcops.alerts import packaged_file
+from kcops.cli import alerts as alerts_cli
+from kcops.cli.alerts import alerts_group
 
 
 def invoke(*args: str) -> Any:

@@ -8,8 +8,8 @@ from __future__ import annotations
 import base64
 import html
 
-from kcops.agent.cli.report.timeline import Timeline
-from kcops.agent.cli.timefmt import duration, local_iso
+from kcops.cli.report.timeline import Timeline
+from kcops.cli.timefmt import duration, local_iso
 
 CSS = """
 body { font-family: system-ui, sans-serif; margin: 1.5em; color: #222; max-width: 1040px; }

@@ -16,7 +16,7 @@ from typing import Any
 
 import click
 
-from kcops.agent.cli.common import (
+from kcops.cli.common import (
     EXIT_USAGE,
     agent_get_json,
     agent_option,
@@ -24,7 +24,7 @@ from kcops.agent.cli.common import (
     echo_json,
     handle_errors,
 )
-from kcops.agent.cli.timefmt import as_float, when
+from kcops.cli.timefmt import as_float, when
 
 INLINE_CODE = re.compile(r"`([^`\n]+)`")
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import click
 
-from kcops.agent.cli.common import agent_option, handle_errors
-from kcops.agent.cli.topdata import AgentClient
-from kcops.agent.errors import ConfigError
+from kcops.cli.common import agent_option, handle_errors
+from kcops.cli.topdata import AgentClient
+from kcops.errors import ConfigError
 
 
 def write_report(
@@ -20,9 +20,9 @@ def write_report(
         import matplotlib  # noqa: F401
     except ModuleNotFoundError:
         raise ConfigError("kcops report needs matplotlib: pip install 'kcops[viz]'") from None
-    from kcops.agent.cli.report.page import render
-    from kcops.agent.cli.report.plots import all_pngs
-    from kcops.agent.cli.report.timeline import collect
+    from kcops.cli.report.page import render
+    from kcops.cli.report.plots import all_pngs
+    from kcops.cli.report.timeline import collect
 
     client = AgentClient(agent_url, timeout_s=10)
     try:
@@ -43,7 +43,7 @@ def write_report(
 )
 @handle_errors
 def report_cmd(agent_url: str, since: str, out: str) -> None:
-    from kcops.agent.cli.actions import parse_since
+    from kcops.cli.actions import parse_since
 
     end = time.time()
     start = parse_since(since, end)

@@ -1,6 +1,6 @@
 """Rich renderables for ``kcops top``: one function per section of the screen.
 
-Each takes a :class:`~kcops.agent.cli.topdata.Snapshot` and fits in 80
+Each takes a :class:`~kcops.cli.topdata.Snapshot` and fits in 80
 columns; ``--once`` prints them in order and the live view puts each in its
 own panel.
 """
@@ -14,8 +14,8 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from kcops.agent.cli.timefmt import ago, duration, local_iso
-from kcops.agent.cli.topdata import Snapshot
+from kcops.cli.timefmt import ago, duration, local_iso
+from kcops.cli.topdata import Snapshot
 
 BARS = "▁▂▃▄▅▆▇█"
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx
 
-from kcops.agent.errors import ConfigError
+from kcops.errors import ConfigError
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
 

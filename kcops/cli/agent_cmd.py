@@ -10,9 +10,9 @@ from typing import Any
 
 import click
 
-from kcops.agent.cli.common import EXIT_USAGE, handle_errors
 from kcops.agent.config import Config, load_config, parse_config
-from kcops.agent.errors import ConfigError
+from kcops.cli.common import EXIT_USAGE, handle_errors
+from kcops.errors import ConfigError
 
 ADAPTERS = ["auto", "vllm", "sglang", "tgi", "triton", "kcops"]
 

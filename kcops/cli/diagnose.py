@@ -6,15 +6,15 @@ from typing import Any
 
 import click
 
-from kcops.agent.cli.common import (
+from kcops.cli.common import (
     agent_get_json,
     agent_option,
     agent_request,
     echo_json,
     handle_errors,
 )
-from kcops.agent.cli.status import format_status
-from kcops.agent.cli.timefmt import ago, as_float, when
+from kcops.cli.status import format_status
+from kcops.cli.timefmt import ago, as_float, when
 
 
 def _optional(agent_url: str, path: str) -> Any:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from kcops.agent.errors import ConfigError
+from kcops.errors import ConfigError
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

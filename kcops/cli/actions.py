@@ -12,7 +12,7 @@ from typing import Any
 import click
 import yaml
 
-from kcops.agent.cli.common import (
+from kcops.cli.common import (
     EXIT_FAILURE,
     EXIT_OK,
     EXIT_USAGE,
@@ -23,7 +23,7 @@ from kcops.agent.cli.common import (
     handle_errors,
     token_headers,
 )
-from kcops.agent.cli.timefmt import as_float, when
+from kcops.cli.timefmt import as_float, when
 
 
 def parse_since(value: str | None, now: float | None = None) -> float | None:

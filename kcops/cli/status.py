@@ -7,8 +7,8 @@ from typing import Any
 
 import click
 
-from kcops.agent.cli.common import agent_get_json, agent_option, echo_json, handle_errors
-from kcops.agent.cli.timefmt import ago, duration, local_iso
+from kcops.cli.common import agent_get_json, agent_option, echo_json, handle_errors
+from kcops.cli.timefmt import ago, duration, local_iso
 
 
 def format_status(st: dict[str, Any], now: float | None = None) -> str:

@@ -2,8 +2,8 @@
 
 It starts a real Redis (when installed), the agent in enforce mode supervising
 the reference worker with a real small model and the probe, sends real load
-with Locust (:mod:`kcops.agent.cli.load`), then runs fault drills
-(:mod:`kcops.agent.cli.drills`) and shows the agent detect and repair each:
+with Locust (:mod:`kcops.cli.load`), then runs fault drills
+(:mod:`kcops.cli.drills`) and shows the agent detect and repair each:
 by default a NaN in attention (``KcopsAttentionErrors`` -> ``fallback_to_base``)
 and a hung loop (``KcopsEngineDown`` -> ``restart_worker``); ``--drills all``
 runs every alert of the table whose cause the worker can produce. It ends with
@@ -23,11 +23,11 @@ from pathlib import Path
 
 import click
 
-from kcops.agent.cli import drills as drills_mod
-from kcops.agent.cli.common import EXIT_FAILURE, handle_errors
-from kcops.agent.cli.demo_env import DemoEnv, DemoFailed, kcops_exe, summary
-from kcops.agent.cli.load.run import LocustRun, summary_lines
-from kcops.agent.cli.timefmt import duration
+from kcops.cli import drills as drills_mod
+from kcops.cli.common import EXIT_FAILURE, handle_errors
+from kcops.cli.demo_env import DemoEnv, DemoFailed, kcops_exe, summary
+from kcops.cli.load.run import LocustRun, summary_lines
+from kcops.cli.timefmt import duration
 
 CONTEXT_HINT = "see the logs in {work}"
 
@@ -57,7 +57,7 @@ def _drills(env: DemoEnv, chosen: list[drills_mod.Drill]) -> list[drills_mod.Dri
 
 def _report(env: DemoEnv, t0: float) -> None:
     try:
-        from kcops.agent.cli.report.cmd import write_report
+        from kcops.cli.report.cmd import write_report
 
         path = write_report(env.agent, t0, time.time(), env.work / "report.html", "kcops demo")
         click.echo(f"- report with plots of the whole run: {path}")

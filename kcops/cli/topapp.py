@@ -19,9 +19,9 @@ from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Footer, Label, Markdown, OptionList, Static
 
-from kcops.agent.cli import topview
-from kcops.agent.cli.topdata import HISTORY_KEYS, HISTORY_POINTS, AgentClient, Snapshot, snapshot
-from kcops.agent.errors import KcopsError
+from kcops.cli import topview
+from kcops.cli.topdata import HISTORY_KEYS, HISTORY_POINTS, AgentClient, Snapshot, snapshot
+from kcops.errors import KcopsError
 
 
 class RunbookScreen(ModalScreen[None]):
@@ -180,7 +180,7 @@ class TopApp(App[None]):
         return str(table.get_row_at(table.cursor_row)[0])
 
     def action_runbook(self) -> None:
-        from kcops.agent.cli.runbook import runbook_names, runbook_text
+        from kcops.cli.runbook import runbook_names, runbook_text
 
         name = self.selected_alert()
         if name is None or name not in runbook_names():

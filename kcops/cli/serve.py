@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from kcops.agent.cli.common import EXIT_USAGE, handle_errors
+from kcops.cli.common import EXIT_USAGE, handle_errors
 
 if TYPE_CHECKING:
     from kcops.worker.state import WorkerState
@@ -67,7 +67,7 @@ def serve_cmd(
     pidfile: Path | None,
     no_probe: bool,
 ) -> None:
-    from kcops.agent.auth import load_token
+    from kcops.auth import load_token
 
     dense = _check_usage(dense_layers, top_n, topn_min, topn_max, redis_url)
     token = load_token(token_file)

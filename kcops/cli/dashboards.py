@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING
 
 import click
 
-from kcops.agent.cli.alerts import _load as load_ruleset
-from kcops.agent.cli.alerts import param_option, rules_option
-from kcops.agent.cli.common import EXIT_FAILURE, EXIT_UNREACHABLE, handle_errors
+from kcops.cli.alerts import _load as load_ruleset
+from kcops.cli.alerts import param_option, rules_option
+from kcops.cli.common import EXIT_FAILURE, EXIT_UNREACHABLE, handle_errors
 
 if TYPE_CHECKING:
     from kcops.agent.rules.loader import RuleSet

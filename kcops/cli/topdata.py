@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from kcops.agent.errors import KcopsError, Unreachable
+from kcops.errors import KcopsError, Unreachable
 
 # One PromQL expression per number on the screen: (key, expression).
 HQ = "histogram_quantile({q}, sum by (le) (rate({m}_bucket[1m])))"

@@ -11,9 +11,9 @@ import shutil
 
 import click
 
-from kcops.agent.cli.common import agent_option, handle_errors, token_headers
-from kcops.agent.cli.topdata import AgentClient, snapshot
-from kcops.agent.errors import ConfigError
+from kcops.cli.common import agent_option, handle_errors, token_headers
+from kcops.cli.topdata import AgentClient, snapshot
+from kcops.errors import ConfigError
 
 
 def _need_tui() -> None:
@@ -41,7 +41,7 @@ def top_cmd(
     _need_tui()
     from rich.console import Console
 
-    from kcops.agent.cli.topview import frame
+    from kcops.cli.topview import frame
 
     client = AgentClient(agent_url)
     try:
@@ -50,7 +50,7 @@ def top_cmd(
             console = Console(width=cols, highlight=False, soft_wrap=False)
             console.print(frame(snapshot(client, with_history=True)))
             return
-        from kcops.agent.cli.topapp import TopApp
+        from kcops.cli.topapp import TopApp
 
         token_headers(token_file)  # a bad --token-file is a usage error before the screen opens
         TopApp(client, lambda: token_headers(token_file), refresh_s).run()

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import click
 
-from kcops.agent.cli.common import echo_json, handle_errors
-from kcops.agent.cli.load.run import AlertWatch, LocustRun, as_json, summary_lines
+from kcops.cli.common import echo_json, handle_errors
+from kcops.cli.load.run import AlertWatch, LocustRun, as_json, summary_lines
 
 
 @click.command(

@@ -13,7 +13,7 @@ import math
 from datetime import datetime
 from typing import Any
 
-from kcops.agent.cli.report.timeline import PANELS, Panel, Timeline
+from kcops.cli.report.timeline import PANELS, Panel, Timeline
 
 WIDTH_IN, HEIGHT_IN, DPI = 10.0, 2.2, 100  # 1000 x 220 px per panel
 BAND = {"pending": "#f5c542", "firing": "#e0443e"}

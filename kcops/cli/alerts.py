@@ -10,15 +10,15 @@ from typing import Any
 import click
 import yaml
 
-from kcops.agent.cli.common import (
+from kcops.cli.common import (
     EXIT_FAILURE,
     agent_get_json,
     agent_option,
     echo_json,
     handle_errors,
 )
-from kcops.agent.cli.timefmt import as_float, when
-from kcops.agent.errors import ConfigError
+from kcops.cli.timefmt import as_float, when
+from kcops.errors import ConfigError
 
 
 def _params(pairs: tuple[str, ...]) -> dict[str, Any]:

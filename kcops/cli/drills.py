@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import click
 
-from kcops.agent.cli.demo_env import DemoEnv, DemoFailed, wait
-from kcops.agent.cli.timefmt import duration
+from kcops.cli.demo_env import DemoEnv, DemoFailed, wait
+from kcops.cli.timefmt import duration
 
 Step = Callable[[DemoEnv], None]
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import click
 
-from kcops.agent.cli.common import handle_errors
+from kcops.cli.common import handle_errors
 
 DEFAULT_MAX_TOKENS = 512
 TOPN = (16, 32, 64)

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from kcops.agent.cli.topdata import HQ, AgentClient
+from kcops.cli.topdata import HQ, AgentClient
 
 MAX_POINTS = 400
 

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 import click
 import httpx
 
-from kcops.agent.errors import ConfigError, KcopsError, Unreachable
+from kcops.errors import ConfigError, KcopsError, Unreachable
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -50,10 +50,10 @@ def handle_errors(fn: F) -> F:
 
 
 def token_headers(token_file: str | None = None) -> dict[str, str]:
-    """Authorization header from the one token loader (``kcops.agent.auth.load_token``)."""
+    """Authorization header from the one token loader (``kcops.auth.load_token``)."""
     from pathlib import Path
 
-    from kcops.agent.auth import load_token
+    from kcops.auth import load_token
 
     token = load_token(Path(token_file) if token_file else None)
     return {"Authorization": f"Bearer {token}"} if token else {}
@@ -87,18 +87,3 @@ def agent_get_json(agent_url: str, path: str) -> Any:
 
 def echo_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, sort_keys=True))
-
-
-def not_built(group: str, issue: str) -> click.Command:
-    """A command group whose issue has not landed: say so plainly, exit 1."""
-
-    @click.command(
-        group,
-        context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
-        help=f"Not built yet ({issue}).",
-    )
-    def cmd() -> None:
-        click.echo(f"kcops {group}: not built yet ({issue}).", err=True)
-        sys.exit(EXIT_FAILURE)
-
-    return cmd
