@@ -145,9 +145,10 @@ class Evaluator:
             op = str(node.op)
             param: float | str | None = None
             if op == "count_values":
-                param = self.eval(node.param, t)
-                if not isinstance(param, str):
+                label = self.eval(node.param, t)
+                if not isinstance(label, str):
                     raise EvalError("count_values: the label name must be a string")
+                param = label
             elif node.param is not None:
                 param = self.eval_scalar(node.param, t)
             return aggregate(op, node.modifier, param, self.eval_vector(node.expr, t))

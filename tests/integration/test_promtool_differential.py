@@ -26,7 +26,7 @@ from kcops.agent.rules.loader import load_rules_data
 from kcops.agent.rules.promtest import PromtoolGroup, build_store, expand_values, series_key
 
 CASES = 200
-PROMQL_CASES = 320
+PROMQL_CASES = 300
 INTERVAL_S = 30
 SAMPLES = 26
 EVAL_S = 30
