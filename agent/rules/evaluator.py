@@ -23,6 +23,9 @@ from kcops.agent.rules.selectors import LOOKBACK_S, CompiledSelector, SeriesSour
 from kcops.agent.store import Store
 
 DEFAULT_STEP_S = 60.0
+# Inner evaluations of one subquery at one instant (Prometheus's own cap on
+# points per series of a range query); beyond it one rule would stall the tick.
+MAX_SUBQUERY_STEPS = 11_000
 
 
 class Evaluator:
@@ -97,6 +100,11 @@ class Evaluator:
             raise EvalError("subquery step must be positive")
         range_ms = round(node.range.total_seconds() * 1000)
         offset_ms = round(node.offset.total_seconds() * 1000) if node.offset is not None else 0
+        steps = range_ms // step_ms
+        if steps > MAX_SUBQUERY_STEPS:
+            raise EvalError(
+                f"subquery of {steps} steps (range / step); at most {MAX_SUBQUERY_STEPS}"
+            )
         end_ms = round(t * 1000) - offset_ms
         start_ms = -((range_ms - end_ms) // step_ms) * step_ms  # first multiple >= end - range
         acc: dict[Labels, tuple[array, array]] = {}
