@@ -23,6 +23,9 @@ from kcops.agent.rules.selectors import LOOKBACK_S, CompiledSelector, SeriesSour
 from kcops.agent.store import Store
 
 DEFAULT_STEP_S = 60.0
+# Inner evaluations of one subquery at one instant (Prometheus's own cap on
+# points per series of a range query); beyond it one rule would stall the tick.
+MAX_SUBQUERY_STEPS = 11_000
 
 
 class Evaluator:
@@ -97,6 +100,11 @@ class Evaluator:
             raise EvalError("subquery step must be positive")
         range_ms = round(node.range.total_seconds() * 1000)
         offset_ms = round(node.offset.total_seconds() * 1000) if node.offset is not None else 0
+        steps = range_ms // step_ms
+        if steps > MAX_SUBQUERY_STEPS:
+            raise EvalError(
+                f"subquery of {steps} steps (range / step); at most {MAX_SUBQUERY_STEPS}"
+            )
         end_ms = round(t * 1000) - offset_ms
         start_ms = -((range_ms - end_ms) // step_ms) * step_ms  # first multiple >= end - range
         acc: dict[Labels, tuple[array, array]] = {}
@@ -145,9 +153,10 @@ class Evaluator:
             op = str(node.op)
             param: float | str | None = None
             if op == "count_values":
-                param = self.eval(node.param, t)
-                if not isinstance(param, str):
+                label = self.eval(node.param, t)
+                if not isinstance(label, str):
                     raise EvalError("count_values: the label name must be a string")
+                param = label
             elif node.param is not None:
                 param = self.eval_scalar(node.param, t)
             return aggregate(op, node.modifier, param, self.eval_vector(node.expr, t))

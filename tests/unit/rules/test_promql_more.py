@@ -17,7 +17,7 @@ from kcops.agent.rules.aggregations import go_format_f
 from kcops.agent.rules.engine import FAILURES, RuleEngine
 from kcops.agent.rules.evaluator import Evaluator
 from kcops.agent.rules.loader import load_rules_data
-from kcops.agent.rules.model import RuleError
+from kcops.agent.rules.model import EvalError, RuleError
 from kcops.agent.rules.parse import parse_expr
 from kcops.agent.rules.regex import compile_anchored, expand, full_match
 from kcops.agent.samples import SeriesKey
@@ -219,3 +219,8 @@ def test_new_functions(expr: str, t: float, want: dict[str, float]) -> None:
     assert got.keys() == want.keys()
     for k, v in want.items():
         assert (math.isnan(v) and math.isnan(got[k])) or got[k] == v, (k, got[k], v)
+
+
+def test_a_huge_subquery_fails_instead_of_stalling_the_tick() -> None:
+    with pytest.raises(EvalError, match="86400 steps"):
+        ev("max_over_time(s[1d:1s])", 0, S)
