@@ -55,6 +55,9 @@ def run_sweep(
     rows: list[Row] = []
     with tqdm(total=total, desc="kc sweep", unit="row", disable=not progress) as bar:
 
+        def tick() -> None:
+            bar.update(1)
+
         def on_row(row: Row) -> None:
             if out is not None:
                 append_row(out, row)
@@ -69,7 +72,7 @@ def run_sweep(
                 eval_tokens=eval_tokens,
                 done=done,
                 on_row=on_row,
-                tick=lambda: bar.update(1),
+                tick=tick,
             )
     rec = recommend(rows, tolerance)
     if out is not None:
