@@ -66,10 +66,10 @@ def test_garbage_and_unknown_versions_are_counted_never_raised() -> None:
     payload = b'{"pid": 1}'
     r.feed(wire.HEADER.pack(wire.MAGIC, 99, len(payload)) + payload)
     bad_json = b"{nope"
-    r.feed(wire.HEADER.pack(wire.MAGIC, wire.VERSION, len(bad_json)) + bad_json)
+    r.feed(wire.HEADER.pack(wire.MAGIC, wire.VERSION_JSON, len(bad_json)) + bad_json)
     body = b'{"pid": -1, "seq": 0}'
-    r.feed(wire.HEADER.pack(wire.MAGIC, wire.VERSION, len(body)) + body)
-    r.feed(struct.pack(">4sHI", b"KCPF", wire.VERSION, 2) + b"[]")
+    r.feed(wire.HEADER.pack(wire.MAGIC, wire.VERSION_JSON, len(body)) + body)
+    r.feed(struct.pack(">4sHI", b"KCPF", wire.VERSION_JSON, 2) + b"[]")
     r.feed(good)
     out = collect(r)
     assert value(out, "kcops_probe_frames_total", outcome="malformed") == 7
