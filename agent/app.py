@@ -24,7 +24,7 @@ from kcops.agent import collectors as collectors_pkg
 from kcops.agent import rules as rules_pkg
 from kcops.agent.auth import TokenCheck, load_token
 from kcops.agent.clock import Clock, system_clock
-from kcops.agent.collectors import CollectorRunner, TickHistogram
+from kcops.agent.collectors import CollectorRunner, tick_histogram
 from kcops.agent.component import AgentContext, Component
 from kcops.agent.config import Config
 from kcops.agent.control import core_routes
@@ -75,7 +75,7 @@ class Agent:
             state_dir=state_dir,
         )
         self.ctx.services["agent"] = self
-        self.ticks = TickHistogram()
+        self.ticks = tick_histogram()
         self.collector_runner = CollectorRunner(
             self.store,
             collectors_pkg.build(self.ctx, self.ticks) + list(extra_collectors or []),

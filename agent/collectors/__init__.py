@@ -9,19 +9,20 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from kcops.agent.collectors.base import Collector, CollectorRunner, InThread
-from kcops.agent.collectors.selfmetrics import SelfCollector, TickHistogram
+from kcops.agent.collectors.selfmetrics import SelfCollector, tick_histogram
 
 if TYPE_CHECKING:
     from kcops.agent.component import AgentContext
+    from kcops.kernels.wire import Histogram
 
-__all__ = ["Collector", "CollectorRunner", "SelfCollector", "TickHistogram", "build"]
+__all__ = ["Collector", "CollectorRunner", "SelfCollector", "build", "tick_histogram"]
 
 
 def _on(switch: str, auto: bool) -> bool:
     return switch == "on" or (switch == "auto" and auto)
 
 
-def build(ctx: AgentContext, ticks: TickHistogram) -> list[Collector]:
+def build(ctx: AgentContext, ticks: Histogram) -> list[Collector]:
     """The collectors the configuration asks for, in the order they run.
 
     Publishes in ``ctx.services``: ``engine_pid_source`` (an
