@@ -185,6 +185,8 @@ class ProbeReceiver:
         p = self._procs.get(name)
         if p is None:
             if len(self._procs) >= self.max_processes:
+                self._forget_idle(now)
+            if len(self._procs) >= self.max_processes:
                 name = OTHER
                 p = self._procs.get(name)
             if p is None:
