@@ -58,7 +58,9 @@ class Agent:
         self.clock = clock
         self.started_at = clock()
         self.ticks_done = 0
-        self.store = Store(config.store.retention_s, config.store.max_series)
+        self.store = Store(
+            config.store.retention_s, config.store.max_series, config.store.max_bytes
+        )
         register_all(self.store)
         self.registry = build_registry(self.store, clock, config.store.stale_after_s)
         self.tracer_provider = build_tracer_provider(config.exporters.otlp)

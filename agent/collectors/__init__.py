@@ -46,7 +46,7 @@ def build(ctx: AgentContext, ticks: Histogram) -> list[Collector]:
     eng = ctx.config.engine
     out: list[Collector] = []
     if cfg.self_metrics:
-        out.append(SelfCollector(ticks))
+        out.append(SelfCollector(ticks, store=ctx.store))
 
     pids = EnginePid(pid=eng.pid, pidfile=eng.pidfile, services=ctx.services)
     watch = EngineWatch(

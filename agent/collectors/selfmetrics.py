@@ -9,6 +9,7 @@ import psutil
 
 from kcops import __version__
 from kcops.agent.samples import Sample, histogram_samples
+from kcops.agent.store import Store
 from kcops.kernels.wire import Histogram
 
 # Tick durations are milliseconds in a healthy agent; buckets reach the full tick.
@@ -25,9 +26,12 @@ class SelfCollector:
 
     name = "self"
 
-    def __init__(self, ticks: Histogram, proc: psutil.Process | None = None) -> None:
+    def __init__(
+        self, ticks: Histogram, proc: psutil.Process | None = None, store: Store | None = None
+    ) -> None:
         self.ticks = ticks
         self.proc = proc or psutil.Process(os.getpid())
+        self.store = store
 
     def collect(self, now: float) -> Iterable[Sample]:
         with self.proc.oneshot():
@@ -40,4 +44,15 @@ class SelfCollector:
             Sample.of("kcops_agent_build_info", 1, {"version": __version__}),
         ]
         histogram_samples("kcops_agent_tick_seconds", self.ticks, (), out)
+        if self.store is not None:
+            st = self.store
+            out.append(Sample.of("kcops_store_bytes", st.bytes_estimate))
+            out.append(Sample.of("kcops_store_max_bytes", st.max_bytes))
+            for reason, n in (
+                ("max_series", st.dropped_series),
+                ("max_bytes", st.refused_series),
+                ("out_of_order", st.dropped_out_of_order),
+            ):
+                out.append(Sample.of("kcops_store_dropped_samples_total", n, {"reason": reason}))
+            out.append(Sample.of("kcops_store_evicted_samples_total", st.evicted_samples))
         return out
