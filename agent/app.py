@@ -27,7 +27,7 @@ from kcops.agent.clock import Clock, system_clock
 from kcops.agent.collectors import CollectorRunner, tick_histogram
 from kcops.agent.component import AgentContext, Component
 from kcops.agent.config import Config
-from kcops.agent.control import core_routes
+from kcops.agent.control import build_app, check_exposure, core_routes
 from kcops.agent.errors import ConfigError
 from kcops.agent.events import EventBus
 from kcops.agent.exporter import build_registry
@@ -67,6 +67,7 @@ class Agent:
         state_dir = Path(config.agent.state_dir)
         if token is None:
             token = load_token(config.agent.token_file)
+        check_exposure(config.agent.host_port()[0], token is not None)
         self.ctx = AgentContext(
             config=config,
             store=self.store,
@@ -107,7 +108,7 @@ class Agent:
             ) from None
         for comp in self.components:
             await comp.start()
-        app = web.Application()
+        app = build_app()
         app.add_routes(core_routes(self))
         for comp in self.components:
             app.add_routes(comp.routes())
