@@ -7,7 +7,7 @@ TORCH_VERSION := 2.13.0
 STAMP := $(VENV)/.kcops-installed
 APT_PACKAGES := redis-server prometheus prometheus-alertmanager
 
-.PHONY: install services lint typecheck test test-fast demo clean
+.PHONY: install services lint typecheck test test-fast demo clean soak
 
 install: $(STAMP)
 
@@ -53,3 +53,7 @@ demo: install services
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache
+
+# 10 minutes of steady light load on a real agent; fails if RSS grows > 5% from minute 2 to 10.
+soak: install
+	PYTHONPATH=. $(PY) -m tests.faults.soak --minutes 10
