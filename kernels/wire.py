@@ -239,9 +239,11 @@ class _Layout(NamedTuple):
 @lru_cache(maxsize=1024)
 def _layout(layers: int, mask: int, topn: int) -> _Layout:
     plain = tuple(n for i, n in enumerate(PLAIN_HISTOGRAMS) if mask >> i & 1)
-    slots, keys, i = [], [], layers
-    for name in plain + (TOPN_MASS,) * topn:
-        if name == TOPN_MASS and len(keys) < topn:  # a top-N entry's N precedes its buckets
+    slots: list[tuple[str, tuple[float, ...], slice]] = []
+    keys: list[int] = []
+    i = layers
+    for j, name in enumerate(plain + (TOPN_MASS,) * topn):
+        if j >= len(plain):  # a top-N entry's N precedes its buckets
             keys.append(i)
             i += 1
         end = i + len(BUCKETS[name]) + 1
