@@ -7,7 +7,7 @@ TORCH_VERSION := 2.13.0
 STAMP := $(VENV)/.kcops-installed
 APT_PACKAGES := redis-server prometheus prometheus-alertmanager
 
-.PHONY: install services lint typecheck test test-fast demo load clean
+.PHONY: install services lint typecheck test test-fast demo load soak clean
 
 install: $(STAMP)
 
@@ -83,8 +83,4 @@ load: install
 clean:
 	rm -rf $(VENV) build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache
 
-# Regenerate deploy/'s generated objects (PrometheusRule, dashboard ConfigMaps);
-# tests/unit/deploy/test_generated.py fails when the committed files drift.
-.PHONY: deploy-gen
-deploy-gen: install
-	$(PY) -m kcops.agent.deploy_export --root .
+.PHONY: install services lint typecheck test test-fast demo load soak clean

@@ -23,11 +23,11 @@ from kcops.agent import actions as actions_pkg
 from kcops.agent import collectors as collectors_pkg
 from kcops.agent import rules as rules_pkg
 from kcops.agent.clock import Clock, system_clock
-from kcops.agent.collectors import CollectorRunner, TickHistogram
+from kcops.agent.collectors import CollectorRunner, tick_histogram
 from kcops.agent.collectors.enginepid import EnginePid
 from kcops.agent.component import AgentContext, Component
 from kcops.agent.config import Config
-from kcops.agent.control import core_routes
+from kcops.agent.control import build_app, check_exposure, core_routes
 from kcops.agent.engine import Engine
 from kcops.agent.events import EventBus
 from kcops.agent.exporter import build_registry
@@ -61,13 +61,16 @@ class Agent:
         self.clock = clock
         self.started_at = clock()
         self.ticks_done = 0
-        self.store = Store(config.store.retention_s, config.store.max_series)
+        self.store = Store(
+            config.store.retention_s, config.store.max_series, config.store.max_bytes
+        )
         register_all(self.store)
         self.registry = build_registry(self.store, clock, config.store.stale_after_s)
         self.tracer_provider = build_tracer_provider(config.exporters.otlp)
         state_dir = Path(config.agent.state_dir)
         if token is None:
             token = load_token(config.agent.token_file)
+        check_exposure(config.agent.host_port()[0], token is not None)
         self.ctx = AgentContext(
             config=config,
             store=self.store,
@@ -88,7 +91,7 @@ class Agent:
             startup_timeout_s=eng.startup_timeout_s,
         )
         pids = EnginePid(pid=eng.pid, pidfile=eng.pidfile)
-        self.ticks = TickHistogram()
+        self.ticks = tick_histogram()
         self.collector_runner = CollectorRunner(
             self.store,
             collectors_pkg.build(self.ctx, self.ticks, self.engine, pids)
@@ -125,7 +128,7 @@ class Agent:
             ) from None
         for comp in self.components:
             await comp.start()
-        app = web.Application()
+        app = build_app()
         app.add_routes(core_routes(self))
         for comp in self.components:
             app.add_routes(comp.routes())

@@ -1,20 +1,119 @@
-"""The control API's own routes: health, readiness, status, metrics.
+"""The control API's own routes (health, readiness, status, metrics) and its edges.
 
 Components add their routes (alerts, actions, webhook) through
 :meth:`Component.routes`; reads are open, writes go through
 :meth:`~kcops.auth.TokenCheck.require`.
+
+Every answer to a bad request is JSON (``{"error": ...}``) with a 4xx status,
+including aiohttp's own (404, 405, 413); a handler bug answers a JSON 500
+without a traceback. :func:`read_json_model` parses a body into a pydantic
+model (strict: ``"false"`` is not a boolean) or answers 400/422. An agent that
+would listen beyond loopback with no token refuses to start
+(:func:`check_exposure`): its read routes would be open to the network.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import ipaddress
+import json
+import logging
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from aiohttp import web
+from pydantic import BaseModel, ValidationError
 
 from kcops.agent.exporter import render
+from kcops.errors import ConfigError
 
 if TYPE_CHECKING:
     from kcops.agent.app import Agent
+
+log = logging.getLogger("kcops.agent.control")
+
+MAX_BODY_BYTES = 1 << 20
+M = TypeVar("M", bound=BaseModel)
+
+
+class BadRequest(Exception):
+    """A request the API refuses; becomes a JSON answer with ``status``."""
+
+    def __init__(self, status: int, error: str, details: list[dict[str, Any]] | None = None):
+        super().__init__(error)
+        self.status = status
+        self.error = error
+        self.details = details or []
+
+
+def error_response(
+    status: int, error: str, details: list[dict[str, Any]] | None = None
+) -> web.Response:
+    body: dict[str, Any] = {"error": error[:500]}
+    if details:
+        body["details"] = details[:20]
+    return web.json_response(body, status=status)
+
+
+@web.middleware
+async def json_errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    """Answer every failure as JSON: aiohttp's HTTP errors, refused input, handler bugs."""
+    try:
+        resp: web.StreamResponse = await handler(request)
+        return resp
+    except BadRequest as exc:
+        return error_response(exc.status, exc.error, exc.details)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return error_response(exc.status, exc.reason or "error")
+    except Exception as exc:  # a bug: the client gets no traceback, the log one line
+        log.error("%s %s failed: %s: %s", request.method, request.path, type(exc).__name__, exc)
+        return error_response(500, "internal error")
+
+
+async def read_json(request: web.Request) -> Any:
+    """The JSON body, or BadRequest 400 (not JSON, not UTF-8, nested too deeply)."""
+    raw = await request.read()
+    try:
+        return json.loads(raw.decode("utf-8")) if raw else {}
+    except (ValueError, RecursionError):
+        raise BadRequest(400, "body is not a JSON document (UTF-8)") from None
+
+
+async def read_json_model(request: web.Request, model: type[M]) -> M:
+    """The body validated by ``model`` (strict types), or BadRequest 400/422 naming the fields."""
+    body = await read_json(request)
+    try:
+        return model.model_validate(body, strict=True)
+    except ValidationError as exc:
+        details = [
+            {"field": ".".join(str(p) for p in e["loc"]) or "<body>", "problem": e["msg"][:200]}
+            for e in exc.errors()
+        ]
+        raise BadRequest(422, "invalid request body", details) from None
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name other than localhost: assume it is reachable
+
+
+def check_exposure(host: str, token_configured: bool) -> None:
+    """Refuse (ConfigError, exit 2) to listen beyond loopback without a token."""
+    if not token_configured and not is_loopback(host):
+        raise ConfigError(
+            f"agent.listen: {host!r} is not a loopback address and no token is configured: "
+            "the control API would be open to the network. Set KCOPS_TOKEN or --token-file, "
+            "or listen on 127.0.0.1"
+        )
+
+
+def build_app() -> web.Application:
+    """The aiohttp application with the JSON error middleware and the body size limit."""
+    return web.Application(middlewares=[json_errors], client_max_size=MAX_BODY_BYTES)
 
 
 def core_routes(agent: Agent) -> list[web.RouteDef]:

@@ -10,7 +10,10 @@ from __future__ import annotations
 import math
 import struct
 from collections.abc import Mapping
+from functools import lru_cache
 from typing import NamedTuple
+
+from kcops.kernels.wire import Histogram, format_le
 
 # Prometheus marks a series that disappeared with this exact NaN bit pattern
 # (value.StaleNaN in prometheus/model). Rules treat it as "no sample", not NaN.
@@ -75,3 +78,21 @@ class Sample(NamedTuple):
     @property
     def key(self) -> SeriesKey:
         return SeriesKey(self.name, self.labels)
+
+
+@lru_cache(maxsize=4096)
+def _le_labels(bounds: tuple[float, ...], labels: LabelPairs) -> tuple[LabelPairs, ...]:
+    """Sorted label pairs of each bucket series, +Inf last (cached: the same every tick)."""
+    return tuple(tuple(sorted((*labels, ("le", format_le(b))))) for b in (*bounds, math.inf))
+
+
+def histogram_samples(name: str, h: Histogram, labels: LabelPairs, out: list[Sample]) -> None:
+    """Append ``h`` as Prometheus series: ``name_bucket`` (cumulative, ``le`` as Prometheus
+    writes it), ``name_sum`` and ``name_count``. ``labels`` must be sorted."""
+    acc = 0
+    bucket = name + "_bucket"
+    for lp, c in zip(_le_labels(h.bounds, labels), h.counts, strict=True):
+        acc += c
+        out.append(Sample(bucket, lp, float(acc)))
+    out.append(Sample(name + "_sum", labels, h.sum))
+    out.append(Sample(name + "_count", labels, float(acc)))

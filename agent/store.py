@@ -8,6 +8,13 @@ their samples back to the loop).
 Timestamps are Unix seconds (floats). Samples of one series must arrive in
 time order; an out-of-order sample is dropped and counted, as Prometheus's
 TSDB does.
+
+Memory has a ceiling, ``max_bytes``: the store keeps an estimate of what it
+holds (16 bytes a sample, plus each series' key and bookkeeping). Over the
+budget, a sample of a new series is refused (``refused_series``), and each
+:meth:`Store.evict` drops the oldest samples of every series, as a shorter
+retention would, until the estimate is back under it (``evicted_samples``).
+Between two evictions the store may overshoot by one tick's samples.
 """
 
 from __future__ import annotations
@@ -44,13 +51,16 @@ class _Ring:
     def last_ts(self) -> float | None:
         return self.ts[-1] if len(self) else None
 
-    def drop_before(self, t: float) -> None:
+    def drop_before(self, t: float) -> int:
+        """Drop samples older than ``t``; returns how many."""
         i = bisect.bisect_left(self.ts, t, lo=self.head)
+        dropped = i - self.head
         self.head = i
         if self.head and self.head * 2 > len(self.ts):
             self.ts = self.ts[self.head :]
             self.vs = self.vs[self.head :]
             self.head = 0
+        return dropped
 
     def window(self, start: float, end: float, left_open: bool) -> tuple[array, array]:
         if left_open:
@@ -69,23 +79,51 @@ class Meta:
     help: str
 
 
+SAMPLE_BYTES = 16  # a float64 timestamp and a float64 value
+SERIES_BYTES = 600  # key tuple, label tuples, ring, two arrays, dict and set slots
+DEFAULT_MAX_BYTES = 256 << 20
+
+
+def series_bytes(key: SeriesKey) -> int:
+    """Estimated bytes one series costs before its samples."""
+    return SERIES_BYTES + len(key.name) + sum(len(k) + len(v) + 120 for k, v in key.labels)
+
+
 class Store:
     """Series name + labels -> timestamped samples, kept for ``retention_s``.
 
-    ``max_series`` bounds memory: a sample of a new series beyond the limit
-    is dropped and counted in ``dropped_series``.
+    ``max_series`` and ``max_bytes`` bound memory: a sample of a new series
+    beyond either is dropped and counted (``dropped_series``,
+    ``refused_series``); past ``max_bytes`` the oldest samples go first.
     """
 
-    def __init__(self, retention_s: float = 3600.0, max_series: int = 50_000) -> None:
+    def __init__(
+        self,
+        retention_s: float = 3600.0,
+        max_series: int = 50_000,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+    ) -> None:
         if retention_s <= 0:
             raise ValueError(f"retention_s must be > 0, got {retention_s}")
+        if max_bytes < 1 << 20:
+            raise ValueError(f"max_bytes must be at least 1 MiB, got {max_bytes}")
         self.retention_s = float(retention_s)
         self.max_series = int(max_series)
+        self.max_bytes = int(max_bytes)
         self._series: dict[SeriesKey, _Ring] = {}
         self._by_name: dict[str, set[SeriesKey]] = {}
         self._meta: dict[str, Meta] = {}
+        self._key_bytes = 0
+        self._samples = 0
         self.dropped_out_of_order = 0
         self.dropped_series = 0
+        self.refused_series = 0
+        self.evicted_samples = 0
+
+    @property
+    def bytes_estimate(self) -> int:
+        """What the store holds, by its own estimate (see the module docstring)."""
+        return self._key_bytes + SAMPLE_BYTES * self._samples
 
     # -- writing -----------------------------------------------------------
 
@@ -96,9 +134,13 @@ class Store:
             if len(self._series) >= self.max_series:
                 self.dropped_series += 1
                 return False
+            if self.bytes_estimate >= self.max_bytes:
+                self.refused_series += 1
+                return False
             ring = _Ring()
             self._series[key] = ring
             self._by_name.setdefault(key.name, set()).add(key)
+            self._key_bytes += series_bytes(key)
         last = ring.last_ts()
         if last is not None and ts < last:
             self.dropped_out_of_order += 1
@@ -108,6 +150,7 @@ class Store:
             ring.vs[-1] = value
             return True
         ring.append(ts, float(value))
+        self._samples += 1
         return True
 
     def add(self, samples: Iterable[Sample], now: float) -> int:
@@ -134,20 +177,39 @@ class Store:
         return self._meta.get(name)
 
     def evict(self, now: float) -> None:
-        """Drop samples older than the retention window, and empty series."""
+        """Drop samples older than the retention window, and empty series.
+
+        Over ``max_bytes``, the window shrinks (by eighths of the retention, the
+        newest sample of each series always kept) until the estimate fits.
+        """
         cutoff = now - self.retention_s
+        self._drop_before(cutoff)
+        step = self.retention_s / 8
+        while self.bytes_estimate > self.max_bytes and cutoff < now:
+            cutoff = min(now, cutoff + step)
+            self.evicted_samples += self._drop_before(cutoff, keep_last=True)
+
+    def _drop_before(self, cutoff: float, keep_last: bool = False) -> int:
         empty = []
+        dropped = 0
         for key, ring in self._series.items():
-            ring.drop_before(cutoff)
+            n = len(ring)
+            if keep_last and n and ring.ts[-1] < cutoff:
+                dropped += ring.drop_before(ring.ts[-1])
+            else:
+                dropped += ring.drop_before(cutoff)
             if not len(ring):
                 empty.append(key)
+        self._samples -= dropped
         for key in empty:
             del self._series[key]
+            self._key_bytes -= series_bytes(key)
             names = self._by_name.get(key.name)
             if names is not None:
                 names.discard(key)
                 if not names:
                     del self._by_name[key.name]
+        return dropped
 
     # -- reading -----------------------------------------------------------
 

@@ -15,6 +15,10 @@ Measured on the loop thread with ``time.thread_time()`` (CPU of the agent's own
 thread: the server and the sender run elsewhere) and ``time.perf_counter()``
 (wall time of ``CollectorRunner.tick``). Prints medians.
 
+Side by side in one run: the same load with version-1 (JSON) frames, then with
+version-2 (binary) frames, and the decode cost of one frame of each
+(``time.thread_time``, best of 15 repeats).
+
 Run: .venv/bin/python bench/collect_tick.py [--frames-per-s 10000] [--ticks 10]
 """
 
@@ -47,6 +51,8 @@ from kcops.agent.collectors.procwatch import EngineWatch  # noqa: E402
 from kcops.agent.collectors.scrape import EngineScrapeCollector  # noqa: E402
 from kcops.agent.signals import register_all  # noqa: E402
 from kcops.agent.store import Store  # noqa: E402
+from kcops.kernels import wire  # noqa: E402
+from kcops.kernels.wire_json import encode_v1  # noqa: E402
 from tests.unit.collectors.fake_pynvml import FakeNvmlModule, ProcessInfo  # noqa: E402
 
 EXPOSITION = (REPO / "tests" / "fixtures" / "vllm_metrics.txt").read_bytes()
@@ -73,7 +79,9 @@ SENDER = r"""
 import socket, sys, time
 sys.path.insert(0, {repo!r})
 from kcops.kernels import wire
+from kcops.kernels.wire_json import encode_v1
 path, per_s, seconds, layers = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
+encode = encode_v1 if sys.argv[5] == "1" else wire.encode
 def frame(seq):
     f = wire.Frame(pid=4242, process="engine", seq=seq, instance="bench",
                    calls_by_layer={{str(i): 3 for i in range(layers)}})
@@ -82,7 +90,7 @@ def frame(seq):
             h = wire.Histogram.of(name); h.observe(0.3); h.observe(100); f.histograms[name] = h
         for n in (16, 32, 64):
             h = wire.Histogram.of(wire.TOPN_MASS); h.observe(0.9); f.topn_mass[n] = h
-    return wire.encode(f)
+    return encode(f)
 frames = [frame(i) for i in range(100)]
 s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
 s.setblocking(False)  # like the probe: a full receive buffer drops the frame
@@ -120,8 +128,35 @@ class Engine(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
 
+def bench_frame(layers: int) -> wire.Frame:
+    f = wire.Frame(pid=4242, process="engine", seq=1, instance="bench",
+                   calls_by_layer={str(i): 3 for i in range(layers)})  # fmt: skip
+    for name in wire.PLAIN_HISTOGRAMS:
+        h = wire.Histogram.of(name)
+        h.observe(0.3)
+        h.observe(100)
+        f.histograms[name] = h
+    for n in (16, 32, 64):
+        h = wire.Histogram.of(wire.TOPN_MASS)
+        h.observe(0.9)
+        f.topn_mass[n] = h
+    return f
+
+
+def decode_us(layers: int) -> tuple[float, float]:
+    """CPU microseconds to decode one frame: (version 1 JSON, version 2 binary)."""
+    import timeit
+
+    f = bench_frame(layers)
+    out = []
+    for data in (encode_v1(f), wire.encode(f)):
+        t = timeit.Timer(lambda d=data: wire.decode(d), timer=time.thread_time)  # type: ignore[misc]
+        out.append(min(t.repeat(number=2000, repeat=15)) / 2000 * 1e6)
+    return out[0], out[1]
+
+
 async def run(
-    frames_per_s: int, ticks: int, layers: int, max_frames_per_s: int
+    frames_per_s: int, ticks: int, layers: int, max_frames_per_s: int, version: int
 ) -> dict[str, float]:
     srv = ThreadingHTTPServer(("127.0.0.1", 0), Engine)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
@@ -160,11 +195,12 @@ async def run(
                 str(frames_per_s),
                 str(ticks + 0.5),
                 str(layers),
+                str(version),
             ],
             stdout=subprocess.PIPE,
             text=True,
         )
-        wall, cpu_tick, cpu_total = [], [], []
+        wall, cpu_tick, cpu_total, probe_s = [], [], [], []
         for i in range(1, ticks + 1):
             c0 = time.thread_time()
             w0 = time.perf_counter()
@@ -173,6 +209,7 @@ async def run(
             c1 = time.thread_time()
             wall.append(w1 - w0)
             cpu_tick.append(c1 - c0)
+            probe_s.append(runner.health["probe"].last_duration_s)
             # the rest of the second: the loop receives probe frames
             await asyncio.sleep(max(0.0, 1.0 - (w1 - w0)))
             cpu_total.append(time.thread_time() - c0)
@@ -189,6 +226,9 @@ async def run(
         return {
             "tick_wall_ms": statistics.median(wall) * 1e3,
             "tick_cpu_ms": statistics.median(cpu_tick) * 1e3,
+            "probe_collect_ms": statistics.median(probe_s) * 1e3,
+            "loop_cpu_total_ms": sum(cpu_total) * 1e3,
+            "tick_cpu_total_ms": sum(cpu_tick) * 1e3,
             "loop_cpu_per_s_ms": statistics.median(cpu_total) * 1e3,
             "frames_sent": float(sent_line[0]),
             "frames_dropped": float(sent_line[1]),
@@ -203,21 +243,9 @@ async def run(
         srv.shutdown()
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--frames-per-s", type=int, default=10_000)
-    ap.add_argument("--ticks", type=int, default=10)
-    ap.add_argument("--layers", type=int, default=30, help="layers per frame (1: minimal frames)")
-    ap.add_argument(
-        "--max-frames-per-s",
-        type=int,
-        default=1_000_000,
-        help="the receiver's shedding limit (agent default 2000; default here: no shedding)",
-    )
-    args = ap.parse_args()
-    r = asyncio.run(run(args.frames_per_s, args.ticks, args.layers, args.max_frames_per_s))
+def report(r: dict[str, float], args: argparse.Namespace, version: int) -> None:
     print(
-        f"collect_tick: 8 fake GPUs, {r['series']:.0f} series in store, "
+        f"collect_tick (frames v{version}): 8 fake GPUs, {r['series']:.0f} series in store, "
         f"vLLM exposition {len(EXPOSITION)} bytes, probe {args.frames_per_s} frames/s "
         f"({r['frame_bytes']:.0f} B, {args.layers} layers), {args.ticks} ticks"
     )
@@ -229,12 +257,53 @@ def main() -> None:
         f"  loop thread per second  cpu {r['loop_cpu_per_s_ms']:.1f} ms"
         f"   = {r['loop_cpu_per_s_ms'] / 10:.1f}% of a 1 s tick (tick + probe frames)"
     )
+    per_frame_us = (
+        (r["loop_cpu_total_ms"] - r["tick_cpu_total_ms"]) * 1e3 / max(1.0, r["frames_received"])
+    )
+    at_rate = r["tick_cpu_ms"] + per_frame_us * args.frames_per_s / 1e3
+    print(
+        f"  probe collector per tick wall {r['probe_collect_ms']:.2f} ms"
+        f" = {r['probe_collect_ms'] / 10:.2f}% of a tick; receiving costs {per_frame_us:.1f} us "
+        f"CPU a frame: at {args.frames_per_s}/s the loop needs {at_rate / 10:.1f}% of a core"
+    )
     offered = r["frames_sent"] + r["frames_dropped"]
     print(
         f"  probe frames            offered {offered:.0f}, sent {r['frames_sent']:.0f}, "
         f"dropped at the sender (receiver busy) {r['frames_dropped']:.0f}, "
         f"decoded {r['frames_received']:.0f}, shed {r['frames_shed']:.0f}"
     )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--frames-per-s", type=int, default=10_000)
+    ap.add_argument("--ticks", type=int, default=10)
+    ap.add_argument("--layers", type=int, default=30, help="layers per frame (1: minimal frames)")
+    ap.add_argument(
+        "--max-frames-per-s",
+        type=int,
+        default=1_000_000,
+        help="the receiver's shedding limit (agent default 2000; default here: no shedding)",
+    )
+    ap.add_argument("--versions", default="1,2", help="frame versions to run, in order")
+    args = ap.parse_args()
+    v1_us, v2_us = decode_us(args.layers)
+    print(
+        f"decode one frame ({args.layers} layers, 7 histograms): v1 JSON {v1_us:.1f} us, "
+        f"v2 binary {v2_us:.1f} us: v2 costs 1/{v1_us / v2_us:.1f} of v1"
+    )
+    loop = {}
+    for version in (int(v) for v in args.versions.split(",")):
+        r = asyncio.run(
+            run(args.frames_per_s, args.ticks, args.layers, args.max_frames_per_s, version)
+        )
+        report(r, args, version)
+        per_frame = (r["loop_cpu_total_ms"] - r["tick_cpu_total_ms"]) / max(
+            1.0, r["frames_received"]
+        )
+        loop[version] = r["tick_cpu_ms"] + per_frame * args.frames_per_s
+    if 1 in loop and 2 in loop:
+        print(f"loop CPU per second at the offered rate: v1 / v2 = {loop[1] / loop[2]:.1f}x")
 
 
 if __name__ == "__main__":

@@ -59,7 +59,8 @@ class TokenCheck:
         scheme, _, cred = authorization.strip().partition(" ")
         scheme = scheme.lower()
         if scheme == "bearer":
-            given = cred.strip().encode()
+            # aiohttp keeps non-UTF-8 header bytes as surrogates: compare the raw bytes (no 500)
+            given = cred.strip().encode("utf-8", "surrogateescape")
         elif scheme == "basic":
             try:
                 decoded = base64.b64decode(cred.strip(), validate=True).decode()

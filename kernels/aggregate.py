@@ -44,7 +44,6 @@ class Aggregator:
                 h = self.hist[wire.CONTEXT_TOKENS]
                 h.counts[bisect_left(h.bounds, context_tokens)] += 1
                 h.sum += context_tokens
-                h.count += 1
 
     def error(self, kind: str, n: int = 1) -> None:
         with self._lock:

@@ -7,8 +7,12 @@ One frame is one Unix datagram::
 
     magic b"KCPF" | version u16 (big endian) | payload length u32 | payload
 
-The payload is UTF-8 JSON (compact separators). Every count in a frame is a
-DELTA since the probe's previous frame, so the receiver sums them; the one
+Version 2 (sent) is a compact binary payload of fixed-width fields with
+explicit lengths; version 1 (JSON, :mod:`wire_json`) is still read for one
+release. Both are validated completely before a :class:`Frame` is returned:
+counts a float64 holds exactly, finite non-negative sums, bounded counts of
+layers, top-N entries and label lengths. Every count in a frame is a DELTA
+since the probe's previous frame, so the receiver sums them; the one
 exception is ``dropped_total``, which is the probe's cumulative count of frames
 it could not send. ``seq`` increases by one per frame sent or dropped, so a gap
 tells the receiver how many frames it missed (``instance`` changes when the
@@ -17,19 +21,33 @@ probe restarts, and then ``seq`` starts again at 0).
 
 from __future__ import annotations
 
-import json
+import math
+import operator
 import os
+import re
 import struct
 from bisect import bisect_left
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from functools import lru_cache
+from typing import Any, NamedTuple
 
 MAGIC = b"KCPF"
-VERSION = 1
+VERSION = 2
+VERSION_JSON = 1
 HEADER = struct.Struct(">4sHI")
 # Unix datagrams up to ~200 KB pass on Linux by default, but other systems and
 # containers with small wmem defaults do not: stay well under 64 KiB.
 MAX_FRAME_BYTES = 60_000
+
+# Bounds the decoder enforces (and the encoder respects).
+MAX_COUNT = 2**53  # any count: the largest integer a float64 holds exactly
+MAX_SUM = 1e18  # a histogram sum in one frame (finite, so sums of sums stay finite)
+MAX_TS = 1e11  # Unix seconds (year 5138)
+MAX_LABEL_CHARS = 64  # process, instance and layer names
+MAX_LAYERS = 4096  # layers in one frame (a bigger set is split over frames)
+MAX_TOPN = 16  # top-N entries in one frame
+MAX_TOPN_N = 1 << 20  # largest N of a top-N entry
 
 ERROR_KINDS: tuple[str, ...] = ("nan", "inf", "exception")
 
@@ -68,21 +86,44 @@ PLAIN_HISTOGRAMS: tuple[str, ...] = (ATTENTION_SECONDS, KC_TOKENS, KC_RATIO, CON
 UNKNOWN_LAYER = "unknown"
 
 
+def format_le(bound: float) -> str:
+    """A bucket bound as Prometheus (Go) writes ``le``: ``0.25``, ``16.0``, ``1e+06``, ``+Inf``.
+
+    The same text as ``prometheus_client.utils.floatToGoString`` (a test compares them),
+    here because this module must not import anything outside the stdlib.
+    """
+    d = float(bound)
+    if d == math.inf:
+        return "+Inf"
+    if d == -math.inf:
+        return "-Inf"
+    if math.isnan(d):
+        return "NaN"
+    s = repr(d)
+    dot = s.find(".")
+    if d > 0 and dot > 6:  # Go switches to exponents sooner than Python
+        mantissa = f"{s[0]}.{s[1:dot]}{s[dot + 1 :]}".rstrip("0.")
+        return f"{mantissa}e+0{dot - 1}"
+    return s
+
+
 class WireError(ValueError):
     """A datagram is not a valid probe frame: bad magic, unknown version, truncated, bad body."""
 
 
-@dataclass
+@dataclass(slots=True)
 class Histogram:
     """Non-cumulative bucket counts: ``counts[i]`` for ``bounds[i-1] < v <= bounds[i]``.
 
-    ``counts`` has ``len(bounds) + 1`` entries; the last is the +Inf bucket.
+    ``counts`` has ``len(bounds) + 1`` entries; the last is the +Inf bucket. The
+    count is their total, so ``_count`` always equals the ``+Inf`` bucket. The
+    one histogram type of kcops: the probe fills it, frames carry it, the agent's
+    probe receiver sums it and its self-metrics observe tick durations with it.
     """
 
     bounds: tuple[float, ...]
     counts: list[int] = field(default_factory=list)
     sum: float = 0.0
-    count: int = 0
 
     def __post_init__(self) -> None:
         if not self.counts:
@@ -92,6 +133,11 @@ class Histogram:
                 f"histogram has {len(self.counts)} bucket counts, expected {len(self.bounds) + 1}"
             )
 
+    @property
+    def count(self) -> int:
+        """How many values were observed (the +Inf bucket's cumulative count)."""
+        return sum(self.counts)
+
     @classmethod
     def of(cls, name: str) -> Histogram:
         """An empty histogram with the fixed buckets of ``name`` (a key of :data:`BUCKETS`)."""
@@ -100,13 +146,11 @@ class Histogram:
     def observe(self, value: float) -> None:
         self.counts[bisect_left(self.bounds, value)] += 1
         self.sum += value
-        self.count += 1
 
     def merge(self, other: Histogram) -> None:
-        for i, c in enumerate(other.counts):
-            self.counts[i] += c
+        """Add ``other`` (same bounds) into this one."""
+        self.counts = list(map(operator.add, self.counts, other.counts))
         self.sum += other.sum
-        self.count += other.count
 
     def cumulative(self) -> list[tuple[float, int]]:
         """``(le, cumulative count)`` pairs as Prometheus exposes them, +Inf last."""
@@ -116,6 +160,10 @@ class Histogram:
             acc += c
             out.append((le, acc))
         return out
+
+    def les(self) -> list[str]:
+        """The ``le`` label of each bucket, +Inf last (see :func:`format_le`)."""
+        return [format_le(b) for b in (*self.bounds, math.inf)]
 
 
 @dataclass
@@ -143,125 +191,238 @@ class Frame:
         )
 
 
-def _hist_json(h: Histogram) -> dict[str, Any]:
-    return {"c": h.counts, "s": h.sum, "n": h.count}
+def excerpt(value: object, limit: int = 40) -> str:
+    """A short ``repr`` of ``value`` for an error message: never a whole datagram."""
+    text = repr(value) if not isinstance(value, str) else repr(value[: limit + 1])
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def checked_histogram(
+    name: str, bounds: tuple[float, ...], counts: list[int], s: float, n: int
+) -> Histogram:
+    """A histogram from decoded parts (version 1), refused unless consistent and in range.
+
+    ``n`` must equal the bucket total (so no bucket exceeds :data:`MAX_COUNT`),
+    and the sum must be finite, non-negative and at most :data:`MAX_SUM`.
+    """
+    if not n <= MAX_COUNT or sum(counts) != n:
+        raise WireError(f"histogram {name}: count {excerpt(n)} is not the sum of its buckets")
+    if not 0.0 <= s <= MAX_SUM:  # also false for NaN
+        raise WireError(f"histogram {name}: sum {excerpt(s)} is not finite in 0..{MAX_SUM:g}")
+    return Histogram(bounds, counts, s)
+
+
+# Version 2 payload, all big endian (docs/probe.md is the spec):
+#   fixed: pid u32 | seq u64 | ts f64 | dropped_total u32 | errors nan, inf, exception u32 x3
+#          | layers u16 | top-N entries u8 | histogram mask u8 (bit i: PLAIN_HISTOGRAMS[i])
+#          | process bytes u8 | instance bytes u8 | layer-name bytes u16
+#   | process UTF-8 | instance UTF-8 | layer names, UTF-8 joined by NUL
+#   | u32 block: layer counts, then the buckets of each mask histogram, then per top-N
+#     entry its N and its buckets | f64 block: the sums (mask histograms, then top-N)
+# Counts are deltas of one flush interval: u32 is ample, and exact in a float64, so the
+# decoder needs no range check on them. A histogram's count is the sum of its buckets.
+_FIXED = struct.Struct(">IQdI3IHBBBBH")
+# Layer names: 1..MAX_LABEL_CHARS characters each, separated by one NUL.
+_NAMES = re.compile(f"[^\\0]{{1,{MAX_LABEL_CHARS}}}(?:\\0[^\\0]{{1,{MAX_LABEL_CHARS}}})*")
+MAX_U32 = 2**32 - 1
+
+
+class _Layout(NamedTuple):
+    """Where things are in the number blocks of one (layers, mask, top-N entries) shape."""
+
+    numbers: struct.Struct
+    slots: tuple[tuple[str, tuple[float, ...], slice], ...]  # name, bounds, buckets
+    plain: tuple[str, ...]  # the mask's histograms, in order
+    topn_keys: Callable[[tuple[Any, ...]], Any] | None  # the top-N entries' N from the values
+
+
+@lru_cache(maxsize=1024)
+def _layout(layers: int, mask: int, topn: int) -> _Layout:
+    plain = tuple(n for i, n in enumerate(PLAIN_HISTOGRAMS) if mask >> i & 1)
+    slots: list[tuple[str, tuple[float, ...], slice]] = []
+    keys: list[int] = []
+    i = layers
+    for j, name in enumerate(plain + (TOPN_MASS,) * topn):
+        if j >= len(plain):  # a top-N entry's N precedes its buckets
+            keys.append(i)
+            i += 1
+        end = i + len(BUCKETS[name]) + 1
+        slots.append((name, BUCKETS[name], slice(i, end)))
+        i = end
+    get = operator.itemgetter(*keys) if keys else None
+    return _Layout(struct.Struct(f">{i}I{len(slots)}d"), tuple(slots), plain, get)
+
+
+def _clip(label: str) -> bytes:
+    return label.replace("\x00", "")[:MAX_LABEL_CHARS].encode()
+
+
+def _payload(frame: Frame) -> bytes:
+    calls: dict[bytes, int] = {}
+    for layer, n in frame.calls_by_layer.items():
+        key = _clip(layer) or UNKNOWN_LAYER.encode()
+        calls[key] = calls.get(key, 0) + n
+    if len(calls) > MAX_LAYERS or len(frame.topn_mass) > MAX_TOPN:
+        raise WireError(f"frame has more than {MAX_LAYERS} layers or {MAX_TOPN} top-N entries")
+    mask = 0
+    for name in frame.histograms:
+        if name not in PLAIN_HISTOGRAMS:
+            raise WireError(f"unknown histogram {excerpt(name)}")
+        mask |= 1 << PLAIN_HISTOGRAMS.index(name)
+    layout = _layout(len(calls), mask, len(frame.topn_mass))
+    hists = [frame.histograms[name] for name in layout.plain]
+    u32 = [*calls.values()]
+    for h in hists:
+        u32 += h.counts
+    topn = sorted(frame.topn_mass.items())  # ascending N: the decoder checks it
+    for n, h in topn:
+        u32.append(n)
+        u32 += h.counts
+    hists += [h for _, h in topn]
+    if not all(0.0 <= h.sum <= MAX_SUM for h in hists):
+        raise WireError(f"a histogram sum is not finite in 0..{MAX_SUM:g}")
+    process, instance, layer_names = _clip(frame.process), _clip(frame.instance), b"\0".join(calls)
+    return b"".join(
+        (
+            _FIXED.pack(frame.pid, frame.seq, frame.ts, min(frame.dropped_total, MAX_U32),
+                        *(frame.errors.get(k, 0) for k in ERROR_KINDS), len(calls),
+                        len(frame.topn_mass), mask, len(process), len(instance), len(layer_names)),
+            process, instance, layer_names,
+            layout.numbers.pack(*u32, *(h.sum for h in hists)),
+        )
+    )  # fmt: skip
 
 
 def encode(frame: Frame) -> bytes:
-    """Serialise one frame. Raises :class:`WireError` if it exceeds :data:`MAX_FRAME_BYTES`
-    (use :func:`split` first)."""
-    body = {
-        "pid": frame.pid,
-        "process": frame.process,
-        "seq": frame.seq,
-        "instance": frame.instance,
-        "ts": frame.ts,
-        "calls": frame.calls_by_layer,
-        "errors": frame.errors,
-        "hist": {name: _hist_json(h) for name, h in frame.histograms.items()},
-        "topn": {str(n): _hist_json(h) for n, h in frame.topn_mass.items()},
-        "dropped_total": frame.dropped_total,
-    }
-    payload = json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
+    """Serialise one frame (version 2). Labels longer than :data:`MAX_LABEL_CHARS` are cut.
+
+    Raises :class:`WireError` for a frame the decoder would refuse (a count over
+    2**32 - 1 in one frame, a non-finite sum) or one over :data:`MAX_FRAME_BYTES`
+    (use :func:`split`).
+    """
+    try:
+        payload = _payload(frame)
+    except (struct.error, OverflowError, TypeError) as exc:
+        raise WireError(f"frame field out of range: {excerpt(str(exc))}") from None
     data = HEADER.pack(MAGIC, VERSION, len(payload)) + payload
     if len(data) > MAX_FRAME_BYTES:
         raise WireError(f"frame of {len(data)} bytes exceeds the limit of {MAX_FRAME_BYTES}")
     return data
 
 
-def _int(v: Any, what: str) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise WireError(f"{what}: expected a non-negative integer, got {v!r}")
-    return v
+def _histograms(
+    vals: tuple[Any, ...], layout: _Layout
+) -> tuple[dict[str, Histogram], dict[int, Histogram]]:
+    """Histograms from the number blocks; the sums must be finite and non-negative."""
+    slots = layout.slots
+    sums = vals[len(vals) - len(slots) :]
+    for s in sums:
+        if not 0.0 <= s <= MAX_SUM:  # also false for NaN
+            raise WireError(f"a histogram sum {excerpt(s)} is not finite in 0..{MAX_SUM:g}")
+    new = Histogram.__new__
+    out = []
+    for (_, bounds, buckets), s in zip(slots, sums, strict=True):
+        h = new(Histogram)
+        h.bounds, h.counts, h.sum = bounds, list(vals[buckets]), s
+        out.append(h)
+    plain = len(layout.plain)
+    hists = dict(zip(layout.plain, out, strict=False))
+    if layout.topn_keys is None:
+        return hists, {}
+    ns = layout.topn_keys(vals)
+    if len(layout.slots) - plain == 1:
+        ns = (ns,)
+    prev = 0
+    for n in ns:
+        if not prev < n <= MAX_TOPN_N:
+            raise WireError(f"top-N keys {excerpt(ns)} are not ascending in 1..{MAX_TOPN_N}")
+        prev = n
+    return hists, dict(zip(ns, out[plain:], strict=True))
 
 
-def _hist(name: str, raw: Any) -> Histogram:
-    if name not in BUCKETS:
-        raise WireError(f"unknown histogram {name!r}")
-    if not isinstance(raw, dict) or not isinstance(raw.get("c"), list):
-        raise WireError(f"histogram {name}: expected an object with c, s, n")
-    counts = [_int(c, f"{name} bucket") for c in raw["c"]]
-    s = raw.get("s")
-    if isinstance(s, bool) or not isinstance(s, int | float):
-        raise WireError(f"histogram {name}: sum must be a number")
-    return Histogram(BUCKETS[name], counts, float(s), _int(raw.get("n"), f"{name} count"))
+def _decode_v2(p: bytes) -> Frame:
+    """``p`` is the whole datagram; the payload starts after the header."""
+    pid, seq, ts, dropped, e0, e1, e2, k, t, mask, np, ni, nl = _FIXED.unpack_from(p, HEADER.size)
+    if not 0.0 <= ts <= MAX_TS or k > MAX_LAYERS or t > MAX_TOPN or mask >> len(PLAIN_HISTOGRAMS):
+        raise WireError(f"ts {excerpt(ts)}, {k} layers, {t} top-N or mask {mask} out of range")
+    off = HEADER.size + _FIXED.size
+    process = p[off : off + np].decode()
+    instance = p[off + np : off + np + ni].decode()
+    text = p[off + np + ni : off + np + ni + nl].decode()
+    off += np + ni + nl
+    layout = _layout(k, mask, t)
+    if off + layout.numbers.size != len(p):
+        raise WireError(f"payload of {len(p)} bytes; its lengths and counts say otherwise")
+    if (
+        len(process) > MAX_LABEL_CHARS
+        or len(instance) > MAX_LABEL_CHARS
+        or ((k or nl) and not _NAMES.fullmatch(text))
+    ):
+        raise WireError(f"a label is empty, has a NUL or exceeds {MAX_LABEL_CHARS} characters")
+    names = text.split("\0") if k else []
+    vals = layout.numbers.unpack_from(p, off)
+    calls = dict(zip(names, vals, strict=False))
+    if len(calls) != k:
+        raise WireError(f"{len(calls)} distinct layer names for {k} layer counts")
+    hists, topn = _histograms(vals, layout)
+    errors = {"nan": e0, "inf": e1, "exception": e2}
+    return Frame(pid, process, seq, instance, ts, calls, errors, hists, topn, dropped)
 
 
 def decode(data: bytes) -> Frame:
-    """Parse one datagram. Raises :class:`WireError` for anything that is not a valid frame."""
+    """Parse and validate one datagram, version 2 (or 1, JSON, from older probes).
+
+    Raises :class:`WireError` for anything that is not a valid frame; nothing of a
+    refused frame is returned, so nothing of it can reach a store.
+    """
     if len(data) < HEADER.size:
         raise WireError(f"truncated frame: {len(data)} bytes, header needs {HEADER.size}")
     magic, version, length = HEADER.unpack_from(data)
     if magic != MAGIC:
         raise WireError(f"bad magic {magic!r}, expected {MAGIC!r}")
-    if version != VERSION:
-        raise WireError(f"unknown frame version {version}, this side speaks {VERSION}")
-    payload = data[HEADER.size :]
-    if len(payload) != length:
-        raise WireError(f"truncated frame: payload {len(payload)} bytes, header says {length}")
-    try:
-        body = json.loads(payload)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise WireError(f"frame payload is not JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise WireError("frame payload must be a JSON object")
-    try:
-        calls = body.get("calls", {})
-        errors = body.get("errors", {})
-        hist = body.get("hist", {})
-        topn = body.get("topn", {})
-        if not all(isinstance(x, dict) for x in (calls, errors, hist, topn)):
-            raise WireError("calls, errors, hist and topn must be objects")
-        process = body.get("process", "")
-        instance = body.get("instance", "")
-        ts = body.get("ts", 0.0)
-        if not isinstance(process, str) or not isinstance(instance, str):
-            raise WireError("process and instance must be strings")
-        if isinstance(ts, bool) or not isinstance(ts, int | float):
-            raise WireError("ts must be a number")
-        frame = Frame(
-            pid=_int(body.get("pid"), "pid"),
-            process=process,
-            seq=_int(body.get("seq"), "seq"),
-            instance=instance,
-            ts=float(ts),
-            calls_by_layer={str(k): _int(v, f"calls[{k}]") for k, v in calls.items()},
-            errors={},
-            histograms={name: _hist(name, raw) for name, raw in hist.items()},
-            topn_mass={int(n): _hist(TOPN_MASS, raw) for n, raw in topn.items()},
-            dropped_total=_int(body.get("dropped_total", 0), "dropped_total"),
+    if version not in (VERSION, VERSION_JSON):
+        raise WireError(
+            f"unknown frame version {version}, this side speaks {VERSION_JSON}, {VERSION}"
         )
-        for kind, v in errors.items():
-            if kind not in ERROR_KINDS:
-                raise WireError(f"unknown error kind {kind!r}, allowed: {', '.join(ERROR_KINDS)}")
-            frame.errors[kind] = _int(v, f"errors[{kind}]")
-    except ValueError as exc:  # includes WireError and int() of a bad top-N key
-        if isinstance(exc, WireError):
-            raise
-        raise WireError(f"bad frame field: {exc}") from None
-    return frame
+    if len(data) - HEADER.size != length:
+        raise WireError(
+            f"truncated frame: payload {len(data) - HEADER.size} bytes, header says {length}"
+        )
+    if version == VERSION_JSON:
+        from kcops.kernels.wire_json import decode_v1  # it imports this module
+
+        return decode_v1(data[HEADER.size :])
+    try:
+        return _decode_v2(data)
+    except struct.error:
+        raise WireError(f"truncated frame: payload of {length} bytes ends inside a field") from None
+    except UnicodeDecodeError as exc:
+        raise WireError(
+            f"a label is not UTF-8: {excerpt(exc.object[exc.start : exc.end])}"
+        ) from None
 
 
 def split(frame: Frame) -> list[Frame]:
     """Split a frame whose encoding is too large into frames that fit.
 
     The first part keeps errors, histograms and dropped_total; the per-layer
-    call counts are spread over the parts. ``seq`` of the parts is
-    ``frame.seq, frame.seq + 1, ...``: the caller advances its sequence by
-    ``len(result)``.
+    call counts are spread over the parts (at most :data:`MAX_LAYERS` each).
+    ``seq`` of the parts is ``frame.seq, frame.seq + 1, ...``: the caller
+    advances its sequence by ``len(result)``.
     """
     try:
         encode(frame)
         return [frame]
     except WireError:
-        pass
-    # Histograms and errors are bounded (a few KB); spread the layers by their JSON size.
-    budget = MAX_FRAME_BYTES - 8_000
+        if len(frame.calls_by_layer) <= 1:
+            raise
+    # Histograms, labels and errors take under 2 KB; each layer its name, a NUL and 8 bytes.
+    budget = MAX_FRAME_BYTES - 4_000
     chunks: list[dict[str, int]] = [{}]
     used = 0
     for layer, n in frame.calls_by_layer.items():
-        size = len(json.dumps(layer)) + len(str(n)) + 2
-        if used + size > budget and chunks[-1]:
+        size = len(_clip(layer)) + 9
+        if (used + size > budget or len(chunks[-1]) >= MAX_LAYERS) and chunks[-1]:
             chunks.append({})
             used = 0
         chunks[-1][layer] = n

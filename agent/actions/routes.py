@@ -2,18 +2,25 @@
 
 Reads are open; running an action and the webhook need the bearer token
 (or Basic auth with the token as password, as Alertmanager sends it).
+Bodies are pydantic models checked strictly (``"force": "false"`` is a 422);
+every bad input is a JSON 4xx. An answer that acknowledges something waits
+until its audit records are on disk (:meth:`AuditLog.sync`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import math
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field
 
 from kcops.agent.actions.alertmanager import BadPayload, transitions
 from kcops.agent.actions.audit import read_audit
+from kcops.agent.control import read_json, read_json_model
 
 if TYPE_CHECKING:
     from kcops.agent.actions.remediation import Remediation
@@ -26,6 +33,17 @@ STATUS_OF = {
     "failed": 500,
     "timeout": 504,
 }
+
+
+class RunActionBody(BaseModel):
+    """``POST /api/v1/actions/{name}``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    params: dict[str, Any] | None = None
+    force: bool = False
+    reason: str | None = Field(None, max_length=1000)
+    dry_run: bool = False
 
 
 def build_routes(rem: Remediation) -> list[web.RouteDef]:
@@ -42,30 +60,23 @@ def build_routes(rem: Remediation) -> list[web.RouteDef]:
 
     async def run_action(request: web.Request) -> web.Response:
         name = request.match_info["name"]
-        try:
-            body: Any = await request.json() if request.can_read_body else {}
-        except ValueError:
-            return web.json_response({"error": "body is not JSON"}, status=400)
-        if not isinstance(body, dict):
-            return web.json_response({"error": "body must be a JSON object"}, status=400)
-        params = body.get("params") or {}
-        if not isinstance(params, dict):
-            return web.json_response({"error": "'params' must be an object"}, status=400)
+        body = await read_json_model(request, RunActionBody)
         if name not in rem.registry:
             return web.json_response(
                 {"error": f"unknown action {name!r}", "allowed": rem.registry.names()}, status=404
             )
         run = rem.runner.submit(
             name,
-            params,
+            body.params or {},
             trigger={"source": "api", "remote": request.remote},
-            force=bool(body.get("force", False)),
-            reason=body.get("reason"),
-            dry_run=bool(body.get("dry_run", False)),
+            force=body.force,
+            reason=body.reason,
+            dry_run=body.dry_run,
         )
         if run.task is not None:
             timeout = rem.config.actions.guards.action_timeout_s + 5
             await asyncio.wait([run.task], timeout=timeout)
+        await rem.audit.sync()
         rec = run.record()
         status = STATUS_OF.get(run.outcome or "", 409)
         return web.json_response(rec, status=status, dumps=_dumps)
@@ -75,11 +86,11 @@ def build_routes(rem: Remediation) -> list[web.RouteDef]:
         try:
             since_f = float(since) if since else None
         except ValueError:
+            since_f = float("nan")
+        if since_f is not None and not 0 <= since_f < 1e11:
             return web.json_response({"error": "since must be Unix seconds"}, status=400)
-        try:
-            limit = int(request.query.get("limit", "1000"))
-        except ValueError:
-            limit = 0
+        raw_limit = request.query.get("limit", "1000")
+        limit = int(raw_limit) if raw_limit.isdecimal() and len(raw_limit) <= 7 else 0
         if not 1 <= limit <= 100_000:
             return web.json_response({"error": "limit must be an integer in 1..100000"}, status=400)
 
@@ -94,16 +105,14 @@ def build_routes(rem: Remediation) -> list[web.RouteDef]:
         return web.json_response(rem.status(), dumps=_dumps)
 
     async def alertmanager(request: web.Request) -> web.Response:
-        try:
-            payload = await request.json()
-        except ValueError:
-            return web.json_response({"error": "body is not JSON"}, status=400)
+        payload = await read_json(request)
         try:
             events = transitions(payload, rem.clock())
         except BadPayload as exc:
-            return web.json_response({"error": str(exc)}, status=400)
+            return web.json_response({"error": str(exc)}, status=exc.status)
         for ev in events:
             rem.ctx.bus.publish(ev)
+        await rem.audit.sync()  # the decisions are on disk before Alertmanager hears "ok"
         return web.json_response({"accepted": len(events)})
 
     routes = [
@@ -118,6 +127,15 @@ def build_routes(rem: Remediation) -> list[web.RouteDef]:
 
 
 def _dumps(obj: Any) -> str:
-    import json
+    return json.dumps(_jsonable(obj), default=str)
 
-    return json.dumps(obj, default=str)
+
+def _jsonable(obj: Any) -> Any:
+    """NaN and infinities as null: JSON has no such numbers (clients choke on bare NaN)."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_jsonable(v) for v in obj]
+    return obj

@@ -9,15 +9,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from kcops.agent.collectors.base import Collector, CollectorRunner, InThread
-from kcops.agent.collectors.selfmetrics import SelfCollector, TickHistogram
+from kcops.agent.collectors.selfmetrics import SelfCollector, tick_histogram
 
 if TYPE_CHECKING:
     from kcops.agent.collectors.enginepid import EnginePid
     from kcops.agent.collectors.procwatch import EngineWatch
     from kcops.agent.component import AgentContext
     from kcops.agent.engine import Engine
+    from kcops.kernels.wire import Histogram
 
-__all__ = ["Collector", "CollectorRunner", "SelfCollector", "TickHistogram", "build"]
+__all__ = ["Collector", "CollectorRunner", "SelfCollector", "build", "tick_histogram"]
 
 
 def _on(switch: str, auto: bool) -> bool:
@@ -26,7 +27,7 @@ def _on(switch: str, auto: bool) -> bool:
 
 def build(
     ctx: AgentContext,
-    ticks: TickHistogram,
+    ticks: Histogram,
     engine: Engine | None = None,
     pids: EnginePid | None = None,
 ) -> list[Collector]:
@@ -41,7 +42,7 @@ def build(
 
     cfg = ctx.config.collectors
     eng = ctx.config.engine
-    out: list[Collector] = [SelfCollector(ticks)] if cfg.self_metrics else []
+    out: list[Collector] = [SelfCollector(ticks, store=ctx.store)] if cfg.self_metrics else []
     pids = pids or EnginePid(pid=eng.pid, pidfile=eng.pidfile)
     watch = EngineWatch(pids, log_path=eng.log_path, log_tail_bytes=cfg.process.log_tail_bytes)
     # A pid may be known: configured, supervised (`-- CMD`), or read from the

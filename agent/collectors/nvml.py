@@ -111,7 +111,10 @@ class Nvml:
             return
         if self._failure is not None:
             if self._clock() - self._failed_at < self.retry_s:
-                raise self._failure
+                # Without with_traceback(None), each re-raise of the same exception grows
+                # its traceback by this tick's frames, and with them every sample list they
+                # hold: RSS climbed by MB/s with the series count flat (issue 11).
+                raise self._failure.with_traceback(None)
             self._failure = None
         try:
             if self._module is None:

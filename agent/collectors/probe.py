@@ -8,7 +8,11 @@ values stay monotonic across an engine restart (they are the agent's sums).
 Cardinality is bounded: series carry ``process`` (the process name the probe
 reports, not its pid, so a restarted engine continues the same series); past
 ``max_processes`` distinct names, frames fold into ``process="other"``;
-past ``max_layers`` distinct layers, into ``layer="other"``.
+past ``max_layers`` distinct layers, into ``layer="other"``. A process that
+sent nothing for ``idle_s`` is forgotten (its series get staleness markers
+and leave the store with retention), so a burst from many short-lived
+processes does not keep feeding the store forever; its counters restart at 0
+if it comes back, which Prometheus reads as a counter reset.
 
 A datagram that is not a valid frame is counted in
 ``kcops_probe_frames_total{outcome="malformed"|"unknown_version"}`` and
@@ -24,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import operator
 import os
 import socket
 import stat
@@ -34,9 +37,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from prometheus_client.utils import floatToGoString
-
-from kcops.agent.samples import LabelPairs, Sample
+from kcops.agent.samples import LabelPairs, Sample, histogram_samples
 from kcops.errors import CollectorUnavailable
 from kcops.kernels import wire
 
@@ -47,48 +48,18 @@ MAX_LABEL = 64  # characters kept of a process or layer name sent by a probe
 RCVBUF_BYTES = 4 << 20
 
 
-class _Hist:
-    """Cumulative-over-time, per-bucket (non-cumulative) counts, plus the label tuples to emit."""
-
-    __slots__ = ("count", "counts", "labels", "les", "sum")
-
-    def __init__(self, bounds: tuple[float, ...], labels: dict[str, str]) -> None:
-        self.counts = [0] * (len(bounds) + 1)
-        self.sum = 0.0
-        self.count = 0
-        base = tuple(sorted(labels.items()))
-        self.labels = base
-        self.les: list[LabelPairs] = [
-            tuple(sorted((*base, ("le", floatToGoString(b))))) for b in (*bounds, float("inf"))
-        ]
-
-    def add(self, h: wire.Histogram) -> None:
-        if h.count:
-            self.counts = list(map(operator.add, self.counts, h.counts))
-        self.sum += h.sum
-        self.count += h.count
-
-    def samples(self, name: str, out: list[Sample]) -> None:
-        acc = 0
-        bucket = name + "_bucket"
-        for lp, c in zip(self.les, self.counts, strict=True):
-            acc += c
-            out.append(Sample(bucket, lp, float(acc)))
-        out.append(Sample(name + "_sum", self.labels, self.sum))
-        out.append(Sample(name + "_count", self.labels, float(self.count)))
-
-
 class _Process:
-    """Sums for one ``process`` label value."""
+    """Sums for one ``process`` label value, and when its last frame came (monotonic s)."""
 
-    def __init__(self, process: str) -> None:
+    def __init__(self, process: str, now: float) -> None:
         self.process = process
         self.lp: LabelPairs = (("process", process),)
         self.calls: dict[str, int] = {}
         self.errors: dict[str, int] = dict.fromkeys(wire.ERROR_KINDS, 0)
-        self.hist: dict[str, _Hist] = {}
-        self.topn: dict[int, _Hist] = {}
+        self.hist: dict[str, wire.Histogram] = {}
+        self.topn: dict[int, wire.Histogram] = {}
         self.dropped = 0
+        self.seen = now
 
 
 class _Protocol(asyncio.DatagramProtocol):
@@ -112,12 +83,14 @@ class ProbeReceiver:
         max_processes: int = 32,
         max_layers: int = 512,
         max_frames_per_s: int = 2000,
+        idle_s: float = 600.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.socket_path = Path(socket_path or wire.default_socket_path())
         self.max_processes = max_processes
         self.max_layers = max_layers
         self.max_frames_per_s = max_frames_per_s
+        self.idle_s = idle_s
         self._clock = clock
         self._window = -1
         self._in_window = 0
@@ -208,18 +181,25 @@ class ProbeReceiver:
         self.frames["ok"] += 1
         self._add(frame)
 
-    def _proc_for(self, name: str) -> _Process:
+    def _proc_for(self, name: str, now: float) -> _Process:
         p = self._procs.get(name)
         if p is None:
+            if len(self._procs) >= self.max_processes:
+                self._forget_idle(now)
             if len(self._procs) >= self.max_processes:
                 name = OTHER
                 p = self._procs.get(name)
             if p is None:
-                p = self._procs[name] = _Process(name)
+                p = self._procs[name] = _Process(name, now)
+        p.seen = now
         return p
 
+    def _forget_idle(self, now: float) -> None:
+        for name in [n for n, p in self._procs.items() if now - p.seen > self.idle_s]:
+            del self._procs[name]
+
     def _add(self, f: wire.Frame) -> None:
-        p = self._proc_for(f.process[:MAX_LABEL] or "unknown")
+        p = self._proc_for(f.process[:MAX_LABEL] or "unknown", self._clock())
         calls = p.calls
         for layer, n in f.calls_by_layer.items():
             layer = layer[:MAX_LABEL]
@@ -234,15 +214,16 @@ class ProbeReceiver:
         for name, h in f.histograms.items():
             acc = p.hist.get(name)
             if acc is None:
-                acc = p.hist[name] = _Hist(h.bounds, {"process": p.process})
-            acc.add(h)
+                p.hist[name] = h  # the decoder made it for this frame alone: keep it
+            else:
+                acc.merge(h)
         for n, h in f.topn_mass.items():
             acc = p.topn.get(n)
             if acc is None:
-                if len(p.topn) >= 16:
-                    continue  # top-N values are a short fixed list; more is a bad probe
-                acc = p.topn[n] = _Hist(h.bounds, {"process": p.process, "n": str(n)})
-            acc.add(h)
+                if len(p.topn) < wire.MAX_TOPN:  # a short fixed list; more is a bad probe
+                    p.topn[n] = h
+            else:
+                acc.merge(h)
         key = (f.pid, f.instance)
         last = self._instances.pop(key, None)
         last_dropped = last[1] if last is not None else 0
@@ -260,6 +241,7 @@ class ProbeReceiver:
     def collect(self, now: float) -> list[Sample]:
         if self._start_error is not None:
             raise CollectorUnavailable(self._start_error, reason="listen")
+        self._forget_idle(self._clock())
         out: list[Sample] = [
             Sample("kcops_probe_frames_total", (("outcome", k),), float(v))
             for k, v in self.frames.items()
@@ -271,8 +253,8 @@ class ProbeReceiver:
             for kind, n in p.errors.items():
                 out.append(Sample("kcops_attention_errors_total", (("kind", kind), *lp), float(n)))
             for name, h in p.hist.items():
-                h.samples(name, out)
-            for h in p.topn.values():
-                h.samples(wire.TOPN_MASS, out)
+                histogram_samples(name, h, lp, out)
+            for n, h in p.topn.items():
+                histogram_samples(wire.TOPN_MASS, h, (("n", str(n)), *lp), out)
             out.append(Sample("kcops_probe_dropped_total", lp, float(p.dropped)))
         return out

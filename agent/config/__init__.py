@@ -10,7 +10,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import Field, ValidationError
 
 from kcops.agent.config.actions import ActionsSection
@@ -20,6 +19,7 @@ from kcops.agent.config.collectors import CollectorsSection
 from kcops.agent.config.engine import EngineSection
 from kcops.agent.config.exporters import ExportersSection
 from kcops.agent.config.rules import RulesSection
+from kcops.agent.yamlload import excerpt, load_yaml_file
 from kcops.errors import ConfigError
 
 __all__ = ["Config", "format_validation_error", "load_config", "parse_config"]
@@ -62,7 +62,7 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
             lines.append(f"{source}: {path}: unknown key{where}; allowed keys: {', '.join(known)}")
             continue
         value = err.get("input")
-        lines.append(f"{source}: {path}: {err['msg']}{_allowed(err)}; got {value!r}")
+        lines.append(f"{source}: {path}: {err['msg'][:200]}{_allowed(err)}; got {excerpt(value)}")
     return "\n".join(lines)
 
 
@@ -83,12 +83,4 @@ def load_config(path: Path | str | None) -> Config:
     if path is None:
         return Config()
     p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as exc:
-        raise ConfigError(f"{p}: cannot read config file: {exc.strerror}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{p}: not valid YAML: {exc}") from None
-    return parse_config(data, str(p))
+    return parse_config(load_yaml_file(p), str(p))

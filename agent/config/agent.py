@@ -42,6 +42,13 @@ class AgentSection(Section):
 class StoreSection(Section):
     retention_s: float = Field(3900.0, ge=60, le=7 * 86400, description="sample retention")
     max_series: int = Field(50_000, ge=100, le=5_000_000)
+    max_bytes: int = Field(
+        256 << 20,
+        ge=1 << 20,
+        le=64 << 30,
+        description="memory budget of the store in bytes (its own estimate): past it the "
+        "oldest samples are evicted and new series refused, both counted",
+    )
     stale_after_s: float = Field(
         30.0, gt=0, description="the exporter hides a series whose newest sample is older"
     )

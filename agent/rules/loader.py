@@ -15,13 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from kcops.agent.duration import parse_duration
 from kcops.agent.events import RemediationStep
 from kcops.agent.rules.model import RuleError
 from kcops.agent.rules.parse import parse_expr
 from kcops.agent.rules.templates import Template, compile_template
+from kcops.agent.yamlload import load_yaml_file
 
 ACTIONS = frozenset(
     {
@@ -282,15 +281,7 @@ def load_rules_data(
 
 def load_rules(path: str | Path, overrides: Mapping[str, Any] | None = None) -> RuleSet:
     p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as exc:
-        raise RuleError(f"{p}: cannot read rule file: {exc.strerror}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise RuleError(f"{p}: not valid YAML: {exc}") from None
-    return load_rules_data(data, str(p), overrides)
+    return load_rules_data(load_yaml_file(p, RuleError), str(p), overrides)
 
 
 def default_rules_path() -> Path:

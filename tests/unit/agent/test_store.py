@@ -112,3 +112,35 @@ def test_add_uses_now_for_untimed_samples() -> None:
 def test_bad_retention_is_refused() -> None:
     with pytest.raises(ValueError, match="retention_s"):
         Store(retention_s=0)
+
+
+def test_byte_budget_refuses_new_series_and_evicts_oldest_samples() -> None:
+    from kcops.agent.store import SAMPLE_BYTES
+
+    s = Store(retention_s=1000.0, max_series=1_000_000, max_bytes=1 << 20)
+    keys = [SeriesKey.of("m", {"i": str(i)}) for i in range(400)]
+    t = 0.0
+    while s.refused_series == 0 and t < 10_000:
+        for k in keys:
+            s.append(k, t, 1.0)
+        t += 1
+        s.evict(t)
+        assert s.bytes_estimate <= s.max_bytes + len(keys) * SAMPLE_BYTES
+    assert s.evicted_samples > 0  # older samples went first, before the retention
+    assert len(s) == len(keys)
+    # the budget is full of old samples: a new series is refused until eviction
+    for i in range(10_000):
+        if not s.append(SeriesKey.of("new", {"i": str(i)}), t, 1.0):
+            break
+    assert s.refused_series > 0
+    for k in keys:  # every series keeps its newest samples
+        assert s.latest(k) == (t - 1, 1.0)
+
+
+def test_bytes_estimate_returns_to_zero() -> None:
+    s = Store(retention_s=60.0)
+    for i in range(100):
+        s.append(SeriesKey.of("m", {"i": str(i)}), 1.0, 1.0)
+    assert s.bytes_estimate > 0
+    s.evict(1000.0)
+    assert s.bytes_estimate == 0 and len(s) == 0

@@ -5,14 +5,14 @@ from typing import Any
 
 import pytest
 
-from kcops.agent.collectors import TickHistogram, build
+from kcops.agent.collectors import build, tick_histogram
 from kcops.agent.config import parse_config
 from kcops.errors import ConfigError
 
 
 def built(data: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
     ctx = SimpleNamespace(config=parse_config(data), services={})
-    cs = build(ctx, TickHistogram())  # type: ignore[arg-type]
+    cs = build(ctx, tick_histogram())  # type: ignore[arg-type]
     return [c.name for c in cs], ctx.services
 
 

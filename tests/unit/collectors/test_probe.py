@@ -66,10 +66,10 @@ def test_garbage_and_unknown_versions_are_counted_never_raised() -> None:
     payload = b'{"pid": 1}'
     r.feed(wire.HEADER.pack(wire.MAGIC, 99, len(payload)) + payload)
     bad_json = b"{nope"
-    r.feed(wire.HEADER.pack(wire.MAGIC, wire.VERSION, len(bad_json)) + bad_json)
+    r.feed(wire.HEADER.pack(wire.MAGIC, wire.VERSION_JSON, len(bad_json)) + bad_json)
     body = b'{"pid": -1, "seq": 0}'
-    r.feed(wire.HEADER.pack(wire.MAGIC, wire.VERSION, len(body)) + body)
-    r.feed(struct.pack(">4sHI", b"KCPF", wire.VERSION, 2) + b"[]")
+    r.feed(wire.HEADER.pack(wire.MAGIC, wire.VERSION_JSON, len(body)) + body)
+    r.feed(struct.pack(">4sHI", b"KCPF", wire.VERSION_JSON, 2) + b"[]")
     r.feed(good)
     out = collect(r)
     assert value(out, "kcops_probe_frames_total", outcome="malformed") == 7
@@ -192,3 +192,32 @@ def test_frames_past_the_rate_limit_are_shed_and_counted() -> None:
     out = collect(r)
     assert value(out, "kcops_probe_frames_total", outcome="shed") == 2
     assert value(out, "kcops_attention_calls_total", layer="0", process="python") == 4
+
+
+def test_idle_processes_are_forgotten_and_state_stays_bounded() -> None:
+    now = [100.0]
+    r = ProbeReceiver("/nonexistent/probe.sock", max_processes=8, idle_s=60, clock=lambda: now[0])
+    for i in range(1000):  # a burst of short-lived processes
+        r.feed(frame(pid=i, process=f"p{i}", instance=f"i{i}", calls_by_layer={"0": 1}))
+    out = collect(r)
+    procs = {dict(s.labels).get("process") for s in out if s.name == "kcops_attention_calls_total"}
+    assert len(procs) == 8 + 1 and "other" in procs
+    assert len(r._instances) <= 8 * 8
+    assert value(out, "kcops_attention_calls_total", layer="0", process="other") == 1000 - 8
+    now[0] += 61
+    r.feed(frame(pid=1, process="alive", calls_by_layer={"0": 1}))
+    out = collect(r)
+    procs = {dict(s.labels).get("process") for s in out if s.name == "kcops_attention_calls_total"}
+    assert procs == {"alive"}
+
+
+def test_histogram_series_share_one_le_format() -> None:
+    from kcops.agent.collectors.selfmetrics import SelfCollector, tick_histogram
+
+    ticks = tick_histogram()
+    ticks.observe(0.003)
+    out = list(SelfCollector(ticks).collect(0.0))
+    les = [dict(s.labels)["le"] for s in out if s.name == "kcops_agent_tick_seconds_bucket"]
+    assert les == ticks.les() and les[-1] == "+Inf" and "0.0025" in les
+    assert value(out, "kcops_agent_tick_seconds_count") == 1
+    assert value(out, "kcops_agent_tick_seconds_bucket", le="0.005") == 1

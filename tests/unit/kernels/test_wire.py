@@ -1,4 +1,4 @@
-"""The probe frame format: round trip, typed errors, fixed buckets, socket path."""
+"""The probe frame format: round trip, typed errors, bounds, fixed buckets, socket path."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kcops.kernels import wire
+from kcops.kernels.wire_json import encode_v1
 
 
 def sample_frame() -> wire.Frame:
@@ -41,13 +42,19 @@ def test_round_trip() -> None:
     assert wire.decode(data) == frame
 
 
+def test_version_1_json_frames_still_decode() -> None:
+    frame = sample_frame()
+    data = encode_v1(frame)
+    assert struct.unpack(">4sHI", data[:10]) == (b"KCPF", 1, len(data) - 10)
+    assert wire.decode(data) == frame
+
+
 def test_header_layout() -> None:
     data = wire.encode(sample_frame())
     magic, version, length = struct.unpack(">4sHI", data[:10])
-    assert (magic, version, length) == (b"KCPF", 1, len(data) - 10)
-    body = json.loads(data[10:])
-    assert body["calls"]["0"] == 3
-    assert body["hist"]["kcops_kc_tokens"]["n"] == 1
+    assert (magic, version, length) == (b"KCPF", 2, len(data) - 10)
+    pid, seq, ts = struct.unpack_from(">IQd", data, 10)
+    assert (pid, seq, ts) == (123, 7, 1700000000.5)
 
 
 def test_histogram_buckets_are_le() -> None:
@@ -74,6 +81,7 @@ def test_buckets_sorted_and_named() -> None:
         (b"KCPF\x00", "truncated"),
         (b"XXXX\x00\x01\x00\x00\x00\x02{}", "bad magic"),
         (b"KCPF\x00\x09\x00\x00\x00\x02{}", "unknown frame version 9"),
+        (b"KCPF\x00\x02\x00\x00\x00\x02{}", "truncated"),
         (b"KCPF\x00\x01\x00\x00\x00\x05{}", "truncated"),
         (b"KCPF\x00\x01\x00\x00\x00\x02[]", "JSON object"),
         (b"KCPF\x00\x01\x00\x00\x00\x03{x}", "not JSON"),
@@ -86,11 +94,11 @@ def test_decode_errors(data: bytes, match: str) -> None:
 
 
 def _with_body(**changes: object) -> bytes:
-    data = wire.encode(sample_frame())
+    data = encode_v1(sample_frame())
     body = json.loads(data[10:])
     body.update(changes)
     payload = json.dumps(body).encode()
-    return wire.HEADER.pack(wire.MAGIC, wire.VERSION, len(payload)) + payload
+    return wire.HEADER.pack(wire.MAGIC, wire.VERSION_JSON, len(payload)) + payload
 
 
 @pytest.mark.parametrize(
@@ -99,10 +107,22 @@ def _with_body(**changes: object) -> bytes:
         ({"errors": {"oom": 1}}, "unknown error kind"),
         ({"hist": {"kcops_other": {"c": [], "s": 0, "n": 0}}}, "unknown histogram"),
         ({"hist": {"kcops_kc_ratio": {"c": [1], "s": 0, "n": 1}}}, "bucket counts"),
-        ({"calls": {"0": -1}}, "non-negative"),
+        ({"calls": {"0": -1}}, "integer in 0"),
         ({"topn": {"x": {"c": [], "s": 0, "n": 0}}}, "bad frame field"),
         ({"seq": "1"}, "seq"),
         ({"process": 5}, "strings"),
+        # the bounds of version 2, applied to version 1 too
+        ({"calls": {"0": 10**400}}, "integer in 0..2\\*\\*53"),
+        ({"calls": {"0": 2**53 + 1}}, "integer in 0..2\\*\\*53"),
+        ({"hist": {"kcops_kc_ratio": {"c": [0] * 19 + [1], "s": float("nan"), "n": 1}}}, "sum"),
+        ({"hist": {"kcops_kc_ratio": {"c": [0] * 19 + [1], "s": float("inf"), "n": 1}}}, "sum"),
+        ({"hist": {"kcops_kc_ratio": {"c": [0] * 19 + [1], "s": -1.0, "n": 1}}}, "sum"),
+        ({"hist": {"kcops_kc_ratio": {"c": [0] * 20, "s": 0.0, "n": 1}}}, "count"),
+        ({"ts": float("nan")}, "ts"),
+        ({"process": "p" * 65}, "characters"),
+        ({"calls": {"": 1}}, "characters"),
+        ({"calls": {str(i): 1 for i in range(wire.MAX_LAYERS + 1)}}, "too many"),
+        ({"topn": {str(i): {"c": [0] * 15, "s": 0, "n": 0} for i in range(1, 18)}}, "too many"),
     ],
 )
 def test_decode_rejects_bad_fields(changes: dict[str, object], match: str) -> None:
@@ -122,10 +142,83 @@ def test_decode_never_raises_anything_else(data: bytes) -> None:
         pass
 
 
+def _v2(frame: wire.Frame) -> bytearray:
+    return bytearray(wire.encode(frame))
+
+
+def _fixed_field(data: bytearray, fmt: str, offset: int, value: object) -> bytes:
+    struct.pack_into(fmt, data, 10 + offset, value)
+    return bytes(data)
+
+
+def test_v2_rejects_out_of_range_fields() -> None:
+    f = sample_frame()
+    # ts at payload offset 12 (after pid u32, seq u64)
+    for ts in (float("nan"), float("inf"), -1.0, 1e12):
+        with pytest.raises(wire.WireError, match="ts"):
+            wire.decode(_fixed_field(_v2(f), ">d", 12, ts))
+    with pytest.raises(wire.WireError, match="layers"):  # layer count u16 at offset 36
+        wire.decode(_fixed_field(_v2(f), ">H", 36, wire.MAX_LAYERS + 1))
+    with pytest.raises(wire.WireError, match="mask"):  # histogram mask u8 at offset 39
+        wire.decode(_fixed_field(_v2(f), ">B", 39, 0xFF))
+    data = _v2(f)
+    for bad in (float("nan"), float("inf"), -0.5, 1e300):  # the last sum: the last 8 bytes
+        struct.pack_into(">d", data, len(data) - 8, bad)
+        with pytest.raises(wire.WireError, match="sum"):
+            wire.decode(bytes(data))
+
+
+def test_v2_rejects_bad_labels() -> None:
+    f = sample_frame()
+    f.calls_by_layer = {"ab": 1, "cd": 2}
+    data = wire.encode(f)
+    with pytest.raises(wire.WireError, match="distinct"):
+        wire.decode(data.replace(b"ab\0cd", b"ab\0ab"))  # distinct names: 1 for 2 counts
+    with pytest.raises(wire.WireError, match=r"NUL|empty"):
+        wire.decode(data.replace(b"ab\0cd", b"ab\0\0d"))
+    with pytest.raises(wire.WireError, match="UTF-8"):
+        wire.decode(data.replace(b"ab\0cd", b"ab\0\xff\xfe"))
+    with pytest.raises(wire.WireError, match="truncated"):
+        wire.decode(data[:10] + data[10:] + b"\0")  # length in the header then disagrees
+    with pytest.raises(wire.WireError):
+        wire.decode(wire.HEADER.pack(wire.MAGIC, 2, len(data) - 9) + data[10:] + b"\0")
+
+
+def test_encode_clips_labels_and_refuses_what_decode_would() -> None:
+    f = sample_frame()
+    f.process = "p" * 200
+    f.calls_by_layer = {"x" * 100: 1, "x" * 90: 2}  # the same name once clipped: summed
+    got = wire.decode(wire.encode(f))
+    assert got.process == "p" * wire.MAX_LABEL_CHARS
+    assert got.calls_by_layer == {"x" * wire.MAX_LABEL_CHARS: 3}
+    f.histograms[wire.KC_RATIO].sum = float("nan")
+    with pytest.raises(wire.WireError, match="sum"):
+        wire.encode(f)
+    f = sample_frame()
+    f.calls_by_layer = {"0": 2**32}
+    with pytest.raises(wire.WireError, match="out of range"):
+        wire.encode(f)
+
+
+def test_count_is_the_bucket_total() -> None:
+    h = wire.Histogram.of(wire.KC_RATIO)
+    h.observe(0.3)
+    h.merge(h)
+    assert h.count == 2 == h.cumulative()[-1][1]
+
+
+def test_le_formatting_is_prometheus_own() -> None:
+    from prometheus_client.utils import floatToGoString
+
+    for bounds in (*wire.BUCKETS.values(), (1e6, 2.5e7, 123456789.0, 0.1, 1.0)):
+        h = wire.Histogram(tuple(sorted(bounds)))
+        assert h.les() == [floatToGoString(b) for b in (*sorted(bounds), float("inf"))]
+
+
 def test_split_large_frame() -> None:
     frame = sample_frame()
     frame.calls_by_layer = {f"layer-{i:06d}": 10**9 + i for i in range(5000)}
-    with pytest.raises(wire.WireError, match="exceeds"):
+    with pytest.raises(wire.WireError, match=r"exceeds|more than"):
         wire.encode(frame)
     parts = wire.split(frame)
     assert len(parts) > 1

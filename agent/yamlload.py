@@ -1,0 +1,110 @@
+"""The one YAML loader of the agent: configuration and rule files go through it.
+
+A YAML file is input from outside, so the loader bounds what it costs before
+anything else sees it: at most :data:`MAX_BYTES` bytes, strict UTF-8, no
+anchors or aliases (an alias bomb expands into exponential work in whatever
+walks or prints the result), nesting at most :data:`MAX_DEPTH` deep, at most
+:data:`MAX_NODES` nodes. Every refusal is a :class:`~kcops.errors.ConfigError`
+(or the subclass the caller names) with one line: the file, the line and
+column, what is wrong, and a short excerpt — never a whole value.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from yaml.nodes import Node
+
+from kcops.errors import ConfigError
+
+MAX_BYTES = 4 << 20
+MAX_DEPTH = 64
+MAX_NODES = 200_000
+EXCERPT_CHARS = 60
+
+
+def excerpt(value: object, limit: int = EXCERPT_CHARS) -> str:
+    """``repr`` of at most ``limit`` characters, for an error message."""
+    if isinstance(value, str | bytes):
+        text = repr(value[: limit + 1])
+    elif isinstance(value, dict | list | tuple | set):
+        text = f"<{type(value).__name__} of {len(value)} items>"
+    else:
+        text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+class _Refused(yaml.YAMLError):
+    def __init__(self, message: str, node_or_event: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.mark = getattr(node_or_event, "start_mark", None)
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """SafeLoader that refuses aliases and anchors, and bounds depth and node count."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+        self._nodes = 0
+
+    def compose_node(self, parent: Node | None, index: Any) -> Node | None:
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
+            raise _Refused("anchors and aliases are not allowed", event)
+        self._depth += 1
+        self._nodes += 1
+        if self._depth > MAX_DEPTH:
+            raise _Refused(f"nested deeper than {MAX_DEPTH} levels", event)
+        if self._nodes > MAX_NODES:
+            raise _Refused(f"more than {MAX_NODES} nodes", event)
+        try:
+            return super().compose_node(parent, index)  # type: ignore[no-any-return]
+        finally:
+            self._depth -= 1
+
+
+def _one_line(exc: yaml.YAMLError) -> str:
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "mark", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    if isinstance(exc, _Refused):
+        what = exc.message
+    else:
+        what = str(getattr(exc, "problem", None) or exc).splitlines()[0]
+        context = getattr(exc, "context", None)
+        if context:
+            what = f"{context.splitlines()[0]}, {what}"
+    return f"{where}{what[:200]}"
+
+
+def parse_yaml(text: str, source: str, error: type[ConfigError] = ConfigError) -> Any:
+    """Parse one YAML document from ``text`` with the bounds of this module."""
+    if len(text) > MAX_BYTES:
+        raise error(f"{source}: larger than {MAX_BYTES} bytes")
+    try:
+        return yaml.load(text, Loader=_BoundedLoader)
+    except yaml.YAMLError as exc:
+        raise error(f"{source}: not valid YAML: {_one_line(exc)}") from None
+    except RecursionError:
+        raise error(f"{source}: nested too deeply") from None
+
+
+def load_yaml_file(path: Path | str, error: type[ConfigError] = ConfigError) -> Any:
+    """Read and parse a YAML file; any problem is ``error`` with one line naming the file."""
+    p = Path(path)
+    try:
+        with open(p, "rb") as fh:
+            raw = fh.read(MAX_BYTES + 1)
+    except OSError as exc:
+        raise error(f"{p}: cannot read: {exc.strerror or exc}") from None
+    if len(raw) > MAX_BYTES:
+        raise error(f"{p}: larger than {MAX_BYTES} bytes")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        bad = raw[exc.start : exc.start + 4]
+        raise error(f"{p}: not UTF-8 at byte {exc.start} ({excerpt(bad)})") from None
+    return parse_yaml(text, str(p), error)
