@@ -29,6 +29,8 @@ sinks, a quantized (fp8) cache, a non-causal or dynamically causal mask.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -58,31 +60,93 @@ def _supported(impl: Any, meta: Any, kv_cache: Any) -> bool:
     return all(hasattr(meta, f) for f in ("seq_lens", "block_table", "query_start_loc"))
 
 
-def key_blocks(kv_cache: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
-    """The key half of the cache as ``[num_blocks, num_kv_heads, block_size, head_size]``
-    (a view, no copy)."""
+def key_region(kv_cache: torch.Tensor, num_kv_heads: int) -> tuple[torch.Tensor, int]:
+    """The key half of the cache as raw ``[num_blocks, num_kv_heads, block_size * head_size]``
+    (a view, no copy), and the block size."""
     if kv_cache.dim() == 4 and kv_cache.shape[1] == num_kv_heads:  # cpu
         nb, h, bs, two_d = kv_cache.shape
-        return kv_cache.view(nb, h, 2 * bs, two_d // 2)[:, :, :bs]
+        return kv_cache.view(nb, h, 2 * bs * (two_d // 2))[:, :, : bs * (two_d // 2)], bs
     if kv_cache.dim() == 5 and kv_cache.shape[0] == 2 and kv_cache.shape[3] == num_kv_heads:
-        return kv_cache[0].permute(0, 2, 1, 3)  # flash: [nb, bs, h, d] -> [nb, h, bs, d]
+        k = kv_cache[0].permute(0, 2, 1, 3)  # flash: [nb, bs, h, d] -> [nb, h, bs, d]
+        return k.reshape(k.shape[0], k.shape[1], -1), int(k.shape[2])
     raise PagedLayoutError(
         f"kv_cache of shape {tuple(kv_cache.shape)}: expected [blocks, {num_kv_heads} heads, "
         f"block, 2*head] (cpu) or [2, blocks, block, {num_kv_heads} heads, head] (flash)"
     )
 
 
+def _rowmajor(x: torch.Tensor, bs: int, d: int) -> torch.Tensor:
+    return x.view(*x.shape[:-1], bs, d)
+
+
+def _transposed(x: torch.Tensor, bs: int, d: int) -> torch.Tensor:
+    return x.view(*x.shape[:-1], d, bs).transpose(-1, -2)
+
+
+def _token_tiles(t: int) -> Callable[[torch.Tensor, int, int], torch.Tensor]:
+    """Blocks of ``t`` tokens, each stored transposed: ``[bs/t, d, t]``."""
+
+    def unpack(x: torch.Tensor, bs: int, d: int) -> torch.Tensor:
+        y = x.view(*x.shape[:-1], bs // t, d, t).transpose(-1, -2)
+        return y.reshape(*x.shape[:-1], bs, d)
+
+    return unpack
+
+
+def _dim_tiles(t: int) -> Callable[[torch.Tensor, int, int], torch.Tensor]:
+    """Slices of ``t`` head dims, each token-major: ``[d/t, bs, t]``."""
+
+    def unpack(x: torch.Tensor, bs: int, d: int) -> torch.Tensor:
+        y = x.view(*x.shape[:-1], d // t, bs, t).transpose(-2, -3)
+        return y.reshape(*x.shape[:-1], bs, d)
+
+    return unpack
+
+
+# How a block's keys may be laid out inside its region; the first whose unpacked last key
+# equals the key the call wrote wins, per backend class (see :func:`kc_inputs`).
+LAYOUTS: dict[str, Callable[[torch.Tensor, int, int], torch.Tensor]] = {
+    "rowmajor": _rowmajor,
+    "transposed": _transposed,
+    **{f"token_tiles{t}": _token_tiles(t) for t in (4, 8, 16, 32)},
+    **{f"dim_tiles{t}": _dim_tiles(t) for t in (4, 8, 16, 32)},
+}
+_layout_of: dict[type, str] = {}
+
+
 def gather_keys(
-    blocks: torch.Tensor, block_row: torch.Tensor, start: int, stop: int
+    region: torch.Tensor,
+    bs: int,
+    d: int,
+    block_row: torch.Tensor,
+    stop: int,
+    unpack: Callable[[torch.Tensor, int, int], torch.Tensor],
 ) -> torch.Tensor:
-    """Keys of positions ``start..stop-1`` of one sequence, ``[num_kv_heads, stop-start, d]``."""
-    bs = blocks.shape[2]
-    first, last = start // bs, (stop - 1) // bs
-    ids = block_row[first : last + 1].to(device=blocks.device, dtype=torch.long)
-    k = blocks.index_select(0, ids)  # [n, h, bs, d]
-    k = k.permute(1, 0, 2, 3).reshape(blocks.shape[1], -1, blocks.shape[3])
-    offset = start - first * bs
-    return k[:, offset : offset + (stop - start)]
+    """Keys of positions ``0..stop-1`` of one sequence, ``[num_kv_heads, stop, d]``."""
+    n = (stop - 1) // bs + 1
+    ids = block_row[:n].to(device=region.device, dtype=torch.long)
+    raw = region.index_select(0, ids)  # [n, h, bs*d], a copy of these blocks only
+    k = unpack(raw, bs, d)  # [n, h, bs, d]
+    return k.permute(1, 0, 2, 3).reshape(region.shape[1], n * bs, d)[:, :stop]
+
+
+def _find_layout(
+    impl: Any, region: torch.Tensor, bs: int, d: int, block_row: torch.Tensor, stop: int,
+    written: torch.Tensor,
+) -> str:  # fmt: skip
+    known = _layout_of.get(type(impl))
+    if known is not None:
+        return known
+    for name, unpack in LAYOUTS.items():
+        with contextlib.suppress(RuntimeError):
+            k = gather_keys(region, bs, d, block_row, stop, unpack)
+            if torch.equal(k[:, -1], written.to(k.dtype)):
+                _layout_of[type(impl)] = name
+                return name
+    raise PagedLayoutError(
+        f"no known layout of {type(impl).__name__}'s key blocks holds the key the call wrote "
+        f"at position {stop - 1} (block {bs} tokens, head {d}; tried {', '.join(LAYOUTS)})"
+    )
 
 
 def kc_inputs(
@@ -105,7 +169,8 @@ def kc_inputs(
     hkv = int(getattr(impl, "num_kv_heads", 0)) or None
     if hkv is None:
         return None
-    blocks = key_blocks(kv_cache, hkv)
+    region, bs = key_region(kv_cache, hkv)
+    d = int(query.shape[-1])
     qsl = meta.query_start_loc.tolist()
     seq_lens = meta.seq_lens.tolist()
     n = min(len(qsl) - 1, len(seq_lens), max_seqs)
@@ -117,13 +182,18 @@ def kc_inputs(
         last_row, length = qsl[i + 1] - 1, int(seq_lens[i])
         if last_row < qsl[i] or length <= 0:
             continue
-        start = max(0, length - window) if window > 0 else 0
-        k = gather_keys(blocks, meta.block_table[i], start, length)
-        if key is not None and not torch.equal(k[:, -1], key[last_row].to(k.dtype)):
+        if key is None:
+            return None  # nothing to check the layout against: no value rather than a guess
+        written = key[last_row]
+        name = _find_layout(impl, region, bs, d, meta.block_table[i], length, written)
+        k = gather_keys(region, bs, d, meta.block_table[i], length, LAYOUTS[name])
+        if not torch.equal(k[:, -1], written.to(k.dtype)):
             raise PagedLayoutError(
                 f"the gathered key of sequence {i} at position {length - 1} differs from the "
-                f"key the call wrote there (cache shape {tuple(kv_cache.shape)})"
+                f"key the call wrote there (layout {name}, cache shape {tuple(kv_cache.shape)})"
             )
+        if window > 0:
+            k = k[:, max(0, length - window) :]
         rows.append(last_row)
         keys.append(k)
     if not rows:

@@ -63,6 +63,9 @@ def main() -> None:
     llm.generate({"prompt_token_ids": ids}, SamplingParams(max_tokens=1, temperature=0))
     from_vllm = by_layer(probe.records, len(ids), p)
     internal = probe.internal_errors
+    from kcops.kernels import paged_kc
+
+    layouts = {cls.__name__: name for cls, name in paged_kc._layout_of.items()}
     probe.records.clear()
     model = AutoModelForCausalLM.from_pretrained(
         folder, attn_implementation="eager", dtype=torch.float32
