@@ -74,7 +74,7 @@ def main() -> None:
         model(torch.tensor([ids]))
     from_hf = by_layer(probe.records, len(ids), p)
     print(json.dumps({"tokens": len(ids), "vllm": from_vllm, "transformers": from_hf,
-                      "internal_errors": internal}))  # fmt: skip
+                      "internal_errors": internal, "layouts": layouts}))  # fmt: skip
 
 
 if __name__ == "__main__":
