@@ -29,6 +29,7 @@ import importlib
 import logging
 import os
 import re
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -205,15 +206,17 @@ def _announce(probe: Probe) -> None:
     patch = probe.patches.get("vllm")
     wrapped = sorted(c.__name__ for c in getattr(patch, "wrapped", []))
     base = getattr(getattr(patch, "base", None), "__name__", "?")
-    _logger().info(
-        "kcops probe installed (pid %d): wrapping forward of every %s subclass (now: %s); "
-        "K(C) from the paged KV cache on %.3g of calls; frames to %s once attention runs",
-        pid,
-        base,
-        ", ".join(wrapped) or "none yet",
-        probe.config.sample_rate,
-        probe.config.socket_path,
+    line = (
+        f"kcops probe installed (pid {pid}): wrapping forward of every {base} subclass "
+        f"(now: {', '.join(wrapped) or 'none yet'}); K(C) from the paged KV cache on "
+        f"{probe.config.sample_rate:.3g} of calls; frames to {probe.config.socket_path} once "
+        "attention runs"
     )
+    log = _logger()
+    if log.hasHandlers() and log.isEnabledFor(logging.INFO):
+        log.info("%s", line)
+    else:  # vLLM's logging not configured yet in this process (early CLI parsing)
+        print(f"INFO {line}", file=sys.stderr, flush=True)
 
 
 def register() -> None:

@@ -66,9 +66,11 @@ def test_kc_tokens_from_vllm(stack: Stack) -> None:
 
 def test_one_info_line_per_process(stack: Stack) -> None:
     text = stack.log_path.read_text(errors="replace")
-    pids = re.findall(r"kcops probe installed \(pid (\d+)\)", text)
-    assert pids, "no INFO line from the kcops plugin in vLLM's log"
-    assert len(pids) == len(set(pids)), f"more than one line per process: {pids}"
-    # API server, engine core and worker all load the plugin
-    assert len(set(pids)) >= 3, pids
+    found = re.findall(r"^(.*)kcops probe installed \(pid (\d+)\)", text, re.M)
+    assert found, "no INFO line from the kcops plugin in vLLM's log"
+    pids = [pid for _, pid in found]
+    assert len(pids) == len(set(pids)), f"more than one line per process: {found}"
+    # vLLM prefixes its lines with the process: the engine core and the worker load the plugin
+    prefixes = " ".join(prefix for prefix, _ in found)
+    assert "EngineCore" in prefixes and "Worker" in prefixes, found
     assert "not installed in vLLM" not in text
