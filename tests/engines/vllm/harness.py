@@ -31,12 +31,14 @@ MODEL_NAME = "smollm2"
 SHM = Path("/dev/shm")
 # vLLM needs 60-115 s to become healthy on an idle box; on a loaded 2-core one, minutes.
 HEALTH_TIMEOUT_S = 900.0
-# A shared prefix like a chat system prompt: real traffic reuses prefixes, and a 95%
-# prefix-cache hit rate is what the alert table expects of a healthy engine.
+# A shared prefix like a chat system prompt: real traffic reuses prefixes, and a hit rate
+# of 90% and more is what the alert table expects of a healthy engine. vLLM counts hits in
+# whole blocks (128 tokens on the CPU backend), so the prefix is long: ~1550 tokens, 12
+# cached blocks of a ~1570-token prompt (98%), leaving room for 300 generated tokens.
 SYSTEM_PROMPT = (
     "You are a careful assistant for the operators of a large inference service. "
     "Answer briefly, name the metric you would look at first, and never invent numbers. "
-) * 8
+) * 50
 
 
 def vllm_venv() -> Path:
