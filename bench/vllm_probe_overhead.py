@@ -78,6 +78,7 @@ def main() -> None:
             outs = llm.generate(prompts, sp, use_tqdm=False)
             dt = time.perf_counter() - t0
             rates[mode].append(sum(len(o.outputs[0].token_ids) for o in outs) / dt)
+            print(f"round {mode:8s} {rates[mode][-1]:8.1f} tok/s", flush=True)
     _set_mode("off")
     med = {m: statistics.median(v) for m, v in rates.items()}
     print(f"requests/round={args.requests} prompt_tokens={args.prompt_tokens} "
