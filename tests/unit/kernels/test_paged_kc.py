@@ -80,7 +80,7 @@ def test_max_seqs_bounds_the_work() -> None:
 
 def test_wrong_layout_is_an_error_not_a_wrong_value() -> None:
     impl, query, key, _keys, c = _case([5, 19])
-    with pytest.raises(paged_kc.PagedLayoutError, match="differs|no known layout"):
+    with pytest.raises(paged_kc.PagedLayoutError, match=r"differs|no known layout"):
         paged_kc.kc_inputs(impl, query, key + 1.0, c.cache, c.meta, max_seqs=4)
 
 
