@@ -21,6 +21,9 @@ from kcops.kernels.aggregate import Aggregator
 
 
 def _process_name() -> str:
+    """This process's name now: engines rename their processes after start (vLLM's worker
+    becomes ``VLLM::Worker`` through setproctitle, which also sets ``comm``), so it is read
+    at every flush, not once."""
     try:
         with open(f"/proc/{os.getpid()}/comm") as fh:
             return fh.read().strip()
@@ -33,7 +36,10 @@ class Publisher:
 
     ``before_flush`` runs on the publisher thread first (the probe resolves
     deferred GPU readings there). ``send`` is the datagram sender; tests pass
-    their own.
+    their own. With ``wait_for_attention`` nothing is sent until the process has
+    run an attention call: an engine's API server and scheduler load the probe
+    too (vLLM's plugin runs in every process) but never run attention, and
+    heartbeats from them would only add all-zero series.
     """
 
     def __init__(
@@ -55,7 +61,8 @@ class Publisher:
         self._seq = 0
         self._instance = uuid.uuid4().hex[:12]
         self._pid = os.getpid()
-        self._process = _process_name()
+        self.wait_for_attention = False
+        self._attention_seen = False
         self._sock: socket.socket | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -87,7 +94,7 @@ class Publisher:
         self._seq = 0
         self._instance = uuid.uuid4().hex[:12]
         self._pid = os.getpid()
-        self._process = _process_name()
+        self._attention_seen = False
         self.dropped_total = 0
         self.sent_total = 0
         self.start()
@@ -105,8 +112,12 @@ class Publisher:
             if self.before_flush is not None:
                 self.before_flush()
             frame = self.aggregator.take(
-                self._pid, self._process, self._seq, self._instance, time.time()
+                self._pid, _process_name(), self._seq, self._instance, time.time()
             )
+            if frame.calls_by_layer:
+                self._attention_seen = True
+            elif self.wait_for_attention and not self._attention_seen:
+                return 0
             frame.dropped_total = self.dropped_total
             sent = 0
             for part in wire.split(frame):

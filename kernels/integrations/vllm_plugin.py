@@ -11,20 +11,29 @@ subclass ``AttentionImpl`` (``vllm.v1.attention.backend``; older releases:
 plugins ran. The patch therefore wraps the ``forward`` of every subclass that
 exists and hooks ``__init_subclass__`` to wrap the ones defined later.
 
-vLLM keeps the context in its paged KV cache, so this integration gives
-NVTX ranges, call counts, context length (``attn_metadata.max_seq_len``),
-timing and NaN/Inf checks, but not K(C).
+Per call: NVTX range, call count, context length (``attn_metadata.max_seq_len``),
+NaN/Inf check; per sampled call also timing and K(C) of the last query row of
+each sequence, with its keys read from vLLM's paged KV cache through the block
+table (:mod:`kcops.kernels.paged_kc`).
+
+vLLM loads the plugin in its API server and engine core too, which never run
+attention: there the publisher stays silent until a first attention call
+(``Publisher.wait_for_attention``), so they add no all-zero series. Each process
+logs one INFO line through vLLM's logger when the probe installs.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
+import logging
+import os
 import re
+import sys
 from collections.abc import Callable
 from typing import Any
 
-from kcops.kernels.probe import Patch, Probe
+from kcops.kernels.probe import KcInputs, Patch, Probe
 from kcops.kernels.wire import UNKNOWN_LAYER
 
 BASE_MODULES: tuple[str, ...] = ("vllm.v1.attention.backend", "vllm.attention.backends.abstract")
@@ -48,6 +57,12 @@ def _context_tokens(attn_metadata: Any) -> int | None:
     return int(value) if isinstance(value, int) else None
 
 
+def _arg(args: tuple[Any, ...], kwargs: dict[str, Any], i: int, name: str) -> Any:
+    """Argument ``name`` of ``forward(self, layer, query, key, value, kv_cache, attn_metadata,
+    …)``, at position ``i`` of what follows ``query``, or by keyword."""
+    return args[i] if len(args) > i else kwargs.get(name)
+
+
 def wrap_forward(probe: Probe, forward: Callable[..., Any]) -> Callable[..., Any]:
     """Instrumented ``Impl.forward(self, layer, query, key, value, kv_cache, attn_metadata, …)``."""
     if getattr(forward, WRAPPED_MARK, False):
@@ -55,7 +70,21 @@ def wrap_forward(probe: Probe, forward: Callable[..., Any]) -> Callable[..., Any
 
     @functools.wraps(forward)
     def wrapped(self: Any, layer: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
-        attn_metadata = args[3] if len(args) > 3 else kwargs.get("attn_metadata")
+        attn_metadata = _arg(args, kwargs, 3, "attn_metadata")
+
+        def kc_inputs() -> KcInputs | None:
+            # Only on sampled calls, inside the probe's error guard.
+            from kcops.kernels import paged_kc
+
+            return paged_kc.kc_inputs(
+                self,
+                query,
+                _arg(args, kwargs, 0, "key"),
+                _arg(args, kwargs, 2, "kv_cache"),
+                attn_metadata,
+                probe.config.max_batch_rows,
+            )
+
         return probe.observe(
             layer_of(layer),
             forward,
@@ -64,6 +93,7 @@ def wrap_forward(probe: Probe, forward: Callable[..., Any]) -> Callable[..., Any
             context_tokens=_context_tokens(attn_metadata),
             device_tensor=query if hasattr(query, "is_cuda") else None,
             output_of=lambda out: out if hasattr(out, "is_floating_point") else None,
+            kc_inputs=kc_inputs,
         )
 
     setattr(wrapped, WRAPPED_MARK, True)
@@ -157,15 +187,44 @@ def install(
     return patch
 
 
+# The pid that logged "installed": one INFO line per process (vLLM calls register() several
+# times per process, and a forked child must say it again).
+_announced_pid: int | None = None
+
+
+def _logger() -> logging.Logger:
+    # A child of vLLM's "vllm" logger, so the line comes out with vLLM's handler and format.
+    return logging.getLogger("vllm.plugins.kcops_probe")
+
+
+def _announce(probe: Probe) -> None:
+    global _announced_pid
+    pid = os.getpid()
+    if _announced_pid == pid:
+        return
+    _announced_pid = pid
+    patch = probe.patches.get("vllm")
+    wrapped = sorted(c.__name__ for c in getattr(patch, "wrapped", []))
+    base = getattr(getattr(patch, "base", None), "__name__", "?")
+    line = (
+        f"kcops probe installed (pid {pid}): wrapping forward of every {base} subclass "
+        f"(now: {', '.join(wrapped) or 'none yet'}); K(C) from the paged KV cache on "
+        f"{probe.config.sample_rate:.3g} of calls; frames to {probe.config.socket_path} once "
+        "attention runs"
+    )
+    log = _logger()
+    if log.hasHandlers() and log.isEnabledFor(logging.INFO):
+        log.info("%s", line)
+    else:  # vLLM's logging not configured yet in this process (early CLI parsing)
+        print(f"INFO {line}", file=sys.stderr, flush=True)
+
+
 def register() -> None:
     """vLLM general-plugin entry point: install the probe in this process (idempotent).
 
     Honours ``KCOPS_PROBE=0`` (do nothing) and the ``KCOPS_PROBE_*`` settings. Never
     raises: a probe that cannot install must not stop vLLM from serving.
     """
-    import logging
-    import os
-
     if os.environ.get("KCOPS_PROBE", "1").strip() in ("0", "false", "no", "off"):
         return
     try:
@@ -173,6 +232,9 @@ def register() -> None:
         from kcops.kernels.config import ProbeConfig
 
         probe = kernels.install(ProbeConfig.from_env())
+        # API server and engine core load the plugin but never run attention: stay silent there.
+        probe.publisher.wait_for_attention = True
         probe.ensure_integration("vllm", lambda p: install(p, only_if_imported=False))
+        _announce(probe)
     except Exception as exc:
-        logging.getLogger("kcops.kernels").warning("kcops probe not installed in vLLM: %r", exc)
+        _logger().warning("kcops probe not installed in vLLM: %r", exc)

@@ -1,0 +1,93 @@
+"""Probe overhead inside vLLM: generated tokens per second with the kcops probe off vs on,
+same model, same load, interleaved in one process.
+
+Run with the vLLM venv (`make test-vllm` builds it):
+
+    .venv-vllm/bin/python bench/vllm_probe_overhead.py --model FOLDER [--pairs 4]
+        [--requests 8] [--max-tokens 64] [--prompt-tokens 256]
+
+vLLM runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, prefix caching off so
+every round does the same work); its plugin is off and the probe is installed and
+removed between rounds, so `off`, `default` (``ProbeConfig()``: 1% of calls sampled for
+timing and K(C) from the paged KV cache) and `every` (every call sampled) alternate on
+the same engine. Prints the median tokens/s of each mode and the ratios to `off`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+os.environ["KCOPS_PROBE"] = "0"
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+MODES = ("off", "default", "every")
+
+
+def _prompts(tokenizer: object, n: int, tokens: int) -> list[list[int]]:
+    import pydoc_data.topics as topics
+
+    texts = list(topics.topics.values())
+    out = []
+    for i in range(n):
+        ids = tokenizer(texts[i % len(texts)] * 4)["input_ids"]  # type: ignore[operator]
+        out.append(list(ids[:tokens]))
+    return out
+
+
+def _set_mode(mode: str) -> None:
+    import kcops.kernels as kernels
+    from kcops.kernels.config import ProbeConfig
+    from kcops.kernels.integrations import vllm_plugin
+
+    kernels.uninstall()
+    if mode == "off":
+        return
+    rate = 1.0 if mode == "every" else ProbeConfig().sample_rate
+    cfg = ProbeConfig(sample_rate=rate, integrations=(), socket_path="/nonexistent/kcops.sock")
+    probe = kernels.install(cfg)
+    probe.ensure_integration("vllm", lambda p: vllm_plugin.install(p, only_if_imported=False))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", required=True, help="safetensors model folder")
+    ap.add_argument("--pairs", type=int, default=4, help="rounds of each mode")
+    ap.add_argument("--requests", type=int, default=8, help="requests per round (one batch)")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--prompt-tokens", type=int, default=256)
+    args = ap.parse_args()
+
+    from transformers import AutoTokenizer
+    from vllm import LLM, SamplingParams
+
+    tok = AutoTokenizer.from_pretrained(args.model)
+    prompts = [{"prompt_token_ids": p} for p in _prompts(tok, args.requests, args.prompt_tokens)]
+    llm = LLM(model=args.model, dtype="float32", enforce_eager=True, max_model_len=2048,
+              enable_prefix_caching=False, seed=0)  # fmt: skip
+    sp = SamplingParams(max_tokens=args.max_tokens, temperature=0, ignore_eos=True)
+    llm.generate(prompts, sp, use_tqdm=False)  # warm-up
+    rates: dict[str, list[float]] = {m: [] for m in MODES}
+    for _ in range(args.pairs):
+        for mode in MODES:
+            _set_mode(mode)
+            t0 = time.perf_counter()
+            outs = llm.generate(prompts, sp, use_tqdm=False)
+            dt = time.perf_counter() - t0
+            rates[mode].append(sum(len(o.outputs[0].token_ids) for o in outs) / dt)
+            print(f"round {mode:8s} {rates[mode][-1]:8.1f} tok/s", flush=True)
+    _set_mode("off")
+    med = {m: statistics.median(v) for m, v in rates.items()}
+    print(f"requests/round={args.requests} prompt_tokens={args.prompt_tokens} "
+          f"max_tokens={args.max_tokens} pairs={args.pairs}")  # fmt: skip
+    for m in MODES:
+        spread = f"{min(rates[m]):.1f}..{max(rates[m]):.1f}"
+        ratio = med[m] / med["off"]
+        print(f"{m:8s} median {med[m]:8.1f} tok/s ({spread})  ratio to off {ratio:.3f}")
+
+
+if __name__ == "__main__":
+    main()

