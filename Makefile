@@ -7,7 +7,7 @@ TORCH_VERSION := 2.13.0
 STAMP := $(VENV)/.kcops-installed
 APT_PACKAGES := redis-server prometheus prometheus-alertmanager
 
-.PHONY: install services lint typecheck test test-fast test-vllm demo load soak clean
+.PHONY: install services lint typecheck test test-fast test-vllm demo load soak deploy-gen clean
 
 install: $(STAMP)
 
@@ -97,3 +97,12 @@ load: install
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache
+
+# Regenerate deploy/'s generated objects (PrometheusRule, dashboard ConfigMaps);
+# tests/unit/deploy/test_generated.py fails when the committed files drift.
+deploy-gen: install
+	$(PY) -m kcops.agent.deploy_export --root .
+
+# 10 minutes of steady light load on a real agent; fails if RSS grows > 5% from minute 2 to 10.
+soak: install
+	PYTHONPATH=. $(PY) -m tests.faults.soak --minutes 10
