@@ -7,7 +7,7 @@ the control API and report its health in ``/api/v1/status``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -34,9 +34,6 @@ class AgentContext:
     tracer: Tracer
     auth: TokenCheck
     state_dir: Path
-    # Shared registry of named services (e.g. "alert_states", "supervisor"),
-    # filled by components in build order so later ones can find earlier ones.
-    services: dict[str, Any] = field(default_factory=dict)
 
 
 class Component(Protocol):

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from kcops.errors import ActionRejected
 
 if TYPE_CHECKING:
+    from kcops.agent.actions.scale_out import PauseHook, Replicas
     from kcops.agent.config import Config
     from kcops.agent.engine import Engine
     from kcops.agent.store import Store
@@ -64,8 +65,10 @@ class ActionContext:
     now: float
     supervisor: SupervisorHandle | None = None
     store: Store | None = None
-    # Named services still read by actions owned elsewhere (scale_out: "replicas").
-    services: Mapping[str, Any] = field(default_factory=dict)
+    # scale_out's published desired count, and a test hook it awaits while it holds
+    # the fleet lease (to kill a holder mid-action).
+    replicas: Replicas | None = None
+    fleet_pause: PauseHook | None = None
 
 
 @dataclass

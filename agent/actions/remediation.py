@@ -120,7 +120,6 @@ class Remediation:
         self.audit = AuditLog(Path(ctx.state_dir) / AUDIT_FILE)
         self.guards = Guards(self.config.actions.guards)
         self.replicas = Replicas()
-        ctx.services.setdefault("replicas", self.replicas)
         self._own_engine = engine is None
         self.engine = engine or Engine(
             self.config.engine.url,
@@ -139,7 +138,7 @@ class Remediation:
             self.engine,
             ctx.tracer,
             ctx.clock,
-            ctx.services,
+            replicas=self.replicas,
             supervisor=supervisor,
             store=ctx.store,
             on_change=self._mark_dirty,

@@ -39,6 +39,7 @@ from kcops.agent.engine import Engine
 from kcops.errors import ActionRejected
 
 if TYPE_CHECKING:
+    from kcops.agent.actions.scale_out import PauseHook, Replicas
     from kcops.agent.store import Store
 
 log = logging.getLogger("kcops.agent.actions")
@@ -114,8 +115,8 @@ class Runner:
         engine: Engine,
         tracer: Tracer,
         clock: Clock,
-        services: Mapping[str, Any],
         *,
+        replicas: Replicas | None = None,
         supervisor: SupervisorHandle | None = None,
         store: Store | None = None,
         on_change: Callable[[], None] = lambda: None,
@@ -128,7 +129,9 @@ class Runner:
         self.engine = engine
         self.tracer = tracer
         self.clock = clock
-        self.services = services
+        self.replicas = replicas
+        # A test hook scale_out awaits while it holds the fleet lease.
+        self.fleet_pause: PauseHook | None = None
         self.supervisor = supervisor
         self.store = store
         self.on_change = on_change
@@ -283,7 +286,8 @@ class Runner:
                 now=run.t,
                 supervisor=self.supervisor,
                 store=self.store,
-                services=self.services,
+                replicas=self.replicas,
+                fleet_pause=self.fleet_pause,
             )
             try:
                 run.result = await asyncio.wait_for(

@@ -107,14 +107,14 @@ async def _locked(
 
 async def scale_out(ctx: ActionContext, p: ScaleParams) -> ActionResult:
     cfg = ctx.config.actions.scale
-    replicas: Replicas = ctx.services["replicas"]
+    replicas = ctx.replicas if ctx.replicas is not None else Replicas()
     step = p.step or cfg.step
     fleet = open_fleet(ctx.config)
     if fleet is None:
         return await _alone(ctx, replicas, step)
     holder = holder_name(ctx.config)
     cooldown = cooldown_of(ctx.config)
-    pause: PauseHook | None = ctx.services.get("fleet_pause")
+    pause = ctx.fleet_pause
 
     async def body(grant: Grant, st: FleetState) -> tuple[FleetState, int]:
         if st.done_at is not None and ctx.now - st.done_at < cooldown:

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 
 def build(ctx: AgentContext) -> list[Any]:
-    """The rules component, registered as ``ctx.services["alerts"]``; none when disabled.
+    """The rules component (remediation gets it as its alerts view); none when disabled.
 
     Raises :class:`~kcops.errors.ConfigError` (exit 2) when the rule
     file is bad, naming the rule and the reason.
@@ -30,6 +30,4 @@ def build(ctx: AgentContext) -> list[Any]:
     if not section.enabled:
         return []
     path = section.file if section.file is not None else default_rules_path()
-    comp = RulesComponent(ctx, load_rules(path, dict(section.params)))
-    ctx.services["alerts"] = comp
-    return [comp]
+    return [RulesComponent(ctx, load_rules(path, dict(section.params)))]

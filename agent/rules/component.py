@@ -1,6 +1,6 @@
 """The rules component: evaluates the alert table every agent tick.
 
-Registered as ``ctx.services["alerts"]``. Serves ``GET /api/v1/alerts``
+Remediation reads alert states through it (an ``AlertsView``). Serves ``GET /api/v1/alerts``
 (active alerts and their state) and ``GET /api/v1/rules`` (rules, last
 evaluation, errors); both are open reads.
 """

@@ -145,8 +145,8 @@ async def main():
     async def pause(grant):
         print(json.dumps({"paused": grant.token}), flush=True)
         await asyncio.Event().wait()
-    ctx.services["fleet_pause"] = pause
     rem = await make_rem(ctx)
+    rem.runner.fleet_pause = pause
     rem.ctx.bus.publish(transition("KcopsKCSurge", "firing", clock(), SURGE))
     await asyncio.Event().wait()
 

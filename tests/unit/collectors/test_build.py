@@ -7,13 +7,17 @@ import pytest
 
 from kcops.agent.collectors import build, tick_histogram
 from kcops.agent.config import parse_config
+from kcops.agent.store import Store
 from kcops.errors import ConfigError
 
 
 def built(data: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
-    ctx = SimpleNamespace(config=parse_config(data), services={})
+    """Collector names, and the attributes build() added to the context (none: no
+    service registry, dependencies are passed in)."""
+    ctx = SimpleNamespace(config=parse_config(data), store=Store())
+    before = set(vars(ctx))
     cs = build(ctx, tick_histogram())  # type: ignore[arg-type]
-    return [c.name for c in cs], ctx.services
+    return [c.name for c in cs], {k: v for k, v in vars(ctx).items() if k not in before}
 
 
 def test_defaults_without_an_engine() -> None:

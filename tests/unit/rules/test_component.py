@@ -46,7 +46,7 @@ def feed_healthy(store: Store, t: float, up: float) -> None:
 def test_engine_down_fires_after_30s_and_resolves(tmp_path: Path) -> None:
     ctx = make_ctx(tmp_path)
     (comp,) = rules.build(ctx)
-    assert ctx.services["alerts"] is comp
+    assert comp.rule_names()
     seen: list[AlertTransition] = []
     ctx.bus.subscribe(seen.append)
 
