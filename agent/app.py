@@ -32,7 +32,6 @@ from kcops.agent.engine import Engine
 from kcops.agent.events import EventBus
 from kcops.agent.exporter import build_registry
 from kcops.agent.query import QueryComponent
-from kcops.agent.query_range import QueryRangeComponent
 from kcops.agent.samples import Sample
 from kcops.agent.signals import register_all
 from kcops.agent.store import Store
@@ -107,7 +106,6 @@ class Agent:
             self.ctx, self.engine, pids, rules[0] if rules else None
         )
         self.components.append(QueryComponent(self.ctx))
-        self.components.append(QueryRangeComponent(self.ctx))
         self.components += build_metric_exporters(self.ctx, self.started_at)
         self.components += list(extra_components or [])
         self._stop = asyncio.Event()

@@ -84,12 +84,12 @@ class QueryComponent:
         async def handler(request: web.Request) -> web.Response:
             text = request.query.get("query", "").strip()
             if not text:
-                return _error("bad_data", "missing parameter 'query'")
+                return error_response("bad_data", "missing parameter 'query'")
             t = None
             if "time" in request.query:
                 t = _parse_time(request.query["time"])
                 if t is None:
-                    return _error(
+                    return error_response(
                         "bad_data",
                         f"parameter 'time' must be finite Unix seconds, got "
                         f"{request.query['time'][:40]!r}",
@@ -97,14 +97,18 @@ class QueryComponent:
             try:
                 data = self.query(text, t)
             except RuleError as exc:
-                return _error("bad_data", str(exc))
+                return error_response("bad_data", str(exc))
             except EvalError as exc:
-                return _error("execution", str(exc), status=422)
+                return error_response("execution", str(exc), status=422)
             except Exception as exc:
-                return _error("execution", f"unexpected error: {type(exc).__name__}: {exc}", 422)
+                return error_response(
+                    "execution", f"unexpected error: {type(exc).__name__}: {exc}", 422
+                )
             return web.json_response({"status": "success", "data": data})
 
-        return [web.get("/api/v1/query", handler)]
+        from kcops.agent.query_range import range_route  # it imports this module
+
+        return [web.get("/api/v1/query", handler), range_route(self.ctx)]
 
 
 def _parse_time(text: str) -> float | None:
@@ -115,7 +119,8 @@ def _parse_time(text: str) -> float | None:
     return t if math.isfinite(t) else None
 
 
-def _error(kind: str, message: str, status: int = 400) -> web.Response:
+def error_response(kind: str, message: str, status: int = 400) -> web.Response:
+    """Prometheus's HTTP API error shape; the message is cut to 1000 characters."""
     if len(message) > 1000:
         message = message[:997] + "..."
     return web.json_response(

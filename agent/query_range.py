@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from kcops.agent.query import MAX_QUERY_CHARS
+from kcops.agent.query import MAX_QUERY_CHARS, error_response
 from kcops.agent.rules.evaluator import Evaluator
 from kcops.agent.rules.gofmt import go_float
 from kcops.agent.rules.model import EvalError, RuleError
@@ -68,49 +68,29 @@ def evaluate_range(ctx: AgentContext, text: str, start: float, end: float, step:
     }
 
 
-class QueryRangeComponent:
-    """Serves the range route; does nothing on ticks."""
+def range_route(ctx: AgentContext) -> web.RouteDef:
+    """The route, served by the query component beside ``/api/v1/query``."""
 
-    name = "query_range"
+    async def handler(request: web.Request) -> web.Response:
+        text = request.query.get("query", "").strip()
+        try:
+            if not text:
+                raise RangeError("missing parameter 'query'")
+            data = evaluate_range(
+                ctx,
+                text,
+                _float_param(request, "start"),
+                _float_param(request, "end"),
+                _float_param(request, "step"),
+            )
+        except (RuleError, RangeError) as exc:
+            return error_response("bad_data", str(exc))
+        except EvalError as exc:
+            return error_response("execution", str(exc), status=422)
+        except Exception as exc:  # never a bare 500: Prometheus's error shape
+            return error_response(
+                "execution", f"unexpected error: {type(exc).__name__}: {exc}", 422
+            )
+        return web.json_response({"status": "success", "data": data})
 
-    def __init__(self, ctx: AgentContext) -> None:
-        self.ctx = ctx
-
-    async def start(self) -> None:
-        return None
-
-    async def tick(self, now: float) -> None:
-        return None
-
-    async def stop(self) -> None:
-        return None
-
-    def status(self) -> dict[str, Any]:
-        return {"healthy": True}
-
-    def routes(self) -> list[web.RouteDef]:
-        async def handler(request: web.Request) -> web.Response:
-            text = request.query.get("query", "").strip()
-            try:
-                if not text:
-                    raise RangeError("missing parameter 'query'")
-                data = evaluate_range(
-                    self.ctx,
-                    text,
-                    _float_param(request, "start"),
-                    _float_param(request, "end"),
-                    _float_param(request, "step"),
-                )
-            except (RuleError, RangeError) as exc:
-                return _error("bad_data", str(exc))
-            except (EvalError, ArithmeticError) as exc:
-                return _error("execution", str(exc), status=422)
-            return web.json_response({"status": "success", "data": data})
-
-        return [web.get("/api/v1/query_range", handler)]
-
-
-def _error(kind: str, message: str, status: int = 400) -> web.Response:
-    return web.json_response(
-        {"status": "error", "errorType": kind, "error": message}, status=status
-    )
+    return web.get("/api/v1/query_range", handler)
