@@ -57,12 +57,16 @@ def test_all_and_expired(redis_url: str) -> None:
 
 def test_lru_takes_the_most_idle(redis_url: str) -> None:
     r = seed(redis_url, 0)
-    # 10 old keys: OBJECT IDLETIME has 1 s resolution, so wait past it.
+    # 10 old keys: OBJECT IDLETIME has 1 s resolution, so wait until Redis itself
+    # reports them idle for 2 s (the condition, not a clock).
     for i in range(10):
         r.set(f"{PREFIX}old:{i}", b"o")
     import time
 
-    time.sleep(2.2)
+    deadline = time.monotonic() + 30
+    while (r.object("idletime", f"{PREFIX}old:9") or 0) < 2:
+        assert time.monotonic() < deadline, "old keys never reported idle"
+        time.sleep(0.1)
     for i in range(10):
         r.set(f"{PREFIX}new:{i}", b"n")
 

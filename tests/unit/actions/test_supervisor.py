@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import sys
+import time
+from pathlib import Path
 from typing import Any
 
 from kcops.agent.clock import ManualClock
@@ -74,13 +77,28 @@ def test_graceful_restart_drains_then_respawns() -> None:
     asyncio.run(body())
 
 
+async def _until_ignores_sigterm(pid: int, timeout_s: float = 30.0) -> None:
+    """Wait on the condition itself: SIGTERM (bit 14) set in the child's SigIgn mask."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        status = Path(f"/proc/{pid}/status").read_text()
+        mask = int(
+            next(ln for ln in status.splitlines() if ln.startswith("SigIgn:")).split()[1], 16
+        )
+        if mask & (1 << (signal.SIGTERM - 1)):
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"pid {pid} did not ignore SIGTERM within {timeout_s}s")
+
+
 def test_sigkill_after_grace() -> None:
     async def body() -> None:
         sup = Supervisor(STUBBORN, RestartSection(grace_s=0.5), clock=ManualClock())
         await sup.start()
-        await asyncio.sleep(0.5)  # let it install its SIGTERM handler
         try:
             old = sup.pid()
+            assert old is not None
+            await _until_ignores_sigterm(old)
             out = await sup.restart()
             assert out["killed"] and out["after"]["pid"] != old
         finally:
