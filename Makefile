@@ -36,6 +36,7 @@ services:
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/vulture agent kernels worker dashboards alerts kcops/cli kcops/*.py --min-confidence 80
 
 # kcops/agent etc. are symlinks to the top-level folders, so mypy reads the
 # real layout from the repository root with no generated tree.

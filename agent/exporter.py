@@ -16,7 +16,6 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import Metric
 
 from kcops.agent.clock import Clock
-from kcops.agent.samples import SeriesKey
 from kcops.agent.store import Store
 
 _HIST_SUFFIXES = ("_bucket", "_sum", "_count")
@@ -80,9 +79,3 @@ def render(registry: CollectorRegistry, accept: str | None) -> tuple[bytes, str]
     """Exposition bytes and content type, negotiated from the Accept header."""
     encoder, content_type = choose_encoder(accept or "")
     return encoder(registry), content_type
-
-
-def series_value(store: Store, name: str, labels: dict[str, str] | None = None) -> float | None:
-    """Newest value of one series (test and CLI helper)."""
-    got = store.latest(SeriesKey.of(name, labels))
-    return None if got is None else got[1]

@@ -94,10 +94,6 @@ class Supervisor:
 
     # -- process handling ----------------------------------------------------------
 
-    def engine_last_exit(self) -> dict[str, Any] | None:
-        """How the last child exited: pid, returncode, signal, and whether we sent it."""
-        return self.last_exit_info
-
     def backing_off(self) -> str | None:
         """Why the supervisor owns the engine's next start now, or None."""
         if self.gave_up:

@@ -69,10 +69,6 @@ def use_policy(policy: TopNPolicy) -> Iterator[TopNPolicy]:
         _POLICY.reset(token)
 
 
-def current_policy() -> TopNPolicy:
-    return _POLICY.get()
-
-
 def _allowed(
     mask: torch.Tensor | None, q_len: int, k_len: int, device: torch.device
 ) -> torch.Tensor:

@@ -16,11 +16,9 @@ collector exports the last result.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -219,7 +217,6 @@ class NvmlCollector:
         self._xid: dict[tuple[int, int], int] = {}
         self._proc_samples: list[Sample] = []
         self._proc_next_at = 0.0
-        self._proc_future: Future[list[Sample]] | asyncio.Future[list[Sample]] | None = None
 
     # -- setup ---------------------------------------------------------------
 
@@ -316,32 +313,25 @@ class NvmlCollector:
             self._xid[key] = self._xid.get(key, 0) + 1
             log.warning("GPU %s: XID %s", idx, ev.eventData)
 
-    # -- per-process memory, sparingly and off the loop ------------------------
+    # -- per-process memory, sparingly ----------------------------------------
 
     def _process_memory(self, now: float, devices: list[_Device]) -> list[Sample]:
-        fut = self._proc_future
-        if fut is not None and fut.done():
-            self._proc_future = None
-            try:
-                self._proc_samples = fut.result()
-            except NvmlUnavailable:
-                raise
-            except Exception as exc:
-                log.warning("nvml per-process memory: %s", exc)
-                self._proc_samples = []
-        if self.engine_pids is None or self._proc_future is not None or now < self._proc_next_at:
+        """The engine's per-process GPU memory, re-read every ``process_interval_s``.
+
+        The whole collector runs in its own thread (``InThread``), so this slow
+        NVML call never runs on the agent's loop.
+        """
+        if self.engine_pids is None or now < self._proc_next_at:
             return self._proc_samples
-        pids = set(self.engine_pids())
         self._proc_next_at = now + self.process_interval_s
-        if not pids:
-            self._proc_samples = []
-            return []
+        pids = set(self.engine_pids())
         try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            self._proc_samples = self._read_processes(devices, pids)
-        else:
-            self._proc_future = loop.run_in_executor(None, self._read_processes, devices, pids)
+            self._proc_samples = self._read_processes(devices, pids) if pids else []
+        except NvmlUnavailable:
+            raise
+        except Exception as exc:
+            log.warning("nvml per-process memory: %s", exc)
+            self._proc_samples = []
         return self._proc_samples
 
     def _read_processes(self, devices: list[_Device], pids: set[int]) -> list[Sample]:

@@ -249,7 +249,3 @@ def _rule_state(insts: list[Instance]) -> str:
     if insts:
         return "pending"
     return "inactive"
-
-
-def rule_of(ruleset: RuleSet, name: str) -> Rule | None:
-    return ruleset.get(name)

@@ -181,12 +181,6 @@ def _norm(
     return sorted((tuple(sorted(lab.items())), tuple(sorted(ann.items()))) for lab, ann in alerts)
 
 
-@dataclass
-class ReplayResult:
-    transitions: list[tuple[str, AlertTransition]]  # (test group name, transition)
-    failures: list[str]
-
-
 def replay_group(
     ruleset: RuleSet,
     group: PromtoolGroup,

@@ -252,9 +252,6 @@ class DemoEnv:
                 out.append(rec)
         return out
 
-    def audit_run(self, action: str, since: float) -> dict[str, Any] | None:
-        return next((r for r in self.audit_runs(since) if r.get("action") == action), None)
-
     def set_load_mode(self, mode: str) -> None:
         """The Locust users read this file: ``mixed``, ``unique`` (no reuse) or ``long``."""
         self.load_mode_file.write_text(mode)

@@ -135,7 +135,7 @@ def _serve(state: WorkerState, host: str, port: int, pidfile: Path | None, probe
     from kcops.worker.app import serve_forever
 
     # SIGTERM (supervisor, restart_worker) exits through the finally below.
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: sys.exit(0))
     if pidfile is not None:
         pidfile.write_text(f"{os.getpid()}\n")
     click.echo(

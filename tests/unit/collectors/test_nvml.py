@@ -149,7 +149,7 @@ def test_per_process_memory_is_sampled_sparingly_for_engine_pids() -> None:
     fake.gpus[0].procs = [ProcessInfo(100, 3 << 30), ProcessInfo(999, 1 << 30)]
     fake.gpus[1].procs = [ProcessInfo(101, None)]  # unknown memory: absent
     c = NvmlCollector(Nvml(fake), engine_pids=lambda: {100, 101}, process_interval_s=10)
-    out = collect(c, 0.0)  # no running loop here: read inline
+    out = collect(c, 0.0)
     lab = {"device": "0", "uuid": fake.gpus[0].uuid, "pid": "100"}
     assert value(out, "kcops_gpu_process_memory_bytes", **lab) == 3 << 30
     assert len([s for s in out if s.name == "kcops_gpu_process_memory_bytes"]) == 1
@@ -157,27 +157,6 @@ def test_per_process_memory_is_sampled_sparingly_for_engine_pids() -> None:
     assert fake.calls["nvmlDeviceGetComputeRunningProcesses"] == 2  # once per device, not again
     collect(c, 10.0)
     assert fake.calls["nvmlDeviceGetComputeRunningProcesses"] == 4
-
-
-def test_per_process_memory_runs_off_the_loop() -> None:
-    fake = FakeNvmlModule(gpus=1)
-    fake.gpus[0].procs = [ProcessInfo(100, 7)]
-    c = NvmlCollector(Nvml(fake), engine_pids=lambda: {100}, process_interval_s=10)
-
-    async def main() -> list:
-        first = c.collect(0.0)
-        assert not [s for s in first if s.name == "kcops_gpu_process_memory_bytes"]
-        for _ in range(100):
-            await asyncio.sleep(0.01)
-            if c._proc_future is not None and c._proc_future.done():
-                break
-        return c.collect(1.0)
-
-    out = asyncio.run(main())
-    assert (
-        value(out, "kcops_gpu_process_memory_bytes", device="0", uuid=fake.gpus[0].uuid, pid="100")
-        == 7
-    )
 
 
 @pytest.mark.gpu
