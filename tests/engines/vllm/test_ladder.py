@@ -69,8 +69,10 @@ def test_refused_first_step_moves_on_without_cooldown(after_soak: Stack, tmp_pat
         why = " ".join(str(first[0].get(k) or "") for k in ("error", "reason")).lower()
         assert "route" in why, first[0]
         assert evicted()[0]["outcome"] == "ok", evicted()
-        climbs = [x for x in _audit(state, "ladder") if x["event"] == "climb"]
-        assert climbs and climbs[0].get("why"), _audit(state, "ladder")
+        # the ladder records the refused step as skipped, with the reason, and moves on
+        skipped = [x for x in _audit(state, "ladder") if x["event"] == "skipped"]
+        assert skipped and "fallback_to_base" in skipped[0].get("why", ""), _audit(state, "ladder")
+        assert "route" in skipped[0]["why"].lower(), skipped[0]
         # no cooldown was spent: asked again, the step is refused for its reason, not held
         # back by a cooldown
         r = httpx.post(
