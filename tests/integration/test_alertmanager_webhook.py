@@ -114,9 +114,12 @@ def test_alertmanager_delivers_to_the_agent(tmp_path: Path) -> None:
     state = tmp_path / "state"
     rules = tmp_path / "rules.yaml"
     rules.write_text(RULES)
+    # An HPA scales on kcops_desired_replicas: scale_out has a scaler (else it is refused).
+    config = tmp_path / "agent.yaml"
+    config.write_text("actions: {scale: {hpa_reads_gauge: true}}\n")
     (tmp_path / "am.yml").write_text(am_config(agent_port))
     agent_cmd = [
-        kcops_bin(), "agent", "run", "--listen", f"127.0.0.1:{agent_port}",
+        kcops_bin(), "agent", "run", "--listen", f"127.0.0.1:{agent_port}", "--config", str(config),
         "--state-dir", str(state), "--rules", str(rules), "--mode", "enforce", "--tick", "0.2",
     ]  # fmt: skip
     am_cmd = [
