@@ -21,7 +21,7 @@ pytestmark = pytest.mark.vllm
 def test_restart_drains_and_cleans_shared_memory(after_soak: Stack) -> None:
     stack = after_soak
     old_shm = shm_entries() - stack.pre_shm  # what the running engine's tree created
-    req = stream_completion(stack.engine_url, SYSTEM_PROMPT + "\nTell a long story.", 200)
+    req = stream_completion(stack.engine_url, SYSTEM_PROMPT + "\nTell a long story.", 64)
     assert req.first_chunk.wait(120) and req.error is None, req.error
     r = stack.action("restart_worker", force=True, reason="vllm suite: restart with a request")
     rec = r.json()
