@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import socket
 import subprocess
 import threading
@@ -23,7 +22,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.services import free_port, kcops_bin
+from tests.services import free_port, kcops_bin, stop
 
 TOKEN = "vllm-suite-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -289,15 +288,7 @@ def agent_cmd(
 def stop_group(proc: subprocess.Popen[bytes], timeout_s: float) -> None:
     """SIGTERM the process group, SIGKILL it after ``timeout_s``: the agent stops its engine
     on SIGTERM, and vLLM needs a few seconds to shut down cleanly."""
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
+    stop(proc, timeout_s)
 
 
 @contextlib.contextmanager
