@@ -93,7 +93,11 @@ def redis_cluster(tmp: Path, node_timeout_ms: int = 1000) -> Iterator[Cluster]:
             ]  # fmt: skip
             cluster.procs[port] = stack.enter_context(running(cmd, log_path=d / "redis.log"))
         for port in ports:
-            wait_port(port, 15, cluster.procs[port])
+            try:
+                wait_port(port, 15, cluster.procs[port])
+            except RuntimeError as exc:
+                log = (tmp / f"node-{port}" / "redis.log").read_text(errors="replace")
+                raise RuntimeError(f"{exc}; redis.log ends:\n{log[-1500:]}") from exc
         res = subprocess.run(
             [cli, "--cluster", "create", *[f"127.0.0.1:{p}" for p in ports], *REPLICAS],
             capture_output=True,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -22,10 +23,52 @@ REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = REPO / ".venv" / "bin"
 
 
+_BLOCK = 1500  # ports per pytest process
+_handed: set[int] = set()
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _block() -> range:
+    """This pytest process's own block of ports, below the kernel's ephemeral range.
+
+    A port from ``bind(0)`` comes from the ephemeral range, where it can be taken
+    by any outgoing connection (or by the other xdist worker) between the moment we
+    close it and the moment the service binds it: CI saw redis-server exit for that
+    reason. Below that range nothing is handed out by the kernel, and each xdist
+    worker draws from a block of its own.
+    """
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    index = int(worker[2:]) + 1 if worker.startswith("gw") and worker[2:].isdigit() else 0
+    low = 10000 + index * _BLOCK
+    if low + _BLOCK > _ephemeral_low():
+        low = 10000 + (index % 4) * _BLOCK
+    return range(low, low + _BLOCK)
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port that is free now and that no other test process will be handed."""
+    block = _block()
+    for _ in range(2):
+        start = random.randrange(len(block))  # two sessions on one machine rarely meet
+        for i in range(len(block)):
+            port = block[(start + i) % len(block)]
+            if port in _handed:
+                continue
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+            _handed.add(port)
+            return port
+        _handed.clear()  # every port was handed once; those of finished tests are free again
+    raise RuntimeError(f"no free port left in {block.start}-{block.stop - 1}")
 
 
 def kcops_bin() -> str:
