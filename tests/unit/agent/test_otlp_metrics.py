@@ -103,6 +103,7 @@ def _by_name(req: ExportMetricsServiceRequest) -> dict[str, pb.Metric]:
     return {m.name: m for m in sm.metrics}
 
 
+@pytest.mark.slow
 def test_pushed_metrics_match_the_scrape(tmp_path: Path, receiver: Receiver) -> None:
     otlp = {"endpoint": receiver.url, "metrics_interval_s": 0.2}
     with agent_in_thread(

@@ -55,6 +55,7 @@ def _png_size(data: bytes) -> tuple[int, int]:
     return w, h
 
 
+@pytest.mark.slow
 def test_report_page_is_self_contained_with_pngs_of_the_expected_size(
     agent_url: str, tmp_path: Path
 ) -> None:

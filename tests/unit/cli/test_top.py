@@ -94,6 +94,7 @@ def _drive(agent_url: str, token: str) -> TopApp:
     return app
 
 
+@pytest.mark.slow
 def test_live_view_opens_runbook_and_runs_an_action(agent_url: str) -> None:
     app = _drive(agent_url, TOKEN)
     assert app.last_result is not None
@@ -103,6 +104,7 @@ def test_live_view_opens_runbook_and_runs_an_action(agent_url: str) -> None:
     assert any(r.get("action") == "notify" and r.get("outcome") == "dry_run" for r in records)
 
 
+@pytest.mark.slow
 def test_live_view_with_a_wrong_token_is_refused(agent_url: str) -> None:
     app = _drive(agent_url, "wrong")
     assert app.last_result is not None and app.last_result["http_status"] == 401

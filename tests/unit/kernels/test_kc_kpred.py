@@ -29,6 +29,7 @@ def test_grid_is_increasing_and_ends_with_the_context() -> None:
     assert grid(1) == [1]
 
 
+@pytest.mark.slow
 def test_recency_equals_brute_force_over_every_k(tiny: Any) -> None:
     _, _, ids = tiny
     eager, _ = load_model("tiny", progress=False, attn_implementation="eager")
@@ -58,6 +59,7 @@ def test_top_variant_keeps_the_prediction(tiny: Any) -> None:
     assert doc["summary"]["top"]["share_below_10pct"] == pytest.approx(0.5 * (k < 6) + 0.5)
 
 
+@pytest.mark.slow
 def test_cli_kpred_json() -> None:
     args = [
         "kpred", "--model", "tiny", "--context", "64", "--positions", "2",

@@ -46,6 +46,7 @@ def _window_mask(length: int, start: int, n: int) -> torch.Tensor:
     return torch.zeros(length, length).masked_fill(~allowed, torch.finfo(torch.float32).min)
 
 
+@pytest.mark.slow
 def test_window_agreement_equals_eager_attention_masked_by_hand(tiny: Any) -> None:
     _, _, seqs = tiny
     model_e, _ = load_model("tiny", progress=False, attn_implementation="eager")
@@ -65,6 +66,7 @@ def test_window_agreement_equals_eager_attention_masked_by_hand(tiny: Any) -> No
     assert rows[0].accuracy == pytest.approx(float((full == target).float().mean()), abs=1e-9)
 
 
+@pytest.mark.slow
 def test_budget_covering_the_context_is_exactly_full_attention(tiny: Any) -> None:
     rows = _rows(tiny[0], tiny[2], [8, CONTEXT], ["uniform", "per_layer"])
     full = rows[0]
@@ -81,6 +83,7 @@ def test_budget_covering_the_context_is_exactly_full_attention(tiny: Any) -> Non
             assert row.kv_bytes < full.kv_bytes / 10
 
 
+@pytest.mark.slow
 def test_cli_json_rows_and_resume(tmp_path: Path) -> None:
     out = tmp_path / "sweep"
     args = [

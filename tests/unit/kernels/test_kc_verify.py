@@ -45,6 +45,7 @@ def test_window_covering_the_sequence_is_exact_and_bad_variants_are_named(setup:
         parse_variant("topn:0")
 
 
+@pytest.mark.slow
 def test_cli_verify_json() -> None:
     args = ["verify", "--model", "tiny", "--context", "48", "--sequences", "1",
             "--variants", "full,topn:8", "--threads", "1", "--json"]  # fmt: skip

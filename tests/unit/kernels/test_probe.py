@@ -32,6 +32,7 @@ def test_import_is_inert() -> None:
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
 def test_outputs_bit_identical_and_calls_per_layer(attn: str, listener: Any) -> None:
     path, sock = listener

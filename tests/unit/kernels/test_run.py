@@ -34,6 +34,7 @@ def test_usage_without_command() -> None:
     assert run.main(["--"]) == 2
 
 
+@pytest.mark.slow
 def test_child_process_is_instrumented(tmp_path: Path) -> None:
     env = dict(os.environ)
     env["KCOPS_PROBE_SOCKET"] = str(tmp_path / "probe.sock")

@@ -35,6 +35,7 @@ def text(evs: list[Event]) -> str:
     return "".join(e.text for e in evs if e.kind == "delta")
 
 
+@pytest.mark.slow
 def test_batched_decode_equals_single_runs(state: WorkerState) -> None:
     tok: Any = state.engine.tok
     prompts = [tok(f"Number {i} is" + " big" * i).input_ids for i in range(4)]
@@ -62,6 +63,7 @@ def test_usage_and_finish_reason(state: WorkerState) -> None:
     assert done.usage == {"prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13}
 
 
+@pytest.mark.slow
 def test_batched_optimized_path_equals_single_runs() -> None:
     opts = WorkerOptions(
         model="tiny", long_threshold=8, top_n=16, dense_layers=frozenset(), progress=False

@@ -94,6 +94,7 @@ def test_policy_by_layer_and_dense_layers() -> None:
     assert TopNPolicy().n_for_layer(5) is None
 
 
+@pytest.mark.slow
 def test_forward_dispatch_dense_vs_topn_in_a_model() -> None:
     from transformers import LlamaConfig, LlamaForCausalLM
 
