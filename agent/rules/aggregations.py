@@ -10,7 +10,7 @@ from typing import Any
 import promql_parser as pp
 
 from kcops.agent.rules.model import NAME, Elem, EvalError, Labels, Vector, labels_of
-from kcops.agent.rules.rangefns import quantile
+from kcops.agent.rules.rangefns import mean_stays_inf, quantile
 
 LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 
@@ -82,11 +82,8 @@ def _reduce(op: str, param: float | None, values: list[float]) -> float:
         count = 1.0
         for v in values[1:]:
             count += 1
-            if math.isinf(mean):
-                if math.isinf(v) and (mean > 0) == (v > 0):
-                    continue
-                if not math.isinf(v) and not math.isnan(v):
-                    continue
+            if mean_stays_inf(mean, v):
+                continue
             mean += v / count - mean / count
         return mean
     if op in ("stddev", "stdvar"):

@@ -5,16 +5,14 @@ from __future__ import annotations
 import math
 
 from kcops.agent.rules.model import NAME, Elem, Labels, Vector
+from kcops.agent.rules.rangefns import quantile_edge
 
 
 def bucket_quantile(q: float, buckets: list[tuple[float, float]]) -> float:
     """``buckets``: (upper bound, cumulative count) pairs, any order."""
-    if math.isnan(q):
-        return math.nan
-    if q < 0:
-        return -math.inf
-    if q > 1:
-        return math.inf
+    edge = quantile_edge(q)
+    if edge is not None:
+        return edge
     buckets = sorted(buckets, key=lambda b: b[0])
     if not math.isinf(buckets[-1][0]) or buckets[-1][0] < 0:
         return math.nan

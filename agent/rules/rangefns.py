@@ -81,17 +81,25 @@ def kahan_inc(inc: float, total: float, c: float) -> tuple[float, float]:
     return t, c
 
 
+def mean_stays_inf(mean: float, v: float) -> bool:
+    """True when a running mean that is already ±Inf is left as it is by ``v``:
+    Prometheus's avg and avg_over_time skip the update then (same-signed Inf or a
+    finite value), so the mean only turns NaN on NaN or the opposite Inf."""
+    if not math.isinf(mean):
+        return False
+    if math.isinf(v):
+        return (mean > 0) == (v > 0)
+    return not math.isnan(v)
+
+
 def avg_over_time(vs: Sequence[float]) -> float:
     mean = 0.0
     c = 0.0
     count = 0.0
     for v in vs:
         count += 1
-        if math.isinf(mean):
-            if math.isinf(v) and (mean > 0) == (v > 0):
-                continue
-            if not math.isinf(v) and not math.isnan(v):
-                continue
+        if mean_stays_inf(mean, v):
+            continue
         mean, c = kahan_inc(v / count - mean / count, mean, c)
     if math.isinf(mean):
         return mean
@@ -160,16 +168,25 @@ def resets(vs: Sequence[float]) -> float:
     return float(n)
 
 
-def quantile(q: float, values: Sequence[float]) -> float:
-    """Prometheus's quantile(): linear interpolation between closest ranks; NaN sorts first."""
-    if not values:
-        return math.nan
+def quantile_edge(q: float) -> float | None:
+    """What every Prometheus quantile answers for a ``q`` outside [0, 1] (NaN, -Inf or
+    +Inf), before looking at any value; None for a ``q`` inside."""
     if math.isnan(q):
         return math.nan
     if q < 0:
         return -math.inf
     if q > 1:
         return math.inf
+    return None
+
+
+def quantile(q: float, values: Sequence[float]) -> float:
+    """Prometheus's quantile(): linear interpolation between closest ranks; NaN sorts first."""
+    if not values:
+        return math.nan
+    edge = quantile_edge(q)
+    if edge is not None:
+        return edge
     vals = sorted(values, key=lambda v: (not math.isnan(v), v if not math.isnan(v) else 0.0))
     n = float(len(vals))
     rank = q * (n - 1)

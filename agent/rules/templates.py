@@ -34,19 +34,19 @@ def humanize(v: Any) -> str:
     if x == 0 or math.isnan(x) or math.isinf(x):
         return go_g4(x)
     if abs(x) >= 1:
-        prefix = ""
-        for p in ("k", "M", "G", "T", "P", "E", "Z", "Y"):
-            if abs(x) < 1000:
-                break
-            prefix = p
-            x /= 1000
-        return go_g4(x) + prefix
+        return _scaled(x, 1000, ("k", "M", "G", "T", "P", "E", "Z", "Y"))
+    return _scaled(x, 1000, ("m", "u", "n", "p", "f", "a", "z", "y"), down=True)
+
+
+def _scaled(x: float, base: int, prefixes: tuple[str, ...], down: bool = False) -> str:
+    """Scale ``x`` by ``base`` until it is in [1, base) (or stop at the last prefix),
+    naming each step with the next SI/IEC prefix, as Prometheus's humanize does."""
     prefix = ""
-    for p in ("m", "u", "n", "p", "f", "a", "z", "y"):
-        if abs(x) >= 1:
+    for p in prefixes:
+        if (abs(x) >= 1) if down else (abs(x) < base):
             break
         prefix = p
-        x *= 1000
+        x = x * base if down else x / base
     return go_g4(x) + prefix
 
 
@@ -54,13 +54,7 @@ def humanize1024(v: Any) -> str:
     x = _num(v)
     if abs(x) <= 1 or math.isnan(x) or math.isinf(x):
         return go_g4(x)
-    prefix = ""
-    for p in ("ki", "Mi", "Gi", "Ti", "Pi", "Ei", "Zi", "Yi"):
-        if abs(x) < 1024:
-            break
-        prefix = p
-        x /= 1024
-    return go_g4(x) + prefix
+    return _scaled(x, 1024, ("ki", "Mi", "Gi", "Ti", "Pi", "Ei", "Zi", "Yi"))
 
 
 def humanize_duration(v: Any) -> str:
