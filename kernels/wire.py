@@ -372,18 +372,24 @@ def _histograms(
     return hists, dict(zip(ns, out[plain:], strict=True))
 
 
-def _engine_tag(p: bytes) -> tuple[int, str]:
-    """The engine tag of a version 3 datagram ``p``: (offset of its v2 body, engine)."""
-    if len(p) <= HEADER.size:
-        raise WireError("truncated frame: an empty payload has no engine tag")
-    start = HEADER.size + 1
-    raw = p[start : start + p[HEADER.size]]
-    if len(raw) != p[HEADER.size] or not _ENGINE_BYTES.fullmatch(raw):
+@lru_cache(maxsize=64)  # a few engines send all frames; a refused tag is never cached
+def _engine_name(raw: bytes) -> str:
+    if not _ENGINE_BYTES.fullmatch(raw):
         raise WireError(
             f"engine tag {excerpt(raw)} is not 1..{MAX_ENGINE_CHARS} characters of a-z, 0-9, "
             "_ or -, starting with a letter"
         )
-    return start + len(raw), raw.decode("ascii")
+    return raw.decode("ascii")
+
+
+def _engine_tag(p: bytes) -> tuple[int, str]:
+    """The engine tag of a version 3 datagram ``p``: (offset of its v2 body, engine)."""
+    if len(p) <= HEADER.size:
+        raise WireError("truncated frame: an empty payload has no engine tag")
+    end = HEADER.size + 1 + p[HEADER.size]
+    if end > len(p):
+        raise WireError(f"truncated frame: the engine tag ends past the payload, at {end}")
+    return end, _engine_name(p[HEADER.size + 1 : end])
 
 
 def _decode_v2(p: bytes, start: int, engine: str) -> Frame:

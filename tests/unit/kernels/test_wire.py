@@ -123,6 +123,16 @@ def test_engine_tag_length_must_agree() -> None:
         wire.check_engine(None)
 
 
+def test_refused_engine_tags_are_not_remembered() -> None:
+    good = wire.encode(sample_frame())
+    wire.decode(good)
+    before = wire._engine_name.cache_info().currsize  # valid tags: a few, kept
+    for i in range(200):  # a flood of distinct bad tags must not grow the decoder's state
+        with pytest.raises(wire.WireError, match="engine tag"):
+            wire.decode(with_tag(good, b"Bad%d" % i))
+    assert wire._engine_name.cache_info().currsize == before
+
+
 @given(st.one_of(st.text(max_size=24), st.text('az09_-A \x00\u00e9"=', max_size=20)))
 def test_any_engine_either_round_trips_or_is_refused(engine: str) -> None:
     lower, rest = "abcdefghijklmnopqrstuvwxyz", "abcdefghijklmnopqrstuvwxyz0123456789_-"
