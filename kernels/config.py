@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from kcops.kernels.wire import default_socket_path
+from kcops.kernels.wire import UNKNOWN_ENGINE, WireError, check_engine, default_socket_path
 
 INTEGRATIONS: tuple[str, ...] = ("transformers", "torch_sdpa", "vllm")
 ROW_MODES: tuple[str, ...] = ("last", "all")
@@ -36,6 +36,10 @@ class ProbeConfig:
       and tests, not for serving.
     - ``publish``: send frames to the socket (off for ``kc measure``).
     - ``seed``: seed of the sampling RNG.
+    - ``engine``: which engine this probe runs in, sent with every frame and exported by
+      the agent as the ``engine`` label (``kcops.kernels.wire.check_engine``: 1..16 of
+      ``a-z 0-9 _ -``). The vLLM plugin sets ``vllm`` and the reference worker ``kcops``
+      whatever this says; a bare probe sends ``unknown``.
     """
 
     sample_rate: float = 0.01
@@ -51,6 +55,7 @@ class ProbeConfig:
     record: bool = False
     publish: bool = True
     seed: int = 0
+    engine: str = UNKNOWN_ENGINE
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.sample_rate <= 1.0:
@@ -72,11 +77,15 @@ class ProbeConfig:
             )
         if self.max_batch_rows < 1:
             raise ProbeConfigError(f"max_batch_rows={self.max_batch_rows!r}: allowed >= 1")
+        try:
+            check_engine(self.engine)
+        except WireError as exc:
+            raise ProbeConfigError(str(exc)) from None
 
     @classmethod
     def from_env(cls) -> ProbeConfig:
         """Defaults overridden by ``KCOPS_PROBE_*`` variables (used by ``kcops.kernels.run``
-        and the vLLM plugin): SAMPLE_RATE, ROWS, P, TOPN, FLUSH_MS, SOCKET, INTEGRATIONS."""
+        and the vLLM plugin): SAMPLE_RATE, ROWS, P, TOPN, FLUSH_MS, SOCKET, INTEGRATIONS, ENGINE."""
         env = os.environ
         kw: dict[str, object] = {}
         try:
@@ -95,6 +104,8 @@ class ProbeConfig:
                 kw["integrations"] = tuple(
                     x.strip() for x in env["KCOPS_PROBE_INTEGRATIONS"].split(",") if x.strip()
                 )
+            if "KCOPS_PROBE_ENGINE" in env:
+                kw["engine"] = env["KCOPS_PROBE_ENGINE"].strip()
         except ValueError as exc:
             raise ProbeConfigError(f"bad KCOPS_PROBE_* variable: {exc}") from None
         return cls(**kw)  # type: ignore[arg-type]

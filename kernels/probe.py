@@ -27,6 +27,7 @@ from kcops.kernels.errcheck import ErrorCheck
 from kcops.kernels.kc import KcResult, KcRow, kc_rows
 from kcops.kernels.publisher import Publisher
 from kcops.kernels.ranges import Ranges
+from kcops.kernels.wire import check_engine
 
 log = logging.getLogger("kcops.kernels")
 
@@ -77,6 +78,7 @@ class Probe:
             config.flush_interval_ms / 1000.0,
             before_flush=self._resolve_deferred,
             enabled=config.publish,
+            engine=config.engine,
         )
         self.ranges = Ranges(config.nvtx)
         self.records: list[tuple[str, KcRow]] = []
@@ -98,6 +100,12 @@ class Probe:
             self.ensure_integration(name, installers[name])
         self._active = True
         self.publisher.start()
+
+    def set_engine(self, engine: str) -> None:
+        """Name the engine this probe runs in (the ``engine`` label of its series) from now
+        on: an integration that knows it (vLLM's plugin) overrides the configured one.
+        Raises :class:`kcops.kernels.wire.WireError` for a name ``check_engine`` refuses."""
+        self.publisher.engine = check_engine(engine)
 
     def ensure_integration(self, name: str, installer: Callable[[Probe], Patch | None]) -> bool:
         """Install one integration if not installed yet (idempotent); False if its engine is

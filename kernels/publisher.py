@@ -50,12 +50,14 @@ class Publisher:
         *,
         before_flush: Callable[[], None] | None = None,
         enabled: bool = True,
+        engine: str = wire.UNKNOWN_ENGINE,
     ) -> None:
         self.aggregator = aggregator
         self.socket_path = socket_path
         self.interval_s = interval_s
         self.before_flush = before_flush
         self.enabled = enabled
+        self.engine = wire.check_engine(engine)  # sent with every frame: the `engine` label
         self.dropped_total = 0
         self.sent_total = 0
         self._seq = 0
@@ -119,6 +121,7 @@ class Publisher:
             elif self.wait_for_attention and not self._attention_seen:
                 return 0
             frame.dropped_total = self.dropped_total
+            frame.engine = self.engine
             sent = 0
             for part in wire.split(frame):
                 part.dropped_total = self.dropped_total

@@ -7,16 +7,19 @@ One frame is one Unix datagram::
 
     magic b"KCPF" | version u16 (big endian) | payload length u32 | payload
 
-Version 2 (sent) is a compact binary payload of fixed-width fields with
-explicit lengths; version 1 (JSON, :mod:`wire_json`) is still read for one
-release. Both are validated completely before a :class:`Frame` is returned:
+Version 3 (sent) is an engine tag (which engine the probe runs in: ``vllm``,
+``kcops``, ...) followed by a version 2 payload, a compact binary payload of
+fixed-width fields with explicit lengths. Version 2 (no engine: ``unknown``)
+and version 1 (JSON, :mod:`wire_json`) are still read, for probes that predate
+them. All are validated completely before a :class:`Frame` is returned:
 counts a float64 holds exactly, finite non-negative sums, bounded counts of
-layers, top-N entries and label lengths. Every count in a frame is a DELTA
-since the probe's previous frame, so the receiver sums them; the one
-exception is ``dropped_total``, which is the probe's cumulative count of frames
-it could not send. ``seq`` increases by one per frame sent or dropped, so a gap
-tells the receiver how many frames it missed (``instance`` changes when the
-probe restarts, and then ``seq`` starts again at 0).
+layers, top-N entries and label lengths, an engine name of a closed charset.
+Every count in a frame is a DELTA since the probe's previous frame, so the
+receiver sums them; the one exception is ``dropped_total``, which is the
+probe's cumulative count of frames it could not send. ``seq`` increases by one
+per frame sent or dropped, so a gap tells the receiver how many frames it
+missed (``instance`` changes when the probe restarts, and then ``seq`` starts
+again at 0).
 """
 
 from __future__ import annotations
@@ -33,7 +36,12 @@ from functools import lru_cache
 from typing import Any, NamedTuple
 
 MAGIC = b"KCPF"
-VERSION = 2
+VERSION = 3
+# Version 3 is not an extension of 2: a version-2 decoder checks the payload length
+# against its own counts, so it refuses any added field as "malformed". A new number makes
+# an agent that predates the engine tag say "unknown_version" instead, which names the
+# cause; and this side still reads version 2 (engine "unknown").
+VERSION_V2 = 2
 VERSION_JSON = 1
 HEADER = struct.Struct(">4sHI")
 # Unix datagrams up to ~200 KB pass on Linux by default, but other systems and
@@ -48,6 +56,15 @@ MAX_LABEL_CHARS = 64  # process, instance and layer names
 MAX_LAYERS = 4096  # layers in one frame (a bigger set is split over frames)
 MAX_TOPN = 16  # top-N entries in one frame
 MAX_TOPN_N = 1 << 20  # largest N of a top-N entry
+MAX_ENGINE_CHARS = 16  # the engine tag: a short name, not free text
+
+# Engine of a probe that does not say (a bare ``kcops.kernels.install()``, a version 1 or 2
+# frame). The vLLM plugin says ``vllm``, the reference worker ``kcops``.
+UNKNOWN_ENGINE = "unknown"
+# Lower-case ASCII, a letter first: the agent exports it as the ``engine`` label, beside the
+# ``engine`` label of its scrape adapters (vllm, sglang, tgi, triton, kcops).
+_ENGINE = re.compile(f"[a-z][a-z0-9_-]{{0,{MAX_ENGINE_CHARS - 1}}}")
+_ENGINE_BYTES = re.compile(_ENGINE.pattern.encode())
 
 ERROR_KINDS: tuple[str, ...] = ("nan", "inf", "exception")
 
@@ -109,6 +126,17 @@ def format_le(bound: float) -> str:
 
 class WireError(ValueError):
     """A datagram is not a valid probe frame: bad magic, unknown version, truncated, bad body."""
+
+
+def check_engine(name: object) -> str:
+    """``name`` if it is a valid engine tag (1..16 of ``a-z 0-9 _ -``, a letter first);
+    raises :class:`WireError` naming what is allowed otherwise."""
+    if not isinstance(name, str) or not _ENGINE.fullmatch(name):
+        raise WireError(
+            f"engine {excerpt(name)} must be 1..{MAX_ENGINE_CHARS} characters of a-z, 0-9, "
+            "_ or -, starting with a letter"
+        )
+    return name
 
 
 @dataclass(slots=True)
@@ -180,6 +208,7 @@ class Frame:
     histograms: dict[str, Histogram] = field(default_factory=dict)
     topn_mass: dict[int, Histogram] = field(default_factory=dict)
     dropped_total: int = 0
+    engine: str = UNKNOWN_ENGINE
 
     def is_empty(self) -> bool:
         """True when the frame carries no delta (a heartbeat)."""
@@ -212,6 +241,7 @@ def checked_histogram(
     return Histogram(bounds, counts, s)
 
 
+# Version 3 payload: engine bytes u8 | engine (ASCII, see check_engine) | a version 2 payload.
 # Version 2 payload, all big endian (docs/probe.md is the spec):
 #   fixed: pid u32 | seq u64 | ts f64 | dropped_total u32 | errors nan, inf, exception u32 x3
 #          | layers u16 | top-N entries u8 | histogram mask u8 (bit i: PLAIN_HISTOGRAMS[i])
@@ -294,17 +324,19 @@ def _payload(frame: Frame) -> bytes:
 
 
 def encode(frame: Frame) -> bytes:
-    """Serialise one frame (version 2). Labels longer than :data:`MAX_LABEL_CHARS` are cut.
+    """Serialise one frame (version 3). Labels longer than :data:`MAX_LABEL_CHARS` are cut.
 
     Raises :class:`WireError` for a frame the decoder would refuse (a count over
-    2**32 - 1 in one frame, a non-finite sum) or one over :data:`MAX_FRAME_BYTES`
-    (use :func:`split`).
+    2**32 - 1 in one frame, a non-finite sum, an engine outside :func:`check_engine`)
+    or one over :data:`MAX_FRAME_BYTES` (use :func:`split`).
     """
+    engine = check_engine(frame.engine).encode()
     try:
         payload = _payload(frame)
     except (struct.error, OverflowError, TypeError) as exc:
         raise WireError(f"frame field out of range: {excerpt(str(exc))}") from None
-    data = HEADER.pack(MAGIC, VERSION, len(payload)) + payload
+    size = 1 + len(engine) + len(payload)
+    data = b"".join((HEADER.pack(MAGIC, VERSION, size), bytes((len(engine),)), engine, payload))
     if len(data) > MAX_FRAME_BYTES:
         raise WireError(f"frame of {len(data)} bytes exceeds the limit of {MAX_FRAME_BYTES}")
     return data
@@ -340,12 +372,32 @@ def _histograms(
     return hists, dict(zip(ns, out[plain:], strict=True))
 
 
-def _decode_v2(p: bytes) -> Frame:
-    """``p`` is the whole datagram; the payload starts after the header."""
-    pid, seq, ts, dropped, e0, e1, e2, k, t, mask, np, ni, nl = _FIXED.unpack_from(p, HEADER.size)
+@lru_cache(maxsize=64)  # a few engines send all frames; a refused tag is never cached
+def _engine_name(raw: bytes) -> str:
+    if not _ENGINE_BYTES.fullmatch(raw):
+        raise WireError(
+            f"engine tag {excerpt(raw)} is not 1..{MAX_ENGINE_CHARS} characters of a-z, 0-9, "
+            "_ or -, starting with a letter"
+        )
+    return raw.decode("ascii")
+
+
+def _engine_tag(p: bytes) -> tuple[int, str]:
+    """The engine tag of a version 3 datagram ``p``: (offset of its v2 body, engine)."""
+    if len(p) <= HEADER.size:
+        raise WireError("truncated frame: an empty payload has no engine tag")
+    end = HEADER.size + 1 + p[HEADER.size]
+    if end > len(p):
+        raise WireError(f"truncated frame: the engine tag ends past the payload, at {end}")
+    return end, _engine_name(p[HEADER.size + 1 : end])
+
+
+def _decode_v2(p: bytes, start: int, engine: str) -> Frame:
+    """``p`` is the whole datagram; the version 2 body starts at ``start``."""
+    pid, seq, ts, dropped, e0, e1, e2, k, t, mask, np, ni, nl = _FIXED.unpack_from(p, start)
     if not 0.0 <= ts <= MAX_TS or k > MAX_LAYERS or t > MAX_TOPN or mask >> len(PLAIN_HISTOGRAMS):
         raise WireError(f"ts {excerpt(ts)}, {k} layers, {t} top-N or mask {mask} out of range")
-    off = HEADER.size + _FIXED.size
+    off = start + _FIXED.size
     process = p[off : off + np].decode()
     instance = p[off + np : off + np + ni].decode()
     text = p[off + np + ni : off + np + ni + nl].decode()
@@ -366,11 +418,11 @@ def _decode_v2(p: bytes) -> Frame:
         raise WireError(f"{len(calls)} distinct layer names for {k} layer counts")
     hists, topn = _histograms(vals, layout)
     errors = {"nan": e0, "inf": e1, "exception": e2}
-    return Frame(pid, process, seq, instance, ts, calls, errors, hists, topn, dropped)
+    return Frame(pid, process, seq, instance, ts, calls, errors, hists, topn, dropped, engine)
 
 
 def decode(data: bytes) -> Frame:
-    """Parse and validate one datagram, version 2 (or 1, JSON, from older probes).
+    """Parse and validate one datagram, version 3 (or 2 and 1, JSON, from older probes).
 
     Raises :class:`WireError` for anything that is not a valid frame; nothing of a
     refused frame is returned, so nothing of it can reach a store.
@@ -380,9 +432,10 @@ def decode(data: bytes) -> Frame:
     magic, version, length = HEADER.unpack_from(data)
     if magic != MAGIC:
         raise WireError(f"bad magic {magic!r}, expected {MAGIC!r}")
-    if version not in (VERSION, VERSION_JSON):
+    if version not in (VERSION, VERSION_V2, VERSION_JSON):
         raise WireError(
-            f"unknown frame version {version}, this side speaks {VERSION_JSON}, {VERSION}"
+            f"unknown frame version {version}, this side speaks "
+            f"{VERSION_JSON}, {VERSION_V2}, {VERSION}"
         )
     if len(data) - HEADER.size != length:
         raise WireError(
@@ -393,7 +446,9 @@ def decode(data: bytes) -> Frame:
 
         return decode_v1(data[HEADER.size :])
     try:
-        return _decode_v2(data)
+        if version == VERSION_V2:
+            return _decode_v2(data, HEADER.size, UNKNOWN_ENGINE)
+        return _decode_v2(data, *_engine_tag(data))
     except struct.error:
         raise WireError(f"truncated frame: payload of {length} bytes ends inside a field") from None
     except UnicodeDecodeError as exc:
@@ -442,6 +497,7 @@ def split(frame: Frame) -> list[Frame]:
                 histograms=frame.histograms if first else {},
                 topn_mass=frame.topn_mass if first else {},
                 dropped_total=frame.dropped_total,
+                engine=frame.engine,
             )
         )
     return parts

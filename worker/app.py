@@ -27,6 +27,8 @@ from kcops.worker.server import WorkerState, build_app, live_state
 
 log = logging.getLogger("kcops.worker")
 
+ENGINE = "kcops"  # the engine label of the probe's series (kcops.kernels.wire.check_engine)
+
 
 @dataclass
 class WorkerOptions:
@@ -63,7 +65,9 @@ def install_probe() -> str:
     if install is None:
         return "probe not installed: kcops.kernels.install() does not exist yet"
     try:
-        install()
+        # Its series say engine="kcops" (the agent's adapter name for this worker), also
+        # when a probe was installed before (by `python -m kcops.kernels.run`).
+        install().set_engine(ENGINE)
     except Exception as exc:  # the probe must never stop the engine
         log.warning("kcops.kernels.install() failed: %s", exc)
         return f"probe install failed: {exc}"

@@ -5,10 +5,14 @@ previous frame; the receiver sums them into cumulative counters and
 histograms and returns them on :meth:`ProbeReceiver.collect`. Cumulative
 values stay monotonic across an engine restart (they are the agent's sums).
 
-Cardinality is bounded: series carry ``process`` (the process name the probe
-reports, not its pid, so a restarted engine continues the same series); past
-``max_processes`` distinct names, frames fold into ``process="other"``;
-past ``max_layers`` distinct layers, into ``layer="other"``. A process that
+Cardinality is bounded: series carry ``engine`` (what the probe says it runs
+in: ``vllm`` from the vLLM plugin, ``kcops`` from the reference worker,
+``unknown`` from a bare probe or a frame older than version 3; 1..16 characters
+of ``a-z 0-9 _ -``, checked by the decoder) and ``process`` (the process name the
+probe reports, not its pid, so a restarted engine continues the same series);
+past ``max_processes`` distinct (engine, process) pairs, frames fold into
+``engine="other", process="other"``; past ``max_layers`` distinct layers, into
+``layer="other"``. A process that
 sent nothing for ``idle_s`` is forgotten (its series get staleness markers
 and leave the store with retention), so a burst from many short-lived
 processes does not keep feeding the store forever; its counters restart at 0
@@ -49,11 +53,11 @@ RCVBUF_BYTES = 4 << 20
 
 
 class _Process:
-    """Sums for one ``process`` label value, and when its last frame came (monotonic s)."""
+    """Sums for one (``engine``, ``process``) label pair, and when its last frame came
+    (monotonic s)."""
 
-    def __init__(self, process: str, now: float) -> None:
-        self.process = process
-        self.lp: LabelPairs = (("process", process),)
+    def __init__(self, key: tuple[str, str], now: float) -> None:
+        self.lp: LabelPairs = (("engine", key[0]), ("process", key[1]))
         self.calls: dict[str, int] = {}
         self.errors: dict[str, int] = dict.fromkeys(wire.ERROR_KINDS, 0)
         self.hist: dict[str, wire.Histogram] = {}
@@ -96,7 +100,7 @@ class ProbeReceiver:
         self._in_window = 0
         self.frames: dict[str, int] = {"ok": 0, "malformed": 0, "unknown_version": 0, "shed": 0}
         self.last_error: str | None = None
-        self._procs: dict[str, _Process] = {}
+        self._procs: dict[tuple[str, str], _Process] = {}  # by (engine, process)
         # (pid, instance) -> (last seq, last cumulative dropped_total); bounded LRU.
         self._instances: OrderedDict[tuple[int, str], tuple[int, int]] = OrderedDict()
         self._transport: asyncio.DatagramTransport | None = None
@@ -181,25 +185,25 @@ class ProbeReceiver:
         self.frames["ok"] += 1
         self._add(frame)
 
-    def _proc_for(self, name: str, now: float) -> _Process:
-        p = self._procs.get(name)
+    def _proc_for(self, key: tuple[str, str], now: float) -> _Process:
+        p = self._procs.get(key)
         if p is None:
             if len(self._procs) >= self.max_processes:
                 self._forget_idle(now)
             if len(self._procs) >= self.max_processes:
-                name = OTHER
-                p = self._procs.get(name)
+                key = (OTHER, OTHER)
+                p = self._procs.get(key)
             if p is None:
-                p = self._procs[name] = _Process(name, now)
+                p = self._procs[key] = _Process(key, now)
         p.seen = now
         return p
 
     def _forget_idle(self, now: float) -> None:
-        for name in [n for n, p in self._procs.items() if now - p.seen > self.idle_s]:
-            del self._procs[name]
+        for key in [k for k, p in self._procs.items() if now - p.seen > self.idle_s]:
+            del self._procs[key]
 
     def _add(self, f: wire.Frame) -> None:
-        p = self._proc_for(f.process[:MAX_LABEL] or "unknown", self._clock())
+        p = self._proc_for((f.engine, f.process[:MAX_LABEL] or "unknown"), self._clock())
         calls = p.calls
         for layer, n in f.calls_by_layer.items():
             layer = layer[:MAX_LABEL]
@@ -248,13 +252,16 @@ class ProbeReceiver:
         ]
         for p in self._procs.values():
             lp = p.lp
+            eng, proc = lp  # labels stay sorted: engine < kind < layer < n < process
             for layer, n in p.calls.items():
-                out.append(Sample("kcops_attention_calls_total", (("layer", layer), *lp), float(n)))
+                lp3 = (eng, ("layer", layer), proc)
+                out.append(Sample("kcops_attention_calls_total", lp3, float(n)))
             for kind, n in p.errors.items():
-                out.append(Sample("kcops_attention_errors_total", (("kind", kind), *lp), float(n)))
+                lp3 = (eng, ("kind", kind), proc)
+                out.append(Sample("kcops_attention_errors_total", lp3, float(n)))
             for name, h in p.hist.items():
                 histogram_samples(name, h, lp, out)
             for n, h in p.topn.items():
-                histogram_samples(wire.TOPN_MASS, h, (("n", str(n)), *lp), out)
+                histogram_samples(wire.TOPN_MASS, h, (eng, ("n", str(n)), proc), out)
             out.append(Sample("kcops_probe_dropped_total", lp, float(p.dropped)))
         return out

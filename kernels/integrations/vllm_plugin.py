@@ -38,6 +38,7 @@ from kcops.kernels.wire import UNKNOWN_LAYER
 
 BASE_MODULES: tuple[str, ...] = ("vllm.v1.attention.backend", "vllm.attention.backends.abstract")
 WRAPPED_MARK = "__kcops_wrapped__"
+ENGINE = "vllm"  # the engine label of every series this plugin's probe sends
 _LAYER_RE = re.compile(r"layers\.(\d+)\.")
 
 
@@ -207,7 +208,8 @@ def _announce(probe: Probe) -> None:
     wrapped = sorted(c.__name__ for c in getattr(patch, "wrapped", []))
     base = getattr(getattr(patch, "base", None), "__name__", "?")
     line = (
-        f"kcops probe installed (pid {pid}): wrapping forward of every {base} subclass "
+        f"kcops probe installed (pid {pid}) for engine {probe.publisher.engine}: wrapping "
+        f"forward of every {base} subclass "
         f"(now: {', '.join(wrapped) or 'none yet'}); K(C) from the paged KV cache on "
         f"{probe.config.sample_rate:.3g} of calls; frames to {probe.config.socket_path} once "
         "attention runs"
@@ -232,6 +234,9 @@ def register() -> None:
         from kcops.kernels.config import ProbeConfig
 
         probe = kernels.install(ProbeConfig.from_env())
+        # The plugin knows where it runs, also when a probe was installed before it (by
+        # `python -m kcops.kernels.run`): frames say engine="vllm".
+        probe.set_engine(ENGINE)
         # API server and engine core load the plugin but never run attention: stay silent there.
         probe.publisher.wait_for_attention = True
         probe.ensure_integration("vllm", lambda p: install(p, only_if_imported=False))

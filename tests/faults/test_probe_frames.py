@@ -17,7 +17,7 @@ from kcops.agent.collectors.probe import ProbeReceiver
 from kcops.kernels import wire
 from kcops.kernels.wire_json import encode_v1
 from tests.faults.conftest import RealAgent, start_agent, stop_agent
-from tests.unit.kernels.test_wire import sample_frame
+from tests.unit.kernels.test_wire import as_v2, sample_frame
 
 GOOD = wire.encode(sample_frame())
 
@@ -31,13 +31,14 @@ def _check(frame: wire.Frame) -> None:
         assert len(h.counts) == len(h.bounds) + 1 and min(h.counts) >= 0
     labels = [frame.process, frame.instance, *frame.calls_by_layer]
     assert all(len(x) <= wire.MAX_LABEL_CHARS for x in labels)
+    assert wire.check_engine(frame.engine) == frame.engine
     assert len(frame.calls_by_layer) <= wire.MAX_LAYERS and len(frame.topn_mass) <= wire.MAX_TOPN
 
 
 @settings(max_examples=400, deadline=None)
 @given(st.data())
 def test_mutated_frames_decode_in_bounds_or_raise_wire_error(data: st.DataObject) -> None:
-    base = bytearray(data.draw(st.sampled_from([GOOD, encode_v1(sample_frame())])))
+    base = bytearray(data.draw(st.sampled_from([GOOD, as_v2(GOOD), encode_v1(sample_frame())])))
     for _ in range(data.draw(st.integers(1, 8))):
         i = data.draw(st.integers(0, len(base) - 1))
         base[i] = data.draw(st.integers(0, 255))
@@ -53,7 +54,7 @@ def test_mutated_frames_decode_in_bounds_or_raise_wire_error(data: st.DataObject
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=400))
 def test_random_payloads_behind_a_valid_header(payload: bytes) -> None:
-    for version in (wire.VERSION, wire.VERSION_JSON):
+    for version in (wire.VERSION, wire.VERSION_V2, wire.VERSION_JSON):
         try:
             _check(wire.decode(wire.HEADER.pack(wire.MAGIC, version, len(payload)) + payload))
         except wire.WireError:

@@ -152,7 +152,8 @@ collectors:
                 wait_until(lambda: scrape(agent_url).get(key, 0) == 2)
                 m = scrape(agent_url)
                 assert m[("kcops_probe_frames_total", (("outcome", "unknown_version"),))] == 1
-                assert m[("kcops_attention_calls_total", (("layer", "0"), ("process", "p")))] == 2
+                calls = (("engine", "unknown"), ("layer", "0"), ("process", "p"))  # a bare probe
+                assert m[("kcops_attention_calls_total", calls)] == 2
 
                 sleeper.kill()
                 sleeper.wait()

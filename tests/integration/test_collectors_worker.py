@@ -118,6 +118,9 @@ def test_agent_sees_the_reference_worker_move(tmp_path: Path) -> None:
                 after, "kcops_kc_tokens_count"
             )
             assert total(after, "kcops_kc_ratio_count") > 0
+            # the worker's probe says which engine it is: the same label as its scraped series
+            kc = total(after, "kcops_kc_tokens_count")
+            assert kc > 0 and total(after, "kcops_kc_tokens_count", engine="kcops") == kc
             assert ("kcops_engine_up", ()) in after and after[("kcops_engine_up", ())] == 1
             # the worker's pid came from /admin/state: its process tree is watched
             assert after.get(("kcops_process_up", (("process", "engine"),))) == 1

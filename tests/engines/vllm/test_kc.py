@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from tests.engines.vllm.harness import Stack, vllm_model, vllm_venv
+from tests.engines.vllm.harness import Stack, checkout_pythonpath, vllm_model, vllm_venv
 
 pytestmark = pytest.mark.vllm
 
@@ -24,7 +24,7 @@ def test_kc_from_paged_cache_equals_transformers(after_soak: Stack) -> None:
         capture_output=True,
         text=True,
         timeout=600,
-        env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"},
+        env={**os.environ, "PYTHONPATH": checkout_pythonpath(), "VLLM_CPU_KVCACHE_SPACE": "1"},
     )
     assert out.returncode == 0, out.stderr[-4000:]
     res = json.loads(out.stdout.strip().splitlines()[-1])

@@ -1,6 +1,7 @@
 """The kcops probe inside the real vLLM, seen through the agent: per-layer series labelled
-with vLLM's worker name, nothing from processes that never run attention, K(C) samples,
-and one INFO line per process in vLLM's log."""
+with the engine the plugin says it runs in (``engine="vllm"``) and vLLM's worker name,
+nothing from processes that never run attention, K(C) samples, and one INFO line per
+process in vLLM's log."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from tests.engines.vllm.harness import Stack, wait_for
 pytestmark = pytest.mark.vllm
 
 WORKER = "VLLM::Worker"
+PROBE = (("engine", "vllm"), ("process", WORKER))  # the label pairs of every probe series
 LAYERS = 30  # SmolLM2-135M
 
 
@@ -30,36 +32,29 @@ def test_series_come_from_the_worker_only_with_every_layer(stack: Stack) -> None
     # The API server and the engine core load the plugin but never run attention: they
     # send nothing, so the only process label is the worker's name at send time.
     assert _labels(stack, calls, "process") == {WORKER}
+    assert _labels(stack, calls, "engine") == {"vllm"}  # stated by the plugin, in the frame
     assert _labels(stack, calls, "layer") >= {str(i) for i in range(LAYERS)}
     assert _labels(stack, "kcops_context_tokens_count", "process") == {WORKER}
+    assert _labels(stack, "kcops_context_tokens_count", "engine") == {"vllm"}
 
 
 def test_kc_tokens_from_vllm(stack: Stack) -> None:
-    """K(C) computed inside vLLM from its paged KV cache reaches the agent (probe series
-    carry the engine's process name, ``process="VLLM::Worker"``, not an engine label)."""
+    """K(C) computed inside vLLM from its paged KV cache reaches the agent as
+    ``kcops_kc_tokens{engine="vllm", process="VLLM::Worker"}``: the engine label comes from
+    the plugin, through the frame, so the K(C) panels and ``KcopsKCSurge`` (``sum by
+    (engine)``) see vLLM by name."""
 
     def kc_count() -> float:
-        m = stack.agent_metrics()
-        return sum(
-            v
-            for (n, lp), v in m.items()
-            if n == "kcops_kc_tokens_count" and dict(lp).get("process") == WORKER
-        )
+        return stack.agent_metrics().get(("kcops_kc_tokens_count", PROBE), 0.0)
 
-    n = wait_for(kc_count, 240, "kcops_kc_tokens samples from vLLM", stack.log_tail)
+    n = wait_for(kc_count, 240, 'kcops_kc_tokens{engine="vllm"} samples', stack.log_tail)
     m = stack.agent_metrics()
-    total = sum(
-        v
-        for (name, lp), v in m.items()
-        if name == "kcops_kc_tokens_sum" and lp == (("process", WORKER),)
-    )
-    assert total >= n  # K_p >= 1 token per sampled row
-    ratio_count = sum(
-        v
-        for (name, lp), v in m.items()
-        if name == "kcops_kc_ratio_count" and dict(lp).get("process") == WORKER
-    )
-    assert ratio_count > 0
+    assert m[("kcops_kc_tokens_sum", PROBE)] >= n  # K_p >= 1 token per sampled row
+    assert m[("kcops_kc_tokens_bucket", tuple(sorted((*PROBE, ("le", "+Inf")))))] >= n
+    assert m.get(("kcops_kc_ratio_count", PROBE), 0.0) > 0
+    # every K(C) series the agent has came from vLLM's worker: no unlabelled or other engine
+    kc = {lp for (name, lp) in m if name == "kcops_kc_tokens_count"}
+    assert kc == {PROBE}
     # the probe's own measuring never failed: no layout error, nothing raised into vLLM
     assert "measuring failed" not in stack.log_path.read_text(errors="replace")
 
@@ -74,3 +69,6 @@ def test_one_info_line_per_process(stack: Stack) -> None:
     prefixes = " ".join(prefix for prefix, _ in found)
     assert "EngineCore" in prefixes and "Worker" in prefixes, found
     assert "not installed in vLLM" not in text
+    # the line names the engine the probe's frames say (and proves this checkout's plugin ran)
+    named = re.findall(r"kcops probe installed \(pid \d+\) for engine vllm:", text)
+    assert len(named) == len(found), found

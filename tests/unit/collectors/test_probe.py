@@ -6,13 +6,26 @@ import struct
 from pathlib import Path
 
 from kcops.agent.collectors.probe import ProbeReceiver
+from kcops.agent.samples import Sample
 from kcops.errors import CollectorUnavailable
 from kcops.kernels import wire
+from kcops.kernels.wire_json import encode_v1
 from tests.unit.collectors.helpers import collect, latest, names, runner, value
+from tests.unit.kernels.test_wire import as_v2, with_tag
+
+# What the probe of the reference worker sends: its engine, its process name.
+PY = {"engine": "kcops", "process": "python"}
 
 
-def frame(pid: int = 10, process: str = "python", seq: int = 0, instance: str = "a", **kw) -> bytes:  # type: ignore[no-untyped-def]
-    f = wire.Frame(pid=pid, process=process, seq=seq, instance=instance, **kw)
+def frame(
+    pid: int = 10,
+    process: str = "python",
+    seq: int = 0,
+    instance: str = "a",
+    engine: str = "kcops",
+    **kw,
+) -> bytes:  # type: ignore[no-untyped-def]
+    f = wire.Frame(pid=pid, process=process, seq=seq, instance=instance, engine=engine, **kw)
     return wire.encode(f)
 
 
@@ -40,7 +53,7 @@ def test_deltas_become_cumulative_counters_and_histograms() -> None:
         )
     )
     out = collect(r)
-    p = {"process": "python"}
+    p = PY
     assert value(out, "kcops_attention_calls_total", layer="0", **p) == 7
     assert value(out, "kcops_attention_calls_total", layer="1", **p) == 2
     assert value(out, "kcops_attention_errors_total", kind="nan", **p) == 1
@@ -75,7 +88,7 @@ def test_garbage_and_unknown_versions_are_counted_never_raised() -> None:
     assert value(out, "kcops_probe_frames_total", outcome="malformed") == 7
     assert value(out, "kcops_probe_frames_total", outcome="unknown_version") == 1
     assert value(out, "kcops_probe_frames_total", outcome="ok") == 1
-    assert value(out, "kcops_attention_calls_total", layer="0", process="python") == 1
+    assert value(out, "kcops_attention_calls_total", layer="0", **PY) == 1
 
 
 def test_cardinality_is_bounded() -> None:
@@ -91,20 +104,23 @@ def test_cardinality_is_bounded() -> None:
         if s.name == "kcops_attention_calls_total"
     }
     assert layers == {"0", "1", "2", "other"}
-    assert value(out, "kcops_attention_calls_total", layer="other", process="other") == 9
+    assert (
+        value(out, "kcops_attention_calls_total", layer="other", engine="other", process="other")
+        == 9
+    )
 
 
 def test_dropped_total_stays_monotonic_across_probe_restarts() -> None:
     r = ProbeReceiver("/nonexistent/probe.sock")
     r.feed(frame(seq=0, dropped_total=5))
     r.feed(frame(seq=1, dropped_total=7))
-    assert value(collect(r), "kcops_probe_dropped_total", process="python") == 7
+    assert value(collect(r), "kcops_probe_dropped_total", **PY) == 7
     # the engine restarted: new pid and instance, the probe counts from 0 again
     r.feed(frame(pid=11, seq=0, instance="b", dropped_total=2))
     r.feed(frame(pid=11, seq=1, instance="b", calls_by_layer={"0": 1}, dropped_total=2))
     out = collect(r)
-    assert value(out, "kcops_probe_dropped_total", process="python") == 9
-    assert value(out, "kcops_attention_calls_total", layer="0", process="python") == 1
+    assert value(out, "kcops_probe_dropped_total", **PY) == 9
+    assert value(out, "kcops_attention_calls_total", layer="0", **PY) == 1
 
 
 def test_receives_over_a_real_unix_datagram_socket(tmp_path: Path) -> None:
@@ -127,7 +143,7 @@ def test_receives_over_a_real_unix_datagram_socket(tmp_path: Path) -> None:
         await rr.stop()
 
     asyncio.run(main())
-    assert latest(store, "kcops_attention_calls_total", layer="3", process="python") == 6
+    assert latest(store, "kcops_attention_calls_total", layer="3", **PY) == 6
     assert latest(store, "kcops_probe_frames_total", outcome="malformed") == 1
     assert not path.exists()
 
@@ -191,7 +207,7 @@ def test_frames_past_the_rate_limit_are_shed_and_counted() -> None:
     r.feed(frame(seq=5, calls_by_layer={"0": 1}))
     out = collect(r)
     assert value(out, "kcops_probe_frames_total", outcome="shed") == 2
-    assert value(out, "kcops_attention_calls_total", layer="0", process="python") == 4
+    assert value(out, "kcops_attention_calls_total", layer="0", **PY) == 4
 
 
 def test_idle_processes_are_forgotten_and_state_stays_bounded() -> None:
@@ -203,7 +219,10 @@ def test_idle_processes_are_forgotten_and_state_stays_bounded() -> None:
     procs = {dict(s.labels).get("process") for s in out if s.name == "kcops_attention_calls_total"}
     assert len(procs) == 8 + 1 and "other" in procs
     assert len(r._instances) <= 8 * 8
-    assert value(out, "kcops_attention_calls_total", layer="0", process="other") == 1000 - 8
+    assert (
+        value(out, "kcops_attention_calls_total", layer="0", engine="other", process="other")
+        == 1000 - 8
+    )
     now[0] += 61
     r.feed(frame(pid=1, process="alive", calls_by_layer={"0": 1}))
     out = collect(r)
@@ -221,3 +240,64 @@ def test_histogram_series_share_one_le_format() -> None:
     assert les == ticks.les() and les[-1] == "+Inf" and "0.0025" in les
     assert value(out, "kcops_agent_tick_seconds_count") == 1
     assert value(out, "kcops_agent_tick_seconds_bucket", le="0.005") == 1
+
+
+def _engines(out: list[Sample]) -> set[tuple[str, str]]:
+    return {
+        (s.label_dict()["engine"], s.label_dict()["process"])
+        for s in (x.key for x in out)
+        if s.name == "kcops_kc_tokens_count"
+    }
+
+
+def test_every_probe_series_says_which_engine_sent_it() -> None:
+    r = ProbeReceiver("/nonexistent/probe.sock")
+    kc = {wire.KC_TOKENS: hist(wire.KC_TOKENS, 40)}
+    r.feed(frame(engine="vllm", process="VLLM::Worker", calls_by_layer={"0": 1}, histograms=kc))
+    # the same process name from another engine is another series, never summed into it
+    r.feed(frame(pid=11, engine="kcops", process="VLLM::Worker", calls_by_layer={"0": 2}))
+    v2 = frame(pid=12, process="old", calls_by_layer={"0": 4}, histograms=kc)
+    r.feed(as_v2(v2))  # a probe before version 3: engine unknown
+    old = wire.Frame(pid=13, process="older", seq=0, calls_by_layer={"0": 8}, histograms=kc)
+    r.feed(encode_v1(old))
+    out = collect(r)
+    for s in out:
+        if s.name.startswith(("kcops_attention", "kcops_kc", "kcops_probe_dropped")):
+            assert {"engine", "process"} <= set(s.key.label_dict()), s
+    assert _engines(out) == {
+        ("vllm", "VLLM::Worker"),
+        ("unknown", "old"),
+        ("unknown", "older"),
+    }
+    calls = "kcops_attention_calls_total"
+    assert value(out, calls, engine="vllm", layer="0", process="VLLM::Worker") == 1
+    assert value(out, calls, engine="kcops", layer="0", process="VLLM::Worker") == 2
+    assert value(out, "kcops_kc_tokens_count", engine="vllm", process="VLLM::Worker") == 1
+    assert value(out, "kcops_probe_dropped_total", engine="unknown", process="older") == 0
+
+
+def test_a_hostile_engine_tag_is_refused_whole() -> None:
+    r = ProbeReceiver("/nonexistent/probe.sock")
+    good = frame(calls_by_layer={"0": 1})
+    for tag in (b'vllm",x="y', b"V" * 4, b"e" * 17, b"\xff\xfe"):
+        r.feed(with_tag(good, tag))
+    out = collect(r)
+    assert value(out, "kcops_probe_frames_total", outcome="malformed") == 4
+    assert not [s for s in out if s.name == "kcops_attention_calls_total"]
+    assert r.last_error is not None and "engine tag" in r.last_error
+
+
+def test_engines_count_toward_the_cardinality_bound() -> None:
+    r = ProbeReceiver("/nonexistent/probe.sock", max_processes=2)
+    for i in range(6):  # one process name, six engines: six (engine, process) pairs
+        r.feed(frame(pid=100 + i, engine=f"e{i}", calls_by_layer={"0": 1}))
+    out = collect(r)
+    pairs = {
+        (s.label_dict()["engine"], s.label_dict()["process"])
+        for s in (x.key for x in out)
+        if s.name == "kcops_attention_calls_total"
+    }
+    assert pairs == {("e0", "python"), ("e1", "python"), ("other", "other")}
+    assert (
+        value(out, "kcops_attention_calls_total", layer="0", engine="other", process="other") == 4
+    )

@@ -227,6 +227,10 @@ def test_config_validation() -> None:
         kernels.ProbeConfig(integrations=("sglang",))
     with pytest.raises(kernels.ProbeConfigError, match="p_values"):
         kernels.ProbeConfig(p_values=(1.5,))
+    assert kernels.ProbeConfig().engine == wire.UNKNOWN_ENGINE == "unknown"
+    for bad in ("", "vLLM", "x" * 17, 'a",b="c'):
+        with pytest.raises(kernels.ProbeConfigError, match="engine"):
+            kernels.ProbeConfig(engine=bad)
 
 
 def test_config_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -244,6 +248,24 @@ def test_config_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KCOPS_PROBE_ROWS", "x")
     with pytest.raises(kernels.ProbeConfigError):
         kernels.ProbeConfig.from_env()
+    monkeypatch.delenv("KCOPS_PROBE_ROWS")
+    monkeypatch.setenv("KCOPS_PROBE_ENGINE", " sglang ")
+    assert kernels.ProbeConfig.from_env().engine == "sglang"
+    monkeypatch.setenv("KCOPS_PROBE_ENGINE", "SGLang")
+    with pytest.raises(kernels.ProbeConfigError, match="engine"):
+        kernels.ProbeConfig.from_env()
+
+
+def test_frames_carry_the_engine_configured_then_set(listener: Any) -> None:
+    path, sock = listener
+    probe = kernels.install(cfg(socket_path=path, engine="sglang", integrations=()))
+    probe.flush()
+    probe.set_engine("vllm")  # an integration that knows where it runs
+    probe.flush()
+    assert [f.engine for f in drain(sock)] == ["sglang", "vllm"]
+    with pytest.raises(wire.WireError, match="engine"):
+        probe.set_engine("Not An Engine")
+    assert probe.publisher.engine == "vllm"
 
 
 def test_socket_module_unused_without_publish() -> None:
@@ -294,3 +316,15 @@ def test_forked_child_publishes_with_its_own_identity(listener: Any) -> None:
     parent, child = frames
     assert child.seq == 0 and child.instance != parent.instance
     assert child.calls_by_layer == {wire.UNKNOWN_LAYER: 1}
+
+
+def test_the_reference_worker_says_kcops(listener: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kcops.worker.app import install_probe
+
+    path, sock = listener
+    monkeypatch.setenv("KCOPS_PROBE_SOCKET", path)
+    assert install_probe() == "probe installed"
+    probe = kernels.get_probe()
+    assert probe is not None
+    probe.flush()
+    assert [f.engine for f in drain(sock)] == ["kcops"]

@@ -120,6 +120,7 @@ def test_register_is_idempotent_and_never_raises(
     probe = kernels.get_probe()
     assert probe is not None
     assert set(probe.patches) == {"torch_sdpa", "vllm"}
+    assert probe.publisher.engine == vllm_plugin.ENGINE == "vllm"  # the label it sends
     _call(fake_vllm.CPUAttentionBackendImpl(), 5, torch.ones(1, 4))
     assert probe.aggregator.calls == {"5": 1}
     monkeypatch.setenv("KCOPS_PROBE_SAMPLE_RATE", "7")  # bad config: logged, not raised

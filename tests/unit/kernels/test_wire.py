@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import struct
 
@@ -32,7 +33,21 @@ def sample_frame() -> wire.Frame:
         histograms=hist,
         topn_mass=topn,
         dropped_total=4,
+        engine="vllm",
     )
+
+
+def as_v2(data: bytes) -> bytes:
+    """A version 3 datagram as the version 2 datagram of an older probe (no engine tag)."""
+    body = data[11 + data[10] :]
+    return wire.HEADER.pack(wire.MAGIC, wire.VERSION_V2, len(body)) + body
+
+
+def with_tag(data: bytes, tag: bytes, length: int | None = None) -> bytes:
+    """``data`` (version 3) with its engine tag replaced by ``tag`` (and length byte)."""
+    body = data[11 + data[10] :]
+    payload = bytes((len(tag) if length is None else length,)) + tag + body
+    return wire.HEADER.pack(wire.MAGIC, wire.VERSION, len(payload)) + payload
 
 
 def test_round_trip() -> None:
@@ -46,15 +61,89 @@ def test_version_1_json_frames_still_decode() -> None:
     frame = sample_frame()
     data = encode_v1(frame)
     assert struct.unpack(">4sHI", data[:10]) == (b"KCPF", 1, len(data) - 10)
-    assert wire.decode(data) == frame
+    # version 1 predates the engine tag: the receiver's default stands in for it
+    assert wire.decode(data) == dataclasses.replace(frame, engine=wire.UNKNOWN_ENGINE)
+
+
+def test_version_2_frames_still_decode_as_engine_unknown() -> None:
+    frame = sample_frame()
+    data = as_v2(wire.encode(frame))
+    assert struct.unpack(">4sHI", data[:10]) == (b"KCPF", 2, len(data) - 10)
+    assert wire.decode(data) == dataclasses.replace(frame, engine="unknown")
 
 
 def test_header_layout() -> None:
     data = wire.encode(sample_frame())
     magic, version, length = struct.unpack(">4sHI", data[:10])
-    assert (magic, version, length) == (b"KCPF", 2, len(data) - 10)
-    pid, seq, ts = struct.unpack_from(">IQd", data, 10)
+    assert (magic, version, length) == (b"KCPF", 3, len(data) - 10)
+    assert data[10:15] == b"\x04vllm"  # the engine tag: its length u8, then its bytes
+    pid, seq, ts = struct.unpack_from(">IQd", data, 15)  # then a version 2 payload
     assert (pid, seq, ts) == (123, 7, 1700000000.5)
+
+
+@pytest.mark.parametrize("engine", ["vllm", "kcops", "unknown", "sglang", "tgi", "e" * 16, "a-1_b"])
+def test_engine_round_trips(engine: str) -> None:
+    frame = dataclasses.replace(sample_frame(), engine=engine)
+    assert wire.decode(wire.encode(frame)).engine == engine
+
+
+HOSTILE_ENGINES = [
+    "",  # empty
+    "e" * 17,  # too long
+    "VLLM",  # upper case
+    "1vllm",  # not a letter first
+    "vllm\x00",  # NUL
+    "vl lm",
+    'vllm",x="y',  # a label injection
+    "vllm\n",
+    "v\u00e9",  # not ASCII
+    "_vllm",
+]
+
+
+@pytest.mark.parametrize("engine", HOSTILE_ENGINES)
+def test_hostile_engine_tags_are_refused_by_both_sides(engine: str) -> None:
+    good = wire.encode(sample_frame())
+    with pytest.raises(wire.WireError, match="engine"):
+        wire.decode(with_tag(good, engine.encode()))
+    with pytest.raises(wire.WireError, match="engine"):
+        wire.encode(dataclasses.replace(sample_frame(), engine=engine))
+    with pytest.raises(wire.WireError, match="a-z, 0-9"):
+        wire.check_engine(engine)
+
+
+def test_engine_tag_length_must_agree() -> None:
+    good = wire.encode(sample_frame())
+    for length in (0, 3, 5, 200, 255):  # says 0, too few, too many, past the payload
+        with pytest.raises(wire.WireError):
+            wire.decode(with_tag(good, b"vllm", length))
+    with pytest.raises(wire.WireError, match="truncated"):
+        wire.decode(wire.HEADER.pack(wire.MAGIC, wire.VERSION, 0))  # no tag at all
+    with pytest.raises(wire.WireError, match="engine"):
+        wire.check_engine(None)
+
+
+def test_refused_engine_tags_are_not_remembered() -> None:
+    good = wire.encode(sample_frame())
+    wire.decode(good)
+    before = wire._engine_name.cache_info().currsize  # valid tags: a few, kept
+    for i in range(200):  # a flood of distinct bad tags must not grow the decoder's state
+        with pytest.raises(wire.WireError, match="engine tag"):
+            wire.decode(with_tag(good, b"Bad%d" % i))
+    assert wire._engine_name.cache_info().currsize == before
+
+
+@given(st.one_of(st.text(max_size=24), st.text('az09_-A \x00\u00e9"=', max_size=20)))
+def test_any_engine_either_round_trips_or_is_refused(engine: str) -> None:
+    lower, rest = "abcdefghijklmnopqrstuvwxyz", "abcdefghijklmnopqrstuvwxyz0123456789_-"
+    valid = 1 <= len(engine) <= 16 and engine[0] in lower and all(c in rest for c in engine)
+    frame = dataclasses.replace(sample_frame(), engine=engine)
+    try:
+        data = wire.encode(frame)
+    except wire.WireError:
+        assert not valid
+        return
+    assert valid and wire.decode(data) == frame
 
 
 def test_histogram_buckets_are_le() -> None:
@@ -147,7 +236,8 @@ def _v2(frame: wire.Frame) -> bytearray:
 
 
 def _fixed_field(data: bytearray, fmt: str, offset: int, value: object) -> bytes:
-    struct.pack_into(fmt, data, 10 + offset, value)
+    """Set a field of the version 2 payload, at ``offset`` past the engine tag."""
+    struct.pack_into(fmt, data, 11 + data[10] + offset, value)
     return bytes(data)
 
 
@@ -181,7 +271,7 @@ def test_v2_rejects_bad_labels() -> None:
     with pytest.raises(wire.WireError, match="truncated"):
         wire.decode(data[:10] + data[10:] + b"\0")  # length in the header then disagrees
     with pytest.raises(wire.WireError):
-        wire.decode(wire.HEADER.pack(wire.MAGIC, 2, len(data) - 9) + data[10:] + b"\0")
+        wire.decode(wire.HEADER.pack(wire.MAGIC, 3, len(data) - 9) + data[10:] + b"\0")
 
 
 def test_encode_clips_labels_and_refuses_what_decode_would() -> None:
@@ -230,6 +320,7 @@ def test_split_large_frame() -> None:
     assert merged == frame.calls_by_layer
     assert parts[0].errors == frame.errors
     assert all(not p.errors for p in parts[1:])
+    assert {p.engine for p in parts} == {"vllm"}
 
 
 def test_small_frame_is_not_split() -> None:
