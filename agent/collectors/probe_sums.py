@@ -62,6 +62,7 @@ class Shape:
     __slots__ = (
         "instance",
         "keys",
+        "label",
         "lanes",
         "mask",
         "names",
@@ -77,6 +78,7 @@ class Shape:
     def __init__(self, frame: wire.Frame, key_len: int, k: int, mask: int, t: int) -> None:
         layout = wire._layout(k, mask, t)
         self.process = frame.process
+        self.label = frame.process or "unknown"  # the decoder keeps it within MAX_LABEL_CHARS
         self.instance = frame.instance
         self.names: tuple[str, ...] = tuple(frame.calls_by_layer)  # in the frame's order
         self.slots = layout.slots
@@ -151,13 +153,16 @@ class ShapeCache:
         return len(self._shapes)
 
 
-def check_sums(sums: tuple[float, ...]) -> bool:
+def sums_ok(sums: tuple[float, ...]) -> bool:
     """Each histogram sum finite in 0..MAX_SUM, as ``wire.decode`` requires."""
     top = wire.MAX_SUM
-    return all(0.0 <= s <= top for s in sums)  # also false for NaN
+    for s in sums:  # noqa: SIM110 - a loop: all() over a generator costs 2x, per frame
+        if not 0.0 <= s <= top:  # also false for NaN
+            return False
+    return True
 
 
-def check_keys(ns: tuple[int, ...]) -> bool:
+def keys_ok(ns: tuple[int, ...]) -> bool:
     """Top-N keys ascending in 1..MAX_TOPN_N, as ``wire.decode`` requires."""
     prev = 0
     for n in ns:
