@@ -101,8 +101,8 @@ class ProbeReceiver:
         self.frames: dict[str, int] = {"ok": 0, "malformed": 0, "unknown_version": 0, "shed": 0}
         self.last_error: str | None = None
         self._procs: dict[str, _Process] = {}
-        # (pid, instance) -> (last seq, last cumulative dropped_total); bounded LRU.
-        self._instances: OrderedDict[tuple[int, str], tuple[int, int]] = OrderedDict()
+        # (pid, instance) -> its last cumulative dropped_total; bounded LRU.
+        self._instances: OrderedDict[tuple[int, str], int] = OrderedDict()
         self._sock: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._shapes = ShapeCache()
@@ -221,7 +221,7 @@ class ProbeReceiver:
         except struct.error:
             self._add(wire.decode(p))
             return
-        pid, seq, ts, dropped, e0, e1, e2, k, t, mask, np, ni, nl = fixed
+        pid, _seq, ts, dropped, e0, e1, e2, k, t, mask, np, ni, nl = fixed
         end = probe_sums.LABELS_START + np + ni + nl
         key = p[probe_sums.SHAPE_START : end]
         shape = self._shapes.get(key)
@@ -239,7 +239,11 @@ class ProbeReceiver:
         if not (probe_sums.sums_ok(sums) and probe_sums.keys_ok(ns)):
             self._add(wire.decode(p))
             return
-        proc = self._proc_for(shape.label, self._clock())
+        proc = self._procs.get(shape.label)
+        if proc is None:
+            proc = self._proc_for(shape.label, self._clock())
+        else:
+            proc.seen = self._window  # whole seconds are precise enough for idle_s
         acc = proc.pending.get((shape, ns))
         if acc is None:
             if len(proc.pending) >= MAX_PENDING:
@@ -253,7 +257,7 @@ class ProbeReceiver:
             errors["nan"] += e0
             errors["inf"] += e1
             errors["exception"] += e2
-        self._count_dropped(proc, pid, shape.instance, seq, dropped)
+        self._count_dropped(proc, pid, shape.instance, dropped)
 
     def _proc_for(self, name: str, now: float) -> _Process:
         p = self._procs.get(name)
@@ -281,7 +285,7 @@ class ProbeReceiver:
             self._add_hist(p.hist, name, h)
         for n, h in f.topn_mass.items():
             self._add_hist(p.topn, n, h)
-        self._count_dropped(p, f.pid, f.instance, f.seq, f.dropped_total)
+        self._count_dropped(p, f.pid, f.instance, f.dropped_total)
 
     def _add_calls(self, p: _Process, items: Iterable[tuple[str, int]]) -> None:
         calls = p.calls
@@ -305,15 +309,16 @@ class ProbeReceiver:
         else:
             acc.merge(h)
 
-    def _count_dropped(self, p: _Process, pid: int, instance: str, seq: int, total: int) -> None:
+    def _count_dropped(self, p: _Process, pid: int, instance: str, total: int) -> None:
+        instances = self._instances
         key = (pid, instance)
-        last = self._instances.pop(key, None)
-        last_dropped = last[1] if last is not None else 0
-        # dropped_total is cumulative per probe instance; a smaller value is a new count.
-        p.dropped += total - last_dropped if total >= last_dropped else total
-        self._instances[key] = (seq, total)
-        while len(self._instances) > 8 * self.max_processes:
-            self._instances.popitem(last=False)
+        last = instances.pop(key, 0)
+        instances[key] = total
+        if total != last:
+            # dropped_total is cumulative per probe instance; a smaller value is a new count.
+            p.dropped += total - last if total > last else total
+        while len(instances) > 8 * self.max_processes:
+            instances.popitem(last=False)
 
     def _fold(self, p: _Process) -> None:
         """Move the pending version-2 sums of ``p`` into its counters and histograms."""
