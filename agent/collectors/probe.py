@@ -105,7 +105,7 @@ class ProbeReceiver:
         self._instances: OrderedDict[tuple[int, str], int] = OrderedDict()
         self._sock: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._shapes = ShapeCache()
+        self._shapes = ShapeCache(max_shapes=4 * max(8, max_processes))
         self._fast = probe_sums.enabled()
         self._start_error: str | None = None
         self._inode: int | None = None

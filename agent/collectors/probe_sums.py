@@ -50,6 +50,18 @@ def enabled() -> bool:
     return wire.VERSION == 2 and FIXED.format == FIXED_FORMAT
 
 
+@lru_cache(maxsize=256)
+def _structs(k: int, mask: int, t: int) -> tuple[struct.Struct, struct.Struct | None]:
+    """The histogram sums, and the top-N entries' N (only those u32s), of one layout."""
+    layout = wire._layout(k, mask, t)
+    plain = len(layout.plain)
+    fmt, at = ">", 0
+    for _, _, buckets in layout.slots[plain:]:  # each N sits just before its buckets
+        fmt += f"{4 * (buckets.start - 1 - at)}xI"
+        at = buckets.start
+    return struct.Struct(f">{len(layout.slots)}d"), struct.Struct(fmt) if t else None
+
+
 @lru_cache(maxsize=64)
 def _lane_mask(lanes: int) -> int:
     """Ones in the even 32-bit lanes (counting from the least significant) of ``lanes``."""
@@ -88,13 +100,7 @@ class Shape:
         self.u32_at = SHAPE_START + key_len
         self.sums_at = self.u32_at + 4 * self.lanes
         self.size = self.u32_at + layout.numbers.size
-        self.sums = struct.Struct(f">{len(layout.slots)}d")
-        # Each top-N entry's N sits just before its buckets: read only those u32s.
-        fmt, at = ">", 0
-        for _, _, buckets in layout.slots[self.plain :]:
-            fmt += f"{4 * (buckets.start - 1 - at)}xI"
-            at = buckets.start
-        self.keys = struct.Struct(fmt) if t else None
+        self.sums, self.keys = _structs(k, mask, t)  # shared by shapes of one layout
 
 
 class PendingSums:
@@ -130,9 +136,15 @@ class PendingSums:
 
 
 class ShapeCache:
-    """Shapes by their exact bytes, bounded by the bytes of the keys it holds."""
+    """Shapes by their exact bytes, bounded in count and in the bytes of their keys.
 
-    def __init__(self) -> None:
+    A probe sends one shape (a few when it splits frames), so ``max_shapes`` of a few
+    per process is plenty; a burst of many distinct processes must not leave
+    thousands of shapes (a few KB each) behind once they are gone.
+    """
+
+    def __init__(self, max_shapes: int = 256) -> None:
+        self.max_shapes = max_shapes
         self._shapes: dict[bytes, Shape] = {}
         self._key_bytes = 0
 
@@ -142,7 +154,10 @@ class ShapeCache:
     def learn(self, data: bytes, key: bytes, k: int, mask: int, t: int) -> Shape:
         """The shape of ``data``, checked completely by ``wire.decode`` (which raises)."""
         shape = Shape(wire.decode(data), len(key), k, mask, t)
-        if self._key_bytes + len(key) > MAX_CACHED_KEY_BYTES:
+        if (
+            self._key_bytes + len(key) > MAX_CACHED_KEY_BYTES
+            or len(self._shapes) >= self.max_shapes
+        ):
             self._shapes.clear()  # a flood of distinct shapes: start over, stay bounded
             self._key_bytes = 0
         self._shapes[key] = shape

@@ -134,3 +134,11 @@ def test_mutated_frames_get_the_same_verdict_both_ways(f: wire.Frame, data: st.D
         r.feed(good)  # the shape is cached now: the mutated frame must not ride on it
         r.feed(bytes(bad))
     assert_same(fast, slow)
+
+
+def test_a_burst_of_distinct_processes_leaves_a_bounded_shape_cache() -> None:
+    fast, _ = receivers()
+    for i in range(1000):
+        fast.feed(wire.encode(wire.Frame(pid=i, process=f"p{i}", seq=0, calls_by_layer={"0": 1})))
+    assert fast.frames["ok"] == 1000
+    assert len(fast._shapes) <= fast._shapes.max_shapes <= 4 * 32
