@@ -36,6 +36,11 @@ def main() -> None:
     ap.add_argument("--ticks", type=int, default=60, help="ticks to measure over (>= 60)")
     ap.add_argument("--tick", type=float, default=1.0, help="agent tick in seconds")
     ap.add_argument("--warmup", type=int, default=5, help="ticks to skip first")
+    ap.add_argument(
+        "--engine-url",
+        help="configure an engine URL (nothing needs to answer there): the agent then "
+        "loads its HTTP client and polls it every tick",
+    )
     args = ap.parse_args()
     port = free_port()
     with tempfile.TemporaryDirectory() as state:
@@ -49,6 +54,7 @@ def main() -> None:
             state,
             "--tick",
             str(args.tick),
+            *(["--engine-url", args.engine_url] if args.engine_url else []),
         ]
         proc = subprocess.Popen(
             cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True

@@ -11,11 +11,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-import redis.asyncio as aioredis
 from pydantic import Field
 
 from kcops.agent.actions.base import ActionContext, ActionResult, ActionSpec, Check, Params
-from kcops.agent.actions.redis_tier import evict_redis
 from kcops.agent.engine import series
 from kcops.errors import ActionRejected
 
@@ -91,6 +89,11 @@ async def evict_cache(ctx: ActionContext, p: EvictParams) -> ActionResult:
         before["engine"], after["engine"] = eng["before"], eng["after"]
     redis_keys = None
     if p.redis and cfg.redis_url:
+        # redis-py costs ~12 MiB of RSS at import: only an agent that evicts from Redis pays it.
+        import redis.asyncio as aioredis
+
+        from kcops.agent.actions.redis_tier import evict_redis
+
         client = aioredis.from_url(cfg.redis_url)
         try:
             rep = await evict_redis(

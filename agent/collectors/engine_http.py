@@ -16,10 +16,12 @@ import json
 import logging
 import time
 from dataclasses import dataclass
-
-import httpx
+from typing import TYPE_CHECKING
 
 from kcops.agent.collectors.enginepid import EnginePid
+
+if TYPE_CHECKING:
+    import httpx
 
 log = logging.getLogger("kcops.agent.collectors.engine_http")
 
@@ -84,6 +86,8 @@ class EngineClient:
     @property
     def http(self) -> httpx.AsyncClient:
         if self._http is None:
+            import httpx  # ~7 MiB of RSS: imported once an engine is polled
+
             self._http = httpx.AsyncClient(
                 timeout=httpx.Timeout(self.timeout_s),
                 limits=httpx.Limits(max_connections=4, max_keepalive_connections=4),
@@ -149,6 +153,8 @@ class EngineClient:
             )
 
     async def _get(self, path: str, limit: int, t0: float) -> Fetch:
+        import httpx
+
         url = self.base_url + path
         try:
             async with self.http.stream("GET", url, timeout=self.timeout_s) as r:

@@ -17,6 +17,7 @@ collector exports the last result.
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -26,6 +27,9 @@ from kcops.agent.samples import Sample, label_pairs
 from kcops.errors import CollectorUnavailable
 
 log = logging.getLogger("kcops.agent.collectors.nvml")
+
+# The library pynvml loads on Linux (a driver installs it).
+NVML_LIBRARY = "libnvidia-ml.so.1"
 
 # pynvml's error codes (NVML_ERROR_*), kept here so a fake module needs no more
 # than the names the real one has.
@@ -72,6 +76,15 @@ class NvmlUnavailable(CollectorUnavailable):
 
 
 def _load_pynvml() -> Any:
+    """pynvml, once the NVML library loads: without a driver the module (~1.5 MiB of RSS)
+    is not imported at all, and the failure reads as pynvml's own would."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        try:
+            ctypes.CDLL(NVML_LIBRARY)  # what pynvml loads first; dlopen keeps it for pynvml
+        except OSError:
+            raise NvmlUnavailable("no NVIDIA driver: NVML Shared Library Not Found") from None
     import pynvml
 
     return pynvml
@@ -118,6 +131,8 @@ class Nvml:
             if self._module is None:
                 self._module = self._loader()
             self._module.nvmlInit()
+        except NvmlUnavailable as exc:
+            self._fail(exc)
         except ImportError as exc:
             self._fail(NvmlUnavailable(f"pynvml not importable: {exc}"))
         except Exception as exc:

@@ -6,12 +6,14 @@ import functools
 import json
 import sys
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
-import httpx
 
 from kcops.errors import ConfigError, KcopsError, Unreachable
+
+if TYPE_CHECKING:
+    import httpx
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -69,6 +71,8 @@ def agent_request(
     timeout_s: float = 5.0,
 ) -> httpx.Response:
     """One HTTP call to the agent; a connection failure raises :class:`Unreachable`."""
+    import httpx  # not at module level: `kcops agent run` imports this module and never calls
+
     url = agent_url.rstrip("/") + path
     try:
         return httpx.request(method, url, json=json_body, headers=headers, timeout=timeout_s)

@@ -91,21 +91,38 @@ def _burst(agent: RealAgent, processes: int) -> None:
         s.close()
 
 
+def _store_bytes(agent: RealAgent) -> int:
+    """The store's own estimate of what it holds, from the agent's /metrics."""
+    for line in httpx.get(agent.url + "/metrics", timeout=5).text.splitlines():
+        if line.startswith("kcops_store_bytes "):
+            return int(float(line.split()[1]))
+    raise AssertionError("no kcops_store_bytes on /metrics")
+
+
 @pytest.mark.slow
 def test_burst_from_1000_processes_then_rss_returns(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
-    """RSS a minute after a burst is within 10% of before (or within the store budget)."""
+    """RSS a minute after a burst is within 10% of before, or grew within the store budget."""
     agent = start_agent(tmp_path_factory.mktemp("burst"), extra={"store": {"max_bytes": 64 << 20}})
     try:
         time.sleep(10)  # the agent's own warm-up allocations (a condition would be a guess)
-        before = agent.rss_bytes()
+        before, store_before = agent.rss_bytes(), _store_bytes(agent)
         _burst(agent, 1000)
         assert httpx.get(agent.url + "/healthz", timeout=1.0).status_code == 200
         peak = agent.rss_bytes()
         time.sleep(60)
-        after = agent.rss_bytes()
-        print(f"RSS MiB: before {before >> 20}, after the burst {peak >> 20}, later {after >> 20}")
+        after, store_grew = agent.rss_bytes(), _store_bytes(agent) - store_before
+        print(
+            f"RSS MiB: before {before / 2**20:.1f}, after the burst {peak / 2**20:.1f}, "
+            f"a minute later {after / 2**20:.1f}, of which the store's growth "
+            f"{store_grew / 2**20:.1f}: {(after - store_grew) / before - 1:+.1%} without it"
+        )
+        assert store_grew <= 64 << 20  # the store stayed within its budget
+        # The acceptance line: within 10%, or the growth within the store's budget. Set
+        # against the store's own estimate the rest was +17.5% with 1,000 cached probe
+        # shapes (since bounded); the estimate undercounts per-series overhead, so it is
+        # printed, not asserted (docs/benchmarks.md).
         assert after <= before * 1.10 or after - before <= 64 << 20
     finally:
         stop_agent(agent)
