@@ -36,6 +36,12 @@ def _plt() -> Any:
     return plt
 
 
+def _integer_ticks() -> Any:
+    from matplotlib.ticker import MaxNLocator
+
+    return MaxNLocator(integer=True)
+
+
 def heatmap_figure(maps: AttentionMaps, row: int) -> Any:
     """Layers (rows) x key positions (columns) for one sampled query, log10 of the
     head-mean weight."""
@@ -46,6 +52,7 @@ def heatmap_figure(maps: AttentionMaps, row: int) -> Any:
     im = ax.imshow(np.log10(w), aspect="auto", interpolation="nearest", cmap="viridis")
     ax.set_xlabel("key position")
     ax.set_ylabel("layer")
+    ax.yaxis.set_major_locator(_integer_ticks())
     kp = ", ".join(str(int(k)) for k in maps.kp[:, row][:: max(1, len(maps.kp) // 8)])
     ax.set_title(f"query at position {pos}: log10 attention (head mean); K_{maps.p:g} {kp} …")
     fig.colorbar(im, ax=ax)
@@ -62,6 +69,7 @@ def kp_figure(maps: AttentionMaps) -> Any:
     ax.fill_between(layers, maps.kp.min(1), maps.kp.max(1), alpha=0.25, label="range over queries")
     ax.plot(layers, np.median(maps.kp, 1), marker="o", label=f"median K_{maps.p:g}")
     ax.set_xlabel("layer")
+    ax.xaxis.set_major_locator(_integer_ticks())
     ax.set_ylabel(f"K_{maps.p:g} (keys)")
     ax2 = ax.twinx()
     ax2.plot(layers, np.median(kappa, 1), color="k", ls="--", label="median κ = K/t")

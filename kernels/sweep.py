@@ -340,7 +340,8 @@ def sweep_context(
     pre = prefill(model, seqs, eval_tokens)
     layers = len(pre.kv)
     todo = [(p, n) for p, n in jobs if row_key(p, n, context) not in done]
-    plans = [(FULL, None, [None] * layers, True)] + [
+    dense: list[int | None] = [None] * layers
+    plans: list[tuple[str, int | None, list[int | None], bool]] = [(FULL, None, dense, True)] + [
         (p, n, budgets(p, n, layers, context, pre.kp), p != "window") for p, n in todo
     ]
     for key in wanted:

@@ -498,14 +498,16 @@ def _save(out_dir: str | None, name: str, doc: Any) -> None:
 def report_cmd(folder: str, tolerance: float, tensorboard: bool) -> None:
     """One HTML page (tables + PNGs) from the --out folder of kc sweep / measure / kpred /
     verify."""
+    import importlib.util
+
     try:
         import matplotlib  # noqa: F401  (the viz extra)
-
-        if tensorboard:
-            import tensorboard as _tb  # noqa: F401  (the viz extra)
     except ImportError as exc:
         msg = f"kc report needs the viz extra (pip install kcops[viz]): {exc}"
         raise click.ClickException(msg) from None
+    if tensorboard and importlib.util.find_spec("tensorboard") is None:
+        msg = "kc report --tensorboard needs the tensorboard package (pip install kcops[viz])"
+        raise click.ClickException(msg)
     from kcops.kernels.report import render
 
     page = render(Path(folder), tolerance, tensorboard=tensorboard)
