@@ -53,8 +53,8 @@ def heatmap_figure(maps: AttentionMaps, row: int) -> Any:
     ax.set_xlabel("key position")
     ax.set_ylabel("layer")
     ax.yaxis.set_major_locator(_integer_ticks())
-    kp = ", ".join(str(int(k)) for k in maps.kp[:, row][:: max(1, len(maps.kp) // 8)])
-    ax.set_title(f"query at position {pos}: log10 attention (head mean); K_{maps.p:g} {kp} …")
+    kp = int(np.median(maps.kp[:, row]))
+    ax.set_title(f"query t={pos}: log10 weight, mean of heads; median K_{maps.p:g} {kp}")
     fig.colorbar(im, ax=ax)
     return fig
 

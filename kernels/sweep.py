@@ -23,6 +23,7 @@ whole context runs as full attention: nothing would ever be dropped.
 from __future__ import annotations
 
 import math
+import statistics
 import sysconfig
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -41,7 +42,7 @@ POLICIES = ("uniform", "per_layer", "dense_first", "window")
 FULL = "full"
 DENSE_FIRST = frozenset({0, 1})
 GROUPS_PER_PASS = 8  # rows decoded in one batch (kcops.kernels.sweepbatch)
-TIMED_STEPS = 4  # decode steps timed per row, on its own
+TIMED_STEPS = 8  # decode steps timed per row, on its own (their median counts)
 TEXT_SUFFIXES = (".py", ".md", ".txt", ".rst")
 
 
@@ -203,7 +204,7 @@ def decode(
     steps = pre.feed.shape[1] if steps is None else min(steps, pre.feed.shape[1])
     cache = kept_cache(model.config, len(pre.kv))
     cache.layers = [_kept_layer(pre, i, n, heavy) for i, n in enumerate(per_layer)]
-    logits, peak, attended, elapsed = [], 0, 0.0, 0.0
+    logits, peak, attended, times = [], 0, 0.0, []
     kw = _cache_kw(model)
     with torch.inference_mode(), use_policy(DENSE), use_kept(cache):
         for j in range(steps):
@@ -215,7 +216,7 @@ def decode(
                 use_cache=True,
                 **{kw: cache},
             )
-            elapsed += time.perf_counter() - t0
+            times.append(time.perf_counter() - t0)
             logits.append(out.logits[:, -1].float())
             peak = max(peak, cache_nbytes(cache))
             attended += sum(layer.keys.shape[-2] for layer in cache.layers) / len(cache.layers)
@@ -223,8 +224,8 @@ def decode(
                 layer.maybe_evict(n)
     return {
         "logits": torch.stack(logits, dim=1),  # (S, steps, V)
-        "elapsed_s": elapsed,
-        "timed_steps": steps,
+        # the median step: a burst of other work on a shared machine moves one step, not it
+        "step_s": statistics.median(times),
         "kv_bytes": peak // s,
         "keys_attended": attended / steps,
     }
@@ -292,12 +293,8 @@ def score_row(
         accuracy=float((pred == pre.target).float().mean()),
         agreement=float((pred == agree).float().mean()),
         perplexity=float(math.exp(float(nll))),
-        latency_s_per_token=res["elapsed_s"] / res["timed_steps"],
-        tokens_per_s=(
-            pre.feed.shape[0] * res["timed_steps"] / res["elapsed_s"]
-            if res["elapsed_s"] > 0
-            else 0.0
-        ),
+        latency_s_per_token=res["step_s"],
+        tokens_per_s=pre.feed.shape[0] / res["step_s"] if res["step_s"] > 0 else 0.0,
         kv_bytes=int(res["kv_bytes"]),
         keys_attended=float(res["keys_attended"]),
         positions=positions,
@@ -307,9 +304,8 @@ def score_row(
 
 
 def _timed(model: Any, pre: Prefilled, per: list[int | None], heavy: bool) -> dict[str, Any]:
-    """Speed of one row on its own: its first ``TIMED_STEPS`` decode steps."""
-    res = decode(model, pre, per, heavy, steps=TIMED_STEPS)
-    return {"elapsed_s": res["elapsed_s"], "timed_steps": res["timed_steps"]}
+    """Speed of one row on its own: the median of its first ``TIMED_STEPS`` decode steps."""
+    return {"step_s": decode(model, pre, per, heavy, steps=TIMED_STEPS)["step_s"]}
 
 
 def sweep_context(
