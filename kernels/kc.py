@@ -93,7 +93,7 @@ def select_rows(tq: int, rows: str | int) -> list[int]:
     return sorted({round(i * step) for i in range(n)})
 
 
-def _row_index(tq: int, rows: str | int, device: torch.device) -> torch.Tensor:
+def row_index(tq: int, rows: str | int, device: torch.device) -> torch.Tensor:
     """:func:`select_rows` built on ``device`` directly: no host-to-device copy (a sync on
     CUDA)."""
     if rows == "last" or tq <= 1:
@@ -215,7 +215,7 @@ def kc_rows(
         tq = query.shape[2]
         hkv, tk = key.shape[1], key.shape[2]
         device = query.device
-        row_idx = _row_index(tq, rows, device)
+        row_idx = row_index(tq, rows, device)
         weights, visible = row_weights(
             query,
             key,

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from kcops.kernels.kc import _row_index, k_from_sorted, row_weights
+from kcops.kernels.kc import k_from_sorted, row_index, row_weights
 
 MAPS_ATTENTION = "kcops_maps"
 MAPS_FILE = "attention.npz"
@@ -89,7 +89,7 @@ def maps_attention_forward(
     rec = _REC.get()
     if rec is not None:
         layer = int(getattr(module, "layer_idx", 0) or 0)
-        row_idx = _row_index(query.shape[2], rec.rows, query.device)
+        row_idx = row_index(query.shape[2], rec.rows, query.device)
         scaling = kwargs.get("scaling")
         w, _visible = row_weights(
             query,
