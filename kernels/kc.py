@@ -93,7 +93,7 @@ def select_rows(tq: int, rows: str | int) -> list[int]:
     return sorted({round(i * step) for i in range(n)})
 
 
-def _row_index(tq: int, rows: str | int, device: torch.device) -> torch.Tensor:
+def row_index(tq: int, rows: str | int, device: torch.device) -> torch.Tensor:
     """:func:`select_rows` built on ``device`` directly: no host-to-device copy (a sync on
     CUDA)."""
     if rows == "last" or tq <= 1:
@@ -155,6 +155,44 @@ def _row_mask(
     return m, vis.expand(b, len(row_idx))
 
 
+def row_weights(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    *,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None,
+    row_idx: torch.Tensor,
+    is_causal: bool = True,
+    max_batch: int = 4,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention weights of the query rows ``row_idx`` recomputed as eager attention does:
+    ``[B, R, Hq, Tk]`` float32, and the keys visible to each row ``[B, R]``. Shapes as in
+    :func:`kc_rows`; at most ``max_batch`` batch entries."""
+    b = min(query.shape[0], max_batch)
+    hq, tq, d = query.shape[1], query.shape[2], query.shape[3]
+    hkv, tk = key.shape[1], key.shape[2]
+    g = hq // hkv
+    if attention_mask is not None:
+        while attention_mask.dim() < 4:
+            attention_mask = attention_mask.unsqueeze(0)
+    r = len(row_idx)
+    q = query[:b].index_select(2, row_idx)  # [B, Hq, R, d]
+    k = key[:b]
+    scale = scaling if scaling is not None else d**-0.5
+    if g > 1:
+        # Group the query heads by KV head instead of repeating the keys: a
+        # [B, Hq, Tk, d] copy of K is GiBs at long context on the engine's device.
+        qg = q.reshape(b, hkv, g * r, d)
+        scores = torch.matmul(qg, k.transpose(2, 3)).reshape(b, hq, r, tk) * scale
+    else:
+        scores = torch.matmul(q, k.transpose(2, 3)) * scale  # [B, Hq, R, Tk]
+    add, visible = _row_mask(attention_mask, b, row_idx, tq, tk, is_causal, query.device)
+    if add is not None:
+        scores = scores + add.to(scores.dtype) if add.dtype != scores.dtype else scores + add
+    weights = torch.softmax(scores, dim=-1, dtype=torch.float32)
+    return weights.permute(0, 2, 1, 3), visible  # [B, R, Hq, Tk]
+
+
 def kc_rows(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -174,31 +212,21 @@ def kc_rows(
     boolean (True = attend) broadcastable to ``[B, 1|Hq, Tq, Tk]``.
     """
     with torch.no_grad():
-        b = min(query.shape[0], max_batch)
-        hq, tq, d = query.shape[1], query.shape[2], query.shape[3]
+        tq = query.shape[2]
         hkv, tk = key.shape[1], key.shape[2]
-        g = hq // hkv
         device = query.device
-        if attention_mask is not None:
-            while attention_mask.dim() < 4:
-                attention_mask = attention_mask.unsqueeze(0)
-        row_idx = _row_index(tq, rows, device)
-        r = len(row_idx)
-        q = query[:b].index_select(2, row_idx)  # [B, Hq, R, d]
-        k = key[:b]
-        scale = scaling if scaling is not None else d**-0.5
-        if g > 1:
-            # Group the query heads by KV head instead of repeating the keys: a
-            # [B, Hq, Tk, d] copy of K is GiBs at long context on the engine's device.
-            qg = q.reshape(b, hkv, g * r, d)
-            scores = torch.matmul(qg, k.transpose(2, 3)).reshape(b, hq, r, tk) * scale
-        else:
-            scores = torch.matmul(q, k.transpose(2, 3)) * scale  # [B, Hq, R, Tk]
-        add, visible = _row_mask(attention_mask, b, row_idx, tq, tk, is_causal, device)
-        if add is not None:
-            scores = scores + add.to(scores.dtype) if add.dtype != scores.dtype else scores + add
-        weights = torch.softmax(scores, dim=-1, dtype=torch.float32)
-        weights = weights.permute(0, 2, 1, 3)  # [B, R, Hq, Tk]
+        row_idx = row_index(tq, rows, device)
+        weights, visible = row_weights(
+            query,
+            key,
+            attention_mask=attention_mask,
+            scaling=scaling,
+            row_idx=row_idx,
+            is_causal=is_causal,
+            max_batch=max_batch,
+        )
+        b, r, hq = weights.shape[0], weights.shape[1], weights.shape[2]
+        g = hq // hkv
         # A fully masked row is NaN under -inf masks but uniform under finfo.min
         # masks (HF eager): it has no visible key either way.
         valid = ~torch.isnan(weights).any(-1).any(-1) & (visible > 0)

@@ -213,6 +213,16 @@ def use_kept(cache: Any) -> Iterator[None]:
         _KEPT.reset(token)
 
 
+def kept_group(layer: int) -> Any:
+    """Layer ``layer`` of the cache in use when it attends for several groups of rows
+    itself (``kc sweep``'s batched budgets: it has ``attend(query, scaling)``), else None."""
+    cache = _KEPT.get()
+    if cache is None or layer >= len(cache.layers):
+        return None
+    obj = cache.layers[layer]
+    return obj if hasattr(obj, "attend") else None
+
+
 def kept_layer(layer: int) -> KeptLayer | None:
     """The compressed layer ``layer`` of the cache in use, or None (attend as usual)."""
     cache = _KEPT.get()

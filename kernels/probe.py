@@ -1,7 +1,8 @@
 """The probe: what happens around every instrumented attention call.
 
 Always: an NVTX range named for the layer, a call counter, the context length
-and (by default) a NaN/Inf check of the output. On a sampled call: wall time
+and (by default) a NaN/Inf check of the output (checked in groups of calls, see
+kcops.kernels.errcheck; counted by the next flush at the latest). On a sampled call: wall time
 (CUDA events on a GPU, read at flush; ``perf_counter_ns`` on the CPU) and K(C)
 of a few query rows. Exceptions of the kernel are counted and re-raised; an
 exception of the probe's own measuring is counted in ``internal_errors`` and
@@ -280,6 +281,12 @@ class Probe:
             self.errcheck.drain()
         except Exception:
             self.internal_errors += 1
+
+    def resolve_pending(self) -> None:
+        """Bring everything measured so far into the aggregate now: deferred GPU readings,
+        K(C) results and the NaN/Inf checks still pending in a group. A flush does this
+        first; tests that read ``aggregator`` directly call it."""
+        self._resolve_deferred()
 
     def flush(self) -> int:
         """Publish now (tests and ``uninstall``); returns frames sent."""

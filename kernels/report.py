@@ -1,10 +1,13 @@
 """``kc report DIR``: one self-contained HTML page (tables + PNGs) from a results folder.
 
 Reads what the ``kc`` commands wrote there: ``rows.jsonl`` (``kc sweep --out``),
-``kpred.json`` (``kc kpred --out``), ``verify.json`` (``kc verify --out``); any
-may be missing. Plots are drawn with matplotlib (the ``viz`` extra), saved as
-PNGs next to the page and embedded in it as data URIs, so the page can be
-mailed or attached to a capacity review as one file.
+``attention.npz`` (``kc measure --out``: attention heatmaps of sampled queries and
+K_p per layer), ``kpred.json`` (``kc kpred --out``), ``verify.json`` (``kc verify
+--out``); any may be missing. Plots are drawn with matplotlib (the ``viz``
+extra), saved as PNGs next to the page and embedded in it as data URIs, so the
+page can be mailed or attached to a capacity review as one file. With
+``tensorboard=True`` the same pictures (and the sweep's agreement by N) also go
+to TensorBoard event files (kcops.kernels.mapviz).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from kcops.kernels.maps import MAPS_FILE, AttentionMaps
 from kcops.kernels.sweep import FULL, POLICIES, Row, SweepError, recommend
 from kcops.kernels.sweepio import ROWS_FILE, markdown
 
@@ -35,13 +39,42 @@ def _rows(folder: Path) -> list[Row]:
     return list(rows.values())
 
 
+def _img(path: Path) -> str:
+    data = base64.b64encode(path.read_bytes()).decode()
+    return f'<img alt="{html.escape(path.stem)}" src="data:image/png;base64,{data}">'
+
+
 def _png(fig: Any, path: Path) -> str:
     fig.savefig(path, dpi=100, bbox_inches="tight")
     import matplotlib.pyplot as plt
 
     plt.close(fig)
-    data = base64.b64encode(path.read_bytes()).decode()
-    return f'<img alt="{html.escape(path.stem)}" src="data:image/png;base64,{data}">'
+    return _img(path)
+
+
+def maps_section(maps: AttentionMaps, figures: dict[str, Any], folder: Path) -> list[str]:
+    """K_p per layer (table and plot) and the heatmaps, as PNGs next to the page."""
+    from kcops.kernels import mapviz
+
+    visible = maps.positions.astype(float) + 1.0
+    parts = [
+        "<h2>K(C) per layer</h2>",
+        f"<p>{maps.kp.shape[1]} sampled queries at positions "
+        f"{', '.join(str(int(x)) for x in maps.positions)}; K_{maps.p:g} is the union over "
+        "the query heads of a KV group (largest group).</p>",
+        f"<table><tr><th>layer</th><th>median K_{maps.p:g}</th><th>max</th><th>median κ</th></tr>",
+    ]
+    for layer in range(maps.kp.shape[0]):
+        kp = maps.kp[layer]
+        kappa = sorted(kp / visible)[len(kp) // 2]
+        parts.append(
+            f"<tr><td>{layer}</td><td>{sorted(kp)[len(kp) // 2]}</td><td>{kp.max()}</td>"
+            f"<td>{kappa:.3f}</td></tr>"
+        )
+    parts.append("</table>")
+    for tag, fig in figures.items():
+        parts.append(_img(mapviz.save_png(fig, folder / mapviz.png_name(tag))))
+    return parts
 
 
 def sweep_plots(rows: list[Row], folder: Path) -> list[str]:
@@ -130,20 +163,40 @@ def _md_table_html(md: str) -> str:
     )
 
 
-def render(folder: Path, tolerance: float = 1.0) -> Path:
-    """Write ``report.html`` (and the PNGs) into ``folder``; returns the page's path."""
+def render(folder: Path, tolerance: float = 1.0, tensorboard: bool = False) -> Path:
+    """Write ``report.html`` (and the PNGs; with ``tensorboard``, event files under
+    ``tensorboard/``) into ``folder``; returns the page's path."""
     if not folder.is_dir():
         raise SweepError(f"{folder}: not a folder (give the --out folder of kc sweep)")
     rows = _rows(folder)
     kpred = folder / "kpred.json"
     ver = folder / "verify.json"
-    if not rows and not kpred.exists() and not ver.exists():
-        raise SweepError(f"{folder}: no {ROWS_FILE}, kpred.json or verify.json to report on")
+    maps_path = folder / MAPS_FILE
+    if not rows and not kpred.exists() and not ver.exists() and not maps_path.exists():
+        raise SweepError(
+            f"{folder}: no {ROWS_FILE}, {MAPS_FILE}, kpred.json or verify.json to report on"
+        )
     parts = ["<h1>kcops K(C) report</h1>"]
     if rows:
         rec = recommend(rows, tolerance)
         parts += ["<h2>Budget sweep</h2>", _md_table_html(markdown(rows, rec, tolerance))]
         parts += sweep_plots(rows, folder)
+    maps = AttentionMaps.load(maps_path) if maps_path.exists() else None
+    figures: dict[str, Any] = {}
+    if maps is not None:
+        from kcops.kernels import mapviz
+
+        figures = mapviz.maps_figures(maps)
+        parts += maps_section(maps, figures, folder)
+    if tensorboard:
+        from kcops.kernels import mapviz
+
+        mapviz.write_tensorboard(folder, figures, maps, rows)
+    if figures:
+        import matplotlib.pyplot as plt
+
+        for fig in figures.values():
+            plt.close(fig)
     if kpred.exists():
         doc = json.loads(kpred.read_text(encoding="utf-8"))
         parts.append("<h2>K_pred</h2><ul>")

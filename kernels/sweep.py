@@ -23,6 +23,7 @@ whole context runs as full attention: nothing would ever be dropped.
 from __future__ import annotations
 
 import math
+import statistics
 import sysconfig
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -33,12 +34,15 @@ from typing import Any
 import torch
 
 from kcops.errors import KcopsError
-from kcops.kernels.kvkeep import cache_nbytes, capture_scores, kept_cache, use_kept
+from kcops.kernels.kvkeep import KeptLayer, cache_nbytes, capture_scores, kept_cache, use_kept
+from kcops.kernels.sweepbatch import group_keys, group_nbytes, grouped_cache
 from kcops.kernels.topn import DENSE, use_policy
 
 POLICIES = ("uniform", "per_layer", "dense_first", "window")
 FULL = "full"
 DENSE_FIRST = frozenset({0, 1})
+GROUPS_PER_PASS = 8  # rows decoded in one batch (kcops.kernels.sweepbatch)
+TIMED_STEPS = 8  # decode steps timed per row, on its own (their median counts)
 TEXT_SUFFIXES = (".py", ".md", ".txt", ".rst")
 
 
@@ -174,19 +178,33 @@ def prefill(model: Any, seqs: torch.Tensor, eval_tokens: int) -> Prefilled:
     return Prefilled(kv, cap.scores, cap.kp, seqs[:, start:context], seqs[:, start + 1 :], start)
 
 
-def decode(model: Any, pre: Prefilled, per_layer: list[int | None], heavy: bool) -> dict[str, Any]:
-    """Teacher-forced decode steps over a cache cut to ``per_layer``; logits and costs."""
-    s, steps = pre.feed.shape
+def _kept_layer(pre: Prefilled, i: int, n: int | None, heavy: bool) -> KeptLayer:
+    """Layer ``i`` of the prefilled cache, cut to ``n`` keys (None: whole)."""
+    k, v = pre.kv[i]
+    layer = KeptLayer()
+    layer.update(k, v)
+    if n is not None:
+        layer.valid = torch.ones(k.shape[:3], dtype=torch.bool)
+        layer.score = pre.scores[i].float().clone()
+        layer.slack, layer.heavy = 0, heavy
+        layer.compress(n)
+    return layer
+
+
+def decode(
+    model: Any,
+    pre: Prefilled,
+    per_layer: list[int | None],
+    heavy: bool,
+    steps: int | None = None,
+) -> dict[str, Any]:
+    """Teacher-forced decode steps (the first ``steps``, default all) over a cache cut to
+    ``per_layer``, one row on its own; logits and costs."""
+    s = pre.feed.shape[0]
+    steps = pre.feed.shape[1] if steps is None else min(steps, pre.feed.shape[1])
     cache = kept_cache(model.config, len(pre.kv))
-    for i, (layer, (k, v)) in enumerate(zip(cache.layers, pre.kv, strict=True)):
-        layer.update(k, v)
-        n = per_layer[i]
-        if n is not None:
-            layer.valid = torch.ones(k.shape[:3], dtype=torch.bool)
-            layer.score = pre.scores[i].float().clone()
-            layer.slack, layer.heavy = 0, heavy
-            layer.compress(n)
-    logits, peak, attended, elapsed = [], 0, 0.0, 0.0
+    cache.layers = [_kept_layer(pre, i, n, heavy) for i, n in enumerate(per_layer)]
+    logits, peak, attended, times = [], 0, 0.0, []
     kw = _cache_kw(model)
     with torch.inference_mode(), use_policy(DENSE), use_kept(cache):
         for j in range(steps):
@@ -198,18 +216,58 @@ def decode(model: Any, pre: Prefilled, per_layer: list[int | None], heavy: bool)
                 use_cache=True,
                 **{kw: cache},
             )
-            elapsed += time.perf_counter() - t0
+            times.append(time.perf_counter() - t0)
             logits.append(out.logits[:, -1].float())
             peak = max(peak, cache_nbytes(cache))
             attended += sum(layer.keys.shape[-2] for layer in cache.layers) / len(cache.layers)
             for layer, n in zip(cache.layers, per_layer, strict=True):
                 layer.maybe_evict(n)
     return {
-        "logits": torch.stack(logits, dim=1),  # (S, E, V)
-        "elapsed_s": elapsed,
+        "logits": torch.stack(logits, dim=1),  # (S, steps, V)
+        # the median step: a burst of other work on a shared machine moves one step, not it
+        "step_s": statistics.median(times),
         "kv_bytes": peak // s,
         "keys_attended": attended / steps,
     }
+
+
+def decode_groups(
+    model: Any, pre: Prefilled, plans: Sequence[tuple[list[int | None], bool]]
+) -> list[dict[str, Any]]:
+    """:func:`decode` of every ``(per_layer, heavy)`` plan at once, the plans' sequences
+    sharing each forward (kcops.kernels.sweepbatch); no timing."""
+    s, steps = pre.feed.shape
+    g = len(plans)
+    layers = [
+        [_kept_layer(pre, i, per[i], heavy) for per, heavy in plans] for i in range(len(pre.kv))
+    ]
+    cache = grouped_cache(model.config, layers, s)
+    feed = pre.feed.repeat(g, 1)  # group-major: (G*S, E)
+    logits: list[torch.Tensor] = []
+    peak = [0] * g
+    attended = [0.0] * g
+    kw = _cache_kw(model)
+    with torch.inference_mode(), use_policy(DENSE), use_kept(cache):
+        for j in range(steps):
+            pos = torch.full((g * s, 1), pre.start + j)
+            out = model(
+                input_ids=feed[:, j : j + 1], position_ids=pos, use_cache=True, **{kw: cache}
+            )
+            logits.append(out.logits[:, -1].float())
+            for x in range(g):
+                peak[x] = max(peak[x], group_nbytes(cache, x))
+                attended[x] += group_keys(cache, x)
+            for i, layer in enumerate(cache.layers):
+                layer.maybe_evict([per[i] for per, _ in plans])
+    stacked = torch.stack(logits, dim=1)  # (G*S, E, V)
+    return [
+        {
+            "logits": stacked[x * s : (x + 1) * s],
+            "kv_bytes": peak[x] // s,
+            "keys_attended": attended[x] / steps,
+        }
+        for x in range(g)
+    ]
 
 
 def score_row(
@@ -235,14 +293,19 @@ def score_row(
         accuracy=float((pred == pre.target).float().mean()),
         agreement=float((pred == agree).float().mean()),
         perplexity=float(math.exp(float(nll))),
-        latency_s_per_token=res["elapsed_s"] / pre.feed.shape[1],
-        tokens_per_s=positions / res["elapsed_s"] if res["elapsed_s"] > 0 else 0.0,
+        latency_s_per_token=res["step_s"],
+        tokens_per_s=pre.feed.shape[0] / res["step_s"] if res["step_s"] > 0 else 0.0,
         kv_bytes=int(res["kv_bytes"]),
         keys_attended=float(res["keys_attended"]),
         positions=positions,
         budgets=per_layer,
     )
     return row, pred
+
+
+def _timed(model: Any, pre: Prefilled, per: list[int | None], heavy: bool) -> dict[str, Any]:
+    """Speed of one row on its own: the median of its first ``TIMED_STEPS`` decode steps."""
+    return {"step_s": decode(model, pre, per, heavy, steps=TIMED_STEPS)["step_s"]}
 
 
 def sweep_context(
@@ -255,35 +318,48 @@ def sweep_context(
     done: dict[str, Row],
     on_row: Callable[[Row], None],
     tick: Callable[[], None] = lambda: None,
+    groups_per_pass: int = GROUPS_PER_PASS,
 ) -> list[Row]:
-    """All rows of one context (full attention first); rows in ``done`` are reused."""
+    """All rows of one context (full attention first); rows in ``done`` are reused.
+
+    Up to ``groups_per_pass`` rows (full attention in the first pass, always: the
+    others' agreement needs its tokens) decode in one batch (:func:`decode_groups`);
+    then each new row's speed is timed on its own."""
     context = seqs.shape[1] - 1
     jobs = [(p, n) for p in policies for n in ns]
-    wanted = [row_key(FULL, None, context)] + [row_key(p, n, context) for p, n in jobs]
+    full_key = row_key(FULL, None, context)
+    wanted = [full_key] + [row_key(p, n, context) for p, n in jobs]
     if all(k in done for k in wanted):
         for _ in wanted:
             tick()
         return [done[k] for k in wanted]
     pre = prefill(model, seqs, eval_tokens)
     layers = len(pre.kv)
-    res = decode(model, pre, [None] * layers, heavy=True)
-    full, full_pred = score_row(FULL, None, context, res, pre, None, [None] * layers)
-    rows = [full]
-    if full.key not in done:
-        on_row(full)
-    tick()
-    for policy, n in jobs:
-        key = row_key(policy, n, context)
+    todo = [(p, n) for p, n in jobs if row_key(p, n, context) not in done]
+    dense: list[int | None] = [None] * layers
+    plans: list[tuple[str, int | None, list[int | None], bool]] = [(FULL, None, dense, True)] + [
+        (p, n, budgets(p, n, layers, context, pre.kp), p != "window") for p, n in todo
+    ]
+    for key in wanted:
         if key in done:
-            rows.append(done[key])
-        else:
-            per = budgets(policy, n, layers, context, pre.kp)
-            res = decode(model, pre, per, heavy=policy != "window")
-            row, _ = score_row(policy, n, context, res, pre, full_pred, per)
+            tick()
+    measured: dict[str, Row] = {}
+    full_pred: torch.Tensor | None = None
+    for start in range(0, len(plans), groups_per_pass):
+        chunk = plans[start : start + groups_per_pass]
+        results = decode_groups(model, pre, [(per, heavy) for _, _, per, heavy in chunk])
+        for (policy, n, per, heavy), res in zip(chunk, results, strict=True):
+            if policy == FULL and full_key in done:  # recomputed only for its tokens
+                full_pred = res["logits"].argmax(-1)
+                continue
+            res.update(_timed(model, pre, per, heavy))
+            row, pred = score_row(policy, n, context, res, pre, full_pred, per)
+            if policy == FULL:
+                full_pred = pred
+            measured[row.key] = row
             on_row(row)
-            rows.append(row)
-        tick()
-    return rows
+            tick()
+    return [measured.get(k) or done[k] for k in wanted]
 
 
 def recommend(rows: Sequence[Row], tolerance_points: float) -> list[dict[str, Any]]:

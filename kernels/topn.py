@@ -157,14 +157,17 @@ def topn_attention_forward(
     """transformers attention-interface function: top-N under the current policy, else SDPA."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    from kcops.kernels.kvkeep import kept_attention, kept_layer, record_scores
+    from kcops.kernels.kvkeep import kept_attention, kept_group, kept_layer, record_scores
 
     policy = _POLICY.get()
     layer = int(getattr(module, "layer_idx", 0) or 0)
     n = policy.n_for_layer(layer)
     k_len = key.shape[-2]
     kept = kept_layer(layer)
-    if kept is not None:  # a layer whose KV cache holds only its budget
+    grouped = kept_group(layer)
+    if grouped is not None:  # several budgets in one batch, each group its own keys
+        out = grouped.attend(query, scaling)
+    elif kept is not None:  # a layer whose KV cache holds only its budget
         out = kept_attention(kept, query, key, value, scaling)
     elif n is None or n + policy.sink_tokens + policy.recent_tokens >= k_len:
         out, _ = sdpa_attention_forward(

@@ -186,10 +186,30 @@ def kc_group() -> None:
     show_default=True,
     help="Truncate the text to this many tokens (and to the model's context).",
 )
+@click.option(
+    "--out",
+    "out_dir",
+    default=None,
+    help="Folder for measure.json and attention.npz (heatmaps and K_p per layer for kc report).",
+)
+@click.option(
+    "--map-rows",
+    type=click.IntRange(1, 64),
+    default=8,
+    show_default=True,
+    help="Sampled queries whose attention maps --out keeps.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON document (docs/probe.md).")
 @handle_errors
 def measure_cmd(
-    model_name: str, text_file: str, p_raw: str, rows_raw: str, max_tokens: int, as_json: bool
+    model_name: str,
+    text_file: str,
+    p_raw: str,
+    rows_raw: str,
+    max_tokens: int,
+    out_dir: str | None,
+    map_rows: int,
+    as_json: bool,
 ) -> None:
     """Per layer K_p (median/p90 over query rows, union and per head), kappa and top-N mass."""
     p_values = parse_p(p_raw)
@@ -203,6 +223,11 @@ def measure_cmd(
     if ids.shape[-1] < 1:
         raise click.BadParameter(f"{text_file!r}: no tokens", param_hint="--text")
     doc = measure(model, ids, p_values=p_values, rows=rows, model_name=model_name)
+    if out_dir is not None:
+        from kcops.kernels import maps
+
+        _save(out_dir, "measure.json", doc)
+        maps.capture(model, ids, rows=map_rows, p=p_values[0]).save(Path(out_dir))
     if as_json:
         json.dump(doc, sys.stdout)
         sys.stdout.write("\n")
@@ -464,15 +489,28 @@ def _save(out_dir: str | None, name: str, doc: Any) -> None:
 @kc_group.command("report")
 @click.argument("folder")
 @click.option("--tolerance", type=click.FloatRange(0.0, 100.0), default=1.0, show_default=True)
+@click.option(
+    "--tensorboard",
+    is_flag=True,
+    help="Also write the pictures as TensorBoard event files under FOLDER/tensorboard.",
+)
 @handle_errors
-def report_cmd(folder: str, tolerance: float) -> None:
-    """One HTML page (tables + PNGs) from the --out folder of kc sweep / kpred / verify."""
+def report_cmd(folder: str, tolerance: float, tensorboard: bool) -> None:
+    """One HTML page (tables + PNGs) from the --out folder of kc sweep / measure / kpred /
+    verify."""
+    import importlib.util
+
     try:
         import matplotlib  # noqa: F401  (the viz extra)
     except ImportError as exc:
         msg = f"kc report needs the viz extra (pip install kcops[viz]): {exc}"
         raise click.ClickException(msg) from None
+    if tensorboard and importlib.util.find_spec("tensorboard") is None:
+        msg = "kc report --tensorboard needs the tensorboard package (pip install kcops[viz])"
+        raise click.ClickException(msg)
     from kcops.kernels.report import render
 
-    page = render(Path(folder), tolerance)
+    page = render(Path(folder), tolerance, tensorboard=tensorboard)
     click.echo(str(page))
+    if tensorboard:
+        click.echo(str(Path(folder) / "tensorboard"))

@@ -43,7 +43,9 @@ def test_probe_counts_worker_attention_and_nan_drill(
     state, probe = probed
     assert generate(state)[-1].kind == "done"
     agg = probe.aggregator
+    probe.resolve_pending()
     assert set(agg.calls) >= {"0", "1"} and agg.errors["nan"] == 0
     state.faults.apply({"nan": True})
     generate(state)
+    probe.resolve_pending()
     assert agg.errors["nan"] > 0

@@ -104,3 +104,24 @@ def test_sweep_bad_usage_exits_2_before_loading_a_model() -> None:
 def test_quantile() -> None:
     assert kc_cli._q([1, 2, 3, 4, 5, 6, 7, 8, 9, 10], 0.9) == 9
     assert kc_cli._q([5], 0.9) == 5
+
+
+def test_measure_out_then_report(fake_load: None, text_file: Path, tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "kc"
+    res = CliRunner().invoke(
+        cli,
+        ["kc", "measure", "--model", "tiny", "--text", str(text_file), "--max-tokens", "40",
+         "--out", str(out), "--map-rows", "3"],
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    doc = json.loads((out / "measure.json").read_text())
+    assert doc["tokens"] == 40
+    res = CliRunner().invoke(cli, ["kc", "report", str(out)])
+    assert res.exit_code == 0, res.output
+    assert sorted(p.name for p in out.glob("attention_query_*.png")) == [
+        "attention_query_0.png",
+        "attention_query_20.png",
+        "attention_query_39.png",
+    ]
+    assert not (out / "tensorboard").exists()  # only with --tensorboard

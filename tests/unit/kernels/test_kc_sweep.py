@@ -114,3 +114,27 @@ def test_cli_json_rows_and_resume(tmp_path: Path) -> None:
     assert (out / "sweep_1024.png").stat().st_size > 1000
     empty = CliRunner().invoke(kc_group, ["report", str(tmp_path)])
     assert empty.exit_code == 2 and "no rows.jsonl" in empty.output
+
+
+def test_batched_groups_equal_each_row_decoded_alone(tiny: Any) -> None:
+    from kcops.kernels.sweep import budgets, decode, decode_groups, prefill
+
+    model, _, seqs = tiny
+    pre = prefill(model, seqs, EVAL)
+    layers = len(pre.kv)
+    plans = [
+        ([None] * layers, True),
+        (budgets("uniform", 8, layers, CONTEXT, pre.kp), True),
+        (budgets("dense_first", 32, layers, CONTEXT, pre.kp), True),
+        (budgets("window", 16, layers, CONTEXT, pre.kp), False),
+    ]
+    together = decode_groups(model, pre, plans)
+    for (per, heavy), got in zip(plans, together, strict=True):
+        alone = decode(model, pre, per, heavy)
+        torch.testing.assert_close(got["logits"], alone["logits"], rtol=1e-4, atol=1e-4)
+        assert torch.equal(got["logits"].argmax(-1), alone["logits"].argmax(-1))
+        assert (got["kv_bytes"], got["keys_attended"]) == (
+            alone["kv_bytes"],
+            alone["keys_attended"],
+        )
+    assert together[1]["kv_bytes"] < together[0]["kv_bytes"] / 10

@@ -91,6 +91,7 @@ def test_nan_and_exception_counted(fake_vllm: types.ModuleType) -> None:
     _call(BadImpl(), 3, torch.ones(2, 2))
     with pytest.raises(RuntimeError, match="boom"):
         _call(BadImpl(), 3, -torch.ones(2, 2))
+    probe.resolve_pending()
     assert probe.aggregator.errors == {"nan": 1, "inf": 0, "exception": 1}
 
 
