@@ -106,6 +106,7 @@ def test_quantile() -> None:
     assert kc_cli._q([5], 0.9) == 5
 
 
+@pytest.mark.slow
 def test_measure_out_then_report(fake_load: None, text_file: Path, tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     out = tmp_path / "kc"
