@@ -83,6 +83,7 @@ def run_demo(env: DemoEnv, chosen: list[drills_mod.Drill], load_seconds: float) 
     load = _start_load(env)
     click.echo(f"- real load with Locust for {load_seconds:.0f}s (2 users, CPython docs prompts)")
     time.sleep(load_seconds)
+    env.limit_device()
     click.echo("- what the agent sees (asked through its query API):")
     for line in summary(env.agent):
         click.echo("    " + line)

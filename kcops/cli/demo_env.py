@@ -192,7 +192,9 @@ class DemoEnv:
             click.echo(f"- no memory cgroup for the worker ({exc}): memory drills not run")
 
     def limit_device(self) -> None:
-        """Size the worker's "device": its cgroup limit, from its memory once loaded."""
+        """Size the worker's "device": its cgroup limit, from its memory once warm.
+
+        Called after some load: the model's pages are touched by the first requests."""
         if self.cgroup is None or self.first_pid is None:
             return
         rss = psutil.Process(int(self.first_pid)).memory_info().rss
@@ -243,7 +245,6 @@ class DemoEnv:
             lambda: httpx.get(self.worker + "/health", timeout=1).is_success,
         )
         self.first_pid = self.worker_state()["pid"]
-        self.limit_device()
         click.echo(
             f"- agent {self.agent}, worker {self.worker}; "
             f"watch with `kcops top --agent {self.agent}`"
@@ -253,6 +254,9 @@ class DemoEnv:
 
     def worker_state(self) -> dict[str, Any]:
         return dict(httpx.get(self.worker + "/admin/state", timeout=2).json())
+
+    def fault_state(self) -> dict[str, Any]:
+        return dict(self.worker_state()["faults"])
 
     def route_mode(self) -> str:
         """The worker's route mode, or ``?`` while it does not answer (being restarted)."""
@@ -324,7 +328,7 @@ class DemoEnv:
         return out
 
     def set_load_mode(self, mode: str) -> None:
-        """The Locust users read this file: ``mixed``, ``unique`` (no reuse) or ``long``."""
+        """The Locust users read this file: ``mixed``, ``unique`` (no reuse), ``long``, ``short``."""
         self.load_mode_file.write_text(mode)
 
 

@@ -20,7 +20,7 @@ MEMORY_HIGH_TARGET = 0.94  # of the device: over the alert's 0.9, under the kern
 RAMP_TOP = 0.85  # the forecast drill's ramp stops short of KcopsDeviceMemoryHigh's 0.9
 RAMP_SECONDS = 240  # reaching RAMP_TOP in 4 min: the 10m trend then says "full in 15m"
 SEGMENT_DELAY_S = 0.08  # added to each Redis request: over the 50 ms p99 threshold
-TOKEN_DELAY_MS = 300  # added to each decode step: over the 250 ms p99 threshold
+TOKEN_DELAY_MS = 6000  # added to each decode step: over the demo's 5 s p99 threshold
 START_DELAY_S = DEMO_STARTUP_TIMEOUT_S + 30
 
 
@@ -35,15 +35,21 @@ def needs_redis(env: DemoEnv) -> str | None:
 
 
 def device_memory(env: DemoEnv) -> tuple[float, float]:
-    """(used, total) bytes of the worker's device as the agent sees them, checked."""
-    used = env.query('max(kcops_device_memory_used_bytes{device="cpu"})')
-    total = env.query('max(kcops_device_memory_total_bytes{device="cpu"})')
+    """(used, total) bytes of the worker's device as the agent sees them.
+
+    Waits (the agent re-reads a limit every 10 s) until its total is the cgroup's limit.
+    """
     limit = env.cgroup.limit_bytes() if env.cgroup is not None else None
-    if used is None or total is None:
-        raise DemoFailed("the agent reports no device memory for the worker")
-    if limit is not None and int(total) != limit:
-        raise DemoFailed(f"the agent's device total {total:.0f} is not the cgroup limit {limit}")
-    return used, total
+
+    def seen() -> tuple[float, float] | None:
+        used = env.query('max(kcops_device_memory_used_bytes{device="cpu"})')
+        total = env.query('max(kcops_device_memory_total_bytes{device="cpu"})')
+        if used is None or total is None or (limit is not None and int(total) != limit):
+            return None
+        return used, total
+
+    got: tuple[float, float] = wait("the agent seeing the worker's memory limit", 60, seen)
+    return got
 
 
 def fill_device(env: DemoEnv) -> None:
@@ -93,7 +99,13 @@ def out_of_memory(env: DemoEnv) -> None:
 
 
 def wait_new_worker(env: DemoEnv) -> None:
+    """After a restart, the new worker answering (at once when the old one still serves)."""
     first = env.first_pid
+    try:
+        if env.worker_state()["pid"] == first and env.fault_state().get("hang") is False:
+            return  # nothing was restarted (the cause did not take)
+    except httpx.HTTPError:
+        pass
     new = wait(
         "a new worker process answering",
         600,
@@ -116,6 +128,11 @@ def slow_start(env: DemoEnv) -> None:
 def end_slow_start(env: DemoEnv) -> None:
     env.start_delay_file.write_text("")  # the next start is normal again
     wait_new_worker(env)
+
+
+def end_token_delay(env: DemoEnv) -> None:
+    env.fault({"token_delay_ms": 0})
+    env.set_load_mode("mixed")
 
 
 def slow_redis(env: DemoEnv) -> None:

@@ -40,6 +40,8 @@ class Drill:
     needs: str | None = None  # a feature missing for a real cause: the drill is not run
     # What this machine must offer (a writable memory cgroup, Redis): None, or why not.
     precheck: Callable[[DemoEnv], str | None] | None = None
+    # Set up before the alert must be seen inactive (e.g. a load that keeps it quiet).
+    prepare: Step | None = None
 
 
 @dataclass
@@ -54,7 +56,16 @@ class DrillResult:
 
 # Rule params the demo's agent runs with: the table's alerts as shipped, with
 # windows short enough that an alert resolves within minutes of its cause going.
-DEMO_PARAMS = {"attention_errors_window": "1m", "rate_window": "1m", "baseline_window": "10m"}
+# The inter-token threshold is scaled to this kind of machine: a shared 2-core
+# CPU decodes SmolLM2 at about a token a second under the demo's load, where the
+# shipped 250 ms is meant for GPUs; the drill's delay is above the demo's 5 s.
+DEMO_PARAMS = {
+    "attention_errors_window": "1m",
+    "rate_window": "1m",
+    "baseline_window": "10m",
+    "p99_inter_token_seconds": 5,
+}
+QUIET_WITHIN_S = 240  # an alert's 1m rate window plus a keep_firing_for of 2m, and margin
 
 DRILLS: tuple[Drill, ...] = (
     Drill(
@@ -93,10 +104,13 @@ DRILLS: tuple[Drill, ...] = (
         fire_within_s=120, estimate_s=90, default=True,
     ),
     Drill(
-        "KcopsInterTokenLatencyHigh", "every decode step delayed 300 ms in the worker's model loop",
-        lambda e: e.fault({"token_delay_ms": c.TOKEN_DELAY_MS}),
-        lambda e: e.fault({"token_delay_ms": 0}),
-        fire_within_s=300, estimate_s=150,
+        "KcopsInterTokenLatencyHigh", "every decode step delayed 6 s in the worker's model loop",
+        lambda e: e.fault({"token_delay_ms": c.TOKEN_DELAY_MS}), c.end_token_delay,
+        fire_within_s=300, estimate_s=300,
+        # Short prompts only: a long prompt's prefill stalls the other streams'
+        # decoding for seconds here (no chunked prefill), which is inter-token
+        # latency too, but not this drill's cause.
+        prepare=lambda e: e.set_load_mode("short"),
     ),
     Drill(
         "KcopsDeviceMemoryHigh", "the worker holds memory up to 94% of its cgroup limit",
@@ -165,8 +179,17 @@ def run_drill(env: DemoEnv, drill: Drill) -> DrillResult:
         click.echo(f"- drill {drill.alert}: {res.note}")
         return res
     click.echo(f"- drill {drill.alert}: {drill.cause}")
-    t0 = time.time()
     try:
+        if drill.prepare is not None:
+            drill.prepare(env)
+        # A drill shows its cause firing the alert: an alert already active (a
+        # baseline over its threshold here, or an earlier drill) would prove nothing.
+        quiet = f"{drill.alert} inactive before its cause"
+        try:
+            wait(quiet, QUIET_WITHIN_S, lambda: env.alert_state(drill.alert) == "inactive")
+        except DemoFailed:
+            raise DemoFailed(f"not drilled: {drill.alert} was active before its cause") from None
+        t0 = time.time()
         drill.start(env)
         wait(f"{drill.alert} firing", drill.fire_within_s, lambda: env.firing(drill.alert))
         res.fired, res.time_to_fire_s = True, time.time() - t0
@@ -176,6 +199,7 @@ def run_drill(env: DemoEnv, drill: Drill) -> DrillResult:
         click.echo(f"  action: {res.action}; route mode now: {env.route_mode()}")
     except DemoFailed as exc:
         res.note = str(exc)
+        click.echo(f"  {exc}")
     finally:
         drill.stop(env)
     return res
