@@ -328,7 +328,7 @@ class DemoEnv:
         return out
 
     def set_load_mode(self, mode: str) -> None:
-        """The Locust users read this file: ``mixed``, ``unique`` (no reuse), ``long``, ``short``."""
+        """The Locust users read this file: mixed, unique (no reuse), long or short."""
         self.load_mode_file.write_text(mode)
 
 
