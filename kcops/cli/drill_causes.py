@@ -115,8 +115,15 @@ def wait_new_worker(env: DemoEnv) -> None:
     env.first_pid = new
 
 
+def engine_ready(env: DemoEnv) -> None:
+    """Wait until the agent itself sees the engine ready (it refuses to act on a starting one)."""
+    ready = 'max(kcops_engine_state{state="ready"})'
+    wait("the agent seeing the worker ready", 300, lambda: env.query(ready) == 1.0)
+
+
 def slow_start(env: DemoEnv) -> None:
     """Restart the worker (as on-call would) with its model load held back."""
+    engine_ready(env)
     env.start_delay_file.write_text(f"{START_DELAY_S:g}\n")
     rec = env.run_action("restart_worker")
     click.echo(
