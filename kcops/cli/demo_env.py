@@ -30,10 +30,11 @@ import yaml
 from kcops.cli import demo_cgroup
 from kcops.cli.demo_proxy import DelayProxy
 
-# The demo's worker keeps a small in-memory KV cache, so blocks really spill to
-# the Redis tier and come back from it (the segment-transfer drill needs reloads),
-# and its memory stays steady under load (the memory drills need a known baseline).
-CACHE_BUDGET_BYTES = 128 * 1024**2
+# The demo's worker keeps a small in-memory KV cache (about 530 tokens of SmolLM2),
+# smaller than a long prompt's KV: blocks really spill to the Redis tier and come
+# back from it (the segment-transfer drill needs reloads), and the worker's memory
+# stays steady under load (the memory drills need a known baseline).
+CACHE_BUDGET_BYTES = 24 * 1024**2
 REDIS_MAXMEMORY = "512mb"  # a cache tier with a bound, as deployed: LRU past it
 # The device the memory drills fill: the worker's cgroup limit, set once the model
 # is loaded to its resident memory plus this much room.
@@ -328,7 +329,7 @@ class DemoEnv:
         return out
 
     def set_load_mode(self, mode: str) -> None:
-        """The Locust users read this file: mixed, unique (no reuse), long or short."""
+        """The Locust users read this file: mixed, unique (no reuse), long, short or hot."""
         self.load_mode_file.write_text(mode)
 
 

@@ -151,3 +151,4 @@ def fast_redis(env: DemoEnv) -> None:
     assert env.redis_proxy is not None
     click.echo(f"  Redis requests delayed: {env.redis_proxy.bursts_delayed}")
     env.redis_proxy.delay_s = 0.0
+    env.set_load_mode("mixed")
