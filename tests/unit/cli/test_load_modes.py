@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("locust")
 
-from kcops.cli.load import locustfile as lf  # noqa: E402
+from kcops.cli.load import locustfile as lf
 
 
 def test_modes_shape_the_prompts() -> None:
