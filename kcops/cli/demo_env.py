@@ -218,7 +218,12 @@ class DemoEnv:
         config = self.work / "agent.yaml"
         cfg = {
             "rules": {"params": self.rule_params},
-            "actions": {"notify": {"url": self.start_webhook()}},
+            "actions": {
+                "notify": {"url": self.start_webhook()},
+                # Thirteen drills in an hour are thirteen incidents: more than the
+                # shipped hourly budgets (20 runs, 6 of one action) allow by design.
+                "guards": {"budget_per_hour": 60, "action_budget_per_hour": 20},
+            },
             "engine": {"startup_timeout_s": DEMO_STARTUP_TIMEOUT_S},
         }
         config.write_text(yaml.safe_dump(cfg))
