@@ -178,6 +178,7 @@ class Engine:
                 if not self.faults.unhung.wait(0.2):
                     continue  # hung by a fault drill: no progress until cleared
                 try:
+                    self.faults.tick(self.clock())  # a memory ramp drill grows here
                     self._iteration()
                 except Exception:  # a bug must not kill the loop silently
                     log.exception("model loop iteration failed")
@@ -404,6 +405,8 @@ class Engine:
         return cache, lengths
 
     def _decode_step(self, cohort: Cohort) -> None:
+        if self.faults.token_delay_ms > 0:  # a drill: every decoded token comes later
+            time.sleep(self.faults.token_delay_ms / 1000.0)
         reqs = cohort.reqs
         self.max_batch_seen = max(self.max_batch_seen, len(reqs))
         last = torch.tensor([[r.generated[-1]] for r in reqs])

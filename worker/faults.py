@@ -1,30 +1,104 @@
-"""Fault injection for drills (``--enable-faults`` only): NaN, latency, held memory, hang.
+"""Fault injection for drills (``--enable-faults`` only).
 
-Each fault reproduces an alert honestly: NaN goes into the attention output (the
-probe counts it), latency delays every request, held memory is really allocated
-and touched (it shows in the process RSS), and a hang stops the request loop and
-``/health`` until cleared (or the process is restarted).
+Each fault reproduces an alert honestly, through the mechanism that causes it
+in production, never by writing a metric:
+
+- ``nan``: NaN goes into the attention output (the probe counts it);
+- ``latency_ms``: every request waits before its prefill (time to first token);
+- ``token_delay_ms``: every decode step waits, so each decoded token comes
+  that much later (inter-token latency);
+- ``hold_memory_bytes``: memory really allocated and touched (process RSS);
+  past a memory limit the kernel's OOM killer ends the process;
+- ``memory_ramp_bytes_per_s`` (with ``memory_ramp_to_bytes``): held memory
+  that grows steadily, as a leak does, up to a cap;
+- ``hang``: the request loop and ``/health`` stop until cleared (or restarted).
+
+A start delay (``kcops serve --start-delay-file``) is read at start, not here:
+see :func:`start_delay_s`.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 MAX_HOLD_BYTES = 64 * 1024**3
 MAX_LATENCY_MS = 600_000
+MAX_START_DELAY_S = 3600.0
+RAMP_STEP_BYTES = 4 * 1024**2  # the ramp allocates in steps of at least this much
+
+KNOWN = (
+    "nan", "latency_ms", "token_delay_ms", "hold_memory_bytes",
+    "memory_ramp_bytes_per_s", "memory_ramp_to_bytes", "hang", "clear",
+)  # fmt: skip
 
 
 class BadFault(ValueError):
     """An invalid fault request; the message says what is allowed."""
 
 
+def _ms(body: dict[str, Any], key: str) -> float | None:
+    if key not in body:
+        return None
+    ms = body[key]
+    if isinstance(ms, bool) or not isinstance(ms, int | float) or not 0 <= ms <= MAX_LATENCY_MS:
+        # NaN fails both comparisons
+        raise BadFault(f"{key} must be a number in [0, {MAX_LATENCY_MS}], got {ms!r}")
+    return float(ms)
+
+
+def _bytes(body: dict[str, Any], key: str) -> int | None:
+    if key not in body:
+        return None
+    n = body[key]
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_HOLD_BYTES:
+        raise BadFault(f"{key} must be an integer in [0, {MAX_HOLD_BYTES}], got {n!r}")
+    return n
+
+
+def _touched(n: int) -> bytearray:
+    # Multiplying a one-byte array writes every byte: the pages become resident.
+    return bytearray(b"\x01") * n
+
+
+@dataclass
+class Ramp:
+    """Held memory growing at ``bytes_per_s`` from ``started_s`` up to ``to_bytes``."""
+
+    bytes_per_s: int
+    to_bytes: int
+    started_s: float | None = None  # set by the first tick: time comes from the engine's clock
+    held: list[bytearray] = field(default_factory=list)
+
+    @property
+    def held_bytes(self) -> int:
+        return sum(len(b) for b in self.held)
+
+    def due_bytes(self, now: float) -> int:
+        if self.started_s is None:
+            self.started_s = now
+        return min(self.to_bytes, int(self.bytes_per_s * max(0.0, now - self.started_s)))
+
+    def tick(self, now: float) -> int:
+        """Allocate what is due by ``now`` (in steps, not byte by byte); bytes added."""
+        missing = self.due_bytes(now) - self.held_bytes
+        full = self.held_bytes + missing >= self.to_bytes
+        if missing <= 0 or (missing < RAMP_STEP_BYTES and not full):
+            return 0
+        self.held.append(_touched(missing))
+        return missing
+
+
 @dataclass
 class Faults:
     nan: bool = False
     latency_ms: float = 0.0
+    token_delay_ms: float = 0.0
     hang: bool = False
+    ramp: Ramp | None = None
     _held: list[bytearray] = field(default_factory=list)
     unhung: threading.Event = field(default_factory=threading.Event)
 
@@ -33,13 +107,18 @@ class Faults:
 
     @property
     def held_bytes(self) -> int:
-        return sum(len(b) for b in self._held)
+        ramped = self.ramp.held_bytes if self.ramp is not None else 0
+        return sum(len(b) for b in self._held) + ramped
 
     def state(self) -> dict[str, Any]:
         return {
             "nan": self.nan,
             "latency_ms": self.latency_ms,
+            "token_delay_ms": self.token_delay_ms,
             "hold_memory_bytes": self.held_bytes,
+            "memory_ramp": None
+            if self.ramp is None
+            else {"bytes_per_s": self.ramp.bytes_per_s, "to_bytes": self.ramp.to_bytes},
             "hang": self.hang,
         }
 
@@ -47,36 +126,30 @@ class Faults:
         """Apply one fault request; returns ``{"before": ..., "after": ...}``."""
         if not isinstance(body, dict) or not body:
             raise BadFault(
-                'expected an object: {"nan": true}, {"latency_ms": N}, '
-                '{"hold_memory_bytes": N}, {"hang": true} or {"clear": true}'
+                'expected an object: {"nan": true}, {"latency_ms": N}, {"token_delay_ms": N}, '
+                '{"hold_memory_bytes": N}, {"memory_ramp_bytes_per_s": N, '
+                '"memory_ramp_to_bytes": M}, {"hang": true} or {"clear": true}'
             )
-        known = {"nan", "latency_ms", "hold_memory_bytes", "hang", "clear"}
-        unknown = set(body) - known
+        unknown = set(body) - set(KNOWN)
         if unknown:
-            raise BadFault(f"unknown fault(s) {sorted(unknown)}: use {sorted(known)}")
-        ms = body.get("latency_ms", 0)
-        if "latency_ms" in body and (
-            isinstance(ms, bool)
-            or not isinstance(ms, int | float)
-            or not 0 <= ms <= MAX_LATENCY_MS  # NaN fails both comparisons
-        ):
-            raise BadFault(f"latency_ms must be a number in [0, {MAX_LATENCY_MS}], got {ms!r}")
-        n = body.get("hold_memory_bytes", 0)
-        if "hold_memory_bytes" in body and (
-            isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_HOLD_BYTES
-        ):
-            raise BadFault(f"hold_memory_bytes must be an integer in [0, {MAX_HOLD_BYTES}]")
+            raise BadFault(f"unknown fault(s) {sorted(unknown)}: use {sorted(KNOWN)}")
+        latency, token_delay = _ms(body, "latency_ms"), _ms(body, "token_delay_ms")
+        hold = _bytes(body, "hold_memory_bytes")
+        ramp = self._ramp(body)
         # Everything is valid: only now change state, so a refused request changes nothing.
         before = self.state()
         if body.get("clear"):
             self.clear()
         if "nan" in body:
             self.nan = bool(body["nan"])
-        if "latency_ms" in body:
-            self.latency_ms = float(ms)
-        if n:
-            # Multiplying a one-byte array writes every byte: the pages become resident.
-            self._held.append(bytearray(b"\x01") * n)
+        if latency is not None:
+            self.latency_ms = latency
+        if token_delay is not None:
+            self.token_delay_ms = token_delay
+        if hold:
+            self._held.append(_touched(hold))
+        if ramp is not None:
+            self.ramp = ramp if ramp.bytes_per_s > 0 else None
         if "hang" in body:
             self.hang = bool(body["hang"])
             if self.hang:
@@ -85,9 +158,55 @@ class Faults:
                 self.unhung.set()
         return {"before": before, "after": self.state()}
 
+    @staticmethod
+    def _ramp(body: dict[str, Any]) -> Ramp | None:
+        rate = _bytes(body, "memory_ramp_bytes_per_s")
+        cap = _bytes(body, "memory_ramp_to_bytes")
+        if rate is None and cap is None:
+            return None
+        if rate is None or (rate > 0 and not cap):
+            raise BadFault(
+                "a memory ramp needs memory_ramp_bytes_per_s (0 stops it) and, to start, "
+                "memory_ramp_to_bytes > 0 (the cap)"
+            )
+        return Ramp(rate, cap or 0)
+
+    def tick(self, now: float) -> None:
+        """Advance the memory ramp (called by the model loop; ``now`` in seconds)."""
+        if self.ramp is not None:
+            self.ramp.tick(now)
+
     def clear(self) -> None:
         self.nan = False
         self.latency_ms = 0.0
+        self.token_delay_ms = 0.0
         self._held.clear()
+        self.ramp = None
         self.hang = False
         self.unhung.set()
+
+
+def start_delay_s(path: Path) -> float:
+    """Seconds a drill asks the worker to wait before loading its model.
+
+    ``path`` holds one number of seconds; a missing or empty file means 0. Any
+    other content raises :class:`BadFault` naming the file and what is allowed.
+    """
+    try:
+        text = path.read_text().strip()
+    except FileNotFoundError:
+        return 0.0
+    except OSError as exc:
+        raise BadFault(f"start delay file {path}: {exc}") from None
+    if not text:
+        return 0.0
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value <= MAX_START_DELAY_S:
+        raise BadFault(
+            f"start delay file {path} holds {text[:40]!r}: expected seconds in "
+            f"[0, {MAX_START_DELAY_S:g}]"
+        )
+    return value

@@ -78,10 +78,12 @@ def _audit_tail(env: DemoEnv) -> None:
 def run_demo(env: DemoEnv, chosen: list[drills_mod.Drill], load_seconds: float) -> bool:
     """Start everything, load, drill, report. True when every drill run did its job."""
     t0 = time.time()
+    env.make_cgroup()
     env.start_agent(env.start_redis())
     load = _start_load(env)
     click.echo(f"- real load with Locust for {load_seconds:.0f}s (2 users, CPython docs prompts)")
     time.sleep(load_seconds)
+    env.limit_device()
     click.echo("- what the agent sees (asked through its query API):")
     for line in summary(env.agent):
         click.echo("    " + line)

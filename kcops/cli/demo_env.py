@@ -24,7 +24,24 @@ from typing import Any
 
 import click
 import httpx
+import psutil
 import yaml
+
+from kcops.cli import demo_cgroup
+from kcops.cli.demo_proxy import DelayProxy
+
+# The demo's worker keeps a small in-memory KV cache (about 530 tokens of SmolLM2),
+# smaller than a long prompt's KV: blocks really spill to the Redis tier and come
+# back from it (the segment-transfer drill needs reloads), and the worker's memory
+# stays steady under load (the memory drills need a known baseline).
+CACHE_BUDGET_BYTES = 24 * 1024**2
+REDIS_MAXMEMORY = "512mb"  # a cache tier with a bound, as deployed: LRU past it
+# The device the memory drills fill: the worker's cgroup limit, set once the model
+# is loaded to its resident memory plus this much room.
+DEVICE_HEADROOM_BYTES = 1024**3
+# A start that takes longer than this fires KcopsEngineStartSlow (production default
+# 600 s); the start-slow drill delays a start past it.
+DEMO_STARTUP_TIMEOUT_S = 120.0
 
 
 class DemoFailed(Exception):
@@ -90,6 +107,10 @@ class DemoEnv:
         self.first_pid: int | None = None
         self.notices: list[dict[str, Any]] = []
         self._webhook: ThreadingHTTPServer | None = None
+        self.start_delay_file = work / "start-delay"
+        self.redis_proxy: DelayProxy | None = None
+        self.cgroup: demo_cgroup.MemoryCgroup | None = None
+        self.no_cgroup_reason = "not created"
 
     @property
     def headers(self) -> dict[str, str]:
@@ -110,6 +131,10 @@ class DemoEnv:
                 p.wait(20)
             except subprocess.TimeoutExpired:
                 os.killpg(p.pid, signal.SIGKILL)
+        if self.redis_proxy is not None:
+            self.redis_proxy.close()
+        if self.cgroup is not None:
+            self.cgroup.remove()
 
     def _spawn(self, cmd: list[str], log: str, env: dict[str, str] | None = None) -> None:
         with open(self.work / log, "wb") as fh:
@@ -148,29 +173,66 @@ class DemoEnv:
             click.echo("- redis-server not installed: the KV cache runs without its Redis tier")
             return None
         port = free_port()
-        self._spawn([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", ""], "redis.log")
-        url = f"redis://127.0.0.1:{port}/0"
-        click.echo(f"- redis-server on {url}")
+        self._spawn(
+            [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+             "--maxmemory", REDIS_MAXMEMORY, "--maxmemory-policy", "allkeys-lru"],
+            "redis.log",
+        )  # fmt: skip
+        # The worker reaches Redis through a proxy the segment-transfer drill can slow.
+        self.redis_proxy = DelayProxy("127.0.0.1", port).start()
+        url = f"redis://127.0.0.1:{self.redis_proxy.port}/0"
+        click.echo(f"- redis-server on port {port}, reached by the worker through {url}")
         return url
+
+    def make_cgroup(self) -> None:
+        try:
+            self.cgroup = demo_cgroup.create(f"kcops-demo-{os.getpid()}")
+            click.echo(f"- the worker runs in memory cgroup {self.cgroup.path}")
+        except (demo_cgroup.NoCgroup, OSError) as exc:
+            self.no_cgroup_reason = str(exc)
+            click.echo(f"- no memory cgroup for the worker ({exc}): memory drills not run")
+
+    def limit_device(self) -> None:
+        """Size the worker's "device": its cgroup limit, from its memory once warm.
+
+        Called after some load: the model's pages are touched by the first requests."""
+        if self.cgroup is None or self.first_pid is None:
+            return
+        rss = psutil.Process(int(self.first_pid)).memory_info().rss
+        limit = rss + DEVICE_HEADROOM_BYTES
+        self.cgroup.set_limit(limit)
+        click.echo(
+            f"- worker memory {rss / 2**20:.0f} MiB; its cgroup limit (the device) "
+            f"{limit / 2**20:.0f} MiB"
+        )
 
     def start_agent(self, redis_url: str | None) -> None:
         worker_cmd = [
             kcops_exe(), "serve", "--model", self.model, "--port", self.worker.rsplit(":", 1)[1],
             "--enable-faults", "--long-threshold", "256", "--shadow-fraction", "0.25",
+            "--cache-budget-bytes", str(CACHE_BUDGET_BYTES),
+            "--start-delay-file", str(self.start_delay_file),
         ]  # fmt: skip
         if redis_url:
             worker_cmd += ["--redis", redis_url]
         config = self.work / "agent.yaml"
         cfg = {
             "rules": {"params": self.rule_params},
-            "actions": {"notify": {"url": self.start_webhook()}},
+            "actions": {
+                "notify": {"url": self.start_webhook()},
+                # Thirteen drills in an hour are thirteen incidents: more than the
+                # shipped hourly budgets (20 runs, 6 of one action) allow by design.
+                "guards": {"budget_per_hour": 60, "action_budget_per_hour": 20},
+            },
+            "engine": {"startup_timeout_s": DEMO_STARTUP_TIMEOUT_S},
         }
         config.write_text(yaml.safe_dump(cfg))
         agent_cmd = [
             kcops_exe(), "agent", "run", "--config", str(config),
             "--listen", self.agent.split("://", 1)[1],
             "--state-dir", str(self.state_dir), "--mode", "enforce",
-            "--engine-url", self.worker, "--engine-adapter", "kcops", "--", *worker_cmd,
+            "--engine-url", self.worker, "--engine-adapter", "kcops", "--",
+            *(self.cgroup.wrap(worker_cmd) if self.cgroup is not None else worker_cmd),
         ]  # fmt: skip
         click.echo("- agent (enforce mode) supervising: " + " ".join(worker_cmd[1:]))
         env = {
@@ -198,6 +260,9 @@ class DemoEnv:
 
     def worker_state(self) -> dict[str, Any]:
         return dict(httpx.get(self.worker + "/admin/state", timeout=2).json())
+
+    def fault_state(self) -> dict[str, Any]:
+        return dict(self.worker_state()["faults"])
 
     def route_mode(self) -> str:
         """The worker's route mode, or ``?`` while it does not answer (being restarted)."""
@@ -227,6 +292,22 @@ class DemoEnv:
         if r.status_code != 200:
             raise DemoFailed(f"POST {path} {body}: HTTP {r.status_code}: {r.text[:200]}")
 
+    def query(self, expr: str) -> float | None:
+        """One value of an instant query to the agent (its rule evaluator), or None."""
+        r = httpx.get(self.agent + "/api/v1/query", params={"query": expr}, timeout=5).json()
+        result = r.get("data", {}).get("result") if r.get("status") == "success" else None
+        return float(result[0]["value"][1]) if isinstance(result, list) and result else None
+
+    def run_action(self, name: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Run an agent action as on-call would (``kcops actions run``), through its guards."""
+        body = {"params": params or {}, "force": True, "reason": "kcops demo drill"}
+        r = httpx.post(
+            f"{self.agent}/api/v1/actions/{name}", json=body, headers=self.headers, timeout=300
+        )
+        if r.status_code != 200:
+            raise DemoFailed(f"action {name}: HTTP {r.status_code}: {r.text[:200]}")
+        return dict(r.json())
+
     def alert_state(self, alertname: str) -> str:
         """``firing``, ``pending`` or ``inactive`` (the worst of the alert's instances)."""
         alerts = httpx.get(self.agent + "/api/v1/alerts", timeout=5).json()["alerts"]
@@ -253,7 +334,7 @@ class DemoEnv:
         return out
 
     def set_load_mode(self, mode: str) -> None:
-        """The Locust users read this file: ``mixed``, ``unique`` (no reuse) or ``long``."""
+        """The Locust users read this file: mixed, unique (no reuse), long, short or hot."""
         self.load_mode_file.write_text(mode)
 
 

@@ -46,6 +46,13 @@ if TYPE_CHECKING:
 )
 @click.option("--pidfile", type=click.Path(path_type=Path), default=None)
 @click.option("--no-probe", is_flag=True, help="Do not install the kcops.kernels probe.")
+@click.option(
+    "--start-delay-file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="Drills (with --enable-faults): wait the seconds this file holds before loading "
+    "the model, as a slow model store would (missing or empty: no wait).",
+)
 @handle_errors
 def serve_cmd(
     model: str,
@@ -66,11 +73,14 @@ def serve_cmd(
     threads: int,
     pidfile: Path | None,
     no_probe: bool,
+    start_delay_file: Path | None,
 ) -> None:
     from kcops.auth import load_token
 
     dense = _check_usage(dense_layers, top_n, topn_min, topn_max, redis_url)
     token = load_token(token_file)
+    if start_delay_file is not None:
+        _start_delay(start_delay_file, enable_faults)
 
     import torch
 
@@ -128,6 +138,23 @@ def _check_usage(
         )
         sys.exit(EXIT_USAGE)
     return dense
+
+
+def _start_delay(path: Path, enable_faults: bool) -> None:
+    """A start-slow drill: the delay really holds back the model load (and so readiness)."""
+    import time
+
+    from kcops.worker.faults import BadFault, start_delay_s
+
+    if not enable_faults:
+        raise click.UsageError("--start-delay-file is a fault drill: it needs --enable-faults")
+    try:
+        delay = start_delay_s(path)
+    except BadFault as exc:
+        raise click.UsageError(str(exc)) from None
+    if delay > 0:
+        click.echo(f"kcops serve: fault drill: start delayed {delay:g}s ({path})", err=True)
+        time.sleep(delay)
 
 
 def _serve(state: WorkerState, host: str, port: int, pidfile: Path | None, probe: str) -> None:

@@ -12,8 +12,9 @@ Locust's own table. Environment: ``KCOPS_LOAD_MAX_TOKENS`` (16),
 ``KCOPS_LOAD_MODEL`` (the engine's default model when empty), and
 ``KCOPS_LOAD_MODE_FILE``: a file read before each request whose content shifts
 the traffic while Locust runs (the demo's drills): ``mixed`` (default),
-``unique`` (every prompt starts differently: no prefix reuse) or ``long``
-(long prompts only: K(C) rises).
+``unique`` (every prompt starts differently: no prefix reuse), ``long``
+(long prompts only: K(C) rises), ``short`` (short prompts only) or ``hot``
+(one long prompt for everyone: its cached segments are read back each time).
 
     locust -f bench/locustfile.py --host http://127.0.0.1:8000
 """
@@ -62,8 +63,12 @@ SYSTEM = "You answer questions about Python from its reference manual. Be brief.
 
 
 def prompt(kind: str, rng: random.Random, mode: str = "mixed") -> str:
-    if mode == "long":
-        kind = "long"
+    if mode == "hot":
+        # Everyone asks about the same long document: its cached KV is read back
+        # on every request (from the Redis tier when the memory tier is smaller).
+        return SYSTEM + CORPUS[0][: LONG_CHARS[1]]
+    if mode in ("long", "short"):
+        kind = mode
     lo, hi = SHORT_CHARS if kind == "short" else LONG_CHARS
     text = SYSTEM + rng.choice(CORPUS)[: rng.randint(lo, hi)]
     if mode == "unique":

@@ -6,7 +6,8 @@ import click
 import pytest
 import yaml
 
-from kcops.cli.drills import DRILLS, DrillResult, estimate_s, select, table
+from kcops.cli import drills as drills_mod
+from kcops.cli.drills import DRILLS, Drill, DrillResult, estimate_s, select, table
 
 
 def test_every_alert_of_the_table_has_a_drill() -> None:
@@ -42,3 +43,52 @@ def test_table_lines() -> None:
     assert rows[0].split() == ["alert", "fired", "to", "fire", "action", "taken", "resolved"]
     assert rows[1].split() == ["KcopsEngineDown", "yes", "41s", "restart_worker", "yes"]
     assert rows[2].startswith("KcopsEngineOOM") and "not run: needs a memory limit" in rows[2]
+
+
+class _Env:
+    """The parts of DemoEnv that run_drill uses, with an alert state we choose."""
+
+    def __init__(self, state: str) -> None:
+        self.state = state
+        self.calls: list[str] = []
+
+    def alert_state(self, alertname: str) -> str:
+        return self.state
+
+    def firing(self, alertname: str) -> bool:
+        return self.state == "firing"
+
+    def audit_runs(self, since: float) -> list[dict[str, object]]:
+        return [{"action": "notify", "ladder": {"alertname": "KcopsX"}}]
+
+    def route_mode(self) -> str:
+        return "normal"
+
+
+def _drill(env: _Env) -> Drill:
+    def start(_: object) -> None:
+        env.calls.append("start")
+        env.state = "firing"  # the cause fires the alert
+
+    return Drill(
+        "KcopsX", "a cause",
+        start, lambda _: env.calls.append("stop"),
+        fire_within_s=5, estimate_s=1,
+        prepare=lambda _: env.calls.append("prepare"),
+    )  # fmt: skip
+
+
+def test_an_alert_active_before_its_cause_is_not_drilled(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(drills_mod, "QUIET_WITHIN_S", 0.3)
+    env = _Env("pending")
+    res = drills_mod.run_drill(env, _drill(env))  # type: ignore[arg-type]
+    assert not res.fired and "active before its cause" in res.note
+    assert env.calls == ["prepare", "stop"]  # the cause was never applied
+
+
+def test_a_quiet_alert_fired_by_its_cause(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(drills_mod, "QUIET_WITHIN_S", 0.3)
+    env = _Env("inactive")
+    res = drills_mod.run_drill(env, _drill(env))  # type: ignore[arg-type]
+    assert res.fired and res.action == "notify" and res.note == ""
+    assert env.calls == ["prepare", "start", "stop"]

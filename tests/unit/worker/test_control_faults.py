@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from kcops.worker.control import BASE, OPTIMIZED, BadSetting, Control, parse_layers
-from kcops.worker.faults import BadFault, Faults
+from kcops.worker.faults import BadFault, Faults, start_delay_s
 
 
 def test_route_by_threshold_and_fallback() -> None:
@@ -60,11 +62,25 @@ def test_faults_apply_and_clear() -> None:
     f = Faults()
     r = f.apply({"nan": True, "latency_ms": 50, "hold_memory_bytes": 1024})
     assert r["before"]["nan"] is False
-    assert r["after"] == {"nan": True, "latency_ms": 50.0, "hold_memory_bytes": 1024, "hang": False}
+    assert r["after"] == {
+        "nan": True,
+        "latency_ms": 50.0,
+        "token_delay_ms": 0.0,
+        "hold_memory_bytes": 1024,
+        "memory_ramp": None,
+        "hang": False,
+    }
     f.apply({"hang": True})
     assert not f.unhung.is_set()
     f.apply({"clear": True})
-    assert f.state() == {"nan": False, "latency_ms": 0.0, "hold_memory_bytes": 0, "hang": False}
+    assert f.state() == {
+        "nan": False,
+        "latency_ms": 0.0,
+        "token_delay_ms": 0.0,
+        "hold_memory_bytes": 0,
+        "memory_ramp": None,
+        "hang": False,
+    }
     assert f.unhung.is_set()
     for bad in ({}, {"latency_ms": -1}, {"hold_memory_bytes": "x"}, {"explode": True}, [1]):
         with pytest.raises(BadFault):
@@ -75,3 +91,60 @@ def test_faults_apply_and_clear() -> None:
         with pytest.raises(BadFault):
             f.apply(bad)
     assert f.state()["nan"] is True
+
+
+def test_token_delay_validated_and_cleared() -> None:
+    f = Faults()
+    assert f.apply({"token_delay_ms": 300})["after"]["token_delay_ms"] == 300.0
+    for bad in ({"token_delay_ms": -5}, {"token_delay_ms": True}, {"token_delay_ms": 10**9}):
+        with pytest.raises(BadFault, match="token_delay_ms"):
+            f.apply(bad)
+    assert f.token_delay_ms == 300.0
+    f.apply({"clear": True})
+    assert f.token_delay_ms == 0.0
+
+
+def test_memory_ramp_grows_with_time_up_to_its_cap() -> None:
+    mib = 1024**2
+    f = Faults()
+    f.apply({"memory_ramp_bytes_per_s": 8 * mib, "memory_ramp_to_bytes": 40 * mib})
+    f.tick(100.0)  # the first tick starts the ramp: nothing due yet
+    assert f.held_bytes == 0
+    f.tick(100.25)  # 2 MiB due: less than a step, not allocated yet
+    assert f.held_bytes == 0
+    f.tick(101.0)
+    assert f.held_bytes == 8 * mib
+    f.tick(103.0)
+    assert f.held_bytes == 24 * mib
+    assert f.state()["hold_memory_bytes"] == 24 * mib
+    f.tick(200.0)  # capped
+    assert f.held_bytes == 40 * mib
+    # The held memory is real: bytes written, not a number.
+    assert f.ramp is not None and all(b[-1] == 1 for b in f.ramp.held)
+    f.apply({"memory_ramp_bytes_per_s": 0})  # stops the ramp and frees what it held
+    assert f.ramp is None and f.held_bytes == 0
+
+
+def test_memory_ramp_needs_a_cap() -> None:
+    f = Faults()
+    for bad in (
+        {"memory_ramp_bytes_per_s": 1024},
+        {"memory_ramp_to_bytes": 1024},
+        {"memory_ramp_bytes_per_s": -1, "memory_ramp_to_bytes": 1024},
+    ):
+        with pytest.raises(BadFault, match="memory_ramp"):
+            f.apply(bad)
+    assert f.ramp is None
+
+
+def test_start_delay_file(tmp_path: Path) -> None:
+    p = tmp_path / "delay"
+    assert start_delay_s(p) == 0.0  # missing: no delay
+    p.write_text("")
+    assert start_delay_s(p) == 0.0
+    p.write_text("150\n")
+    assert start_delay_s(p) == 150.0
+    for bad in ("soon", "-1", "nan", "1e9"):
+        p.write_text(bad)
+        with pytest.raises(BadFault, match="expected seconds"):
+            start_delay_s(p)

@@ -1,0 +1,117 @@
+"""The new drill causes on the tiny worker, in-process, over real HTTP and a real Redis.
+
+Each cause must move the signal its alert reads, measured by the worker's own
+``/metrics``: a slowed Redis link the segment-transfer histogram, a per-token
+delay the inter-token histogram, a memory ramp the process's resident memory.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+import torch
+from prometheus_client.parser import text_string_to_metric_families
+
+from kcops.cli.demo_proxy import DelayProxy
+from kcops.worker.app import Background, WorkerOptions, build
+from tests.services import free_port
+
+TOKEN = "s3cret"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+PROMPT = "The quick brown fox jumps over the lazy dog. " * 12  # ~120 tokens: several blocks
+
+
+@pytest.fixture
+def worker(redis_url: str) -> Iterator[tuple[httpx.Client, DelayProxy]]:
+    torch.set_num_threads(1)
+    port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+    with DelayProxy("127.0.0.1", port) as proxy:
+        opts = WorkerOptions(
+            model="tiny",
+            token=TOKEN,
+            enable_faults=True,
+            progress=False,
+            install_probe=False,
+            redis_url=f"redis://127.0.0.1:{proxy.port}/0",
+            cache_budget_bytes=1,  # one block in memory: the others spill to Redis
+        )
+        bg = Background(build(opts), "127.0.0.1", free_port())
+        with bg, httpx.Client(base_url=bg.url, timeout=120) as client:
+            yield client, proxy
+
+
+def complete(c: httpx.Client, **kw: Any) -> None:
+    body = {"prompt": PROMPT, "max_tokens": 4, "temperature": 0, **kw}
+    assert c.post("/v1/completions", json=body).status_code == 200
+
+
+def histogram(c: httpx.Client, name: str) -> dict[float, float]:
+    """Cumulative bucket counts of one histogram of the worker's /metrics."""
+    out: dict[float, float] = {}
+    for fam in text_string_to_metric_families(c.get("/metrics").text):
+        for s in fam.samples:
+            if s.name == name + "_bucket":
+                out[float(s.labels["le"])] = s.value
+    return out
+
+
+def fault(c: httpx.Client, body: dict[str, Any]) -> dict[str, Any]:
+    r = c.post("/admin/faults", json=body, headers=AUTH)
+    assert r.status_code == 200, r.text
+    return dict(r.json())
+
+
+@pytest.mark.slow
+def test_slowed_redis_link_shows_in_segment_transfers(
+    worker: tuple[httpx.Client, DelayProxy],
+) -> None:
+    c, proxy = worker
+    name = "kcops_worker_segment_transfer_seconds"
+    complete(c)  # stores the prompt's blocks, spilling all but one to Redis
+    complete(c)  # reads them back over a fast link
+    fast = histogram(c, name)
+    assert fast[float("inf")] > 0 and fast[0.1] == fast[float("inf")]
+    proxy.delay_s = 0.15
+    complete(c)
+    slow = histogram(c, name)
+    reloads = slow[float("inf")] - fast[float("inf")]
+    assert reloads > 0
+    assert slow[0.1] - fast[0.1] == 0  # every reload over the slowed link took > 100 ms
+
+
+@pytest.mark.slow
+def test_token_delay_shows_in_inter_token_latency(
+    worker: tuple[httpx.Client, DelayProxy],
+) -> None:
+    c, _ = worker
+    name = "vllm:inter_token_latency_seconds"
+    complete(c)
+    before = histogram(c, name)
+    fault(c, {"token_delay_ms": 300})
+    complete(c, max_tokens=4)
+    fault(c, {"token_delay_ms": 0})
+    after = histogram(c, name)
+    added = after[float("inf")] - before[float("inf")]
+    assert added >= 2
+    assert after[0.3] - before[0.3] == 0  # each gap between tokens over 300 ms
+
+
+@pytest.mark.slow
+def test_memory_ramp_grows_resident_memory(worker: tuple[httpx.Client, DelayProxy]) -> None:
+    c, _ = worker
+    me = psutil.Process()
+    rss0 = me.memory_info().rss
+    mib = 1024**2
+    fault(c, {"memory_ramp_bytes_per_s": 64 * mib, "memory_ramp_to_bytes": 128 * mib})
+    deadline = time.monotonic() + 60
+    while c.get("/admin/state").json()["faults"]["hold_memory_bytes"] < 128 * mib:
+        assert time.monotonic() < deadline, "the ramp did not reach its cap"
+        time.sleep(0.2)
+    assert me.memory_info().rss - rss0 >= 120 * mib  # touched pages, not a number
+    fault(c, {"memory_ramp_bytes_per_s": 0})
+    assert c.get("/admin/state").json()["faults"]["hold_memory_bytes"] == 0

@@ -1,0 +1,102 @@
+"""The demo's drill causes: the Redis delay proxy and the worker's memory cgroup.
+
+The proxy is tested against a real redis-server; the cgroup against a captured
+tree, and against the kernel where this machine lets a test create one.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import redis
+
+from kcops.cli import demo_cgroup
+from kcops.cli.demo_proxy import DelayProxy
+from kcops.cli.drills import DRILLS
+
+
+def test_every_drill_has_a_real_cause() -> None:
+    assert [d.alert for d in DRILLS if d.needs is not None] == []
+    assert all(d.estimate_s > 0 and d.fire_within_s > 0 for d in DRILLS)
+
+
+def test_proxy_forwards_and_delays(redis_url: str) -> None:
+    port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+    with DelayProxy("127.0.0.1", port) as proxy:
+        client = redis.Redis(host="127.0.0.1", port=proxy.port)
+        big = os.urandom(3 * 1024**2)  # many TCP segments: one burst, one delay
+        client.set("k", big)
+        assert client.get("k") == big
+        assert proxy.bursts_delayed == 0
+        proxy.delay_s = 0.15
+        t0 = time.monotonic()
+        assert client.get("k") == big
+        assert time.monotonic() - t0 >= 0.15  # a lower bound: the sleep happened
+        assert proxy.bursts_delayed == 1
+        proxy.delay_s = 0.0
+        client.set("k", b"small")
+        assert client.get("k") == b"small" and proxy.bursts_delayed == 1
+        client.close()
+
+
+def test_proxy_refuses_a_negative_delay() -> None:
+    with pytest.raises(ValueError, match="delay_s"):
+        DelayProxy("127.0.0.1", 1, delay_s=-1)
+
+
+def _v1_tree(tmp_path: Path) -> tuple[Path, Path]:
+    root = tmp_path / "cgroup"
+    own = root / "memory" / "pod" / "job"
+    own.mkdir(parents=True)
+    proc = tmp_path / "self-cgroup"
+    proc.write_text("4:memory:/pod/job\n0::/\n")
+    return root, proc
+
+
+def test_create_in_a_v1_tree(tmp_path: Path) -> None:
+    root, proc = _v1_tree(tmp_path)
+    # The kernel fills a new cgroup's files; a plain directory does not: refused, removed.
+    with pytest.raises(demo_cgroup.NoCgroup, match="no writable memory limit"):
+        demo_cgroup.create("demo", root, proc)
+    assert not (root / "memory" / "pod" / "job" / "demo").exists()
+
+
+def test_limit_oom_count_and_wrap(tmp_path: Path) -> None:
+    d = tmp_path / "cg"
+    d.mkdir()
+    (d / "memory.limit_in_bytes").write_text("9223372036854771712\n")
+    (d / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 3\n")
+    (d / "cgroup.procs").write_text("")
+    cg = demo_cgroup.MemoryCgroup(d, v2=False)
+    assert cg.limit_bytes() is None  # v1's "unlimited"
+    cg.set_limit(1 << 30)
+    assert cg.limit_bytes() == 1 << 30 and cg.oom_kills() == 3
+    # The wrapper writes its own pid, then exec keeps that pid for the command.
+    out = subprocess.run(
+        cg.wrap([sys.executable, "-c", "import os; print(os.getpid())"]),
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert (d / "cgroup.procs").read_text().strip() == out.stdout.strip()
+
+
+def test_a_real_cgroup_limit_is_enforced_by_the_kernel() -> None:
+    try:
+        cg = demo_cgroup.create(f"kcops-test-{uuid.uuid4().hex[:8]}")
+    except (demo_cgroup.NoCgroup, OSError) as exc:
+        pytest.skip(f"no writable memory cgroup here: {exc}")
+    try:
+        cg.set_limit(64 * 1024**2)
+        before = cg.oom_kills()
+        grab = "b = bytearray(b'x') * (256 * 1024**2); print('survived')"
+        p = subprocess.run(cg.wrap([sys.executable, "-c", grab]), capture_output=True, text=True)
+        assert p.returncode == -signal.SIGKILL and "survived" not in p.stdout
+        assert cg.oom_kills() == before + 1
+    finally:
+        cg.remove()
