@@ -28,53 +28,11 @@ import time
 
 from locust import HttpUser, between, task
 
-SHORT_CHARS = (120, 400)  # well under the worker's --long-threshold tokens
-LONG_CHARS = (1800, 3600)
-POOL = 24
+from kcops.cli.load.prompts import load_mode, prompt
 
-
-def _corpus() -> list[str]:
-    import pydoc_data.topics as topics
-
-    texts = sorted((t for t in topics.topics.values() if len(t) > LONG_CHARS[1]), key=len)
-    return texts[:POOL]
-
-
-CORPUS = _corpus()
 MAX_TOKENS = int(os.environ.get("KCOPS_LOAD_MAX_TOKENS", "16"))
 MODEL = os.environ.get("KCOPS_LOAD_MODEL", "")
-MODE_FILE = os.environ.get("KCOPS_LOAD_MODE_FILE", "")
 PLAIN_EVERY = max(1, int(os.environ.get("KCOPS_LOAD_PLAIN_EVERY", "3")))
-
-
-def load_mode() -> str:
-    if not MODE_FILE:
-        return "mixed"
-    try:
-        with open(MODE_FILE) as fh:
-            return fh.read().strip() or "mixed"
-    except OSError:
-        return "mixed"
-
-
-# Chat traffic shares an instruction prefix across requests; a prefix cache
-# exists for it. Short enough that short prompts stay under the long threshold.
-SYSTEM = "You answer questions about Python from its reference manual. Be brief.\n\n"
-
-
-def prompt(kind: str, rng: random.Random, mode: str = "mixed") -> str:
-    if mode == "hot":
-        # Everyone asks about the same long document: its cached KV is read back
-        # on every request (from the Redis tier when the memory tier is smaller).
-        return SYSTEM + CORPUS[0][: LONG_CHARS[1]]
-    if mode in ("long", "short"):
-        kind = mode
-    lo, hi = SHORT_CHARS if kind == "short" else LONG_CHARS
-    text = SYSTEM + rng.choice(CORPUS)[: rng.randint(lo, hi)]
-    if mode == "unique":
-        # A different first block for every request: the prefix cache cannot hit.
-        text = f"Request {rng.getrandbits(64):016x}. " + text
-    return text
 
 
 def _back_off(status: int) -> None:

@@ -4,11 +4,7 @@ from __future__ import annotations
 
 import random
 
-import pytest
-
-pytest.importorskip("locust")
-
-from kcops.cli.load import locustfile as lf
+from kcops.cli.load import prompts as lf
 
 
 def test_modes_shape_the_prompts() -> None:
