@@ -80,8 +80,11 @@ def test_slowed_redis_link_shows_in_segment_transfers(
     complete(c)
     slow = histogram(c, name)
     reloads = slow[float("inf")] - fast[float("inf")]
-    assert reloads > 0
-    assert slow[0.1] - fast[0.1] == 0  # every reload over the slowed link took > 100 ms
+    slowed = reloads - (slow[0.1] - fast[0.1])  # reloads of this request over 100 ms
+    assert reloads > 0 and proxy.bursts_delayed > 0
+    # The proxy delays a burst that follows a quiet gap; reloads right behind one ride
+    # on its heels undelayed. So: some reloads took > 100 ms, never more than were delayed.
+    assert 1 <= slowed <= proxy.bursts_delayed
 
 
 @pytest.mark.slow

@@ -302,7 +302,14 @@ def test_faults_latency_nan_memory_hang(worker: tuple[WorkerState, httpx.Client]
     with pytest.raises(httpx.TimeoutException):
         c.get("/health", timeout=1.0)
     r = c.post(f, json={"clear": True}, headers=AUTH).json()
-    assert r["after"] == {"nan": False, "latency_ms": 0.0, "hold_memory_bytes": 0, "hang": False}
+    assert r["after"] == {
+        "nan": False,
+        "latency_ms": 0.0,
+        "token_delay_ms": 0.0,
+        "hold_memory_bytes": 0,
+        "memory_ramp": None,
+        "hang": False,
+    }
     assert c.get("/health").json() == {"status": "ok"}
     complete(c, SHORT, max_tokens=1)
     state.enable_faults = False
