@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from kcops.kernels.kc import k_from_sorted, row_index, row_weights
+from kcops.kernels.topn import register_attention
 
 MAPS_ATTENTION = "kcops_maps"
 MAPS_FILE = "attention.npz"
@@ -117,15 +118,8 @@ def recording(rows: int, p: float) -> Iterator[_Recording]:
 
 
 def register() -> str:
-    """Register ``kcops_maps`` with transformers' attention and mask interfaces (idempotent)."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-
-    if MAPS_ATTENTION not in AttentionInterface._global_mapping:
-        AttentionInterface.register(MAPS_ATTENTION, maps_attention_forward)
-    if MAPS_ATTENTION not in AttentionMaskInterface._global_mapping:
-        AttentionMaskInterface.register(MAPS_ATTENTION, sdpa_mask)
-    return MAPS_ATTENTION
+    """Register ``kcops_maps`` (see :func:`kcops.kernels.topn.register_attention`)."""
+    return register_attention(MAPS_ATTENTION, maps_attention_forward)
 
 
 def capture(model: Any, input_ids: torch.Tensor, *, rows: int, p: float) -> AttentionMaps:

@@ -194,16 +194,21 @@ def topn_attention_forward(
     return out, None
 
 
-def register() -> str:
-    """Register ``kcops_topn`` with transformers' attention and mask interfaces (idempotent).
+def register_attention(name: str, forward: Any) -> str:
+    """Register ``forward`` as attention ``name`` with transformers' attention and mask
+    interfaces (idempotent: a second registration would replace a probe's wrapper of it).
 
-    Returns the name to pass as ``attn_implementation``."""
+    Returns ``name``, to pass as ``attn_implementation``."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-    # Registered once: a second registration would replace a probe's wrapper of it.
-    if TOPN_ATTENTION not in AttentionInterface._global_mapping:
-        AttentionInterface.register(TOPN_ATTENTION, topn_attention_forward)
-    if TOPN_ATTENTION not in AttentionMaskInterface._global_mapping:
-        AttentionMaskInterface.register(TOPN_ATTENTION, sdpa_mask)
-    return TOPN_ATTENTION
+    if name not in AttentionInterface._global_mapping:
+        AttentionInterface.register(name, forward)
+    if name not in AttentionMaskInterface._global_mapping:
+        AttentionMaskInterface.register(name, sdpa_mask)
+    return name
+
+
+def register() -> str:
+    """Register ``kcops_topn`` (see :func:`register_attention`)."""
+    return register_attention(TOPN_ATTENTION, topn_attention_forward)

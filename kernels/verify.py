@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from kcops.kernels.sweep import SweepError
-from kcops.kernels.topn import _allowed
+from kcops.kernels.topn import _allowed, register_attention
 
 VERIFY_ATTENTION = "kcops_verify"
 THRESHOLDS = {"code_analysis": 1e-4, "summarisation": 1e-3}
@@ -194,14 +194,8 @@ def verify_attention_forward(
 
 
 def register() -> str:
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-
-    if VERIFY_ATTENTION not in AttentionInterface._global_mapping:
-        AttentionInterface.register(VERIFY_ATTENTION, verify_attention_forward)
-    if VERIFY_ATTENTION not in AttentionMaskInterface._global_mapping:
-        AttentionMaskInterface.register(VERIFY_ATTENTION, sdpa_mask)
-    return VERIFY_ATTENTION
+    """Register ``kcops_verify`` (see :func:`kcops.kernels.topn.register_attention`)."""
+    return register_attention(VERIFY_ATTENTION, verify_attention_forward)
 
 
 def verify(
