@@ -20,7 +20,9 @@ def test_evict_while_a_request_runs_fails_with_vllms_reason(after_soak: Stack) -
     stack = after_soak
     req = stream_completion(stack.engine_url, SYSTEM_PROMPT + "\nTell a long story.", 300)
     assert req.first_chunk.wait(120) and req.error is None, req.error
-    assert _running(stack) >= 1
+    # vLLM refreshes its gauges from the engine's stats, a step or two after the first
+    # token reaches the client: wait for the gauge rather than read it once.
+    wait_for(lambda: _running(stack) >= 1, 30, "vLLM's num_requests_running to count the request")
     r = stack.action("evict_cache", {"policy": "all"}, force=True, reason="vllm suite: busy")
     rec = r.json()
     assert rec["outcome"] == "failed", rec
