@@ -17,7 +17,16 @@ import logging
 from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 import pydantic_core
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
 log = logging.getLogger("kcops.worker")
 
@@ -98,6 +107,18 @@ class _OpenAIBody(BaseModel):
     stop: Stop | Annotated[list[Stop], Field(max_length=MAX_STOPS)] | None = None
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
+
+    @field_validator("stream_options")
+    @classmethod
+    def _only_when_streaming(
+        cls, value: StreamOptions | None, info: ValidationInfo
+    ) -> StreamOptions | None:
+        # As OpenAI and vLLM: options of a stream that is not asked for are a mistake.
+        if value is not None and not info.data.get("stream", False):
+            raise pydantic_core.PydanticCustomError(
+                "stream_options_without_stream", "allowed only with 'stream': true"
+            )
+        return value
 
     def stops(self) -> list[str]:
         if self.stop is None:

@@ -255,6 +255,44 @@ def test_async_client_streams_chat(worker: tuple[WorkerState, str], client: open
     assert asyncio.run(run()) == [want.choices[0].message.content] * 3
 
 
+def test_async_client_completions_and_errors(
+    worker: tuple[WorkerState, str], client: openai.OpenAI
+) -> None:
+    _, url = worker
+    want = client.completions.create(model=MODEL, prompt="The sky is", max_tokens=4, temperature=0)
+
+    async def run() -> tuple[str, str, list[int]]:
+        async with openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0) as ac:
+            whole = await ac.completions.create(
+                model=MODEL, prompt="The sky is", max_tokens=4, temperature=0
+            )
+            stream = await ac.completions.create(
+                model=MODEL, prompt="The sky is", max_tokens=4, temperature=0, stream=True
+            )
+            streamed = "".join([ch.text async for c in stream for ch in c.choices])
+            many = await ac.completions.create(
+                model=MODEL, prompt=["a", "b", "c"], max_tokens=2, temperature=0
+            )
+            with pytest.raises(openai.NotFoundError):
+                await ac.completions.create(model="gpt-nope", prompt="hi", max_tokens=2)
+            with pytest.raises(openai.BadRequestError) as br:
+                await ac.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=2, top_p=0)
+            assert br.value.param == "top_p"
+            return whole.choices[0].text, streamed, sorted(c.index for c in many.choices)
+
+    whole, streamed, indices = asyncio.run(run())
+    assert whole == streamed == want.choices[0].text
+    assert indices == [0, 1, 2]
+
+
+def test_stream_options_without_a_stream_is_refused(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as br:
+        client.chat.completions.create(
+            model=MODEL, messages=CHAT, max_tokens=2, stream_options={"include_usage": True}
+        )
+    assert br.value.param == "stream_options"
+
+
 HOSTILE = [
     b'"a\\ud800b"',  # lone surrogate
     b"[" * 5000 + b"]" * 5000,  # deep nesting

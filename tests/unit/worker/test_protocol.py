@@ -34,6 +34,8 @@ def test_prompt_forms_the_api_allows() -> None:
         (b'{"prompt": "hi", "seed": 9223372036854775808}', "seed"),
         (b'{"prompt": "hi", "stop": ["a", "b", "c", "d", "e"]}', "stop"),
         (b'{"prompt": "hi", "logprobs": 6}', "logprobs"),
+        (b'{"prompt": "hi", "stream_options": {"include_usage": true}}', "stream_options"),
+        (b'{"prompt": "hi", "stream": false, "stream_options": {}}', "stream_options"),
         (b'{"prompt": [1, -1]}', "prompt"),
         (b'{"prompt": [true]}', "prompt"),
         (b'{"prompt": ""}', "prompt"),
