@@ -28,7 +28,7 @@ from kcops.agent.actions.notify import send as send_notify
 from kcops.agent.actions.outcome import Outcome
 from kcops.agent.actions.registry import default_registry
 from kcops.agent.actions.runner import Run, Runner
-from kcops.agent.actions.scale_out import Replicas
+from kcops.agent.actions.scale_out import HoldKeeper, Replicas
 from kcops.agent.actions.statefile import read_state, write_atomic
 from kcops.agent.component import AgentContext
 from kcops.agent.engine import Engine
@@ -120,6 +120,8 @@ class Remediation:
         self.audit = AuditLog(Path(ctx.state_dir) / AUDIT_FILE)
         self.guards = Guards(self.config.actions.guards)
         self.replicas = Replicas()
+        # Any agent of the fleet ends an expired scale_out hold (docs/deploy.md).
+        self.holds = HoldKeeper(self.config, self._hold_released)
         self._own_engine = engine is None
         self.engine = engine or Engine(
             self.config.engine.url,
@@ -185,6 +187,7 @@ class Remediation:
         self._dirty = bool(self.ladders)
 
     async def stop(self) -> None:
+        await self.holds.stop()
         await self.runner.drain(timeout_s=max(0.5, self.config.agent.shutdown_deadline_s / 2))
         if self._page_tasks:
             await asyncio.wait(list(self._page_tasks), timeout=1.0)
@@ -458,6 +461,14 @@ class Remediation:
                 del self.restores[name]
                 self._dirty = True
 
+    def _hold_released(self, floor: int, now: float) -> None:
+        self.replicas.desired = floor
+        self._dirty = True
+        self.audit.append(
+            {"kind": "fleet", "ts": now, "event": "hold_released", "min_replicas": floor}
+        )
+        log.info("fleet hold over: replica floor back to %d", floor)
+
     # -- paging -------------------------------------------------------------
 
     def _breaker_opened(self, scope: str, run: Run) -> None:
@@ -540,6 +551,7 @@ class Remediation:
                 continue
             self._advance(lad, now)
         self._restores(now)
+        self.holds.poll(now)
         self.publish(now)
         if self._dirty:
             self.save()

@@ -83,8 +83,6 @@ async def resolve_all(rems: list[Any], clock: ManualClock) -> None:
 
 async def stop_all(rems: list[Any]) -> None:
     for rem in rems:
-        for task in list(rem.replicas.tasks):
-            task.cancel()
         await rem.stop()
 
 

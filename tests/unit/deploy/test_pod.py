@@ -75,16 +75,45 @@ def test_rbac_is_narrow(overlay: str, rendered: dict[str, list[dict[str, Any]]])
     docs = rendered[overlay]
     assert not [d for d in docs if d["kind"] in ("ClusterRole", "ClusterRoleBinding")]
     role = find(docs, "Role", "kcops-agent")
+    grants = set()
     for rule in role["rules"]:
         assert "*" not in rule["verbs"] and "*" not in rule["resources"]
-        if rule["resources"] in (["horizontalpodautoscalers"], ["deployments/scale"]):
-            assert rule["resourceNames"] == ["llm-serving"]
-        if "update" in rule["verbs"]:
-            assert rule.get("resourceNames"), f"update without resourceNames: {rule}"
+        for res in rule["resources"]:
+            for verb in rule["verbs"]:
+                grants.add((res, verb, tuple(rule.get("resourceNames", ()))))
+    # exactly these: a named Lease and HPA, and evictions (no create of Leases, which
+    # RBAC cannot name; no pod delete, which would skip the disruption budget)
+    assert grants == {
+        ("leases", "get", ("kcops-fleet-scale-out",)),
+        ("leases", "update", ("kcops-fleet-scale-out",)),
+        ("horizontalpodautoscalers", "get", ("llm-serving",)),
+        ("horizontalpodautoscalers", "patch", ("llm-serving",)),
+        ("pods/eviction", "create", ()),
+    }
+    lease = find(docs, "Lease", "kcops-fleet-scale-out")
+    assert "spec" not in lease, "a re-apply must not reset what the agents wrote"
     hpa = find(docs, "HorizontalPodAutoscaler", "llm-serving")
     assert hpa["spec"]["scaleTargetRef"]["name"] == "llm-serving"
-    policy = find(docs, "ValidatingAdmissionPolicy")
-    assert "llm-serving" in policy["spec"]["validations"][0]["expression"]
+    pdb = find(docs, "PodDisruptionBudget", "llm-serving")
+    assert pdb["spec"]["maxUnavailable"] == 1
+    assert pdb["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+    # cluster-scoped objects are not in a namespaced overlay
+    assert not [d for d in docs if d["kind"].startswith("ValidatingAdmission")]
+
+
+def test_admission_policy_limits_evictions_to_the_agents_own_pod(
+    cluster_scoped: list[dict[str, Any]],
+) -> None:
+    policy = find(cluster_scoped, "ValidatingAdmissionPolicy")
+    rules = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert {"operations": ["CREATE"], "resources": ["pods/eviction"]}.items() <= rules[0].items()
+    expr = policy["spec"]["validations"][0]["expression"]
+    assert "authentication.kubernetes.io/pod-name" in expr and "request.name" in expr
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    binding = find(cluster_scoped, "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    assert all("namespace" not in d["metadata"] for d in cluster_scoped)
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -108,20 +137,28 @@ def test_agent_config_is_valid(overlay: str, rendered: dict[str, list[dict[str, 
     assert {cfg.actions.scale.hpa, cfg.actions.scale.lease.name} <= names
 
 
+@pytest.mark.parametrize("overlay", OVERLAYS)
 def test_alertmanager_routes_kcops_alerts_to_the_agent_webhook(
-    rendered: dict[str, list[dict[str, Any]]],
+    overlay: str, rendered: dict[str, list[dict[str, Any]]]
 ) -> None:
-    amc = find(rendered["vllm"], "AlertmanagerConfig")
+    docs = rendered[overlay]
+    amc = find(docs, "AlertmanagerConfig")
     hook = amc["spec"]["receivers"][0]["webhookConfigs"][0]
-    svc = find(rendered["vllm"], "Service", "kcops-agent")
-    assert (
-        hook["url"] == f"http://kcops-agent:{svc['spec']['ports'][0]['port']}/api/v1/alertmanager"
-    )
+    svc = find(docs, "Service", "kcops-agent")
+    ns = svc["metadata"]["namespace"]
+    assert ns == "serving"
+    # Alertmanager runs in namespace monitoring: a short name would resolve there
+    port = svc["spec"]["ports"][0]["port"]
+    assert hook["url"] == f"http://kcops-agent.{ns}.svc:{port}/api/v1/alertmanager"
+    # every namespaced object lands in the same namespace as the Service
+    assert {d["metadata"].get("namespace") for d in docs} == {ns}
+    # alerts still arrive while every engine (hence every pod's readiness) is down
+    assert svc["spec"]["publishNotReadyAddresses"] is True
     assert hook["httpConfig"]["authorization"]["credentials"]["name"] == "kcops-token"
     # every alert the PrometheusRule defines matches the route
     import re
 
-    rule = find(rendered["vllm"], "PrometheusRule")
+    rule = find(docs, "PrometheusRule")
     matcher = amc["spec"]["route"]["matchers"][0]
     names = [r["alert"] for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r]
     assert names and all(re.fullmatch(matcher["value"], n) for n in names)
