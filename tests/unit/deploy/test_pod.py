@@ -42,6 +42,40 @@ def test_agent_sidecar(overlay: str, rendered: dict[str, list[dict[str, Any]]]) 
     assert vols["kcops-token"]["secret"]["secretName"] == "kcops-token"
 
 
+def _effective(pod: dict[str, Any], c: dict[str, Any], field: str) -> Any:
+    return c.get("securityContext", {}).get(field, pod["securityContext"].get(field))
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_engine_and_agent_run_as_different_users_sharing_only_a_group(
+    overlay: str, rendered: dict[str, list[dict[str, Any]]]
+) -> None:
+    """With one UID and a shared process namespace the engine could open
+    /proc/<agent pid>/root and read the agent's tokens; another UID cannot."""
+    dep = find(rendered[overlay], "Deployment", "llm-serving")
+    pod = dep["spec"]["template"]["spec"]
+    cs = _containers(dep)
+    agent_uid = _effective(pod, cs["kcops-agent"], "runAsUser")
+    for name, c in cs.items():
+        uid = _effective(pod, c, "runAsUser")
+        assert isinstance(uid, int) and uid > 0, f"{name} runs as {uid}"
+        if name != "kcops-agent":
+            assert uid != agent_uid, f"{name} shares the agent's UID {uid}"
+        caps = c.get("securityContext", {}).get("capabilities", {})
+        assert caps.get("drop") == ["ALL"] and not caps.get("add"), f"{name}: {caps}"
+        assert c["securityContext"].get("allowPrivilegeEscalation") is False, name
+    # one group for the probe socket, and the agent makes it group-writable
+    group = _effective(pod, cs["kcops-agent"], "runAsGroup")
+    assert group == _effective(pod, cs["engine"], "runAsGroup") == pod["securityContext"]["fsGroup"]
+    agent = cs["kcops-agent"]
+    assert agent["command"] == ["/bin/sh", "-c"]
+    assert agent["args"][0].startswith("umask 0007 && exec kcops agent run ")
+    # no token file is world-readable
+    vols = {v["name"]: v for v in pod["volumes"]}
+    assert vols["kcops-token"]["secret"]["defaultMode"] & 0o007 == 0
+    assert vols["kube-api-access"]["projected"]["defaultMode"] & 0o007 == 0
+
+
 def test_vllm_engine_gets_the_plugin_from_the_init_container(
     rendered: dict[str, list[dict[str, Any]]],
 ) -> None:
