@@ -110,7 +110,14 @@ class KubeClient:
                 "unsupported",
             ) from None
         conf = client.Configuration(host=self.cfg.api_url.rstrip("/"))
-        if self.cfg.ca_file is not None and self.cfg.ca_file.exists():
+        if self.cfg.ca_file is not None:
+            if not self.cfg.ca_file.is_file():
+                # Never fall back to the system CAs for the API server's certificate.
+                raise ActionRejected(
+                    f"actions.kubernetes.ca_file {self.cfg.ca_file} does not exist "
+                    "(set it to the cluster CA, or null for the system CAs)",
+                    "unsupported",
+                )
             conf.ssl_ca_cert = str(self.cfg.ca_file)
         token = self._token
 
