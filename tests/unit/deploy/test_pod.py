@@ -165,6 +165,12 @@ def test_agent_config_is_valid(overlay: str, rendered: dict[str, list[dict[str, 
     assert cfg.actions.scale.hpa == "llm-serving"
     assert cfg.actions.scale.lease.backend == "kubernetes"
     assert cfg.engine.adapter == {"vllm": "vllm", "kcops-worker": "kcops"}[overlay]
+    # the store fills to its budget: it must fit in the container with the rest
+    # (idle RSS ~100 MiB with the Kubernetes client, docs/benchmarks.md)
+    dep = find(rendered[overlay], "Deployment", "llm-serving")
+    limit = _containers(dep)["kcops-agent"]["resources"]["limits"]["memory"]
+    assert limit.endswith("Mi")
+    assert cfg.store.max_bytes * 1.25 + (128 << 20) <= int(limit[:-2]) << 20
     # the Role names exactly the objects the agent is configured to touch
     role = find(rendered[overlay], "Role", "kcops-agent")
     names = {n for r in role["rules"] for n in r.get("resourceNames", [])}
