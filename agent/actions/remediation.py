@@ -289,7 +289,7 @@ class Remediation:
         if ev.source == "alertmanager":
             here = self.addressed.note(name, fp, dict(ev.labels)) == HERE
         lad = self.ladders.get(name)
-        if lad is not None and here and self._superseded(lad):
+        if lad is not None and here and self._superseded(lad) and self.config.actions.mode != "off":
             carried = dict(lad.instances)
             self._close(lad, now, "superseded", by=ev.to_json())
             self._start(ev, fp, now, carried)
