@@ -1,6 +1,6 @@
 """Kubernetes objects generated from kcops's own sources (dashboards, rules).
 
-``deploy/`` commits their output; ``deploy/generate.sh`` rewrites it and a test
+``deploy/`` commits their output; ``make deploy-gen`` rewrites it and a test
 fails when the committed files drift from what these functions produce.
 """
 

@@ -1,13 +1,22 @@
 """The Kubernetes API calls remediation needs, through ``kubernetes_asyncio``.
 
-What the agent does in a cluster: delete its own pod (``restart_worker``),
+What the agent does in a cluster: evict its own pod (``restart_worker``,
+through the Eviction API so the PodDisruptionBudget is honoured),
 read the Deployment's scale, read and patch the one HPA it may raise
 (``scale_out``), and hold a ``coordination.k8s.io`` Lease (fleet actions).
 The service account token is reread whenever its file changes, because the
 kubelet rotates projected tokens (about hourly) and an old one is refused.
 
 Errors: 401/403 become ``ActionRejected(reason="forbidden")`` naming the
-request; anything else the API refuses is :class:`KubeError` with its status.
+request; 429 on an eviction (the budget allows no disruption now) becomes
+``ActionRejected(reason="busy")``, a refusal that passes by itself; anything
+else the API refuses is :class:`KubeError` with its status.
+
+The client is configured from ``actions.kubernetes`` (API URL, token and CA
+files, by default the in-cluster ones), not ``load_incluster_config()``: the
+same settings then point it at a test server, and the token file is reread
+when the kubelet rotates it (``_Token``), which the client's own in-cluster
+loader does only for its synchronous twin.
 """
 
 from __future__ import annotations
@@ -101,7 +110,14 @@ class KubeClient:
                 "unsupported",
             ) from None
         conf = client.Configuration(host=self.cfg.api_url.rstrip("/"))
-        if self.cfg.ca_file is not None and self.cfg.ca_file.exists():
+        if self.cfg.ca_file is not None:
+            if not self.cfg.ca_file.is_file():
+                # Never fall back to the system CAs for the API server's certificate.
+                raise ActionRejected(
+                    f"actions.kubernetes.ca_file {self.cfg.ca_file} does not exist "
+                    "(set it to the cluster CA, or null for the system CAs)",
+                    "unsupported",
+                )
             conf.ssl_ca_cert = str(self.cfg.ca_file)
         token = self._token
 
@@ -153,12 +169,24 @@ class KubeClient:
 
     # -- the calls remediation makes ------------------------------------------
 
-    async def delete_own_pod(self) -> dict[str, Any]:
+    async def evict_own_pod(self) -> dict[str, Any]:
+        """Evict this agent's pod (``create pods/eviction``): the Deployment replaces
+        it, and the PodDisruptionBudget decides whether it may go now."""
+        from kubernetes_asyncio import client
+
         ns, pod = self.namespace(), self.pod_name()
+        body = client.V1Eviction(metadata=client.V1ObjectMeta(name=pod, namespace=ns))
+        what = f"evict pod {ns}/{pod}"
         try:
-            await self.call(
-                f"delete pod {ns}/{pod}", self.apis().core.delete_namespaced_pod, pod, ns
-            )
+            await self.call(what, self.apis().core.create_namespaced_pod_eviction, pod, ns, body)
+        except KubeError as exc:
+            if exc.status == 429:
+                raise ActionRejected(
+                    f"{what}: the PodDisruptionBudget allows no disruption now "
+                    "(another serving pod is down); retried later",
+                    "busy",
+                ) from None
+            raise
         finally:
             await self.close()
         return {"namespace": ns, "pod": pod}

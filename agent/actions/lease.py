@@ -13,8 +13,13 @@ the fleet's cooldown running (``cooldown``). Two backends:
   ``leaseTransitions`` is the fencing token; the state lives in annotations of
   the HPA itself, written with its ``resourceVersion`` as a precondition, so a
   stale holder's patch fails with 409 instead of raising ``minReplicas`` twice.
+  A new token is always above both the Lease's count and the last token the
+  HPA recorded (``kcops.io/fence``): a Lease deleted and re-created (or reset
+  by a re-apply) restarts above it instead of being refused forever.
 
-All keys of one fleet share a Redis Cluster hash tag, so the scripts run on one node.
+All keys of one fleet share a hash tag, so on a Redis Cluster they live in one
+slot and each script runs on the one master that owns it (the client is a
+``RedisCluster`` when the node says ``cluster_enabled``).
 """
 
 from __future__ import annotations
@@ -55,6 +60,7 @@ class FleetState:
     done_at: float | None = None
     done_by: str | None = None
     fence: int = 0
+    max_replicas: int | None = None  # the HPA's own maxReplicas; None: no such bound
 
 
 @dataclass(frozen=True)
@@ -110,31 +116,58 @@ def _opt_float(v: Any) -> float | None:
     return None if v in (None, b"", "") else float(v)
 
 
+async def open_redis(url: str) -> Any:
+    """``redis.asyncio.Redis`` for a single node, ``RedisCluster`` for a cluster node."""
+    import redis.asyncio as aioredis
+    from redis.asyncio.cluster import RedisCluster
+
+    node = aioredis.Redis.from_url(url, socket_timeout=5.0)
+    try:
+        info = await node.info("cluster")
+    except Exception:
+        await node.aclose()
+        raise
+    if not int(info.get("cluster_enabled", 0)):
+        return node
+    await node.aclose()
+    cluster = RedisCluster.from_url(url, socket_timeout=5.0)
+    await cluster.initialize()
+    return cluster
+
+
 class RedisFleet:
     """The fleet lease and state in Redis (one node or a cluster)."""
 
     def __init__(self, url: str, name: str, duration_s: float, floor: int) -> None:
-        import redis.asyncio as aioredis
-
+        self.url = url
         self.name = name
         self.duration_s = duration_s
         self.floor = floor
         tag = "{kcops:fleet:" + name + "}"
         self.k_lock, self.k_fence, self.k_state = tag + ":lock", tag + ":fence", tag + ":state"
-        self.client: Any = aioredis.Redis.from_url(url, socket_timeout=5.0)
+        self._client: Any = None
+
+    async def client(self) -> Any:
+        """A plain client for one node; a ``RedisCluster`` when the node is in cluster
+        mode (a plain client would get MOVED for every slot another master owns)."""
+        if self._client is None:
+            self._client = await open_redis(self.url)
+        return self._client
 
     async def acquire(self, holder: str, now: float) -> Grant:
         ms = str(int(self.duration_s * 1000))
-        ok, val = await self.client.eval(_ACQUIRE, 2, self.k_lock, self.k_fence, holder, ms)
+        ok, val = await (await self.client()).eval(
+            _ACQUIRE, 2, self.k_lock, self.k_fence, holder, ms
+        )
         if not ok:
             raise _busy(self.name, val.decode() if isinstance(val, bytes) else str(val))
         return Grant(holder, int(val), self.duration_s, time.monotonic())
 
     async def release(self, grant: Grant) -> None:
-        await self.client.eval(_RELEASE, 1, self.k_lock, f"{grant.holder}|{grant.token}")
+        await (await self.client()).eval(_RELEASE, 1, self.k_lock, f"{grant.holder}|{grant.token}")
 
     async def read(self) -> FleetState:
-        h = await self.client.hgetall(self.k_state)
+        h = await (await self.client()).hgetall(self.k_state)
         floor = int(h.get(b"min_replicas", self.floor))
         by = h.get(b"done_by")
         return FleetState(
@@ -153,7 +186,7 @@ class RedisFleet:
         def s(v: float | int | None) -> str:
             return "" if v is None else repr(v)
 
-        res = await self.client.eval(
+        res = await (await self.client()).eval(
             _WRITE,
             2,
             self.k_lock,
@@ -178,7 +211,9 @@ class RedisFleet:
             )
 
     async def close(self) -> None:
-        await self.client.aclose()
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
 
 
 # -- Kubernetes -----------------------------------------------------------------------
@@ -186,6 +221,14 @@ class RedisFleet:
 
 def _ts(dt: datetime | None) -> float | None:
     return None if dt is None else dt.timestamp()
+
+
+def micro_time(t: float | datetime) -> str:
+    """A MicroTime as the API server parses it (RFC 3339 with exactly six fraction
+    digits). ``datetime.isoformat()``, which the client would use, drops the
+    fraction when it is zero, and the server refuses that."""
+    dt = t if isinstance(t, datetime) else datetime.fromtimestamp(t, UTC)
+    return dt.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 class KubeFleet:
@@ -205,7 +248,9 @@ class KubeFleet:
 
         ns = self.kube.namespace()
         coord = self.kube.apis().coordination
-        stamp = datetime.fromtimestamp(now, UTC)
+        # The token must pass the HPA's last recorded one, whatever the Lease says.
+        recorded = (await self.read()).fence
+        stamp = micro_time(now)
         dur = max(1, round(self.duration_s))
         try:
             lease = await self.kube.call(
@@ -214,25 +259,14 @@ class KubeFleet:
         except KubeError as exc:
             if exc.status != 404:
                 raise
-            body = client.V1Lease(
-                metadata=client.V1ObjectMeta(name=self.name),
-                spec=client.V1LeaseSpec(
-                    holder_identity=holder,
-                    lease_duration_seconds=dur,
-                    acquire_time=stamp,
-                    renew_time=stamp,
-                    lease_transitions=1,
-                ),
-            )
-            await self._write(
-                f"create lease {ns}/{self.name}", coord.create_namespaced_lease, ns, body
-            )
-            return Grant(holder, 1, self.duration_s, time.monotonic())
+            return await self._create(ns, holder, recorded + 1, stamp, dur)
+        if lease.spec is None:
+            lease.spec = client.V1LeaseSpec()
         spec = lease.spec
-        renew = _ts(spec.renew_time) or 0.0
-        if spec.holder_identity and renew + (spec.lease_duration_seconds or 0) > now:
+        renew = _ts(spec.renew_time) if isinstance(spec.renew_time, datetime) else None
+        if spec.holder_identity and (renew or 0.0) + (spec.lease_duration_seconds or 0) > now:
             raise _busy(self.name, spec.holder_identity)
-        token = int(spec.lease_transitions or 0) + 1
+        token = max(int(spec.lease_transitions or 0), recorded) + 1
         spec.holder_identity = holder
         spec.lease_duration_seconds = dur
         spec.acquire_time = stamp
@@ -246,6 +280,35 @@ class KubeFleet:
             ns,
             lease,
         )
+        return Grant(holder, token, self.duration_s, time.monotonic())
+
+    async def _create(self, ns: str, holder: str, token: int, stamp: str, dur: int) -> Grant:
+        """No Lease: create it (deploy/ ships it, and its Role has no ``create``)."""
+        body = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": self.name},
+            "spec": {
+                "holderIdentity": holder,
+                "leaseDurationSeconds": dur,
+                "acquireTime": stamp,
+                "renewTime": stamp,
+                "leaseTransitions": token,
+            },
+        }
+        coord = self.kube.apis().coordination
+        try:
+            await self._write(
+                f"create lease {ns}/{self.name}", coord.create_namespaced_lease, ns, body
+            )
+        except ActionRejected as exc:
+            if exc.reason != "forbidden":
+                raise
+            raise ActionRejected(
+                f"fleet lease {ns}/{self.name} does not exist and this agent may not create "
+                f"it: apply deploy/ (base/lease.yaml) again ({exc})",
+                "forbidden",
+            ) from None
         return Grant(holder, token, self.duration_s, time.monotonic())
 
     async def _write(self, what: str, fn: Any, *args: Any, conflict: str = "busy") -> Any:
@@ -265,11 +328,19 @@ class KubeFleet:
         lease = await self.kube.call(
             f"get lease {ns}/{self.name}", coord.read_namespaced_lease, self.name, ns
         )
-        if lease.spec.holder_identity != grant.holder or (
-            int(lease.spec.lease_transitions or 0) != grant.token
+        if (
+            lease.spec is None
+            or lease.spec.holder_identity != grant.holder
+            or (int(lease.spec.lease_transitions or 0) != grant.token)
         ):
             return
         lease.spec.holder_identity = None
+        # Sent back as read: the client would write these MicroTimes in a form the
+        # server refuses when their fraction is zero.
+        for attr in ("acquire_time", "renew_time"):
+            value = getattr(lease.spec, attr)
+            if isinstance(value, datetime):
+                setattr(lease.spec, attr, micro_time(value))
         await self._write(
             f"update lease {ns}/{self.name}", coord.replace_namespaced_lease, self.name, ns, lease
         )
@@ -286,6 +357,7 @@ class KubeFleet:
         ann = hpa.metadata.annotations or {}
         floor = int(hpa.spec.min_replicas or 1)
         running = int(getattr(hpa.status, "current_replicas", None) or floor)
+        top = hpa.spec.max_replicas
         base = ann.get(ANN + "base-min-replicas")
         return FleetState(
             min_replicas=floor,
@@ -295,6 +367,7 @@ class KubeFleet:
             done_at=_opt_float(ann.get(ANN + "scaled-at")),
             done_by=ann.get(ANN + "scaled-by"),
             fence=int(ann.get(ANN + "fence", 0)),
+            max_replicas=int(top) if top else None,
         )
 
     async def write(self, grant: Grant, w: FleetWrite, cooldown_s: float, now: float) -> None:

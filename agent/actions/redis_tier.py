@@ -3,10 +3,11 @@ node or on every master of a Redis Cluster.
 
 ``SCAN MATCH <escaped prefix>*`` finds candidates on each node; every key is
 checked again against the prefix before it is touched (a glob can surprise).
-Keys of one prefix-cache entry share a hash tag (``<prefix>{<hash>}:kv`` and
-``:meta``, see kcops.worker.redis_tier), so they live in one slot: an entry is
-the unit of eviction, its keys go in one ``UNLINK`` (one slot, so legal on a
-cluster node), and LRU ranks entries by their most recently used key.
+The worker writes one key per cache block, ``<prefix>{<block hash>}``
+(kcops.worker.redis_tier); keys that share a hash tag (several keys of one
+entry, as other writers lay them out) live in one slot and are one entry: the
+unit of eviction, unlinked together, ranked by LRU by their most recently
+used key.
 Idle time comes from ``OBJECT IDLETIME`` in pipelined batches; keys go with
 ``UNLINK`` (freed in the background, never blocks Redis). The whole run is
 bounded in time: past ``max_seconds`` it stops and reports what it did.
@@ -14,13 +15,17 @@ bounded in time: past ``max_seconds`` it stops and reports what it did.
 On a cluster the seed node's ``CLUSTER NODES`` names the masters; each is
 walked with its own connection. A master that fails mid-run (connection
 refused, a failover's ``MOVED``/``CLUSTERDOWN``) is reported under
-``failed_nodes`` with what it answered, and the other masters carry on.
+``failed_nodes`` with what it answered, and the other masters carry on. What
+a failed master had evicted before it failed still counts (``evicted_keys``,
+and its entry of ``node_reports`` with ``complete: false``): those keys are gone.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from collections import defaultdict
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +34,14 @@ from redis.crc import key_slot
 from redis.exceptions import RedisError, ResponseError
 
 _GLOB_SPECIAL = "\\*?[]^"
+
+
+# A test seam: awaited after each step of a node's walk with (node, "scan" | "unlink").
+StepHook = Callable[[str, str], Awaitable[None]]
+
+
+async def _no_hook(node: str, phase: str) -> None:
+    return None
 
 
 def glob_escape(prefix: str) -> str:
@@ -54,6 +67,8 @@ class RedisEvictReport:
     truncated: bool = False
     nodes: list[str] = field(default_factory=list)
     failed_nodes: dict[str, str] = field(default_factory=dict)
+    # per cluster master: what it did, complete or up to its failure
+    node_reports: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def add(self, other: RedisEvictReport) -> None:
         self.scanned += other.scanned
@@ -74,7 +89,16 @@ class RedisEvictReport:
         if self.nodes:
             out["nodes"] = list(self.nodes)
             out["failed_nodes"] = dict(self.failed_nodes)
+            out["node_reports"] = {k: dict(v) for k, v in self.node_reports.items()}
         return out
+
+    def summary(self, complete: bool) -> dict[str, Any]:
+        return {
+            "evicted_keys": self.evicted,
+            "scanned": self.scanned,
+            "freed_bytes": self.freed_bytes,
+            "complete": complete,
+        }
 
 
 async def _idle_and_size(
@@ -170,10 +194,15 @@ return res[1] .. ' ' .. matched .. ' ' .. n .. ' ' .. bytes
 
 
 async def _scan_unlink_all(
-    client: aioredis.Redis, prefix: str, scan_count: int, deadline: float
+    client: aioredis.Redis,
+    prefix: str,
+    scan_count: int,
+    deadline: float,
+    report: RedisEvictReport,
+    step: Callable[[str], Awaitable[None]],
 ) -> RedisEvictReport:
-    """Policy "all" in the node itself. Raises ResponseError on Redis < 7.0."""
-    report = RedisEvictReport()
+    """Policy "all" in the node itself, counted into ``report`` step by step (so a
+    failure part-way leaves what was done in it). Raises ResponseError on Redis < 7.0."""
     cursor = 0
     pattern = glob_escape(prefix) + "*"
     while True:
@@ -185,6 +214,7 @@ async def _scan_unlink_all(
         report.keys_before += matched
         report.evicted += n
         report.freed_bytes += size
+        await step("scan")
         if cursor == 0:
             return report
         if time.monotonic() > deadline:
@@ -209,7 +239,11 @@ def parse_scan_probe(raw: bytes) -> tuple[int, list[tuple[bytes, float, int]]]:
 
 
 async def _scan_probe_all(
-    client: aioredis.Redis, prefix: str, scan_count: int, deadline: float
+    client: aioredis.Redis,
+    prefix: str,
+    scan_count: int,
+    deadline: float,
+    step: Callable[[str], Awaitable[None]],
 ) -> tuple[list[tuple[bytes, float, int]], bool]:
     """Every key under ``prefix`` on this node with its idle time and size, through
     the script; (candidates, truncated). Raises ResponseError where scripts with
@@ -221,6 +255,7 @@ async def _scan_probe_all(
         raw = await client.eval(_SCAN_PROBE, 0, cursor, pattern, scan_count, prefix)
         cursor, got = parse_scan_probe(raw if isinstance(raw, bytes) else str(raw).encode())
         out.extend(got)
+        await step("scan")
         if cursor == 0:
             return out, False
         if time.monotonic() > deadline:
@@ -316,17 +351,22 @@ async def evict_node(
     batch: int = 500,
     deadline: float,
     cluster: bool = False,
+    report: RedisEvictReport | None = None,
+    step: Callable[[str], Awaitable[None]] | None = None,
 ) -> RedisEvictReport:
-    """Evict under ``prefix`` on one node. Raises redis errors on connection failure."""
+    """Evict under ``prefix`` on one node, counting into ``report`` as it goes (a
+    new one if None). Raises redis errors on connection failure; what was evicted
+    before is then in ``report``."""
+    report = RedisEvictReport() if report is None else report
+    hook = step or functools.partial(_no_hook, "")
     pre = prefix.encode()
     if policy == "all":
         try:
-            return await _scan_unlink_all(client, prefix, scan_count, deadline)
+            return await _scan_unlink_all(client, prefix, scan_count, deadline, report, hook)
         except ResponseError as exc:
             if str(exc).startswith(("MOVED", "ASK", "CROSSSLOT", "CLUSTERDOWN")):
                 raise
             # Redis < 7.0: the general path below
-    report = RedisEvictReport()
     scripts = _Scripts(client)
     candidates: list[tuple[bytes, float, int]] = []
     pending: list[bytes] = []
@@ -338,7 +378,9 @@ async def evict_node(
 
     fast = True
     try:
-        candidates, report.truncated = await _scan_probe_all(client, prefix, scan_count, deadline)
+        candidates, report.truncated = await _scan_probe_all(
+            client, prefix, scan_count, deadline, hook
+        )
         scripts.ok = True
     except ResponseError as exc:
         if str(exc).startswith(("MOVED", "ASK", "CROSSSLOT", "CLUSTERDOWN")):
@@ -374,6 +416,7 @@ async def evict_node(
             report.evicted += await scripts.unlink(chunk, pre, cluster)
             report.freed_bytes += freed
             chunk, freed = [], 0
+            await hook("unlink")
     return report
 
 
@@ -404,12 +447,14 @@ async def evict_redis(
     scan_count: int = 500,
     batch: int = 500,
     max_seconds: float = 5.0,
+    on_step: StepHook | None = None,
 ) -> RedisEvictReport:
     """Evict under ``prefix``: ``expired`` (entries idle >= expired_idle_s), ``lru`` (the
     ``fraction`` most idle entries) or ``all``, on a single node or every cluster master.
 
     A single node's connection failure raises; on a cluster each master's failure is
-    reported in ``failed_nodes`` and the others are still walked."""
+    reported in ``failed_nodes``, what it evicted before it failed is counted (and in
+    its ``node_reports`` entry), and the others are still walked."""
     if not prefix:
         raise ValueError("refusing to evict with an empty prefix")
     deadline = time.monotonic() + max_seconds
@@ -419,9 +464,12 @@ async def evict_redis(
         "batch": batch,
         "deadline": deadline,
     }
+    hook = on_step or _no_hook
     masters = await cluster_masters(client)
     if masters is None:
-        return await evict_node(client, prefix, policy, fraction, **kw)
+        return await evict_node(
+            client, prefix, policy, fraction, step=functools.partial(hook, ""), **kw
+        )
     report = RedisEvictReport()
     conn_kw = client.connection_pool.connection_kwargs
     for host, port in masters:
@@ -435,10 +483,22 @@ async def evict_redis(
             socket_timeout=conn_kw.get("socket_timeout") or 2.0,
             socket_connect_timeout=2.0,
         )
+        part = RedisEvictReport()
         try:
-            report.add(await evict_node(node, prefix, policy, fraction, cluster=True, **kw))
+            await evict_node(
+                node,
+                prefix,
+                policy,
+                fraction,
+                cluster=True,
+                report=part,
+                step=functools.partial(hook, name),
+                **kw,
+            )
         except (RedisError, OSError) as exc:
             report.failed_nodes[name] = f"{type(exc).__name__}: {str(exc)[:200]}"
         finally:
             await node.aclose()
+            report.add(part)
+            report.node_reports[name] = part.summary(name not in report.failed_nodes)
     return report

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from aiohttp import web
 
 from kcops.agent.actions import ladder as L
-from kcops.agent.actions.alertmanager import FINGERPRINT, STARTS_AT
+from kcops.agent.actions.alertmanager import FINGERPRINT, HERE, STARTS_AT, Addressed, identity_of
 from kcops.agent.actions.audit import AuditLog
 from kcops.agent.actions.base import Registry, SupervisorHandle
 from kcops.agent.actions.fallback_to_base import hold_of
@@ -28,12 +28,13 @@ from kcops.agent.actions.notify import send as send_notify
 from kcops.agent.actions.outcome import Outcome
 from kcops.agent.actions.registry import default_registry
 from kcops.agent.actions.runner import Run, Runner
-from kcops.agent.actions.scale_out import Replicas
+from kcops.agent.actions.scale_out import HoldKeeper, Replicas
 from kcops.agent.actions.statefile import read_state, write_atomic
 from kcops.agent.component import AgentContext
 from kcops.agent.engine import Engine
 from kcops.agent.events import AlertTransition, RemediationStep
 from kcops.agent.samples import Sample
+from kcops.errors import ActionRejected
 
 if TYPE_CHECKING:
     from kcops.agent.rules.loader import RuleSet
@@ -120,6 +121,8 @@ class Remediation:
         self.audit = AuditLog(Path(ctx.state_dir) / AUDIT_FILE)
         self.guards = Guards(self.config.actions.guards)
         self.replicas = Replicas()
+        # Any agent of the fleet ends an expired scale_out hold (docs/deploy.md).
+        self.holds = HoldKeeper(self.config, self._hold_released)
         self._own_engine = engine is None
         self.engine = engine or Engine(
             self.config.engine.url,
@@ -149,6 +152,9 @@ class Remediation:
             ruleset if ruleset is not None else load_ruleset(ctx)
         )
         self.ladders: dict[str, L.Ladder] = {}
+        # Which pod each Alertmanager alert is about: a ladder it started runs its
+        # pod steps only here if it names this pod (alertmanager.step_refusal).
+        self.addressed = Addressed(identity_of(self.config))
         self.ended: dict[str, float] = {}
         self.restores: dict[str, dict[str, Any]] = {}
         self._restore_runs: dict[str, Run] = {}
@@ -173,6 +179,7 @@ class Remediation:
         }
         self.ended = {k: float(v) for k, v in data.get("ended", {}).items()}
         self.restores = dict(data.get("restores", {}))
+        self.addressed.load(data.get("addressed", {}))
         desired = data.get("replicas")
         self.replicas.desired = (
             int(desired) if desired is not None else self.config.actions.scale.min_replicas
@@ -185,6 +192,7 @@ class Remediation:
         self._dirty = bool(self.ladders)
 
     async def stop(self) -> None:
+        await self.holds.stop()
         await self.runner.drain(timeout_s=max(0.5, self.config.agent.shutdown_deadline_s / 2))
         if self._page_tasks:
             await asyncio.wait(list(self._page_tasks), timeout=1.0)
@@ -208,6 +216,7 @@ class Remediation:
                 "ladders": {n: lad.to_json() for n, lad in self.ladders.items()},
                 "ended": self.ended,
                 "restores": self.restores,
+                "addressed": self.addressed.to_json(),
                 "replicas": self.replicas.desired,
             },
         )
@@ -266,6 +275,7 @@ class Remediation:
         if ev.state == "firing":
             self._firing(ev, fp, now)
         elif ev.state == "inactive":
+            self.addressed.drop(ev.alertname, fp)
             lad = self.ladders.get(ev.alertname)
             if lad is not None:
                 lad.instances.pop(fp, None)
@@ -275,7 +285,15 @@ class Remediation:
 
     def _firing(self, ev: AlertTransition, fp: str, now: float) -> None:
         name = ev.alertname
+        here = ev.source == "local"
+        if ev.source == "alertmanager":
+            here = self.addressed.note(name, fp, dict(ev.labels)) == HERE
         lad = self.ladders.get(name)
+        if lad is not None and here and self._superseded(lad) and self.config.actions.mode != "off":
+            carried = dict(lad.instances)
+            self._close(lad, now, "superseded", by=ev.to_json())
+            self._start(ev, fp, now, carried)
+            return
         if lad is not None:
             if lad.unconfirmed_until is not None:
                 lad.unconfirmed_until = None
@@ -300,13 +318,34 @@ class Remediation:
             if name not in self.local_rule_names():
                 self._decision(ev, now, "ignored", "no local rule of that name")
                 return
+        self._start(ev, fp, now, {})
+
+    def _superseded(self, lad: L.Ladder) -> bool:
+        """A ladder that only Alertmanager alerts about other pods (or none) started
+        refuses its pod steps; once this pod's own alert fires it starts over here."""
+        if self.addressed.here(lad.alertname, lad.instances):
+            return False
+        return any(self._scope(s["action"]) == "pod" for s in lad.steps)
+
+    def _scope(self, action: str) -> str:
+        return self.registry.get(action).scope if action in self.registry else "pod"
+
+    def _start(self, ev: AlertTransition, fp: str, now: float, carried: dict[str, str]) -> None:
+        name = ev.alertname
         steps = ev.remediation if ev.source == "local" and ev.remediation else self.steps_for(name)
         if not steps:
             if ev.source == "alertmanager":
                 self._decision(ev, now, "ignored", "the rule has no remediation ladder")
             return
+        instances = {**carried, fp: ev.source}
+        lease = self.config.actions.scale.lease.backend
+        why = [self.addressed.refusal(name, instances, self._scope(s.action), lease) for s in steps]
+        if all(why):
+            # nothing of the ladder may run here: record why, start nothing
+            self._decision(ev, now, "refused", str(why[0]))
+            return
         lad = L.Ladder.new(name, steps, now, ev.to_json())
-        lad.instances[fp] = ev.source
+        lad.instances.update(instances)
         self.ladders[name] = lad
         self._dirty = True
         self._audit_ladder(lad, "started", now)
@@ -341,12 +380,14 @@ class Remediation:
         }
         self.audit.append(rec)
 
-    def _close(self, lad: L.Ladder, now: float, why: str) -> None:
+    def _close(self, lad: L.Ladder, now: float, why: str, **extra: Any) -> None:
         self.ladders.pop(lad.alertname, None)
+        if why != "superseded":
+            self.addressed.forget(lad.alertname)
         self._running.pop(lad.alertname, None)
         self.ended[lad.alertname] = now
         self._dirty = True
-        self._audit_ladder(lad, why, now)
+        self._audit_ladder(lad, why, now, **extra)
 
     def _advance(self, lad: L.Ladder, now: float) -> None:
         """Feed the ladder this tick (and the outcome of a run that finished)."""
@@ -383,8 +424,15 @@ class Remediation:
     def _carry_out(self, lad: L.Ladder, d: L.Decision, ev: L.Event) -> L.Event | None:
         now = ev.now
         if isinstance(d, L.Submit):
+            lease = self.config.actions.scale.lease.backend
+            why = self.addressed.refusal(lad.alertname, lad.instances, self._scope(d.action), lease)
             run = self.runner.submit(
-                d.action, d.params, now=now, trigger=lad.trigger, ladder=lad.ref()
+                d.action,
+                d.params,
+                now=now,
+                trigger=lad.trigger,
+                ladder=lad.ref(),
+                refuse=ActionRejected(why, "not_this_pod") if why else None,
             )
             lad.run_id = run.id
             if not run.done:
@@ -457,6 +505,14 @@ class Remediation:
             if run.outcome in (Outcome.OK, Outcome.DRY_RUN):
                 del self.restores[name]
                 self._dirty = True
+
+    def _hold_released(self, floor: int, now: float) -> None:
+        self.replicas.desired = floor
+        self._dirty = True
+        self.audit.append(
+            {"kind": "fleet", "ts": now, "event": "hold_released", "min_replicas": floor}
+        )
+        log.info("fleet hold over: replica floor back to %d", floor)
 
     # -- paging -------------------------------------------------------------
 
@@ -540,6 +596,7 @@ class Remediation:
                 continue
             self._advance(lad, now)
         self._restores(now)
+        self.holds.poll(now)
         self.publish(now)
         if self._dirty:
             self.save()

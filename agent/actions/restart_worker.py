@@ -4,7 +4,8 @@
   drain, SIGTERM, SIGKILL, respawn — see :mod:`kcops.agent.supervisor`;
 - ``signal``: SIGTERM the engine pid (shared process namespace), SIGKILL
   after the grace period; whoever owns the process restarts it;
-- ``kubernetes``: delete the own pod through the API.
+- ``kubernetes``: evict the own pod through the API (the Eviction API, which
+  honours the PodDisruptionBudget); the Deployment replaces it.
 """
 
 from __future__ import annotations
@@ -121,14 +122,14 @@ async def restart_worker(ctx: ActionContext, p: NoParams) -> ActionResult:
         )
     if mode == "signal":
         return await _signal_restart(ctx)
-    info = await KubeClient(ctx.config.actions.kubernetes).delete_own_pod()
-    return ActionResult(detail=f"deleted pod {info['namespace']}/{info['pod']}", data=info)
+    info = await KubeClient(ctx.config.actions.kubernetes).evict_own_pod()
+    return ActionResult(detail=f"evicted pod {info['namespace']}/{info['pod']}", data=info)
 
 
 SPEC = ActionSpec(
     "restart_worker",
     restart_worker,
     NoParams,
-    "Restart the engine: drain, SIGTERM, SIGKILL, respawn (supervised), or signal/delete pod.",
+    "Restart the engine: drain, SIGTERM, SIGKILL, respawn (supervised), or signal/evict pod.",
     precheck=applicable,
 )

@@ -192,8 +192,12 @@ class Runner:
         force: bool = False,
         reason: str | None = None,
         dry_run: bool = False,
+        refuse: ActionRejected | None = None,
     ) -> Run:
         """Decide and (maybe) start one run. Never raises for a refusal: see ``run.outcome``.
+
+        ``refuse``: the caller found the run not applicable here (a ladder step out of
+        the scope of the alert that started it); it is recorded as that refusal.
 
         A returned run whose ``done`` is False is executing; await ``run.task``.
         """
@@ -214,7 +218,7 @@ class Runner:
             reason=reason,
         )
         owner = str(ladder["id"]) if ladder and "id" in ladder else None
-        decided = self._decide(run, owner)
+        decided = self._decide(run, owner, refuse)
         if decided is None:
             return run
         spec, parsed = decided
@@ -238,7 +242,9 @@ class Runner:
         run.task.add_done_callback(self.tasks.discard)
         return run
 
-    def _decide(self, run: Run, owner: str | None) -> tuple[ActionSpec, Params] | None:
+    def _decide(
+        self, run: Run, owner: str | None, refuse: ActionRejected | None = None
+    ) -> tuple[ActionSpec, Params] | None:
         """Parameters, mode, applicability, then guards; None when refused (recorded)."""
         try:
             if run.forced and not (isinstance(run.reason, str) and run.reason.strip()):
@@ -248,6 +254,8 @@ class Runner:
             run.params = parsed.model_dump(mode="json")
             if run.mode == "off":
                 raise ActionRejected("remediation mode is off", "off")
+            if refuse is not None:
+                raise refuse
             # Applicability before guards: a step that cannot act here spends nothing.
             check = Check(self.config, self.engine, self.supervisor, run.t)
             if run.target == "engine" and self.engine.tracked:

@@ -3,11 +3,15 @@
 A fleet action: with ``actions.scale.lease.backend`` set it first takes the
 fleet lease (:mod:`kcops.agent.actions.lease`), checks the fleet's cooldown,
 and writes the new replica floor fenced by its lease token. In a cluster the
-floor is the HPA's ``minReplicas`` (``actions.scale.hpa``): the HPA keeps
-owning ``replicas``, kcops only stops it from going below the floor until
-``hold_s`` has passed, after which any agent's next scale_out (or the hold
-task of the agent that raised it) puts the floor back. Outside Kubernetes
-the floor lives in Redis and every agent publishes it as
+floor is the HPA's ``minReplicas`` (``actions.scale.hpa``, and never above
+the HPA's own ``maxReplicas``): the HPA keeps owning ``replicas``, kcops only
+stops it from going below the floor until ``hold_s`` has passed. The hold's
+end is recorded with the floor (HPA annotations, or the Redis hash), and
+every agent of the fleet checks it every :data:`RELEASE_CHECK_S` from its
+remediation tick (:class:`HoldKeeper`): the first to see it passed takes the
+lease and puts the floor back, so the floor comes back even when the agent
+that raised it was restarted or replaced meanwhile. Outside Kubernetes the
+floor lives in Redis and the agent that wrote it publishes it as
 ``kcops_desired_replicas``.
 
 With no lease backend the agent acts alone and only publishes the gauge.
@@ -16,6 +20,7 @@ With no lease backend the agent acts alone and only publishes the gauge.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -27,8 +32,13 @@ from kcops.agent.actions.lease import Fleet, FleetState, FleetWrite, Grant
 from kcops.agent.config import Config
 from kcops.errors import ActionRejected
 
+log = logging.getLogger("kcops.agent.actions")
+
 # A test seam: awaited between taking the lease and writing (None in production).
 PauseHook = Callable[[Grant], Awaitable[None]]
+
+# How often each agent reads the fleet's hold (one GET of the HPA, or one HGETALL).
+RELEASE_CHECK_S = 30.0
 
 
 class Replicas:
@@ -36,8 +46,6 @@ class Replicas:
 
     def __init__(self, desired: int | None = None) -> None:
         self.desired = desired
-        # the hold timers this agent started (restore minReplicas after hold_s)
-        self.tasks: set[asyncio.Task[None]] = set()
 
 
 class ScaleParams(Params):
@@ -124,11 +132,13 @@ async def scale_out(ctx: ActionContext, p: ScaleParams) -> ActionResult:
                 "cooldown",
             )
         current = max(st.replicas, st.min_replicas)
-        wanted = min(cfg.max_replicas, max(cfg.min_replicas, current + step))
+        top, bound = cfg.max_replicas, "actions.scale.max_replicas"
+        if st.max_replicas is not None and st.max_replicas < top:
+            top, bound = st.max_replicas, "the HPA's maxReplicas"
+        wanted = min(top, max(cfg.min_replicas, current + step))
         if wanted <= st.min_replicas:
             raise ActionRejected(
-                f"replica floor {st.min_replicas} already at max_replicas {cfg.max_replicas}",
-                "at_bound",
+                f"replica floor {st.min_replicas} already at {bound} {top}", "at_bound"
             )
         if pause is not None:
             await pause(grant)
@@ -142,7 +152,6 @@ async def scale_out(ctx: ActionContext, p: ScaleParams) -> ActionResult:
     finally:
         await fleet.close()
     replicas.desired = wanted
-    _start_hold(ctx.config, replicas, cfg.hold_s)
     target = f"HPA {cfg.hpa} minReplicas" if cfg.lease.backend == "kubernetes" else "fleet floor"
     return ActionResult(
         detail=f"{target} {before.min_replicas} -> {wanted} for {cfg.hold_s:.0f}s (as {holder})",
@@ -194,43 +203,84 @@ async def _alone(ctx: ActionContext, replicas: Replicas, step: int) -> ActionRes
 async def release_hold(config: Config, now: float) -> int | None:
     """Put the floor back to what it was before the hold, once the hold has passed.
 
-    Returns the restored floor, or None when there was nothing to restore.
-    Takes the fleet lease, so two agents never restore (or restore and raise) at once.
+    Returns the restored floor, or None when there was nothing to restore. Reads
+    the fleet's state first (no lease needed to find nothing to do); only a hold
+    that has passed takes the fleet lease, so two agents never restore (or
+    restore and raise) at once. Raises ActionRejected (``busy``: another agent
+    holds the lease; ``fenced``) and the backend's errors.
     """
     fleet = open_fleet(config)
     if fleet is None:
         return None
 
+    def passed(st: FleetState) -> bool:
+        return st.base_min is not None and st.hold_until is not None and now >= st.hold_until
+
     async def body(grant: Grant, st: FleetState) -> int | None:
-        if st.base_min is None or st.hold_until is None or now < st.hold_until:
+        if not passed(st) or st.base_min is None:
             return None
         await fleet.write(grant, FleetWrite(st.base_min, None, None, None), 0.0, now)
         return st.base_min
 
     try:
+        if not passed(await fleet.read()):
+            return None
         result: int | None = await _locked(fleet, holder_name(config), now, body)
         return result
     finally:
         await fleet.close()
 
 
-def _start_hold(config: Config, replicas: Replicas, hold_s: float) -> None:
-    """After hold_s, give the floor back. Best effort: an agent restarted during the
-    hold forgets its timer, and the floor then stays raised until the hold of the
-    fleet's next scale_out ends (docs/deploy.md says so)."""
+class HoldKeeper:
+    """Ends the fleet's hold from whichever agent sees it passed first.
 
-    async def later() -> None:
-        import time
+    :meth:`poll` is called from the remediation tick; every ``every_s`` it
+    starts one background check (never more than one at a time, never on the
+    tick itself). Only an enforcing agent with a fleet lease backend checks.
+    """
 
-        await asyncio.sleep(hold_s)
+    def __init__(
+        self,
+        config: Config,
+        on_release: Callable[[int, float], None],
+        every_s: float = RELEASE_CHECK_S,
+    ) -> None:
+        self.config = config
+        self.on_release = on_release
+        self.every_s = every_s
+        self.next_at = 0.0
+        self.task: asyncio.Task[None] | None = None
+        self.last_error: str | None = None
+
+    def poll(self, now: float) -> None:
+        cfg = self.config.actions
+        if cfg.mode != "enforce" or cfg.scale.lease.backend == "none":
+            return
+        if now < self.next_at or (self.task is not None and not self.task.done()):
+            return
+        self.next_at = now + self.every_s
+        self.task = asyncio.get_running_loop().create_task(self._check(now))
+
+    async def _check(self, now: float) -> None:
         try:
-            await release_hold(config, time.time())
-        except ActionRejected:
-            pass  # another agent holds the lease: it will see the expired hold
+            restored = await release_hold(self.config, now)
+        except ActionRejected as exc:
+            # busy: another agent holds the lease and sees the same expired hold
+            self.last_error = str(exc)
+            log.debug("fleet hold not released here: %s", exc)
+            return
+        except Exception as exc:
+            self.last_error = f"{type(exc).__name__}: {exc}"
+            log.warning("fleet hold check failed: %s", self.last_error)
+            return
+        self.last_error = None
+        if restored is not None:
+            self.on_release(restored, now)
 
-    task = asyncio.get_running_loop().create_task(later())
-    replicas.tasks.add(task)
-    task.add_done_callback(replicas.tasks.discard)
+    async def stop(self) -> None:
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+            await asyncio.gather(self.task, return_exceptions=True)
 
 
 SPEC = ActionSpec(

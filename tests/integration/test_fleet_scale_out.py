@@ -83,8 +83,6 @@ async def resolve_all(rems: list[Any], clock: ManualClock) -> None:
 
 async def stop_all(rems: list[Any]) -> None:
     for rem in rems:
-        for task in list(rem.replicas.tasks):
-            task.cancel()
         await rem.stop()
 
 
@@ -261,3 +259,45 @@ def test_scopes() -> None:
     assert scopes.pop("scale_out") == "fleet"
     assert set(scopes.values()) == {"pod"}
     assert default_registry().get("scale_out").describe()["scope"] == "fleet"
+
+
+@pytest.mark.slow
+def test_one_scale_out_across_three_agents_on_a_redis_cluster(tmp_path: Path) -> None:
+    """The fleet lock on a three-master Redis Cluster: each agent is pointed at a
+    different master, so two of them reach the lock's slot only through the
+    cluster client (a plain client would get MOVED there)."""
+    from redis.cluster import RedisCluster
+    from redis.crc import key_slot
+
+    from tests.redis_cluster import redis_cluster
+
+    tag = "{kcops:fleet:kcops-fleet-scale-out}"
+    with redis_cluster(tmp_path / "cluster") as c:
+        masters = c.masters()
+        rc = RedisCluster.from_url(c.url())
+        owner = rc.get_node_from_key(tag + ":lock").port
+        assert key_slot((tag + ":state").encode()) == key_slot((tag + ":lock").encode())
+        assert sum(1 for p in masters if p != owner) == 2
+
+        async def main() -> None:
+            clock = ManualClock()
+            rems = []
+            for name, port in zip(("agent-a", "agent-b", "agent-c"), masters, strict=True):
+                actions = fleet_actions(c.url(port), name)
+                ctx, _ = make_ctx(tmp_path / name, None, clock, **actions)
+                rems.append(await make_rem(ctx))
+            try:
+                await fire_all(rems, clock)
+                runs = scale_runs(rems)
+                assert len(runs) == 3
+                ok = [r for r in runs if r["outcome"] == "ok"]
+                assert len(ok) == 1, [(r["outcome"], r["error"]) for r in runs]
+                assert all(r["outcome"] in ("ok", "skipped_busy", "skipped_cooldown") for r in runs)
+                assert int(rc.hget(tag + ":state", "min_replicas")) == 2
+            finally:
+                await stop_all(rems)
+
+        try:
+            asyncio.run(main())
+        finally:
+            rc.close()

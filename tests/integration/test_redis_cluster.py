@@ -2,8 +2,9 @@
 
 The worker's tier stores and reloads entries through the cluster; evict_cache's
 Redis part walks every master, never leaves the prefix, evicts an entry's
-co-located keys together, and when a master dies mid-action reports the node
-it could not walk while losing nothing outside the prefix.
+co-located keys together, and when a master dies in the middle of its own walk
+reports the node it could not finish, counts what it had evicted there, and
+loses nothing outside the prefix.
 """
 
 from __future__ import annotations
@@ -104,28 +105,62 @@ def test_lru_evicts_whole_entries(cluster: Cluster) -> None:
     assert all(rc.get(k) == b"keep" for k in OTHERS)
 
 
-def test_master_failover_mid_eviction(cluster: Cluster) -> None:
+@pytest.mark.parametrize(
+    ("policy", "phase"),
+    [("all", "scan"), ("lru", "unlink")],  # killed after its first SCAN / UNLINK batch
+)
+def test_master_failover_mid_eviction(cluster: Cluster, policy: str, phase: str) -> None:
     rc = seed(cluster, 300)
     masters = cluster.masters()
     for p in masters:  # make sure the replicas hold every write before the failure
         with contextlib.closing(cluster.node(p)) as r:
             assert r.execute_command("WAIT", 1, 5000) >= 1
     victim, seed_port = masters[-1], masters[0]
+    name = f"127.0.0.1:{victim}"
     on_victim = cluster.node(victim).dbsize()
     others_on_victim = sum(1 for k in OTHERS if rc.get_node_from_key(k).port == victim)
-    cluster.kill(victim)  # the cluster has not noticed yet: still listed as a master
-    out = evict(cluster.url(seed_port))
-    assert list(out["failed_nodes"]) == [f"127.0.0.1:{victim}"]
-    assert out["failed_nodes"][f"127.0.0.1:{victim}"]  # says what went wrong
-    assert out["evicted_keys"] > 0
+    killed: list[str] = []
+
+    async def step(node: str, ph: str) -> None:
+        # the victim dies inside its own walk, once it has evicted a first batch;
+        # WAIT first, so its replica holds those deletions when it takes over
+        if node == name and ph == phase and not killed:
+            with contextlib.closing(cluster.node(victim)) as r:
+                assert r.execute_command("WAIT", 1, 5000) >= 1
+            cluster.kill(victim)
+            killed.append(ph)
+
+    async def main() -> dict[str, Any]:
+        client = aioredis.from_url(cluster.url(seed_port))
+        try:
+            rep = await evict_redis(
+                client, PREFIX, policy, 1.0, expired_idle_s=0, batch=16, scan_count=20,
+                on_step=step,
+            )  # fmt: skip
+        finally:
+            await client.aclose()
+        return rep.to_json()
+
+    out = asyncio.run(main())
+    assert killed == [phase]
+    assert list(out["failed_nodes"]) == [name]
+    assert out["failed_nodes"][name]  # says what went wrong
+    # the keys it evicted before it died are counted, and marked incomplete
+    part = out["node_reports"][name]
+    assert part["complete"] is False and part["evicted_keys"] > 0
+    done = [r for n, r in out["node_reports"].items() if n != name]
+    assert all(r["complete"] for r in done) and len(done) == 2
+    assert out["evicted_keys"] == part["evicted_keys"] + sum(r["evicted_keys"] for r in done)
 
     cluster.wait_healthy(masters=3)  # the victim's replica has taken over
     rc.close()
     rc = RedisCluster.from_url(cluster.url(seed_port))
     assert all(rc.get(k) == b"keep" for k in OTHERS)  # nothing outside the prefix lost
     left = prefix_keys(rc)
-    # what is left is exactly what the failed master held, and it is reported
-    assert len(left) == on_victim - others_on_victim == 600 - out["evicted_keys"]
+    # what is left is what the failed master held and had not evicted yet: the
+    # report says exactly what is gone
+    assert len(left) == on_victim - others_on_victim - part["evicted_keys"]
+    assert len(left) == 600 - out["evicted_keys"] > 0
     # a second run on the healed cluster finishes the job
     out2 = evict(cluster.url(seed_port))
     assert out2["failed_nodes"] == {} and out2["evicted_keys"] == len(left)

@@ -99,7 +99,7 @@ def test_scale_out_patches_the_deployment_and_publishes_the_gauge(tmp_path: Path
     asyncio.run(body())
 
 
-def test_restart_worker_deletes_the_own_pod(tmp_path: Path) -> None:
+def test_restart_worker_evicts_the_own_pod(tmp_path: Path) -> None:
     async def body() -> None:
         k = Recorder()
         url = await k.start()
@@ -119,8 +119,9 @@ def test_restart_worker_deletes_the_own_pod(tmp_path: Path) -> None:
         finally:
             await rem.stop()
             await k.stop()
+        # the Eviction API (it honours the PodDisruptionBudget), never a plain DELETE
         assert [(r[0], r[1]) for r in k.requests] == [
-            ("DELETE", "/api/v1/namespaces/serving/pods/llm-0")
+            ("POST", "/api/v1/namespaces/serving/pods/llm-0/eviction")
         ]
 
     asyncio.run(body())

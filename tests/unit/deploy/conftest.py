@@ -31,6 +31,12 @@ def rendered() -> dict[str, list[dict[str, Any]]]:
     return {name: kustomize(DEPLOY / "overlays" / name) for name in OVERLAYS}
 
 
+@pytest.fixture(scope="session")
+def cluster_scoped() -> list[dict[str, Any]]:
+    """deploy/cluster: what is applied once per cluster (the admission policy)."""
+    return kustomize(DEPLOY / "cluster")
+
+
 def find(docs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
     hits = [
         d for d in docs if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)

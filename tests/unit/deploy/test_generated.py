@@ -79,3 +79,37 @@ def test_adapter_queries_are_valid_promql(
         )
         exprs.append({"record": f"adapter:{r['name']['as']}", "expr": q})
     _promtool_check(tmp_path, [{"name": "adapter", "rules": exprs}])
+
+
+def _quantity(q: str | int | float) -> float:
+    """A Kubernetes quantity as a number (the forms the HPA uses: plain or milli)."""
+    text = str(q)
+    return float(text[:-1]) / 1000 if text.endswith("m") else float(text)
+
+
+def test_hpa_kc_target_is_the_alert_rules_surge_ratio(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    """The HPA scales on the same "K(C) up 50%" as KcopsKCSurge fires on, over the
+    same windows: changing one without the other fails here."""
+    params = yaml.safe_load((REPO / "alerts" / "rules.yaml").read_text())["params"]
+    ratio = float(params["kc_surge_ratio"])
+    for overlay in OVERLAYS:
+        hpa = find(rendered[overlay], "HorizontalPodAutoscaler", "llm-serving")
+        targets = {
+            m["pods"]["metric"]["name"]: _quantity(m["pods"]["target"]["averageValue"])
+            for m in hpa["spec"]["metrics"]
+        }
+        assert targets["kcops_kc_surge_ratio"] == ratio
+        rule = find(rendered[overlay], "PrometheusRule")
+        surge = next(
+            r
+            for g in rule["spec"]["groups"]
+            for r in g["rules"]
+            if r.get("alert") == "KcopsKCSurge"
+        )
+        assert f">= {ratio:g} * (" in surge["expr"]
+        cm = find(rendered[overlay], "ConfigMap", "kcops-prometheus-adapter-rules")
+        rules = yaml.safe_load(cm["data"]["config.yaml"])["rules"]
+        q = next(r["metricsQuery"] for r in rules if r["name"]["as"] == "kcops_kc_surge_ratio")
+        assert f"[{params['rate_window']}]" in q and f"[{params['baseline_window']}]" in q

@@ -42,6 +42,40 @@ def test_agent_sidecar(overlay: str, rendered: dict[str, list[dict[str, Any]]]) 
     assert vols["kcops-token"]["secret"]["secretName"] == "kcops-token"
 
 
+def _effective(pod: dict[str, Any], c: dict[str, Any], field: str) -> Any:
+    return c.get("securityContext", {}).get(field, pod["securityContext"].get(field))
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_engine_and_agent_run_as_different_users_sharing_only_a_group(
+    overlay: str, rendered: dict[str, list[dict[str, Any]]]
+) -> None:
+    """With one UID and a shared process namespace the engine could open
+    /proc/<agent pid>/root and read the agent's tokens; another UID cannot."""
+    dep = find(rendered[overlay], "Deployment", "llm-serving")
+    pod = dep["spec"]["template"]["spec"]
+    cs = _containers(dep)
+    agent_uid = _effective(pod, cs["kcops-agent"], "runAsUser")
+    for name, c in cs.items():
+        uid = _effective(pod, c, "runAsUser")
+        assert isinstance(uid, int) and uid > 0, f"{name} runs as {uid}"
+        if name != "kcops-agent":
+            assert uid != agent_uid, f"{name} shares the agent's UID {uid}"
+        caps = c.get("securityContext", {}).get("capabilities", {})
+        assert caps.get("drop") == ["ALL"] and not caps.get("add"), f"{name}: {caps}"
+        assert c["securityContext"].get("allowPrivilegeEscalation") is False, name
+    # one group for the probe socket, and the agent makes it group-writable
+    group = _effective(pod, cs["kcops-agent"], "runAsGroup")
+    assert group == _effective(pod, cs["engine"], "runAsGroup") == pod["securityContext"]["fsGroup"]
+    agent = cs["kcops-agent"]
+    assert agent["command"] == ["/bin/sh", "-c"]
+    assert agent["args"][0].startswith("umask 0007 && exec kcops agent run ")
+    # no token file is world-readable
+    vols = {v["name"]: v for v in pod["volumes"]}
+    assert vols["kcops-token"]["secret"]["defaultMode"] & 0o007 == 0
+    assert vols["kube-api-access"]["projected"]["defaultMode"] & 0o007 == 0
+
+
 def test_vllm_engine_gets_the_plugin_from_the_init_container(
     rendered: dict[str, list[dict[str, Any]]],
 ) -> None:
@@ -75,16 +109,45 @@ def test_rbac_is_narrow(overlay: str, rendered: dict[str, list[dict[str, Any]]])
     docs = rendered[overlay]
     assert not [d for d in docs if d["kind"] in ("ClusterRole", "ClusterRoleBinding")]
     role = find(docs, "Role", "kcops-agent")
+    grants = set()
     for rule in role["rules"]:
         assert "*" not in rule["verbs"] and "*" not in rule["resources"]
-        if rule["resources"] in (["horizontalpodautoscalers"], ["deployments/scale"]):
-            assert rule["resourceNames"] == ["llm-serving"]
-        if "update" in rule["verbs"]:
-            assert rule.get("resourceNames"), f"update without resourceNames: {rule}"
+        for res in rule["resources"]:
+            for verb in rule["verbs"]:
+                grants.add((res, verb, tuple(rule.get("resourceNames", ()))))
+    # exactly these: a named Lease and HPA, and evictions (no create of Leases, which
+    # RBAC cannot name; no pod delete, which would skip the disruption budget)
+    assert grants == {
+        ("leases", "get", ("kcops-fleet-scale-out",)),
+        ("leases", "update", ("kcops-fleet-scale-out",)),
+        ("horizontalpodautoscalers", "get", ("llm-serving",)),
+        ("horizontalpodautoscalers", "patch", ("llm-serving",)),
+        ("pods/eviction", "create", ()),
+    }
+    lease = find(docs, "Lease", "kcops-fleet-scale-out")
+    assert "spec" not in lease, "a re-apply must not reset what the agents wrote"
     hpa = find(docs, "HorizontalPodAutoscaler", "llm-serving")
     assert hpa["spec"]["scaleTargetRef"]["name"] == "llm-serving"
-    policy = find(docs, "ValidatingAdmissionPolicy")
-    assert "llm-serving" in policy["spec"]["validations"][0]["expression"]
+    pdb = find(docs, "PodDisruptionBudget", "llm-serving")
+    assert pdb["spec"]["maxUnavailable"] == 1
+    assert pdb["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+    # cluster-scoped objects are not in a namespaced overlay
+    assert not [d for d in docs if d["kind"].startswith("ValidatingAdmission")]
+
+
+def test_admission_policy_limits_evictions_to_the_agents_own_pod(
+    cluster_scoped: list[dict[str, Any]],
+) -> None:
+    policy = find(cluster_scoped, "ValidatingAdmissionPolicy")
+    rules = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert {"operations": ["CREATE"], "resources": ["pods/eviction"]}.items() <= rules[0].items()
+    expr = policy["spec"]["validations"][0]["expression"]
+    assert "authentication.kubernetes.io/pod-name" in expr and "request.name" in expr
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    binding = find(cluster_scoped, "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    assert all("namespace" not in d["metadata"] for d in cluster_scoped)
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -102,26 +165,40 @@ def test_agent_config_is_valid(overlay: str, rendered: dict[str, list[dict[str, 
     assert cfg.actions.scale.hpa == "llm-serving"
     assert cfg.actions.scale.lease.backend == "kubernetes"
     assert cfg.engine.adapter == {"vllm": "vllm", "kcops-worker": "kcops"}[overlay]
+    # the store fills to its budget: it must fit in the container with the rest
+    # (idle RSS ~100 MiB with the Kubernetes client, docs/benchmarks.md)
+    dep = find(rendered[overlay], "Deployment", "llm-serving")
+    limit = _containers(dep)["kcops-agent"]["resources"]["limits"]["memory"]
+    assert limit.endswith("Mi")
+    assert cfg.store.max_bytes * 1.25 + (128 << 20) <= int(limit[:-2]) << 20
     # the Role names exactly the objects the agent is configured to touch
     role = find(rendered[overlay], "Role", "kcops-agent")
     names = {n for r in role["rules"] for n in r.get("resourceNames", [])}
     assert {cfg.actions.scale.hpa, cfg.actions.scale.lease.name} <= names
 
 
+@pytest.mark.parametrize("overlay", OVERLAYS)
 def test_alertmanager_routes_kcops_alerts_to_the_agent_webhook(
-    rendered: dict[str, list[dict[str, Any]]],
+    overlay: str, rendered: dict[str, list[dict[str, Any]]]
 ) -> None:
-    amc = find(rendered["vllm"], "AlertmanagerConfig")
+    docs = rendered[overlay]
+    amc = find(docs, "AlertmanagerConfig")
     hook = amc["spec"]["receivers"][0]["webhookConfigs"][0]
-    svc = find(rendered["vllm"], "Service", "kcops-agent")
-    assert (
-        hook["url"] == f"http://kcops-agent:{svc['spec']['ports'][0]['port']}/api/v1/alertmanager"
-    )
+    svc = find(docs, "Service", "kcops-agent")
+    ns = svc["metadata"]["namespace"]
+    assert ns == "serving"
+    # Alertmanager runs in namespace monitoring: a short name would resolve there
+    port = svc["spec"]["ports"][0]["port"]
+    assert hook["url"] == f"http://kcops-agent.{ns}.svc:{port}/api/v1/alertmanager"
+    # every namespaced object lands in the same namespace as the Service
+    assert {d["metadata"].get("namespace") for d in docs} == {ns}
+    # alerts still arrive while every engine (hence every pod's readiness) is down
+    assert svc["spec"]["publishNotReadyAddresses"] is True
     assert hook["httpConfig"]["authorization"]["credentials"]["name"] == "kcops-token"
     # every alert the PrometheusRule defines matches the route
     import re
 
-    rule = find(rendered["vllm"], "PrometheusRule")
+    rule = find(docs, "PrometheusRule")
     matcher = amc["spec"]["route"]["matchers"][0]
     names = [r["alert"] for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r]
     assert names and all(re.fullmatch(matcher["value"], n) for n in names)

@@ -63,6 +63,16 @@ def test_every_object_validates(overlay: str, rendered: dict[str, list[dict[str,
     } <= kinds
 
 
+def test_cluster_scoped_objects_validate(cluster_scoped: list[dict[str, Any]]) -> None:
+    version = kv.latest_version()
+    assert {d["kind"] for d in cluster_scoped} == {
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    }
+    for doc in cluster_scoped:
+        kv.validate(doc, version, strict=True)
+
+
 def test_validators_catch_a_bad_object(rendered: dict[str, list[dict[str, Any]]]) -> None:
     """The checks above can fail: a misspelt field is caught by both validators."""
     import copy

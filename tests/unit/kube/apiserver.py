@@ -6,6 +6,10 @@ endpoints the agent uses with response bodies shaped like the API server's
 concurrency (a stale ``resourceVersion`` gets 409 Conflict), and enforces the
 Role of deploy/base/rbac.yaml: a request the Role does not allow gets 403,
 so the tests prove the shipped RBAC is enough and the client asks no more.
+It also checks what a real server would refuse of the agent's writes: a
+Lease's MicroTime fields must carry six fraction digits (400 otherwise), and
+an Eviction is answered 429 while ``evictions_allowed`` is False, as the
+server does when the PodDisruptionBudget allows no disruption.
 Every request is recorded (verb, path, content type, token, body).
 """
 
@@ -24,12 +28,20 @@ from aiohttp import web
 
 REPO = Path(__file__).resolve().parents[3]
 ROLE = REPO / "deploy" / "base" / "rbac.yaml"
+LEASE = REPO / "deploy" / "base" / "lease.yaml"
+# metav1.MicroTime's wire form (RFC3339Micro): exactly six fraction digits.
+MICRO_TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}(Z|[+-]\d\d:\d\d)$")
 
 _PATH = re.compile(
     r"^/(?:api/(?P<core>v1)|apis/(?P<group>[^/]+)/(?P<version>[^/]+))"
     r"/namespaces/(?P<ns>[^/]+)/(?P<resource>[^/]+)(?:/(?P<name>[^/]+))?(?:/(?P<sub>[^/]+))?$"
 )
 _VERB = {"GET": "get", "POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
+
+
+def shipped_lease() -> dict[str, Any]:
+    """The Lease object deploy/ applies (deploy/base/lease.yaml)."""
+    return dict(yaml.safe_load(LEASE.read_text()))
 
 
 def load_role_rules() -> list[dict[str, Any]]:
@@ -53,6 +65,7 @@ class ApiServer:
     rules: list[dict[str, Any]] = field(default_factory=load_role_rules)
     objects: dict[str, dict[str, Any]] = field(default_factory=dict)
     requests: list[Request] = field(default_factory=list)
+    evictions_allowed: bool = True
     _rv: itertools.count = field(default_factory=lambda: itertools.count(100))
     _runner: web.AppRunner | None = None
 
@@ -113,6 +126,11 @@ class ApiServer:
                 "Forbidden",
                 f'{resource} "{m["name"]}" is forbidden: cannot {verb} in group "{group}"',
             )
+        bad = self.bad_micro_time(m["resource"], body)
+        if bad:
+            return self.status(400, "BadRequest", bad)
+        if request.method == "POST" and m["sub"] == "eviction":
+            return self.evict(request.path.rsplit("/", 1)[0])
         if request.method == "POST":
             path = f"{request.path}/{body['metadata']['name']}"
             if path in self.objects:
@@ -134,6 +152,33 @@ class ApiServer:
         new.setdefault("metadata", {}).pop("resourceVersion", None)
         self.put(request.path, new)
         return web.json_response(self.objects[request.path])
+
+    @staticmethod
+    def bad_micro_time(resource: str, body: Any) -> str | None:
+        if resource != "leases" or not isinstance(body, dict):
+            return None
+        spec = body.get("spec") or {}
+        for name in ("acquireTime", "renewTime"):
+            v = spec.get(name)
+            if v is not None and not MICRO_TIME.match(str(v)):
+                return (
+                    f'Lease in version "v1" cannot be handled: spec.{name}: {v!r}: not RFC3339Micro'
+                )
+        return None
+
+    def evict(self, pod_path: str) -> web.Response:
+        if pod_path not in self.objects:
+            return self.status(404, "NotFound", "pod not found")
+        if not self.evictions_allowed:
+            return self.status(
+                429,
+                "TooManyRequests",
+                "Cannot evict pod as it would violate the pod's disruption budget.",
+            )
+        del self.objects[pod_path]
+        return web.json_response(
+            {"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201}, status=201
+        )
 
     async def start(self) -> str:
         app = web.Application()

@@ -20,8 +20,8 @@ from kcops.agent.clock import ManualClock
 from kcops.agent.config import parse_config
 from kcops.agent.config.actions import KubernetesSection
 from kcops.errors import ActionRejected
-from tests.unit.actions.harness import make_ctx, make_rem
-from tests.unit.kube.apiserver import ApiServer
+from tests.unit.actions.harness import audit, make_ctx, make_rem
+from tests.unit.kube.apiserver import ApiServer, shipped_lease
 
 NS = "serving"
 HPA_PATH = f"/apis/autoscaling/v2/namespaces/{NS}/horizontalpodautoscalers/llm-serving"
@@ -60,6 +60,7 @@ def with_server(tmp_path: Path, test: Callable[[ApiServer, str, Path], Awaitable
         token.write_text("sa-token-1\n")
         api = ApiServer(token="sa-token-1")
         api.put(HPA_PATH, HPA)
+        api.put(LEASE_PATH, shipped_lease())  # deploy/ ships it: the Role has no create
         url = await api.start()
         try:
             await test(api, url, token)
@@ -92,23 +93,22 @@ def test_scale_out_raises_the_hpa_floor_under_a_lease(tmp_path: Path) -> None:
             await run.task  # type: ignore[misc]
             assert run.outcome == "ok", run.error
         finally:
-            for t in list(rem.replicas.tasks):
-                t.cancel()
             await rem.stop()
         calls = [(r.verb, r.path) for r in api.requests]
         assert calls == [
+            ("GET", HPA_PATH),  # the last fence the HPA recorded
             ("GET", LEASE_PATH),
-            ("POST", LEASE_PATH.rsplit("/", 1)[0]),
+            ("PUT", LEASE_PATH),
             ("GET", HPA_PATH),
             ("GET", HPA_PATH),
             ("PATCH", HPA_PATH),
             ("GET", LEASE_PATH),
             ("PUT", LEASE_PATH),
         ]
-        created = api.requests[1].body
-        assert created["spec"]["holderIdentity"] == "pod-a"
-        assert created["spec"]["leaseTransitions"] == 1
-        patch = api.requests[4]
+        taken = api.requests[2].body
+        assert taken["spec"]["holderIdentity"] == "pod-a"
+        assert taken["spec"]["leaseTransitions"] == 1
+        patch = api.requests[5]
         assert patch.content_type in (
             "application/strategic-merge-patch+json",
             "application/merge-patch+json",
@@ -230,12 +230,192 @@ def test_the_role_allows_nothing_else(tmp_path: Path) -> None:
             assert err.value.reason == "forbidden" and "another-hpa" in str(err.value)
         finally:
             await other.close()
-        # its own pod: allowed by the Role (the admission policy narrows it in-cluster)
+        # a plain DELETE of a pod is not granted: it would skip the disruption budget
         pod_path = f"/api/v1/namespaces/{NS}/pods/llm-serving-7d9f-abcde"
         api.put(pod_path, {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "x"}})
-        out = await KubeClient(cfg).delete_own_pod()
-        assert out == {"namespace": NS, "pod": "llm-serving-7d9f-abcde"}
-        assert pod_path not in api.objects
-        assert api.requests[-1].verb == "DELETE"
+        kube = KubeClient(cfg)
+        try:
+            with pytest.raises(ActionRejected) as err:
+                await kube.call(
+                    "delete pod",
+                    kube.apis().core.delete_namespaced_pod,
+                    "llm-serving-7d9f-abcde",
+                    NS,
+                )
+            assert err.value.reason == "forbidden"
+        finally:
+            await kube.close()
+        assert pod_path in api.objects
+
+    with_server(tmp_path, body)
+
+
+POD = "llm-serving-7d9f-abcde"
+POD_PATH = f"/api/v1/namespaces/{NS}/pods/{POD}"
+
+
+def restart_actions(url: str, token: Path) -> dict[str, Any]:
+    return {
+        "mode": "enforce",
+        "kubernetes": kube_section(url, token),
+        "restart": {"mode": "kubernetes"},
+    }
+
+
+def test_restart_worker_evicts_its_own_pod_and_honours_the_budget(tmp_path: Path) -> None:
+    """restart_worker goes through the Eviction API: 429 (the budget allows no
+    disruption, another pod is down) is a refusal that passes, retried later."""
+
+    async def body(api: ApiServer, url: str, token: Path) -> None:
+        api.put(POD_PATH, {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": POD}})
+        api.evictions_allowed = False
+        ctx, _ = make_ctx(tmp_path / "a", None, ManualClock(), **restart_actions(url, token))
+        rem = await make_rem(ctx)
+        try:
+            run = rem.runner.submit("restart_worker", {})
+            await run.task  # type: ignore[misc]
+            assert run.outcome == "skipped_busy", (run.outcome, run.error)
+            assert "disruption" in (run.error or "")
+            assert POD_PATH in api.objects
+            evictions = [r for r in api.requests if r.path == POD_PATH + "/eviction"]
+            assert [r.verb for r in evictions] == ["POST"]
+            assert evictions[0].body["metadata"] == {"name": POD, "namespace": NS}
+            # no cooldown was spent: once the budget allows it, the same step runs
+            api.evictions_allowed = True
+            run = rem.runner.submit("restart_worker", {})
+            await run.task  # type: ignore[misc]
+            assert run.outcome == "ok", run.error
+            assert POD_PATH not in api.objects
+            assert run.result is not None and run.result.data == {"namespace": NS, "pod": POD}
+        finally:
+            await rem.stop()
+        assert "DELETE" not in {r.verb for r in api.requests}
+
+    with_server(tmp_path, body)
+
+
+def test_a_recreated_lease_starts_above_the_hpa_fence(tmp_path: Path) -> None:
+    """The Lease deleted and applied again (leaseTransitions back to nothing) while
+    the HPA recorded fence N: the next token is N + 1, and its write goes through."""
+
+    async def body(api: ApiServer, url: str, token: Path) -> None:
+        cfg = KubernetesSection.model_validate(kube_section(url, token))
+        a = KubeFleet(KubeClient(cfg), "kcops-fleet-scale-out", "llm-serving", 15)
+        try:
+            for t in (1000.0, 1100.0, 1200.0):  # three writes: the HPA records fence 3
+                g = await a.acquire("pod-a", t)
+                await a.read()
+                await a.write(g, FleetWrite(2, 1, t + 600, t), 0.0, t)
+                await a.release(g)
+            ann = api.objects[HPA_PATH]["metadata"]["annotations"]
+            assert ann[ANN + "fence"] == "3"
+            # an operator deletes the Lease and re-applies deploy/
+            del api.objects[LEASE_PATH]
+            api.put(LEASE_PATH, shipped_lease())
+            g = await a.acquire("pod-b", 1300.0)
+            assert g.token == 4
+            await a.read()
+            await a.write(g, FleetWrite(3, 1, 1900.0, 1300.0), 0.0, 1300.0)
+            assert api.objects[HPA_PATH]["metadata"]["annotations"][ANN + "fence"] == "4"
+            assert api.objects[LEASE_PATH]["spec"]["leaseTransitions"] == 4
+            # deleted and not applied again: the shipped Role cannot create it
+            del api.objects[LEASE_PATH]
+            with pytest.raises(ActionRejected) as err:
+                await a.acquire("pod-b", 1400.0)
+            assert err.value.reason == "forbidden" and "lease.yaml" in str(err.value)
+            # a Role that may create it (outside deploy/): created above the fence too
+            api.rules.append(
+                {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]}
+            )
+            g = await a.acquire("pod-c", 1500.0)
+            assert g.token == 5
+            assert api.objects[LEASE_PATH]["spec"]["leaseTransitions"] == 5
+        finally:
+            await a.close()
+
+    with_server(tmp_path, body)
+
+
+def test_lease_times_are_micro_times_even_on_a_whole_second(tmp_path: Path) -> None:
+    """datetime.isoformat() drops a zero fraction, which the API server refuses."""
+
+    async def body(api: ApiServer, url: str, token: Path) -> None:
+        cfg = KubernetesSection.model_validate(kube_section(url, token))
+        a = KubeFleet(KubeClient(cfg), "kcops-fleet-scale-out", "llm-serving", 15)
+        try:
+            g = await a.acquire("pod-a", 1_800_000_000.0)  # a whole second
+            await a.release(g)
+        finally:
+            await a.close()
+        puts = [r.body["spec"] for r in api.requests if r.verb == "PUT"]
+        assert len(puts) == 2
+        assert puts[0]["renewTime"] == "2027-01-15T08:00:00.000000Z"
+        assert puts[1]["acquireTime"] == puts[0]["acquireTime"]
+
+    with_server(tmp_path, body)
+
+
+def test_the_floor_never_goes_above_the_hpa_max(tmp_path: Path) -> None:
+    async def body(api: ApiServer, url: str, token: Path) -> None:
+        hpa = api.objects[HPA_PATH]
+        hpa["spec"]["maxReplicas"] = 4
+        ctx, _ = make_ctx(tmp_path / "a", None, ManualClock(), **fleet_actions(url, token, "a"))
+        rem = await make_rem(ctx)
+        try:
+            run = rem.runner.submit("scale_out", {"step": 3})  # 3 running + 3 > the HPA's 4
+            await run.task  # type: ignore[misc]
+            assert run.outcome == "ok", run.error
+            assert api.objects[HPA_PATH]["spec"]["minReplicas"] == 4
+            clock = ctx.clock
+            assert isinstance(clock, ManualClock)
+            clock.advance(400)  # past the fleet cooldown, still inside the hold
+            run = rem.runner.submit("scale_out", {"step": 1})
+            await run.task  # type: ignore[misc]
+            assert run.outcome == "refused" and "HPA's maxReplicas 4" in (run.error or "")
+        finally:
+            await rem.stop()
+
+    with_server(tmp_path, body)
+
+
+def test_any_agent_ends_the_hold_after_the_one_that_raised_it_is_gone(tmp_path: Path) -> None:
+    """The hold's end is in the HPA: the agent that raised the floor is stopped
+    (restarted, evicted), and another agent's tick puts the floor back."""
+
+    async def body(api: ApiServer, url: str, token: Path) -> None:
+        clock = ManualClock()
+        ctx_a, _ = make_ctx(tmp_path / "a", None, clock, **fleet_actions(url, token, "pod-a"))
+        rem_a = await make_rem(ctx_a)
+        try:
+            run = rem_a.runner.submit("scale_out", {"step": 1})
+            await run.task  # type: ignore[misc]
+            assert run.outcome == "ok", run.error
+        finally:
+            await rem_a.stop()  # pod-a is gone; nothing of it keeps a timer
+        assert api.objects[HPA_PATH]["spec"]["minReplicas"] == 4
+
+        ctx_b, _ = make_ctx(tmp_path / "b", None, clock, **fleet_actions(url, token, "pod-b"))
+        rem_b = await make_rem(ctx_b)
+        try:
+            n = len(api.requests)
+            await rem_b.tick(clock())  # inside the hold: one read, no lease taken
+            await rem_b.holds.task  # type: ignore[misc]
+            assert [(r.verb, r.path) for r in api.requests[n:]] == [("GET", HPA_PATH)]
+            assert api.objects[HPA_PATH]["spec"]["minReplicas"] == 4
+            clock.advance(601)
+            await rem_b.tick(clock())
+            await rem_b.holds.task  # type: ignore[misc]
+            hpa = api.objects[HPA_PATH]
+            assert hpa["spec"]["minReplicas"] == 1
+            assert ANN + "hold-until" not in hpa["metadata"]["annotations"]
+            assert hpa["metadata"]["annotations"][ANN + "scaled-by"] == "pod-b"
+            released = [r for r in audit(rem_b, "fleet") if r["event"] == "hold_released"]
+            assert [r["min_replicas"] for r in released] == [1]
+            # checked every RELEASE_CHECK_S, not every tick
+            n = len(api.requests)
+            await rem_b.tick(clock() + 1)
+            assert len(api.requests) == n
+        finally:
+            await rem_b.stop()
 
     with_server(tmp_path, body)
