@@ -23,12 +23,17 @@ MAX_BYTES = 4 << 20
 MAX_DEPTH = 64
 MAX_NODES = 200_000
 EXCERPT_CHARS = 60
+# An integer beyond a float's range (hex is not bounded by Python's 4300-digit
+# limit) means nothing to any field, and printing it would be slow or fail.
+MAX_INT_BITS = 1024
 
 
 def excerpt(value: object, limit: int = EXCERPT_CHARS) -> str:
     """``repr`` of at most ``limit`` characters, for an error message."""
     if isinstance(value, str | bytes):
         text = repr(value[: limit + 1])
+    elif isinstance(value, int) and value.bit_length() > 64:
+        text = f"<integer of {value.bit_length()} bits>"
     elif isinstance(value, dict | list | tuple | set):
         text = f"<{type(value).__name__} of {len(value)} items>"
     else:
@@ -65,6 +70,22 @@ class _BoundedLoader(yaml.SafeLoader):
             return super().compose_node(parent, index)  # type: ignore[no-any-return]
         finally:
             self._depth -= 1
+
+    def construct_object(self, node: Node, deep: bool = False) -> Any:
+        # A constructor's own failures (a timestamp like 2001-13-45, an integer
+        # past Python's digit limit, !!timestamp on text) are input errors too.
+        try:
+            data = super().construct_object(node, deep)
+        except (ValueError, TypeError, AttributeError, OverflowError) as exc:
+            tag = str(node.tag).replace("tag:yaml.org,2002:", "!!")
+            why = (str(exc).splitlines() or [type(exc).__name__])[0][:100]
+            if why.startswith("Exceeds the limit"):
+                why = "an integer of more than 4300 digits"
+            value = f" {excerpt(node.value)}" if isinstance(node.value, str) else ""
+            raise _Refused(f"not a valid {tag}{value}: {why}", node) from None
+        if isinstance(data, int) and data.bit_length() > MAX_INT_BITS:
+            raise _Refused(f"integer out of range ({data.bit_length()} bits; at most 1e308)", node)
+        return data
 
 
 def _one_line(exc: yaml.YAMLError) -> str:

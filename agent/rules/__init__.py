@@ -24,10 +24,8 @@ def build(ctx: AgentContext) -> list[Any]:
     file is bad, naming the rule and the reason.
     """
     from kcops.agent.rules.component import RulesComponent
-    from kcops.agent.rules.loader import default_rules_path, load_rules
+    from kcops.agent.rules.loader import ruleset_from_config
 
-    section = ctx.config.rules
-    if not section.enabled:
+    if not ctx.config.rules.enabled:
         return []
-    path = section.file if section.file is not None else default_rules_path()
-    return [RulesComponent(ctx, load_rules(path, dict(section.params)))]
+    return [RulesComponent(ctx, ruleset_from_config(ctx.config))]
