@@ -167,6 +167,13 @@ def _params(
     return params
 
 
+def _short(exc: BaseException, limit: int = 240) -> str:
+    """An error from the parser or the template compiler, on one line and short (they may
+    quote the whole expression or template)."""
+    text = " ".join(str(exc).split())
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def _step(step: Step, default_verify_s: float) -> RemediationStep:
     verify_s = parse_duration(step.verify) if step.verify is not None else default_verify_s
     return RemediationStep(action=step.action, params=dict(step.params or {}), verify_s=verify_s)
@@ -178,7 +185,7 @@ def _templates(raw: Mapping[str, str] | None, what: str, where: str) -> dict[str
         try:
             out[k] = compile_template(text)
         except RuleError as exc:
-            raise RuleError(f"{where}: {what}.{k}: template error: {exc}") from None
+            raise RuleError(f"{where}: {what}.{k}: template error: {_short(exc)}") from None
         except RecursionError:
             raise RuleError(f"{where}: {what}.{k}: template error: nested too deeply") from None
     return out
@@ -210,9 +217,17 @@ def _rule(
     try:
         node = parse_expr(rule.expr)
     except RuleError as exc:
-        raise RuleError(f"{where}: expr: {exc}") from None
+        raise RuleError(f"{where}: expr: {_short(exc)}") from None
     except RecursionError:
         raise RuleError(f"{where}: expr: nested too deeply for kcops's evaluator") from None
+    except OverflowError as exc:  # a number too large for a duration, from the Rust side
+        raise RuleError(f"{where}: expr: cannot parse expression: {_short(exc)}") from None
+    except BaseException as exc:
+        # promql-parser's Rust code panics on some numbers (`x[1e999]`, `offset 1e300`);
+        # pyo3 raises that as PanicException, a BaseException.
+        if type(exc).__name__ != "PanicException":
+            raise
+        raise RuleError(f"{where}: expr: cannot parse expression: {_short(exc)}") from None
     prom = _prometheus_keys(raw, rule)
     if rule.record is not None:
         return RecordingRule(rule.record, rule.expr, node, dict(rule.labels or {}), group, prom)

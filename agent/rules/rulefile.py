@@ -41,7 +41,7 @@ from pydantic import (
     model_validator,
 )
 
-from kcops.agent.duration import parse_duration
+from kcops.agent.duration import MAX_SECONDS, parse_duration
 from kcops.agent.validation import render_path
 from kcops.agent.yamlload import excerpt
 
@@ -68,6 +68,11 @@ _PARAM = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _METRIC = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
 _OPERATOR = re.compile(r"==|!=|<=|>=|[-+*/%^<>]|\b(?:and|or|unless|atan2)\b")
+# A duration written as a number of seconds: in a range or subquery, or after `offset`.
+_NUMBER_DURATION = re.compile(
+    r"(?:\[|:|\boffset\s+-?)\s*(0[xX][0-9a-fA-F]+|[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(?=[\]:]|$|\s|\))",
+    re.I,
+)
 _QUOTED = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|`[^`]*`|#[^\n]*', re.S)
 
 
@@ -117,8 +122,10 @@ def substitute(text: str, params: Mapping[str, int | float | str]) -> str:
     return _PARAM.sub(repl, text)
 
 
-def check_expr_size(text: str) -> str:
-    """Refuse an expression the parser or the evaluator could not recurse through."""
+def check_expr_text(text: str) -> str:
+    """Refuse, before parsing, an expression the parser or the evaluator cannot take: too long,
+    too deep to recurse through, or a number of seconds past a duration's range (the parser
+    panics on those)."""
     if len(text) > MAX_EXPR_CHARS:
         raise ValueError(f"an expression has at most {MAX_EXPR_CHARS} characters")
     bare = _QUOTED.sub('""', text)
@@ -129,6 +136,13 @@ def check_expr_size(text: str) -> str:
             deepest = max(deepest, depth)
         elif c in ")]}":
             depth -= 1
+    for m in _NUMBER_DURATION.finditer(bare):
+        number = m.group(1)
+        value = int(number, 16) if number[:2].lower() == "0x" else float(number)
+        # promql-parser panics (a Rust panic, not an error) past ~1.8e19 s; Prometheus
+        # bounds durations at (2**63 - 1) ns.
+        if not value <= MAX_SECONDS:
+            raise ValueError(f"duration out of range: {excerpt(number)} s (at most 292y)")
     if deepest + len(_OPERATOR.findall(bare)) > MAX_EXPR_DEPTH:
         raise ValueError(
             f"expression too complex: more than {MAX_EXPR_DEPTH} operators and nested "
@@ -201,7 +215,7 @@ Name = Annotated[str, AfterValidator(_check_name)]
 MetricName = Annotated[str, AfterValidator(_metric_name)]
 LabelName = Annotated[str, AfterValidator(_label_name)]
 DurationText = Annotated[str, BeforeValidator(_duration_text)]
-Expr = Annotated[str, BeforeValidator(_expr_text), AfterValidator(check_expr_size)]
+Expr = Annotated[str, BeforeValidator(_expr_text), AfterValidator(check_expr_text)]
 Labels = Annotated[
     dict[LabelName, Annotated[str, _text(MAX_LABEL_VALUE_CHARS)]], Field(max_length=MAX_LABELS)
 ]
