@@ -11,13 +11,14 @@ files, replay); ``export``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from kcops.agent.component import AgentContext
+    from kcops.agent.rules.component import RulesComponent
 
 
-def build(ctx: AgentContext) -> list[Any]:
+def build(ctx: AgentContext) -> list[RulesComponent]:
     """The rules component (remediation gets it as its alerts view); none when disabled.
 
     Raises :class:`~kcops.errors.ConfigError` (exit 2) when the rule
