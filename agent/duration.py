@@ -53,7 +53,7 @@ def parse_duration(text: Any) -> float:
         raise DurationError(f"not a duration: {shown} (e.g. 30s, 1m30s, 500ms)")
     if text == "0":
         return 0.0
-    m = _GRAMMAR.match(text)
+    m = _GRAMMAR.fullmatch(text)
     if m is None or not any(m.groups()):
         raise DurationError(
             f"not a valid duration string: {_shown(text)} (units y w d h m s ms, in that "
@@ -83,7 +83,7 @@ def seconds(value: Any) -> float:
     """
     if isinstance(value, bool):
         raise DurationError("a boolean is not a duration (e.g. 30, 1.5, 30s, 1m30s)")
-    if isinstance(value, str) and _NUMBER.match(value.strip()):
+    if isinstance(value, str) and _NUMBER.fullmatch(value.strip()):
         value = float(value.strip())
     if isinstance(value, int | float):
         if not math.isfinite(value) or value < 0:
@@ -91,7 +91,7 @@ def seconds(value: Any) -> float:
         if value > MAX_SECONDS:
             raise DurationError(f"duration out of range: {value!r} s (at most 292y)")
         return float(value)
-    if isinstance(value, str) and value and not _GRAMMAR.match(value):
+    if isinstance(value, str) and value and not _GRAMMAR.fullmatch(value):
         shown = repr(value[:_SHOWN]) + ("..." if len(value) > _SHOWN else "")
         raise DurationError(
             f"not a duration: {shown} (a number of seconds, or a Prometheus duration: "

@@ -65,14 +65,13 @@ MAX_EXPR_CHARS = 16384
 MAX_EXPR_DEPTH = 128
 
 _PARAM = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
-_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_METRIC = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_METRIC = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 _OPERATOR = re.compile(r"==|!=|<=|>=|[-+*/%^<>]|\b(?:and|or|unless|atan2)\b")
 # A duration written as a number of seconds: in a range or subquery, or after `offset`.
-_NUMBER_DURATION = re.compile(
-    r"(?:\[|:|\boffset\s+-?)\s*(0[xX][0-9a-fA-F]+|[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(?=[\]:]|$|\s|\))",
-    re.I,
-)
+_BRACKETS = re.compile(r"\[([^\[\]]*)\]")
+_OFFSET = re.compile(r"\boffset\s+-?\s*([^\s()\[\]]+)", re.I)
+_NUMBER = re.compile(r"0[xX][0-9a-fA-F]+|(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
 _QUOTED = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|`[^`]*`|#[^\n]*', re.S)
 
 
@@ -94,7 +93,7 @@ def _param_value(v: Any) -> int | float | str:
 
 
 def _param_name(v: str) -> str:
-    if not _IDENT.match(v) or len(v) > MAX_LABEL_NAME_CHARS:
+    if not _IDENT.fullmatch(v) or len(v) > MAX_LABEL_NAME_CHARS:
         raise ValueError(
             f"parameter name {excerpt(v)} is not [A-Za-z_][A-Za-z0-9_]* "
             f"(at most {MAX_LABEL_NAME_CHARS} characters), so ${{name}} could not name it"
@@ -136,8 +135,10 @@ def check_expr_text(text: str) -> str:
             deepest = max(deepest, depth)
         elif c in ")]}":
             depth -= 1
-    for m in _NUMBER_DURATION.finditer(bare):
-        number = m.group(1)
+    durations = [p for m in _BRACKETS.finditer(bare) for p in m.group(1).split(":")]
+    for number in [d.strip() for d in durations] + _OFFSET.findall(bare):
+        if not _NUMBER.fullmatch(number):
+            continue
         value = int(number, 16) if number[:2].lower() == "0x" else float(number)
         # promql-parser panics (a Rust panic, not an error) past ~1.8e19 s; Prometheus
         # bounds durations at (2**63 - 1) ns.
@@ -172,7 +173,7 @@ def _duration_text(v: Any) -> str:
 
 
 def _label_name(v: str) -> str:
-    if not _IDENT.match(v) or len(v) > MAX_LABEL_NAME_CHARS:
+    if not _IDENT.fullmatch(v) or len(v) > MAX_LABEL_NAME_CHARS:
         raise ValueError(
             f"invalid label name {excerpt(v)}: [a-zA-Z_][a-zA-Z0-9_]*, "
             f"at most {MAX_LABEL_NAME_CHARS} characters"
@@ -206,7 +207,7 @@ def _check_name(v: str) -> str:
 
 def _metric_name(v: str) -> str:
     _check_name(v)
-    if not _METRIC.match(v):
+    if not _METRIC.fullmatch(v):
         raise ValueError(f"invalid recording rule name {excerpt(v)}: [a-zA-Z_:][a-zA-Z0-9_:]*")
     return v
 

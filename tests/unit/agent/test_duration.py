@@ -18,7 +18,8 @@ def test_prometheus_durations(text: object, seconds: float) -> None:
 
 
 @pytest.mark.parametrize(
-    "text", ["1.5m", "", "1m1h", "5", "-1s", "1 m", "abc", 1.5, None, "99999999999999999999y"]
+    "text",
+    ["1.5m", "", "1m1h", "5", "-1s", "1 m", "abc", 1.5, None, "99999999999999999999y", "5m\n"],
 )
 def test_what_prometheus_refuses_is_refused(text: object) -> None:
     with pytest.raises(DurationError):

@@ -64,6 +64,7 @@ HOSTILE: list[tuple[str, dict[str, Any], str]] = [
     ),
     ("bad label name", doc(labels={"a b": "x"}), "labels key 'a b': invalid label name"),
     ("label name with a digit first", doc(labels={"1x": "x"}), "invalid label name '1x'"),
+    ("label name ending in a newline", doc(labels={"a\n": "x"}), "invalid label name 'a\\n'"),
     ("long label value", doc(labels={"a": "v" * 3000}), "labels.a: at most 2048 characters"),
     (
         "too many labels",
@@ -223,4 +224,5 @@ def test_numeric_durations_past_the_range_are_refused_before_the_parser(expr: st
         RuleError, match=r"rule 'Bad': expr: duration out of range: .* \(at most 292y\)"
     ):
         load_rules_data(doc(expr=expr), "f.yaml")
-    assert load_rules_data(doc(expr="rate(x[300])")).alerts()[0].expr == "rate(x[300])"
+    for fine in ("rate(x[300])", "job:1e99 > 0", 'x{a="[1e999]"}', "x > 1e300"):
+        assert load_rules_data(doc(expr=fine)).alerts()[0].expr == fine
