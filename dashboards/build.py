@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from kcops.agent.duration import format_duration
-from kcops.agent.rules.rulefile import substitute
+from kcops.agent.rules.rulefile import known_names, substitute
 
 if TYPE_CHECKING:
     from kcops.agent.rules.loader import RuleSet
@@ -353,7 +353,7 @@ DASHBOARDS = (SERVING, ATTENTION, AGENT)
 
 def _param(params: Mapping[str, Any], name: str, panel: str) -> Any:
     if name not in params:
-        known = ", ".join(sorted(params)) or "none"
+        known = known_names(params)
         raise ValueError(f"panel {panel!r}: unknown rule parameter {name!r} (known: {known})")
     return params[name]
 

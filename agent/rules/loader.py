@@ -32,6 +32,7 @@ from kcops.agent.rules.rulefile import (
     RuleFile,
     RuleModel,
     Step,
+    known_names,
 )
 from kcops.agent.rules.templates import Template, compile_template
 from kcops.agent.validation import Loc, one_line
@@ -157,9 +158,7 @@ def _params(
     for k, v in (overrides or {}).items():
         where = f"{source}: rules.params.{excerpt(str(k)).strip(chr(39))}"
         if k not in params:
-            names = sorted(params)
-            known = ", ".join(names[:30]) + (", ..." if len(names) > 30 else "")
-            raise RuleError(f"{where}: unknown parameter (known: {known or 'none'})")
+            raise RuleError(f"{where}: unknown parameter (known: {known_names(params)})")
         try:
             params[k] = _VALUE.validate_python(v)
         except ValidationError as exc:

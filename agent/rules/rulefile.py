@@ -92,17 +92,26 @@ def _param_value(v: Any) -> int | float | str:
     return v
 
 
-def _param_name(v: str) -> str:
-    if not _IDENT.fullmatch(v) or len(v) > MAX_LABEL_NAME_CHARS:
-        raise ValueError(
-            f"parameter name {excerpt(v)} is not [A-Za-z_][A-Za-z0-9_]* "
-            f"(at most {MAX_LABEL_NAME_CHARS} characters), so ${{name}} could not name it"
-        )
-    return v
+def _identifier(what: str, why: str = "") -> AfterValidator:
+    def check(v: str) -> str:
+        if not _IDENT.fullmatch(v) or len(v) > MAX_LABEL_NAME_CHARS:
+            raise ValueError(
+                f"invalid {what} {excerpt(v)}: [a-zA-Z_][a-zA-Z0-9_]*, "
+                f"at most {MAX_LABEL_NAME_CHARS} characters{why}"
+            )
+        return v
+
+    return AfterValidator(check)
 
 
-ParamName = Annotated[str, AfterValidator(_param_name)]
+ParamName = Annotated[str, _identifier("parameter name", ", so that ${name} can name it")]
 ParamValue = Annotated[int | float | str, BeforeValidator(_param_value)]
+
+
+def known_names(params: Mapping[str, object]) -> str:
+    """The parameter names for an error message: sorted, at most 30, ``none`` if empty."""
+    names = sorted(params)
+    return (", ".join(names[:30]) + (", ..." if len(names) > 30 else "")) or "none"
 
 
 def substitute(text: str, params: Mapping[str, int | float | str]) -> str:
@@ -111,11 +120,8 @@ def substitute(text: str, params: Mapping[str, int | float | str]) -> str:
     def repl(m: re.Match[str]) -> str:
         name = m.group(1)
         if name not in params:
-            names = sorted(params)
-            known = ", ".join(names[:30]) + (", ..." if len(names) > 30 else "")
-            raise ValueError(
-                f"unknown parameter ${{{excerpt(name).strip(chr(39))}}} (known: {known or 'none'})"
-            )
+            shown = excerpt(name).strip("'")
+            raise ValueError(f"unknown parameter ${{{shown}}} (known: {known_names(params)})")
         return param_text(params[name])
 
     return _PARAM.sub(repl, text)
@@ -172,15 +178,6 @@ def _duration_text(v: Any) -> str:
     return v
 
 
-def _label_name(v: str) -> str:
-    if not _IDENT.fullmatch(v) or len(v) > MAX_LABEL_NAME_CHARS:
-        raise ValueError(
-            f"invalid label name {excerpt(v)}: [a-zA-Z_][a-zA-Z0-9_]*, "
-            f"at most {MAX_LABEL_NAME_CHARS} characters"
-        )
-    return v
-
-
 def _text(limit: int) -> Any:
     def check(v: Any) -> str:
         # YAML turns `severity: 1` into an int; Prometheus reads it as the text "1".
@@ -214,7 +211,7 @@ def _metric_name(v: str) -> str:
 
 Name = Annotated[str, AfterValidator(_check_name)]
 MetricName = Annotated[str, AfterValidator(_metric_name)]
-LabelName = Annotated[str, AfterValidator(_label_name)]
+LabelName = Annotated[str, _identifier("label name")]
 DurationText = Annotated[str, BeforeValidator(_duration_text)]
 Expr = Annotated[str, BeforeValidator(_expr_text), AfterValidator(check_expr_text)]
 Labels = Annotated[
