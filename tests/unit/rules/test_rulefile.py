@@ -178,8 +178,12 @@ def test_ladder_actions_are_the_registry_s() -> None:
     assert set(ladder_actions()) == set(reg.ladder_names())
     # Everything registered may be a step, except what kcops runs by itself.
     assert set(reg.names()) - set(reg.ladder_names()) == {"restore_route"}
-    for name, spec in ladder_actions().items():
-        assert spec is reg.get(name) or spec.params is reg.get(name).params
+    # The loader accepts each ladder action the registry has, and nothing else.
+    steps = [{"action": name} for name in reg.ladder_names()]
+    loaded = load_rules_data(doc(remediation=steps)).alerts()[0].remediation
+    assert [s.action for s in loaded] == reg.ladder_names()
+    with pytest.raises(RuleError, match="allowed: " + ", ".join(reg.ladder_names())):
+        load_rules_data(doc(remediation=[{"action": "reboot"}]))
     # The packaged ladders name only registered actions and pass their params models.
     for a in load_rules(default_rules_path()).alerts():
         for step in a.remediation:
