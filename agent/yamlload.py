@@ -1,4 +1,4 @@
-"""The one YAML loader of the agent: configuration and rule files go through it.
+"""The one YAML loader: configuration, rule files, promtool test files and ``--param`` values.
 
 A YAML file is input from outside, so the loader bounds what it costs before
 anything else sees it: at most :data:`MAX_BYTES` bytes, strict UTF-8, no
@@ -6,7 +6,9 @@ anchors or aliases (an alias bomb expands into exponential work in whatever
 walks or prints the result), nesting at most :data:`MAX_DEPTH` deep, at most
 :data:`MAX_NODES` nodes. Every refusal is a :class:`~kcops.errors.ConfigError`
 (or the subclass the caller names) with one line: the file, the line and
-column, what is wrong, and a short excerpt — never a whole value.
+column, what is wrong, and a short excerpt — never a whole value. A scalar
+YAML cannot construct (an impossible timestamp, an integer past Python's
+digit limit or beyond a float's range) is refused here too.
 """
 
 from __future__ import annotations
@@ -102,7 +104,11 @@ def _one_line(exc: yaml.YAMLError) -> str:
 
 
 def parse_yaml(text: str, source: str, error: type[ConfigError] = ConfigError) -> Any:
-    """Parse one YAML document from ``text`` with the bounds of this module."""
+    """Parse one YAML document from ``text`` with the bounds of this module.
+
+    Any failure, a value YAML cannot construct included (``2001-13-45``, an
+    integer of 5000 digits), is ``error`` with one line naming ``source``.
+    """
     if len(text) > MAX_BYTES:
         raise error(f"{source}: larger than {MAX_BYTES} bytes")
     try:
@@ -111,6 +117,11 @@ def parse_yaml(text: str, source: str, error: type[ConfigError] = ConfigError) -
         raise error(f"{source}: not valid YAML: {_one_line(exc)}") from None
     except RecursionError:
         raise error(f"{source}: nested too deeply") from None
+    except (ValueError, TypeError, OverflowError) as exc:
+        # Constructors' own failures are caught per node (with the line); this is the
+        # net for the rest of PyYAML, so a bad file is always one line, never a traceback.
+        why = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+        raise error(f"{source}: not valid YAML: {why}") from None
 
 
 def load_yaml_file(path: Path | str, error: type[ConfigError] = ConfigError) -> Any:
