@@ -24,6 +24,7 @@ from kcops.agent import collectors as collectors_pkg
 from kcops.agent import rules as rules_pkg
 from kcops.agent.clock import Clock, system_clock
 from kcops.agent.collectors import CollectorRunner, tick_histogram
+from kcops.agent.collectors.base import Collector
 from kcops.agent.collectors.enginepid import EnginePid
 from kcops.agent.component import AgentContext, Component
 from kcops.agent.config import Config
@@ -53,8 +54,8 @@ class Agent:
         *,
         clock: Clock = system_clock,
         token: str | None = None,
-        extra_components: list[Any] | None = None,
-        extra_collectors: list[Any] | None = None,
+        extra_components: list[Component] | None = None,
+        extra_collectors: list[Collector] | None = None,
     ) -> None:
         self.config = config
         self.clock = clock

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 AlertStateName = Literal["inactive", "pending", "firing"]
+# The verify window of a ladder step that names none (``actions.guards.default_verify_s``).
+DEFAULT_VERIFY_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -20,7 +22,7 @@ class RemediationStep:
 
     action: str
     params: Mapping[str, Any] = field(default_factory=dict)
-    verify_s: float = 60.0
+    verify_s: float = DEFAULT_VERIFY_S
 
 
 @dataclass(frozen=True)

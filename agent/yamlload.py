@@ -1,4 +1,4 @@
-"""The one YAML loader of the agent: configuration and rule files go through it.
+"""The one YAML loader: configuration, rule files, promtool test files and ``--param`` values.
 
 A YAML file is input from outside, so the loader bounds what it costs before
 anything else sees it: at most :data:`MAX_BYTES` bytes, strict UTF-8, no
@@ -6,7 +6,9 @@ anchors or aliases (an alias bomb expands into exponential work in whatever
 walks or prints the result), nesting at most :data:`MAX_DEPTH` deep, at most
 :data:`MAX_NODES` nodes. Every refusal is a :class:`~kcops.errors.ConfigError`
 (or the subclass the caller names) with one line: the file, the line and
-column, what is wrong, and a short excerpt — never a whole value.
+column, what is wrong, and a short excerpt — never a whole value. A scalar
+YAML cannot construct (an impossible timestamp, an integer past Python's
+digit limit or beyond a float's range) is refused here too.
 """
 
 from __future__ import annotations
@@ -23,12 +25,17 @@ MAX_BYTES = 4 << 20
 MAX_DEPTH = 64
 MAX_NODES = 200_000
 EXCERPT_CHARS = 60
+# An integer beyond a float's range (hex is not bounded by Python's 4300-digit
+# limit) means nothing to any field, and printing it would be slow or fail.
+MAX_INT_BITS = 1024
 
 
 def excerpt(value: object, limit: int = EXCERPT_CHARS) -> str:
     """``repr`` of at most ``limit`` characters, for an error message."""
     if isinstance(value, str | bytes):
         text = repr(value[: limit + 1])
+    elif isinstance(value, int) and value.bit_length() > 64:
+        text = f"<integer of {value.bit_length()} bits>"
     elif isinstance(value, dict | list | tuple | set):
         text = f"<{type(value).__name__} of {len(value)} items>"
     else:
@@ -66,6 +73,22 @@ class _BoundedLoader(yaml.SafeLoader):
         finally:
             self._depth -= 1
 
+    def construct_object(self, node: Node, deep: bool = False) -> Any:
+        # A constructor's own failures (a timestamp like 2001-13-45, an integer
+        # past Python's digit limit, !!timestamp on text) are input errors too.
+        try:
+            data = super().construct_object(node, deep)
+        except (ValueError, TypeError, AttributeError, OverflowError) as exc:
+            tag = str(node.tag).replace("tag:yaml.org,2002:", "!!")
+            why = (str(exc).splitlines() or [type(exc).__name__])[0][:100]
+            if why.startswith("Exceeds the limit"):
+                why = "an integer of more than 4300 digits"
+            value = f" {excerpt(node.value)}" if isinstance(node.value, str) else ""
+            raise _Refused(f"not a valid {tag}{value}: {why}", node) from None
+        if isinstance(data, int) and data.bit_length() > MAX_INT_BITS:
+            raise _Refused(f"integer out of range ({data.bit_length()} bits; at most 1e308)", node)
+        return data
+
 
 def _one_line(exc: yaml.YAMLError) -> str:
     mark = getattr(exc, "problem_mark", None) or getattr(exc, "mark", None)
@@ -81,7 +104,11 @@ def _one_line(exc: yaml.YAMLError) -> str:
 
 
 def parse_yaml(text: str, source: str, error: type[ConfigError] = ConfigError) -> Any:
-    """Parse one YAML document from ``text`` with the bounds of this module."""
+    """Parse one YAML document from ``text`` with the bounds of this module.
+
+    Any failure, a value YAML cannot construct included (``2001-13-45``, an
+    integer of 5000 digits), is ``error`` with one line naming ``source``.
+    """
     if len(text) > MAX_BYTES:
         raise error(f"{source}: larger than {MAX_BYTES} bytes")
     try:
@@ -90,6 +117,11 @@ def parse_yaml(text: str, source: str, error: type[ConfigError] = ConfigError) -
         raise error(f"{source}: not valid YAML: {_one_line(exc)}") from None
     except RecursionError:
         raise error(f"{source}: nested too deeply") from None
+    except (ValueError, TypeError, OverflowError) as exc:
+        # Constructors' own failures are caught per node (with the line); this is the
+        # net for the rest of PyYAML, so a bad file is always one line, never a traceback.
+        why = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+        raise error(f"{source}: not valid YAML: {why}") from None
 
 
 def load_yaml_file(path: Path | str, error: type[ConfigError] = ConfigError) -> Any:

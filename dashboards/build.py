@@ -5,18 +5,25 @@ over DESIGN §3 names. ``build_all()`` returns Grafana's dashboard JSON model
 (schemaVersion 39) keyed by file name; ``kcops dashboards build`` writes them
 to ``dashboards/generated/`` and ``kcops dashboards push`` uploads them.
 
-Thresholds and the alert notes in panel descriptions are not copied from the
-rules: a panel names the rule parameter (``Threshold("device_memory_ratio")``)
-and the alert it shows, and :func:`build_all` reads both from the loaded rule
-set, so a parameter overridden for the rules moves the panel's line with it.
+Thresholds, query windows and the alert notes in panel descriptions are not
+copied from the rules: a panel names the rule parameter
+(``Threshold("device_memory_ratio")``, ``[${rate_window}]`` in a query,
+``${cache_hit_ratio}`` in its text) and the alert it shows, and
+:func:`build_all` reads them from the loaded rule set, so a parameter
+overridden for the rules moves the panel's line and window with it. Rates use
+``rate_window``, the attention-error count ``attention_errors_window`` (as
+their alerts do), and the hour-long counts no rule names use
+``baseline_window``, the longest window the rules look back.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+from kcops.agent.duration import format_duration
+from kcops.agent.rules.rulefile import known_names, substitute
 
 if TYPE_CHECKING:
     from kcops.agent.rules.loader import RuleSet
@@ -47,7 +54,8 @@ class Panel:
     queries: tuple[Query, ...]
     unit: str = "short"
     kind: str = "timeseries"  # timeseries | stat
-    # ``${param}`` is replaced by the rule parameter's value.
+    # ``${param}`` in the title, the description and the queries is replaced by the
+    # rule parameter's value.
     description: str = ""
     thresholds: tuple[Threshold, ...] = ()
     alert: str | None = None  # the rule this panel watches: its `for` joins the description
@@ -68,8 +76,14 @@ def q(expr: str, legend: str = "") -> Query:
     return Query(expr.replace("$SEL", SEL), legend)
 
 
+def _quantile(phi: float, metric: str, by: str = "le") -> str:
+    """The ``phi`` quantile of a histogram over the rules' rate window."""
+    rate = f"rate({metric}_bucket{{$SEL}}[${{rate_window}}])"
+    return f"histogram_quantile({phi}, sum by ({by}) ({rate}))"
+
+
 def _p99(metric: str) -> str:
-    return f"histogram_quantile(0.99, sum by (le) (rate({metric}_bucket{{$SEL}}[5m])))"
+    return _quantile(0.99, metric)
 
 
 SERVING = Dashboard(
@@ -118,14 +132,14 @@ SERVING = Dashboard(
             "Prefix cache hit rate",
             (
                 q(
-                    "sum(rate(kcops_prefix_cache_hits_total{$SEL}[5m]))"
-                    " / sum(rate(kcops_prefix_cache_queries_total{$SEL}[5m]))",
+                    "sum(rate(kcops_prefix_cache_hits_total{$SEL}[${rate_window}]))"
+                    " / sum(rate(kcops_prefix_cache_queries_total{$SEL}[${rate_window}]))",
                     "hit rate",
                 ),
             ),
             unit="percentunit",
             thresholds=(Threshold("cache_hit_ratio"),),
-            description="Hit rate below ${cache_hit_ratio} (target >= 0.95).",
+            description="Hit rate below ${cache_hit_ratio}.",
             alert="KcopsPrefixCacheHitRateLow",
         ),
         Panel(
@@ -170,10 +184,13 @@ SERVING = Dashboard(
             width=6,
         ),
         Panel(
-            "Engine restarts / OOM (1h)",
+            "Engine restarts / OOM (${baseline_window})",
             (
-                q("sum(increase(kcops_engine_restarts_total{$SEL}[1h]))", "restarts"),
-                q("sum(increase(kcops_engine_oom_total{$SEL}[1h]))", "OOM"),
+                q(
+                    "sum(increase(kcops_engine_restarts_total{$SEL}[${baseline_window}]))",
+                    "restarts",
+                ),
+                q("sum(increase(kcops_engine_oom_total{$SEL}[${baseline_window}]))", "OOM"),
             ),
             kind="stat",
             width=6,
@@ -190,11 +207,11 @@ ATTENTION = Dashboard(
             "K(C): context tokens that hold mass p",
             (
                 q(
-                    "histogram_quantile(0.5, sum by (le) (rate(kcops_kc_tokens_bucket{$SEL}[5m])))",
+                    _quantile(0.5, "kcops_kc_tokens"),
                     "median",
                 ),
                 q(
-                    "histogram_quantile(0.9, sum by (le) (rate(kcops_kc_tokens_bucket{$SEL}[5m])))",
+                    _quantile(0.9, "kcops_kc_tokens"),
                     "p90",
                 ),
             ),
@@ -205,7 +222,7 @@ ATTENTION = Dashboard(
             "kappa = K / context",
             (
                 q(
-                    "histogram_quantile(0.5, sum by (le) (rate(kcops_kc_ratio_bucket{$SEL}[5m])))",
+                    _quantile(0.5, "kcops_kc_ratio"),
                     "median",
                 ),
             ),
@@ -215,8 +232,7 @@ ATTENTION = Dashboard(
             "Attention mass held by the top-N keys (median)",
             (
                 q(
-                    "histogram_quantile(0.5, sum by (le, n) "
-                    "(rate(kcops_topn_mass_ratio_bucket{$SEL}[5m])))",
+                    _quantile(0.5, "kcops_topn_mass_ratio", "le, n"),
                     "N={{n}}",
                 ),
             ),
@@ -231,13 +247,25 @@ ATTENTION = Dashboard(
         ),
         Panel(
             "Attention errors",
-            (q("sum by (kind) (increase(kcops_attention_errors_total{$SEL}[5m]))", "{{kind}}"),),
+            (
+                q(
+                    "sum by (kind) (increase(kcops_attention_errors_total{$SEL}"
+                    "[${attention_errors_window}]))",
+                    "{{kind}}",
+                ),
+            ),
             thresholds=(Threshold(1),),
+            description="Any NaN/Inf or other attention error within ${attention_errors_window}.",
             alert="KcopsAttentionErrors",
         ),
         Panel(
             "Attention calls per second by layer",
-            (q("sum by (layer) (rate(kcops_attention_calls_total{$SEL}[1m]))", "layer {{layer}}"),),
+            (
+                q(
+                    "sum by (layer) (rate(kcops_attention_calls_total{$SEL}[${rate_window}]))",
+                    "layer {{layer}}",
+                ),
+            ),
             unit="ops",
         ),
         Panel(
@@ -249,13 +277,11 @@ ATTENTION = Dashboard(
             "Context length p50 / p99",
             (
                 q(
-                    "histogram_quantile(0.5, sum by (le) "
-                    "(rate(kcops_context_tokens_bucket{$SEL}[5m])))",
+                    _quantile(0.5, "kcops_context_tokens"),
                     "p50",
                 ),
                 q(
-                    "histogram_quantile(0.99, sum by (le) "
-                    "(rate(kcops_context_tokens_bucket{$SEL}[5m])))",
+                    _quantile(0.99, "kcops_context_tokens"),
                     "p99",
                 ),
             ),
@@ -269,7 +295,7 @@ ATTENTION = Dashboard(
         ),
         Panel(
             "Probe records dropped",
-            (q("sum(rate(kcops_probe_dropped_total{$SEL}[5m]))", "dropped/s"),),
+            (q("sum(rate(kcops_probe_dropped_total{$SEL}[${rate_window}]))", "dropped/s"),),
             unit="ops",
         ),
     ),
@@ -285,10 +311,11 @@ AGENT = Dashboard(
             (q('sum by (alertname) (kcops_alert_state{$SEL, state="firing"})', "{{alertname}}"),),
         ),
         Panel(
-            "Remediation runs (1h)",
+            "Remediation runs (${baseline_window})",
             (
                 q(
-                    "sum by (action, outcome) (increase(kcops_action_runs_total{$SEL}[1h]))",
+                    "sum by (action, outcome) "
+                    "(increase(kcops_action_runs_total{$SEL}[${baseline_window}]))",
                     "{{action}} {{outcome}}",
                 ),
             ),
@@ -301,7 +328,8 @@ AGENT = Dashboard(
             "Collector errors",
             (
                 q(
-                    "sum by (collector, reason) (rate(kcops_collector_errors_total{$SEL}[5m]))",
+                    "sum by (collector, reason) "
+                    "(rate(kcops_collector_errors_total{$SEL}[${rate_window}]))",
                     "{{collector}} {{reason}}",
                 ),
             ),
@@ -323,14 +351,19 @@ AGENT = Dashboard(
 DASHBOARDS = (SERVING, ATTENTION, AGENT)
 
 
-_PARAM = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
-
-
 def _param(params: Mapping[str, Any], name: str, panel: str) -> Any:
     if name not in params:
-        known = ", ".join(sorted(params)) or "none"
+        known = known_names(params)
         raise ValueError(f"panel {panel!r}: unknown rule parameter {name!r} (known: {known})")
     return params[name]
+
+
+def _text(text: str, params: Mapping[str, Any], panel: str) -> str:
+    """``text`` with each ``${param}`` replaced as the rule loader replaces it."""
+    try:
+        return substitute(text, params)
+    except ValueError as exc:
+        raise ValueError(f"panel {panel!r}: {exc}") from None
 
 
 def _threshold(t: Threshold, params: Mapping[str, Any], panel: str) -> float:
@@ -344,20 +377,13 @@ def _threshold(t: Threshold, params: Mapping[str, Any], panel: str) -> float:
 
 
 def _description(p: Panel, ruleset: RuleSet) -> str:
-    text = _PARAM.sub(lambda m: str(_param(ruleset.params, m.group(1), p.title)), p.description)
+    text = _text(p.description, ruleset.params, p.title)
     rule = ruleset.get(p.alert) if p.alert else None
     if rule is None or rule.kind != "alerting":
         return text
     for_s = getattr(rule, "for_s", 0.0)
-    when = f"after {_seconds(for_s)}" if for_s else "at once"
+    when = f"after {format_duration(for_s)}" if for_s else "at once"
     return f"{text} Alert {rule.name} fires {when}.".strip()
-
-
-def _seconds(s: float) -> str:
-    for unit, size in (("h", 3600), ("m", 60)):
-        if s >= size and s % size == 0:
-            return f"{int(s // size)}{unit}"
-    return f"{s:g}s"
 
 
 def _panel_json(p: Panel, pid: int, x: int, y: int, ruleset: RuleSet) -> dict[str, Any]:
@@ -368,7 +394,7 @@ def _panel_json(p: Panel, pid: int, x: int, y: int, ruleset: RuleSet) -> dict[st
     return {
         "id": pid,
         "type": p.kind,
-        "title": p.title,
+        "title": _text(p.title, ruleset.params, p.title),
         "description": _description(p, ruleset),
         "datasource": DS,
         "gridPos": {"h": p.height, "w": p.width, "x": x, "y": y},
@@ -378,7 +404,12 @@ def _panel_json(p: Panel, pid: int, x: int, y: int, ruleset: RuleSet) -> dict[st
         },
         "options": {},
         "targets": [
-            {"refId": chr(ord("A") + i), "datasource": DS, "expr": t.expr, "legendFormat": t.legend}
+            {
+                "refId": chr(ord("A") + i),
+                "datasource": DS,
+                "expr": _text(t.expr, ruleset.params, p.title),
+                "legendFormat": t.legend,
+            }
             for i, t in enumerate(p.queries)
         ],
     }

@@ -14,7 +14,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import httpx
@@ -74,6 +74,18 @@ def free_port() -> int:
 def kcops_bin() -> str:
     exe = VENV_BIN / "kcops"
     return str(exe) if exe.exists() else (shutil.which("kcops") or "kcops")
+
+
+def wait_until(check: Callable[[], object], timeout_s: float, what: str) -> object:
+    """Poll ``check`` until it returns something truthy (returned); fail naming ``what``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = check()
+        if got:
+            return got
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(0.05)
 
 
 def wait_port(port: int, timeout_s: float = 30.0, proc: subprocess.Popen | None = None) -> None:
@@ -198,10 +210,12 @@ def agent_in_thread(
     loop = asyncio.new_event_loop()
     t = threading.Thread(target=loop.run_until_complete, args=(agent.run(False),), daemon=True)
     t.start()
-    deadline = time.monotonic() + 20
-    while agent.ticks_done < min_ticks and time.monotonic() < deadline:
-        time.sleep(0.05)
     try:
+        wait_until(
+            lambda: agent.ticks_done >= min_ticks or not t.is_alive(), 20, f"{min_ticks} ticks"
+        )
+        if not t.is_alive():
+            raise AssertionError("the agent's thread ended before its first ticks (see its log)")
         yield f"http://127.0.0.1:{port}"
     finally:
         loop.call_soon_threadsafe(agent.request_stop)

@@ -7,11 +7,11 @@ remediation component (runner, ladders, control API, Alertmanager webhook).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from kcops.agent.collectors.enginepid import EnginePid
-    from kcops.agent.component import AgentContext
+    from kcops.agent.component import AgentContext, Component
     from kcops.agent.engine import Engine
     from kcops.agent.rules.component import RulesComponent
 
@@ -21,13 +21,13 @@ def build(
     engine: Engine,
     pids: EnginePid | None = None,
     rules: RulesComponent | None = None,
-) -> list[Any]:
+) -> list[Component]:
     """Supervisor (with ``engine.command``) and remediation. ``rules``: the local rule
     engine, whose loaded rule set gives the ladders (read once, by the rules loader)."""
     from kcops.agent.actions.remediation import Remediation
     from kcops.agent.supervisor import Supervisor
 
-    out: list[Any] = []
+    out: list[Component] = []
     sup = None
     command = ctx.config.engine.command
     if command:

@@ -101,6 +101,8 @@ class ActionSpec:
     # pod: runs in every pod's agent; fleet: once per fleet, under the fleet
     # lease (kcops.agent.actions.lease), which the action itself takes.
     scope: Literal["pod", "fleet"] = "pod"
+    # False: run by kcops itself or by hand, never named by a rule's ladder.
+    ladder: bool = True
 
     def parse(self, raw: Mapping[str, Any] | None) -> Params:
         """Validate raw parameters; a bad value raises ActionRejected(reason="invalid")."""
@@ -149,6 +151,10 @@ class Registry:
 
     def names(self) -> list[str]:
         return sorted(self._specs)
+
+    def ladder_names(self) -> list[str]:
+        """What a rule's ``remediation:`` step may name (the rule loader checks against it)."""
+        return [n for n in self.names() if self._specs[n].ladder]
 
     def specs(self) -> list[ActionSpec]:
         return [self._specs[n] for n in self.names()]

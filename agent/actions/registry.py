@@ -1,4 +1,8 @@
-"""The registry of built-in actions, filled explicitly."""
+"""The registry of built-in actions, filled explicitly.
+
+It is the one list of action names: the rule loader takes the names a ladder
+step may use (and each one's parameter model) from :func:`default_registry`.
+"""
 
 from __future__ import annotations
 
@@ -33,7 +37,8 @@ def default_registry() -> Registry:
     for spec in (
         evict_cache.SPEC,
         fallback_to_base.SPEC,
-        fallback_to_base.RESTORE_SPEC,
+        # Undoes a fallback; kcops restores routing itself after the hold time.
+        replace(fallback_to_base.RESTORE_SPEC, ladder=False),
         lower_topn.SPEC,
         raise_topn.SPEC,
         restart_worker.SPEC,

@@ -64,13 +64,11 @@ def _rule_ladders(
 
 def load_ruleset(ctx: AgentContext) -> RuleSet | None:
     """The rule set from config, for an agent whose rule engine is off (read once)."""
-    from kcops.agent.rules.loader import default_rules_path, load_rules
+    from kcops.agent.rules.loader import ruleset_from_config
     from kcops.agent.rules.model import RuleError
 
-    section = ctx.config.rules
-    path = section.file if section.file is not None else default_rules_path()
     try:
-        return load_rules(path, dict(section.params))
+        return ruleset_from_config(ctx.config)
     except RuleError as exc:
         log.warning("no ladders for cluster alerts: %s", exc)
         return None

@@ -19,7 +19,8 @@ from kcops.agent.config.collectors import CollectorsSection
 from kcops.agent.config.engine import EngineSection
 from kcops.agent.config.exporters import ExportersSection
 from kcops.agent.config.rules import RulesSection
-from kcops.agent.yamlload import excerpt, load_yaml_file
+from kcops.agent.validation import one_line
+from kcops.agent.yamlload import load_yaml_file
 from kcops.errors import ConfigError
 
 __all__ = ["Config", "format_validation_error", "load_config", "parse_config"]
@@ -35,35 +36,10 @@ class Config(Section):
     exporters: ExportersSection = Field(default_factory=ExportersSection)
 
 
-def _allowed(err: Any) -> str:
-    ctx = err.get("ctx") or {}
-    if err["type"] == "extra_forbidden":
-        return ""
-    if "expected" in ctx:
-        return f" (allowed: {ctx['expected']})"
-    return ""
-
-
 def format_validation_error(exc: ValidationError, source: str) -> str:
-    """One line per problem: ``source: field.path: message; got 'value'``."""
-    lines = []
-    for err in exc.errors():
-        path = ".".join(str(p) for p in err["loc"]) or "<root>"
-        if err["type"] == "extra_forbidden":
-            parent = ".".join(str(p) for p in err["loc"][:-1])
-            model: Any = Config
-            for part in err["loc"][:-1]:
-                field = (
-                    model.model_fields.get(str(part)) if hasattr(model, "model_fields") else None
-                )
-                model = field.annotation if field is not None else None
-            known = sorted(model.model_fields) if hasattr(model, "model_fields") else []
-            where = f" in '{parent}'" if parent else ""
-            lines.append(f"{source}: {path}: unknown key{where}; allowed keys: {', '.join(known)}")
-            continue
-        value = err.get("input")
-        lines.append(f"{source}: {path}: {err['msg'][:200]}{_allowed(err)}; got {excerpt(value)}")
-    return "\n".join(lines)
+    """One line: ``source: field.path: message (allowed: ...); got 'excerpt'``, and how
+    many other problems the file has."""
+    return one_line(exc, source, Config)
 
 
 def parse_config(data: Any, source: str = "<config>") -> Config:

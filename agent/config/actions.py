@@ -5,9 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, StrictBool, model_validator
 
 from kcops.agent.config.base import Section
+from kcops.agent.duration import Duration
+from kcops.agent.events import DEFAULT_VERIFY_S
 
 Mode = Literal["enforce", "dry-run", "off"]
 RestartMode = Literal["auto", "supervisor", "signal", "kubernetes", "off"]
@@ -16,25 +18,27 @@ RestartMode = Literal["auto", "supervisor", "signal", "kubernetes", "off"]
 class GuardsSection(Section):
     """Limits the runner applies to every action (DESIGN §6)."""
 
-    cooldown_s: float = Field(300.0, ge=0, description="per (action, target) cooldown")
-    cooldown_overrides_s: dict[str, float] = Field(
+    cooldown_s: Duration = Field(300.0, ge=0, description="per (action, target) cooldown")
+    cooldown_overrides_s: dict[str, Duration] = Field(
         default_factory=dict, description="cooldown per action name, overriding cooldown_s"
     )
     budget_per_hour: int = Field(20, ge=0, description="action runs per hour, all actions")
     action_budget_per_hour: int = Field(6, ge=0, description="runs per hour of one action")
     action_budget_overrides: dict[str, int] = Field(default_factory=dict)
-    action_timeout_s: float = Field(120.0, gt=0, le=3600, description="a run past this fails")
-    default_verify_s: float = Field(60.0, ge=0, description="verify window when a step has none")
-    retry_s: float = Field(
+    action_timeout_s: Duration = Field(120.0, gt=0, le=3600, description="a run past this fails")
+    default_verify_s: Duration = Field(
+        DEFAULT_VERIFY_S, ge=0, description="verify window of a ladder step that gives none"
+    )
+    retry_s: Duration = Field(
         5.0, ge=0, description="a ladder step refused as busy or starting is tried again after"
     )
-    resume_grace_s: float = Field(
+    resume_grace_s: Duration = Field(
         660.0,
         ge=0,
         description="after an agent restart, a resumed ladder waits this long for its alert "
         "to be pending or firing again (cover the longest rule `for`) before it is resolved",
     )
-    dedup_window_s: float = Field(
+    dedup_window_s: Duration = Field(
         600.0, ge=0, description="a cluster alert started before a local ladder ended is the same"
     )
 
@@ -44,12 +48,12 @@ class EvictSection(Section):
 
     redis_url: str | None = Field(None, description="redis://host:port/db of the KV tier")
     redis_prefix: str = Field("kcops:kv:", min_length=1, description="only keys under it")
-    expired_idle_s: float = Field(
+    expired_idle_s: Duration = Field(
         600.0, ge=0, description="policy 'expired': keys idle at least this long"
     )
     scan_count: int = Field(500, ge=10, le=100_000, description="SCAN COUNT hint")
     batch: int = Field(500, ge=1, le=100_000, description="keys per UNLINK / IDLETIME pipeline")
-    max_seconds: float = Field(5.0, gt=0, le=600, description="time bound of one eviction")
+    max_seconds: Duration = Field(5.0, gt=0, le=600, description="time bound of one eviction")
 
 
 class TopNSection(Section):
@@ -65,7 +69,7 @@ class TopNSection(Section):
 
 
 class FallbackSection(Section):
-    hold_s: float = Field(
+    hold_s: Duration = Field(
         300.0, ge=0, description="restore normal routing after the alert stayed resolved this long"
     )
 
@@ -79,14 +83,14 @@ class RestartSection(Section):
     """
 
     mode: RestartMode = "auto"
-    drain_deadline_s: float = Field(30.0, ge=0, le=3600)
-    grace_s: float = Field(10.0, ge=0, le=600, description="SIGTERM to SIGKILL")
-    backoff_initial_s: float = Field(1.0, ge=0, le=600)
-    backoff_max_s: float = Field(60.0, ge=0, le=3600)
-    stable_s: float = Field(60.0, ge=0, description="up this long resets the backoff")
+    drain_deadline_s: Duration = Field(30.0, ge=0, le=3600)
+    grace_s: Duration = Field(10.0, ge=0, le=600, description="SIGTERM to SIGKILL")
+    backoff_initial_s: Duration = Field(1.0, ge=0, le=600)
+    backoff_max_s: Duration = Field(60.0, ge=0, le=3600)
+    stable_s: Duration = Field(60.0, ge=0, description="up this long resets the backoff")
     crash_loop_max: int = Field(5, ge=1, description="crashes within the window, then stop")
-    crash_loop_window_s: float = Field(600.0, gt=0)
-    startup_grace_s: float = Field(
+    crash_loop_window_s: Duration = Field(600.0, gt=0)
+    startup_grace_s: Duration = Field(
         180.0,
         ge=0,
         description="a supervised engine not yet healthy since it was started is not restarted "
@@ -102,7 +106,7 @@ class KubernetesSection(Section):
     ca_file: Path | None = Path("/var/run/secrets/kubernetes.io/serviceaccount/ca.crt")
     namespace: str | None = Field(None, description="default: the service account's namespace")
     pod_name: str | None = Field(None, description="default: $POD_NAME, then $HOSTNAME")
-    timeout_s: float = Field(5.0, gt=0, le=60)
+    timeout_s: Duration = Field(5.0, gt=0, le=60)
 
 
 _K8S_NAME = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
@@ -118,11 +122,11 @@ class LeaseSection(Section):
     )
     name: str = Field("kcops-fleet-scale-out", pattern=_K8S_NAME, description="lease name")
     redis_url: str | None = Field(None, description="redis://host:port/db (backend redis)")
-    duration_s: float = Field(
+    duration_s: Duration = Field(
         30.0, ge=1, le=3600, description="a holder that stops renewing loses it after this"
     )
     holder: str | None = Field(None, description="this agent's identity (default: $POD_NAME)")
-    cooldown_s: float | None = Field(
+    cooldown_s: Duration | None = Field(
         None,
         ge=0,
         le=86400,
@@ -145,13 +149,13 @@ class ScaleSection(Section):
         pattern=_K8S_NAME,
         description="raise this HPA's minReplicas (never patch replicas under an HPA)",
     )
-    hpa_reads_gauge: bool = Field(
+    hpa_reads_gauge: StrictBool = Field(
         False,
         description="an HPA scales on kcops_desired_replicas (prometheus-adapter): publishing "
         "the gauge is the scale-out; with none of deployment, hpa, this or a fleet lease, "
         "scale_out has no scaler and is refused",
     )
-    hold_s: float = Field(
+    hold_s: Duration = Field(
         1800.0, ge=0, le=7 * 86400, description="then minReplicas goes back to what it was"
     )
     lease: LeaseSection = Field(default_factory=LeaseSection)
@@ -165,7 +169,7 @@ class ScaleSection(Section):
 
 class NotifySection(Section):
     url: str | None = Field(None, description="webhook that receives notify and page messages")
-    timeout_s: float = Field(5.0, gt=0, le=60)
+    timeout_s: Duration = Field(5.0, gt=0, le=60)
     headers: dict[str, str] = Field(default_factory=dict)
 
 
@@ -179,7 +183,7 @@ class ActionsSection(Section):
     scale: ScaleSection = Field(default_factory=ScaleSection)
     kubernetes: KubernetesSection = Field(default_factory=KubernetesSection)
     notify: NotifySection = Field(default_factory=NotifySection)
-    alertmanager_webhook: bool = Field(True, description="serve POST /api/v1/alertmanager")
+    alertmanager_webhook: StrictBool = Field(True, description="serve POST /api/v1/alertmanager")
 
 
 def warnings(actions: ActionsSection) -> list[str]:

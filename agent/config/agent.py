@@ -8,6 +8,7 @@ from pathlib import Path
 from pydantic import Field, field_validator
 
 from kcops.agent.config.base import Section
+from kcops.agent.duration import Duration
 
 
 def default_state_dir() -> Path:
@@ -18,12 +19,12 @@ def default_state_dir() -> Path:
 
 class AgentSection(Section):
     listen: str = Field("127.0.0.1:9464", description="HOST:PORT of the control API and /metrics")
-    tick_s: float = Field(1.0, ge=0.05, le=60.0, description="seconds between ticks")
+    tick_s: Duration = Field(1.0, ge=0.05, le=60.0, description="seconds between ticks")
     state_dir: Path = Field(default_factory=default_state_dir)
     token_file: Path | None = Field(
         None, description="file holding the bearer token (else $KCOPS_TOKEN)"
     )
-    shutdown_deadline_s: float = Field(5.0, gt=0, le=120)
+    shutdown_deadline_s: Duration = Field(5.0, gt=0, le=120)
     log_level: str = Field("info", pattern="^(debug|info|warning|error)$")
 
     @field_validator("listen")
@@ -40,7 +41,7 @@ class AgentSection(Section):
 
 
 class StoreSection(Section):
-    retention_s: float = Field(3900.0, ge=60, le=7 * 86400, description="sample retention")
+    retention_s: Duration = Field(3900.0, ge=60, le=7 * 86400, description="sample retention")
     max_series: int = Field(50_000, ge=100, le=5_000_000)
     max_bytes: int = Field(
         256 << 20,
@@ -49,6 +50,6 @@ class StoreSection(Section):
         description="memory budget of the store in bytes (its own estimate): past it the "
         "oldest samples are evicted and new series refused, both counted",
     )
-    stale_after_s: float = Field(
+    stale_after_s: Duration = Field(
         30.0, gt=0, description="the exporter hides a series whose newest sample is older"
     )

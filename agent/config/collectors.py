@@ -9,17 +9,15 @@ is (``engine.url``, ``engine.pid``, ``engine.pidfile`` or ``engine.command``).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, StrictBool
 
-from kcops.agent.config.base import Section
-
-Switch = Literal["auto", "on", "off"]
+from kcops.agent.config.base import Section, Switch
+from kcops.agent.duration import Duration
 
 
 class ProbeSection(Section):
-    enabled: bool = Field(True, description="listen for the in-engine probe's frames")
+    enabled: StrictBool = Field(True, description="listen for the in-engine probe's frames")
     socket_path: Path | None = Field(
         None, description="Unix datagram socket; default kcops.kernels.wire.default_socket_path()"
     )
@@ -38,7 +36,7 @@ class NvmlSection(Section):
     enabled: Switch = Field(
         "auto", description="auto/on: read NVML (reports 'unavailable' without a driver); off"
     )
-    process_interval_s: float = Field(
+    process_interval_s: Duration = Field(
         10.0, ge=1.0, le=3600.0, description="how often to read per-process GPU memory (slow call)"
     )
     max_events_per_tick: int = Field(
@@ -74,7 +72,7 @@ class HealthSection(Section):
 
 
 class CollectorsSection(Section):
-    self_metrics: bool = Field(True, description="the agent's own RSS, CPU and tick time")
+    self_metrics: StrictBool = Field(True, description="the agent's own RSS, CPU and tick time")
     probe: ProbeSection = Field(default_factory=ProbeSection)
     nvml: NvmlSection = Field(default_factory=NvmlSection)
     process: ProcessSection = Field(default_factory=ProcessSection)

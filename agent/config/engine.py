@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from kcops.agent.config.base import Section
+from kcops.agent.duration import Duration
 
 Adapter = Literal["auto", "vllm", "sglang", "tgi", "triton", "kcops"]
 
@@ -20,8 +21,8 @@ class EngineSection(Section):
     state_path: str = Field(
         "/admin/state", description="kcops worker state (its pid), read when adapter is kcops"
     )
-    timeout_s: float = Field(0.5, gt=0, le=30, description="HTTP timeout, shorter than a tick")
-    startup_timeout_s: float = Field(
+    timeout_s: Duration = Field(0.5, gt=0, le=30, description="HTTP timeout, shorter than a tick")
+    startup_timeout_s: Duration = Field(
         600.0,
         gt=0,
         le=86_400,

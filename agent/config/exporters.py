@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, StrictBool
 
 from kcops.agent.config.base import Section
+from kcops.agent.duration import Duration
 
 
 class OtlpSection(Section):
@@ -12,9 +13,9 @@ class OtlpSection(Section):
         None, description="OTLP/HTTP base URL, e.g. http://127.0.0.1:4318; none = no export"
     )
     service_name: str = "kcops-agent"
-    timeout_s: float = Field(5.0, gt=0, le=60)
-    metrics: bool = Field(True, description="also push the agent's series as OTLP metrics")
-    metrics_interval_s: float = Field(
+    timeout_s: Duration = Field(5.0, gt=0, le=60)
+    metrics: StrictBool = Field(True, description="also push the agent's series as OTLP metrics")
+    metrics_interval_s: Duration = Field(
         15.0, ge=0.05, le=3600, description="seconds between two OTLP metric exports"
     )
 

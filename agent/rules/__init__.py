@@ -11,23 +11,22 @@ files, replay); ``export``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from kcops.agent.component import AgentContext
+    from kcops.agent.rules.component import RulesComponent
 
 
-def build(ctx: AgentContext) -> list[Any]:
+def build(ctx: AgentContext) -> list[RulesComponent]:
     """The rules component (remediation gets it as its alerts view); none when disabled.
 
     Raises :class:`~kcops.errors.ConfigError` (exit 2) when the rule
     file is bad, naming the rule and the reason.
     """
     from kcops.agent.rules.component import RulesComponent
-    from kcops.agent.rules.loader import default_rules_path, load_rules
+    from kcops.agent.rules.loader import ruleset_from_config
 
-    section = ctx.config.rules
-    if not section.enabled:
+    if not ctx.config.rules.enabled:
         return []
-    path = section.file if section.file is not None else default_rules_path()
-    return [RulesComponent(ctx, load_rules(path, dict(section.params)))]
+    return [RulesComponent(ctx, ruleset_from_config(ctx.config))]

@@ -1,44 +1,58 @@
 """Load a Prometheus rule file (plus kcops's extensions) into checked rule objects.
 
+The file's format is :mod:`kcops.agent.rules.rulefile` (strict pydantic
+models); this module validates a document with it, then compiles what the
+models cannot check alone: the PromQL (against kcops's subset), the
+annotation templates, and names that must be unique.
+
 kcops extensions, stripped by the export: a top-level ``params:`` mapping
 (default thresholds, referenced as ``${name}`` in ``expr``, ``for``,
 ``keep_firing_for``, labels and annotations; overridden by the ``rules.params``
 config section) and a per-rule ``remediation:`` ladder. Everything is checked
-at load: a bad file is refused with the rule's name and the reason.
+at load: a bad file is refused with one line naming the rule, the field, a
+short excerpt of the value and what is allowed (:class:`RuleError`, exit 2).
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from pydantic import TypeAdapter, ValidationError
 
 from kcops.agent.duration import parse_duration
-from kcops.agent.events import RemediationStep
+from kcops.agent.events import DEFAULT_VERIFY_S, RemediationStep
 from kcops.agent.rules.model import RuleError
 from kcops.agent.rules.parse import parse_expr
+from kcops.agent.rules.rulefile import (
+    Params,
+    ParamValue,
+    RuleFile,
+    RuleModel,
+    Step,
+    known_names,
+)
 from kcops.agent.rules.templates import Template, compile_template
-from kcops.agent.yamlload import load_yaml_file
+from kcops.agent.validation import Loc, one_line
+from kcops.agent.yamlload import excerpt, load_yaml_file
 
-ACTIONS = frozenset(
-    {
-        "evict_cache",
-        "fallback_to_base",
-        "lower_topn",
-        "raise_topn",
-        "restart_worker",
-        "scale_out",
-        "notify",
-    }
-)
-KCOPS_RULE_KEYS = frozenset({"remediation"})
-RULE_KEYS = frozenset(
-    {"alert", "record", "expr", "for", "keep_firing_for", "labels", "annotations"}
-)
-GROUP_KEYS = frozenset({"name", "interval", "rules", "limit"})
-_PARAM = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+if TYPE_CHECKING:
+    from kcops.agent.config import Config
+
+__all__ = [
+    "AlertRule",
+    "Group",
+    "RecordingRule",
+    "Rule",
+    "RuleSet",
+    "default_rules_path",
+    "load_rules",
+    "load_rules_data",
+    "parse_duration",
+    "ruleset_from_config",
+]
 
 
 @dataclass(frozen=True)
@@ -103,188 +117,201 @@ class RuleSet:
         return None
 
 
-def _param_text(v: Any) -> str:
-    if isinstance(v, bool):
-        raise ValueError("a boolean is not a valid parameter")
-    if isinstance(v, int):
-        return str(v)
-    if isinstance(v, float):
-        return str(int(v)) if v.is_integer() and abs(v) < 1e15 else repr(v)
-    if isinstance(v, str):
-        return v
-    raise ValueError(f"parameter must be a number or a string, got {type(v).__name__}")
+_PARAMS = TypeAdapter(Params | None)
+_VALUE: TypeAdapter[int | float | str] = TypeAdapter(ParamValue)
 
 
-def substitute(text: str, params: Mapping[str, Any], where: str) -> str:
-    def repl(m: re.Match[str]) -> str:
-        name = m.group(1)
-        if name not in params:
-            known = ", ".join(sorted(params)) or "none"
-            raise RuleError(f"{where}: unknown parameter ${{{name}}} (known: {known})")
-        return _param_text(params[name])
+def _where(data: Mapping[str, Any]) -> Any:
+    """Name an error's rule (``rule 'X': ``) or group from the document being validated."""
 
-    return _PARAM.sub(repl, text)
+    def named(obj: Any, key: str) -> str | None:
+        value = obj.get(key) if isinstance(obj, dict) else None
+        return value if isinstance(value, str) and value else None
+
+    def where(loc: Loc) -> tuple[str, Loc]:
+        groups = data.get("groups")
+        if len(loc) < 2 or loc[0] != "groups" or not isinstance(loc[1], int):
+            return "", loc
+        g = groups[loc[1]] if isinstance(groups, list) and loc[1] < len(groups) else None
+        gname = named(g, "name")
+        gdesc = f"group {excerpt(gname)}" if gname else f"group {loc[1]}"
+        if len(loc) < 4 or loc[2] != "rules" or not isinstance(loc[3], int):
+            return f"{gdesc}: ", loc[2:]
+        rules = g.get("rules") if isinstance(g, dict) else None
+        r = rules[loc[3]] if isinstance(rules, list) and loc[3] < len(rules) else None
+        rname = named(r, "alert") or named(r, "record")
+        return (f"rule {excerpt(rname)}: " if rname else f"{gdesc}: rule {loc[3]}: "), loc[4:]
+
+    return where
 
 
-def _remediation(raw: Any, where: str) -> tuple[RemediationStep, ...]:
-    if raw is None:
-        return ()
-    if not isinstance(raw, list):
-        raise RuleError(f"{where}: remediation must be a list of steps")
-    steps = []
-    for i, step in enumerate(raw):
-        w = f"{where}: remediation[{i}]"
-        if not isinstance(step, dict):
-            raise RuleError(f"{w}: a step must be a mapping with 'action'")
-        unknown = set(step) - {"action", "params", "verify"}
-        if unknown:
-            raise RuleError(f"{w}: unknown keys {sorted(unknown)}; allowed: action, params, verify")
-        action = step.get("action")
-        if action not in ACTIONS:
-            raise RuleError(
-                f"{w}: unknown action {action!r}; allowed: {', '.join(sorted(ACTIONS))}"
-            )
-        params = step.get("params") or {}
-        if not isinstance(params, dict):
-            raise RuleError(f"{w}: params must be a mapping")
+def _params(
+    raw: Any, overrides: Mapping[str, Any] | None, source: str
+) -> dict[str, int | float | str]:
+    """The file's params with the overrides (config ``rules.params``, ``--param``) applied."""
+    try:
+        params = dict(_PARAMS.validate_python(raw, strict=True) or {})
+    except ValidationError as exc:
+        raise RuleError(
+            one_line(exc, source, RuleFile, lambda loc: ("", ("params", *loc)))
+        ) from None
+    for k, v in (overrides or {}).items():
+        where = f"{source}: rules.params.{excerpt(str(k)).strip(chr(39))}"
+        if k not in params:
+            raise RuleError(f"{where}: unknown parameter (known: {known_names(params)})")
         try:
-            verify_s = parse_duration(step.get("verify", "1m"))
-        except ValueError as exc:
-            raise RuleError(f"{w}: verify: {exc}") from None
-        steps.append(RemediationStep(action=action, params=dict(params), verify_s=verify_s))
-    return tuple(steps)
+            params[k] = _VALUE.validate_python(v)
+        except ValidationError as exc:
+            raise RuleError(one_line(exc, where, RuleFile)) from None
+    return params
 
 
-def _templates(raw: Any, what: str, where: str, params: Mapping[str, Any]) -> dict[str, Template]:
-    if raw is None:
-        return {}
-    if not isinstance(raw, dict):
-        raise RuleError(f"{where}: {what} must be a mapping")
+def _short(exc: BaseException, limit: int = 240) -> str:
+    """An error from the parser or the template compiler, on one line and short (they may
+    quote the whole expression or template)."""
+    text = " ".join(str(exc).split())
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _step(step: Step, default_verify_s: float) -> RemediationStep:
+    verify_s = parse_duration(step.verify) if step.verify is not None else default_verify_s
+    return RemediationStep(action=step.action, params=dict(step.params or {}), verify_s=verify_s)
+
+
+def _templates(raw: Mapping[str, str] | None, what: str, where: str) -> dict[str, Template]:
     out = {}
-    for k, v in raw.items():
-        text = substitute(str(v), params, f"{where}: {what}.{k}")
+    for k, text in (raw or {}).items():
         try:
-            out[str(k)] = compile_template(text)
+            out[k] = compile_template(text)
         except RuleError as exc:
-            raise RuleError(f"{where}: {what}.{k}: template error: {exc}") from None
+            raise RuleError(f"{where}: {what}.{k}: template error: {_short(exc)}") from None
+        except RecursionError:
+            raise RuleError(f"{where}: {what}.{k}: template error: nested too deeply") from None
     return out
 
 
-def _rule(raw: Any, group: str, idx: int, params: Mapping[str, Any], source: str) -> Rule:
-    if not isinstance(raw, dict):
-        raise RuleError(f"{source}: group {group!r}: rule {idx}: must be a mapping")
-    name = raw.get("alert") or raw.get("record")
-    where = f"{source}: rule {name!r}" if name else f"{source}: group {group!r}: rule {idx}"
-    if not name or ("alert" in raw and "record" in raw):
-        raise RuleError(f"{where}: exactly one of 'alert' or 'record' must be set")
-    unknown = set(raw) - RULE_KEYS - KCOPS_RULE_KEYS
-    if unknown:
-        allowed = ", ".join(sorted(RULE_KEYS | KCOPS_RULE_KEYS))
-        raise RuleError(f"{where}: unknown keys {sorted(unknown)}; allowed: {allowed}")
-    expr_raw = raw.get("expr")
-    if not isinstance(expr_raw, str | int | float) or isinstance(expr_raw, bool):
-        raise RuleError(f"{where}: 'expr' is required")
-    expr = substitute(str(expr_raw), params, where)
+def _prometheus_keys(raw: Mapping[str, Any], rule: RuleModel) -> dict[str, Any]:
+    """The rule as Prometheus reads it: kcops keys out, params in, an alert's ``for`` and
+    ``keep_firing_for`` always given (``0s`` when the file has none)."""
+    values = {
+        "alert": rule.alert,
+        "record": rule.record,
+        "expr": rule.expr,
+        "for": rule.for_,
+        "keep_firing_for": rule.keep_firing_for,
+        "labels": rule.labels,
+        "annotations": rule.annotations,
+    }
+    out = {k: values[k] for k in raw if k in values}
+    if rule.alert is not None:
+        out["for"] = rule.for_ or "0s"
+        out["keep_firing_for"] = rule.keep_firing_for or "0s"
+    return out
+
+
+def _rule(
+    rule: RuleModel, raw: Mapping[str, Any], group: str, source: str, default_verify_s: float
+) -> Rule:
+    where = f"{source}: rule {excerpt(rule.name)}"
     try:
-        node = parse_expr(expr)
+        node = parse_expr(rule.expr)
     except RuleError as exc:
-        raise RuleError(f"{where}: expr: {exc}") from None
-    prom = {k: v for k, v in raw.items() if k not in KCOPS_RULE_KEYS}
-    prom["expr"] = expr
-    if "record" in raw:
-        for key in ("for", "keep_firing_for", "annotations", "remediation"):
-            if key in raw:
-                raise RuleError(f"{where}: '{key}' is only valid on alerting rules")
-        rec_labels = {str(k): str(v) for k, v in (raw.get("labels") or {}).items()}
-        return RecordingRule(str(name), expr, node, rec_labels, group, prom)
-    durations = {}
-    for key in ("for", "keep_firing_for"):
-        text = raw.get(key, "0s")
-        if isinstance(text, str):
-            text = substitute(text, params, where)
-            prom[key] = text
-        try:
-            durations[key] = parse_duration(text)
-        except ValueError as exc:
-            raise RuleError(f"{where}: {key}: {exc}") from None
-    labels = _templates(raw.get("labels"), "labels", where, params)
-    annotations = _templates(raw.get("annotations"), "annotations", where, params)
-    for k in ("labels", "annotations"):
-        if k in raw and raw[k] is not None:
-            prom[k] = {kk: substitute(str(vv), params, where) for kk, vv in raw[k].items()}
+        raise RuleError(f"{where}: expr: {_short(exc)}") from None
+    except RecursionError:
+        raise RuleError(f"{where}: expr: nested too deeply for kcops's evaluator") from None
+    except OverflowError as exc:  # a number too large for a duration, from the Rust side
+        raise RuleError(f"{where}: expr: cannot parse expression: {_short(exc)}") from None
+    except BaseException as exc:
+        # promql-parser's Rust code panics on some numbers (`x[1e999]`, `offset 1e300`);
+        # pyo3 raises that as PanicException, a BaseException.
+        if type(exc).__name__ != "PanicException":
+            raise
+        raise RuleError(f"{where}: expr: cannot parse expression: {_short(exc)}") from None
+    prom = _prometheus_keys(raw, rule)
+    if rule.record is not None:
+        return RecordingRule(rule.record, rule.expr, node, dict(rule.labels or {}), group, prom)
     return AlertRule(
-        name=str(name),
-        expr=expr,
+        name=rule.name,
+        expr=rule.expr,
         node=node,
-        for_s=durations["for"],
-        keep_firing_for_s=durations["keep_firing_for"],
-        labels=labels,
-        annotations=annotations,
-        remediation=_remediation(raw.get("remediation"), where),
+        for_s=parse_duration(rule.for_ or "0s"),
+        keep_firing_for_s=parse_duration(rule.keep_firing_for or "0s"),
+        labels=_templates(rule.labels, "labels", where),
+        annotations=_templates(rule.annotations, "annotations", where),
+        remediation=tuple(_step(s, default_verify_s) for s in rule.remediation or ()),
         group=group,
         raw=prom,
     )
 
 
-def load_rules_data(
-    data: Any, source: str = "<rules>", overrides: Mapping[str, Any] | None = None
-) -> RuleSet:
-    if not isinstance(data, dict):
-        raise RuleError(f"{source}: the top level must be a mapping with 'groups'")
-    unknown = set(data) - {"groups", "params"}
-    if unknown:
-        raise RuleError(
-            f"{source}: unknown top-level keys {sorted(unknown)}; allowed: groups, params"
-        )
-    params = dict(data.get("params") or {})
-    for k, v in (overrides or {}).items():
-        if k not in params:
-            known = ", ".join(sorted(params)) or "none"
-            raise RuleError(f"{source}: rules.params.{k}: unknown parameter (known: {known})")
-        params[k] = v
-    groups = []
+def _unique(groups: list[Group], source: str) -> None:
     seen_groups: set[str] = set()
-    for gi, g in enumerate(data.get("groups") or []):
-        if not isinstance(g, dict) or not g.get("name"):
-            raise RuleError(f"{source}: group {gi}: a group needs a 'name'")
-        gname = str(g["name"])
-        if gname in seen_groups:
-            raise RuleError(f"{source}: group {gname!r}: repeated in the same file")
-        seen_groups.add(gname)
-        unknown = set(g) - GROUP_KEYS
-        if unknown:
-            raise RuleError(f"{source}: group {gname!r}: unknown keys {sorted(unknown)}")
-        interval = g.get("interval")
-        if interval is not None:
-            try:
-                parse_duration(interval)
-            except ValueError as exc:
-                raise RuleError(f"{source}: group {gname!r}: interval: {exc}") from None
-        rules = tuple(
-            _rule(r, gname, i, params, source) for i, r in enumerate(g.get("rules") or [])
-        )
-        groups.append(Group(gname, interval, rules))
-    # Alert state and remediation ladders are kept per rule name, so a name
-    # may appear once (Prometheus allows repeats; tell severities apart by labels).
     names: set[str] = set()
     for grp in groups:
+        if grp.name in seen_groups:
+            raise RuleError(f"{source}: group {excerpt(grp.name)}: repeated in the same file")
+        seen_groups.add(grp.name)
+        # Alert state and remediation ladders are kept per rule name, so a name
+        # may appear once (Prometheus allows repeats; tell severities apart by labels).
         for rule in grp.rules:
             if rule.name in names:
                 raise RuleError(
-                    f"{source}: group {grp.name!r}: rule {rule.name!r}: the name is used by "
-                    "another rule; kcops keeps alert state and ladders per name, so each name "
-                    "must be unique (tell severities apart with labels)"
+                    f"{source}: group {excerpt(grp.name)}: rule {excerpt(rule.name)}: the name "
+                    "is used by another rule; kcops keeps alert state and ladders per name, so "
+                    "each name must be unique (tell severities apart with labels)"
                 )
             names.add(rule.name)
+
+
+def load_rules_data(
+    data: Any,
+    source: str = "<rules>",
+    overrides: Mapping[str, Any] | None = None,
+    default_verify_s: float = DEFAULT_VERIFY_S,
+) -> RuleSet:
+    """Validate and compile a rule document (as loaded from YAML); RuleError if it is bad.
+
+    ``overrides`` replace the file's params (an unknown name is refused);
+    ``default_verify_s`` is the verify window of a step that gives none.
+    """
+    if not isinstance(data, dict):
+        raise RuleError(f"{source}: the top level must be a mapping with 'groups'")
+    params = _params(data.get("params"), overrides, source)
+    try:
+        doc = RuleFile.model_validate(data, context={"params": params})
+    except ValidationError as exc:
+        raise RuleError(one_line(exc, source, RuleFile, _where(data))) from None
+    groups = []
+    for g, raw_g in zip(doc.groups or (), data.get("groups") or (), strict=True):
+        raw_rules = raw_g.get("rules") or ()
+        rules = tuple(
+            _rule(r, raw_r, g.name, source, default_verify_s)
+            for r, raw_r in zip(g.rules or (), raw_rules, strict=True)
+        )
+        groups.append(Group(g.name, g.interval, rules))
+    _unique(groups, source)
     return RuleSet(source, tuple(groups), params)
 
 
-def load_rules(path: str | Path, overrides: Mapping[str, Any] | None = None) -> RuleSet:
+def load_rules(
+    path: str | Path,
+    overrides: Mapping[str, Any] | None = None,
+    default_verify_s: float = DEFAULT_VERIFY_S,
+) -> RuleSet:
+    """Read (through the bounded YAML loader) and load one rule file."""
     p = Path(path)
-    return load_rules_data(load_yaml_file(p, RuleError), str(p), overrides)
+    return load_rules_data(load_yaml_file(p, RuleError), str(p), overrides, default_verify_s)
 
 
 def default_rules_path() -> Path:
     from kcops.alerts import packaged_file
 
     return packaged_file("rules.yaml")
+
+
+def ruleset_from_config(config: Config) -> RuleSet:
+    """The rule set the configuration names: its file (default: the packaged table), its
+    ``rules.params`` overrides, and ``actions.guards.default_verify_s``."""
+    section = config.rules
+    path = section.file if section.file is not None else default_rules_path()
+    return load_rules(path, dict(section.params), config.actions.guards.default_verify_s)

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import promql_parser as pp
-import yaml
 
 from kcops.agent.events import AlertTransition
 from kcops.agent.rules.engine import RuleEngine
@@ -26,6 +25,7 @@ from kcops.agent.rules.loader import RuleSet, load_rules, parse_duration
 from kcops.agent.rules.model import NAME, RuleError
 from kcops.agent.samples import STALE_NAN, SeriesKey
 from kcops.agent.store import Store
+from kcops.agent.yamlload import excerpt, load_yaml_file
 
 _UNUM = r"(?:(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|[Ii]nf|NaN|nan)"
 _NUM = rf"[-+]?{_UNUM}"
@@ -114,10 +114,7 @@ class PromtoolFile:
 
 def load_test_file(path: str | Path) -> PromtoolFile:
     p = Path(path)
-    try:
-        data = yaml.safe_load(p.read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise RuleError(f"{p}: cannot read test file: {exc}") from None
+    data = load_yaml_file(p, RuleError)  # the bounded loader: size, depth, no aliases
     if not isinstance(data, dict):
         raise RuleError(f"{p}: not a promtool test file")
     try:
@@ -153,7 +150,7 @@ def load_test_file(path: str | Path) -> PromtoolFile:
                 )
             )
     except (KeyError, TypeError, ValueError) as exc:
-        raise RuleError(f"{p}: malformed test file: {exc}") from None
+        raise RuleError(f"{p}: malformed test file: {excerpt(str(exc), 200)}") from None
     rule_files = [p.parent / f for f in (data.get("rule_files") or [])]
     return PromtoolFile(p, rule_files, ev, groups)
 

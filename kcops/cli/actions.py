@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import click
-import yaml
 
 from kcops.cli.common import (
     EXIT_FAILURE,
@@ -21,6 +20,7 @@ from kcops.cli.common import (
     agent_request,
     echo_json,
     handle_errors,
+    parse_params,
     token_headers,
 )
 from kcops.cli.timefmt import as_float, when
@@ -51,16 +51,6 @@ def parse_since(value: str | None, now: float | None = None) -> float | None:
     if dt.tzinfo is None:
         dt = dt.replace(tzinfo=UTC)
     return dt.timestamp()
-
-
-def parse_params(pairs: tuple[str, ...]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, raw = pair.partition("=")
-        if not sep or not key:
-            raise click.BadParameter(f"{pair!r}: expected k=v", param_hint="--param")
-        out[key.strip()] = yaml.safe_load(raw) if raw else ""
-    return out
 
 
 def _when(ts: Any) -> str:

@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from kcops.agent.config import Config, load_config, parse_config
-from kcops.cli.common import EXIT_USAGE, handle_errors
+from kcops.cli.common import EXIT_USAGE, DurationParam, handle_errors
 from kcops.errors import ConfigError
 
 ADAPTERS = ["auto", "vllm", "sglang", "tgi", "triton", "kcops"]
@@ -51,7 +51,9 @@ def agent_group() -> None:
 @click.option("--mode", type=click.Choice(["enforce", "dry-run", "off"]), help="Remediation mode.")
 @click.option("--engine-url", help="Engine base URL, e.g. http://127.0.0.1:8000.")
 @click.option("--engine-adapter", type=click.Choice(ADAPTERS), help="Engine metrics dialect.")
-@click.option("--tick", "tick_s", type=float, help="Seconds between ticks [1.0].")
+@click.option(
+    "--tick", "tick_s", type=DurationParam(), help="Time between ticks: 1.5, 500ms, 2s [1s]."
+)
 @click.option("--token-file", type=click.Path(dir_okay=False), help="Bearer token file.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]))
 @click.argument("engine_cmd", nargs=-1, type=click.UNPROCESSED)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 import yaml
@@ -16,25 +16,20 @@ from kcops.cli.common import (
     agent_option,
     echo_json,
     handle_errors,
+    parse_params,
 )
 from kcops.cli.timefmt import as_float, when
 from kcops.errors import ConfigError
 
-
-def _params(pairs: tuple[str, ...]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        name, sep, value = pair.partition("=")
-        if not sep or not name:
-            raise ConfigError(f"--param {pair!r}: expected NAME=VALUE")
-        out[name] = yaml.safe_load(value)
-    return out
+if TYPE_CHECKING:
+    from kcops.agent.rules.loader import RuleSet
 
 
-def _load(rules: str | None, params: tuple[str, ...] = ()) -> Any:
+def load_ruleset(rules: str | None, params: tuple[str, ...] = ()) -> RuleSet:
+    """The rule file of ``--rules`` (default: the packaged table) with ``--param`` overrides."""
     from kcops.agent.rules.loader import default_rules_path, load_rules
 
-    return load_rules(rules or default_rules_path(), _params(params))
+    return load_rules(rules or default_rules_path(), parse_params(params))
 
 
 rules_option = click.option(
@@ -67,7 +62,7 @@ def alerts_group() -> None:
 @handle_errors
 def list_cmd(agent_url: str, rules_file: str | None, as_json: bool) -> None:
     if rules_file is not None:
-        rs = _load(rules_file)
+        rs = load_ruleset(rules_file)
         rows = [
             {
                 "name": r.name,
@@ -103,7 +98,7 @@ def list_cmd(agent_url: str, rules_file: str | None, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @handle_errors
 def show_cmd(name: str, rules_file: str | None, params: tuple[str, ...], as_json: bool) -> None:
-    rs = _load(rules_file, params)
+    rs = load_ruleset(rules_file, params)
     rule = rs.get(name)
     if rule is None:
         names = ", ".join(r.name for r in rs.rules)
@@ -161,7 +156,7 @@ def export_cmd(
         extra[key] = value
     click.echo(
         export_rules(
-            _load(rules_file, params),
+            load_ruleset(rules_file, params),
             OPERATOR if fmt == "prometheusrule" else fmt,
             name=name,
             namespace=namespace,
@@ -176,7 +171,7 @@ def export_cmd(
 @param_option
 @handle_errors
 def check_cmd(file: str, params: tuple[str, ...]) -> None:
-    rs = _load(file, params)
+    rs = load_ruleset(file, params)
     click.echo(f"{file}: OK, {len(rs.rules)} rules ({len(rs.alerts())} alerting)")
 
 
@@ -197,7 +192,7 @@ def replay_cmd(testfile: str, rules_file: str | None, params: tuple[str, ...], c
     from kcops.agent.rules.promtest import load_test_file, replay_group, resolve_rules
 
     test = load_test_file(testfile)
-    overrides = _params(params)
+    overrides = parse_params(params)
     ruleset = resolve_rules(test, rules_file, overrides)
     failures: list[str] = []
     multi = len(test.groups) > 1

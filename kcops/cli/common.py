@@ -51,6 +51,41 @@ def handle_errors(fn: F) -> F:
     return wrapped  # type: ignore[return-value]
 
 
+class DurationParam(click.ParamType):
+    """A length of time flag: seconds (``1.5``) or a Prometheus duration (``500ms``, ``2m``)."""
+
+    name = "duration"
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> float:
+        from kcops.agent.duration import seconds
+
+        try:
+            return seconds(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+def parse_params(pairs: tuple[str, ...], option: str = "--param") -> dict[str, Any]:
+    """``NAME=VALUE`` flags (``--param`` of ``alerts``, ``dashboards`` and ``actions run``).
+
+    VALUE is one YAML value read by the bounded loader, so ``0.25`` is a number,
+    ``false`` a boolean and ``5m`` a string; an empty VALUE is the empty string.
+    A pair without ``=``, or bad YAML, is a :class:`ConfigError` (exit 2).
+    """
+    from kcops.agent.yamlload import excerpt, parse_yaml
+
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        name, sep, raw = pair.partition("=")
+        name = name.strip()
+        if not sep or not name:
+            raise ConfigError(f"{option} {excerpt(pair)}: expected NAME=VALUE")
+        out[name] = parse_yaml(raw, f"{option} {excerpt(name)}") if raw.strip() else ""
+    return out
+
+
 def token_headers(token_file: str | None = None) -> dict[str, str]:
     """Authorization header from the one token loader (``kcops.auth.load_token``)."""
     from pathlib import Path

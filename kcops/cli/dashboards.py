@@ -10,8 +10,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from kcops.cli.alerts import _load as load_ruleset
-from kcops.cli.alerts import param_option, rules_option
+from kcops.cli.alerts import load_ruleset, param_option, rules_option
 from kcops.cli.common import EXIT_FAILURE, EXIT_UNREACHABLE, handle_errors
 
 if TYPE_CHECKING:

@@ -40,6 +40,11 @@ HOSTILE: dict[str, bytes] = {
     "a huge value": b"agent:\n  listen: " + b"x" * 1_000_000 + b"\n",
     "not a mapping": b"- 1\n- 2\n",
     "tab indentation": b"agent:\n\tlisten: x\n",
+    # Values that reach YAML's typed constructors, then the models.
+    "an impossible timestamp": b"agent: {tick_s: 2001-13-45}\ngroups: [{interval: 2001-02-30}]\n",
+    "a 4400-digit integer": b"agent: {tick_s: 1" + b"0" * 4400 + b"}\n",
+    "a 16000-bit hex integer": b"groups:\n- {name: g, limit: 0x" + b"f" * 4000 + b"}\n",
+    "!!timestamp on text": b"agent: {tick_s: !!timestamp soon}\n",
 }
 
 
@@ -98,3 +103,96 @@ def test_fuzz_loaders_raise_only_typed_errors(
         pass
     except ConfigError:
         pass
+
+
+# A valid document of each kind, then one node swapped for a hostile YAML value: what random
+# bytes never reach (typed constructors, the models, the PromQL parser, templates).
+RULES_DOC = {
+    "params": {"t": 0.5, "w": "5m"},
+    "groups": [
+        {
+            "name": "g",
+            "interval": "30s",
+            "rules": [
+                {
+                    "alert": "A",
+                    "expr": "rate(x[${w}]) > ${t}",
+                    "for": "1m",
+                    "labels": {"severity": "page"},
+                    "annotations": {"summary": "{{ $value }} above ${t}"},
+                    "remediation": [
+                        {"action": "evict_cache", "params": {"policy": "lru", "fraction": 0.5}},
+                        {"action": "notify", "verify": "5m"},
+                    ],
+                },
+                {"record": "job:x:rate5m", "expr": "sum by (job) (rate(x[5m]))"},
+            ],
+        }
+    ],
+}
+CONFIG_DOC = {
+    "agent": {"tick_s": 1, "listen": "127.0.0.1:9464"},
+    "actions": {"mode": "dry-run", "guards": {"cooldown_s": "5m"}, "alertmanager_webhook": True},
+    "collectors": {"nvml": {"enabled": "auto"}, "probe": {"enabled": True}},
+    "rules": {"params": {"t": 0.5}},
+}
+HOSTILE_VALUES = [
+    "2001-13-45", "2001-01-01", "1e999", ".nan", "-.inf", "[1, 2]", "{a: 1}", "null", "~", "''",
+    "true", "'false'", "'yes'", "0x" + "f" * 300, "1" + "0" * 5000, "'" + "x" * 10_000 + "'",
+    "'${nope}'", "'${t}${t}'", "'" + "(" * 3000 + "'", "'" + "-" * 3000 + "1'",
+    "'" + "+".join(["1"] * 3000) + "'", "'{{ " + "(" * 2000 + "'", "!!binary aGVsbG8=",
+    "!!timestamp x", "'1e999'", "'293y'", "'1.5m'", "-1", "0", "'\\ud800'", "!!set {a}",
+]  # fmt: skip
+
+
+def _paths(node: object, path: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
+    out = [path] if path else []
+    items = (
+        node.items()
+        if isinstance(node, dict)
+        else enumerate(node)
+        if isinstance(node, list)
+        else ()
+    )
+    for k, v in items:
+        out += _paths(v, (*path, k))
+    return out
+
+
+def _swapped(doc: dict, path: tuple[object, ...], value: str) -> str:  # type: ignore[type-arg]
+    import copy
+
+    import yaml
+
+    d = copy.deepcopy(doc)
+    node = d
+    for k in path[:-1]:
+        node = node[k]  # type: ignore[index]
+    node[path[-1]] = "__HOSTILE__"  # type: ignore[index]
+    return yaml.safe_dump(d, width=10**9).replace("__HOSTILE__", value)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.sampled_from(_paths(RULES_DOC)),
+    st.sampled_from(_paths(CONFIG_DOC)),
+    st.sampled_from(HOSTILE_VALUES),
+)
+def test_hostile_typed_values_give_one_typed_line(
+    tmp_path_factory: pytest.TempPathFactory,
+    rules_path: tuple[object, ...],
+    config_path: tuple[object, ...],
+    value: str,
+) -> None:
+    folder = tmp_path_factory.mktemp("sw")
+    for doc, path, load in (
+        (RULES_DOC, rules_path, load_rules),
+        (CONFIG_DOC, config_path, load_config),
+    ):
+        f = folder / "f.yaml"
+        f.write_text(_swapped(doc, path, value))
+        try:
+            load(f)
+        except ConfigError as exc:  # RuleError is one
+            msg = str(exc)
+            assert "\n" not in msg and len(msg) < 600, msg

@@ -112,14 +112,17 @@ def test_in_thread_collector_never_blocks_the_loop_nor_piles_up() -> None:
 
     st = Store()
     stuck = Stuck()
-    runner = CollectorRunner(st, [InThread(stuck)], timeout_s=0.05)
+    wrapped = InThread(stuck)
+    runner = CollectorRunner(st, [wrapped], timeout_s=0.05)
 
     async def go() -> None:
         await runner.tick(1.0)  # the read hangs: this tick times out
         await runner.tick(2.0)  # still hanging: reported, no second thread
         stuck.release.set()
-        await asyncio.sleep(0.2)
-        await runner.tick(3.0)  # the driver is back
+        # The driver is back once the stuck read has returned: wait for exactly that.
+        assert wrapped._pending is not None
+        await asyncio.wait_for(asyncio.shield(wrapped._pending), timeout=10)
+        await runner.tick(3.0)
 
     asyncio.run(go())
     assert errors(st, "stuck", "timeout") == 1

@@ -135,10 +135,11 @@ def test_receives_over_a_real_unix_datagram_socket(tmp_path: Path) -> None:
             s.sendto(frame(calls_by_layer={"3": 5}), str(path))
             s.sendto(b"garbage", str(path))
             s.sendto(frame(seq=1, calls_by_layer={"3": 1}), str(path))
-        for _ in range(50):
+        # The loop's reader drains the socket: wait until it has seen both good frames.
+        deadline = asyncio.get_running_loop().time() + 10
+        while r.frames["ok"] < 2:
+            assert asyncio.get_running_loop().time() < deadline, f"frames: {dict(r.frames)}"
             await asyncio.sleep(0.01)
-            if r.frames["ok"] == 2:
-                break
         await rr.tick(5.0)
         await rr.stop()
 

@@ -87,6 +87,35 @@ def test_thresholds_and_notes_follow_the_rule_params(tmp_path: Path) -> None:
     assert _red_lines(_panel({"s": written}, title)) == [0.6]
 
 
+def test_query_windows_follow_the_rule_params() -> None:
+    from kcops.agent.rules.loader import default_rules_path, load_rules
+
+    def exprs(models: dict[str, Any], title: str) -> list[str]:
+        return [t["expr"] for t in _panel(models, title)["targets"]]
+
+    default = build_all()
+    assert all("[5m]" in e for e in exprs(default, "Time to first token p99"))
+    assert exprs(default, "Attention errors") == [
+        'sum by (kind) (increase(kcops_attention_errors_total{instance=~"$instance"}[1h]))'
+    ]
+    moved = build_all(
+        load_rules(
+            default_rules_path(),
+            {"rate_window": "10m", "attention_errors_window": "2h", "baseline_window": "3h"},
+        )
+    )
+    assert all("[10m]" in e for e in exprs(moved, "Time to first token p99"))
+    assert all("[10m]" in e and "[5m]" not in e for e in exprs(moved, "Prefix cache hit rate"))
+    assert all("[2h]" in e for e in exprs(moved, "Attention errors"))
+    assert "within 2h" in _panel(moved, "Attention errors")["description"]
+    assert all("[3h]" in e for e in exprs(moved, "Engine restarts / OOM (3h)"))
+    # No query keeps a literal window: each one is a rule parameter.
+    for model in moved.values():
+        for p in model["panels"]:
+            for t in p["targets"]:
+                assert not re.search(r"\[(5m|1m|1h)\]", t["expr"]), t["expr"]
+
+
 def test_unknown_param_is_a_usage_error(tmp_path: Path) -> None:
     res = CliRunner().invoke(
         cli, ["dashboards", "build", "--out", str(tmp_path), "--param", "no_such=1"]

@@ -89,3 +89,25 @@ def test_replay_prints_transitions_as_json_lines() -> None:
     mem = [(x["t"], x["state"]) for x in lines if x["alertname"] == "KcopsDeviceMemoryHigh"]
     assert mem == [(120, "pending"), (180, "firing"), (360, "inactive")]
     assert lines[-1]["labels"]["device"] == "0"
+
+
+def test_param_flags_are_one_parser_through_the_bounded_yaml_loader() -> None:
+    from kcops.cli.actions import parse_params as actions_params
+    from kcops.cli.common import parse_params
+    from kcops.errors import ConfigError
+
+    assert actions_params is parse_params  # `actions run` and `alerts`/`dashboards` share it
+    assert parse_params(("a=0.25", "b=false", "c=5m", "d=", " e =x")) == {
+        "a": 0.25,
+        "b": False,
+        "c": "5m",
+        "d": "",
+        "e": "x",
+    }
+    for bad, needle in (("novalue", "expected NAME=VALUE"), ("x=&a 1", "anchors and aliases")):
+        with pytest.raises(ConfigError, match=needle):
+            parse_params((bad,))
+    # Through the CLI: exit 2, one line.
+    for args in (("--param", "p99_ttft_seconds=2001-13-45"), ("--param", "p99_ttft_seconds=.nan")):
+        res = invoke("check", str(packaged_file("rules.yaml")), *args)
+        assert res.exit_code == 2 and res.output.count("\n") == 1, res.output

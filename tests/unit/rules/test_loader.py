@@ -43,11 +43,11 @@ def doc(**rule: object) -> dict:  # type: ignore[type-arg]
         (doc(annotations={"d": "{{ $value "}), "unclosed action"),
         (doc(labels={"s": "{{ $nope }}"}), "rule 'Bad': labels.s: template error"),
         (doc(remediation=[{"action": "reboot_datacenter"}]), "unknown action 'reboot_datacenter'"),
-        (doc(remediation=[{"action": "notify", "verify": "soon"}]), "remediation[0]: verify"),
+        (doc(remediation=[{"action": "notify", "verify": "soon"}]), "remediation[0].verify: not a"),
         (doc(expr="up > ${nope}"), "unknown parameter ${nope}"),
-        (doc(unknown_key=1), "rule 'Bad': unknown keys ['unknown_key']"),
+        (doc(unknown_key=1), "'Bad': unknown_key: unknown key; allowed keys: alert,"),
         ({"groups": [{"name": "g", "rules": [{"expr": "up"}]}]}, "exactly one of 'alert'"),
-        ({"grups": []}, "unknown top-level keys ['grups']"),
+        ({"grups": []}, "f.yaml: grups: unknown key; allowed keys: groups, params"),
     ],
 )
 def test_malformed_rules_are_refused_with_name_and_reason(data: dict, needle: str) -> None:  # type: ignore[type-arg]

@@ -87,3 +87,13 @@ tests:
     failures = [f for _, f in out if f is not None]
     assert transitions == [(60.0, "pending"), (120.0, "firing"), (240.0, "inactive")]
     assert len(failures) == 1 and "time: 240s" in failures[0] and "job': 'b'" in failures[0]
+
+
+def test_test_files_are_read_by_the_bounded_loader(tmp_path: Path) -> None:
+    p = tmp_path / "t.yaml"
+    p.write_text("rule_files: [r.yaml]\ntests:\n- interval: &i 1m\n  input_series: []\n  x: *i\n")
+    with pytest.raises(RuleError, match="line 3, column 13: anchors and aliases are not allowed"):
+        load_test_file(p)
+    p.write_text("evaluation_interval: 2001-13-45\n")
+    with pytest.raises(RuleError, match="not a valid !!timestamp"):
+        load_test_file(p)

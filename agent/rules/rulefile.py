@@ -1,0 +1,354 @@
+"""The rule file's format as strict pydantic models (Prometheus's rulefmt plus kcops's keys).
+
+:mod:`kcops.agent.rules.loader` validates a loaded YAML document with
+:class:`RuleFile` and then compiles it (PromQL, templates). The models say
+what a rule file may contain, and refuse everything else:
+
+- unknown keys, at every level;
+- ``alert`` and ``record`` that are not strings (``record`` a metric name),
+  label and annotation names that are not Prometheus label names, values
+  that are not strings, and sizes past the bounds below;
+- a ``params`` entry that is not a finite number or a string;
+- a remediation step whose ``action`` is not a ladder action of
+  :func:`kcops.agent.actions.registry.default_registry` (the one list of
+  action names), or whose ``params`` that action's own parameter model
+  refuses (strictly: ``"yes"`` is not a boolean);
+- durations outside Prometheus's grammar and range
+  (:mod:`kcops.agent.duration`).
+
+``${name}`` in ``expr``, ``for``, ``keep_firing_for``, labels and
+annotations is replaced by the parameter's value while validating; the
+effective parameters come in the validation context (``{"params": ...}``).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Annotated, Any
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from kcops.agent.duration import MAX_SECONDS, parse_duration
+from kcops.agent.validation import render_path
+from kcops.agent.yamlload import excerpt
+
+if TYPE_CHECKING:
+    from kcops.agent.actions.base import ActionSpec
+
+MAX_NAME_CHARS = 256  # alert, record, group names
+MAX_LABEL_NAME_CHARS = 128
+MAX_LABEL_VALUE_CHARS = 2048
+MAX_ANNOTATION_CHARS = 16384
+MAX_LABELS = 64
+MAX_PARAMS = 256
+MAX_PARAM_CHARS = 1024
+MAX_STEPS = 32
+MAX_RULES = 10_000
+MAX_EXPR_CHARS = 16384
+# Operators plus bracket nesting of one expression. The PromQL parser and the
+# evaluator recurse once per level; a few thousand levels crash the parser
+# (a 5,000-term sum is enough), so the bound is checked on the text, before it
+# is parsed. The packaged rules use at most 10.
+MAX_EXPR_DEPTH = 128
+
+_PARAM = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_METRIC = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_OPERATOR = re.compile(r"==|!=|<=|>=|[-+*/%^<>]|\b(?:and|or|unless|atan2)\b")
+# A duration written as a number of seconds: in a range or subquery, or after `offset`.
+_BRACKETS = re.compile(r"\[([^\[\]]*)\]")
+_OFFSET = re.compile(r"\boffset\s+-?\s*([^\s()\[\]]+)", re.I)
+_NUMBER = re.compile(r"0[xX][0-9a-fA-F]+|(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
+_QUOTED = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|`[^`]*`|#[^\n]*', re.S)
+
+
+def param_text(v: int | float | str) -> str:
+    """A parameter's value as it is written into an expression or label."""
+    if isinstance(v, float):
+        return str(int(v)) if v.is_integer() and abs(v) < 1e15 else repr(v)
+    return str(v)
+
+
+def _param_value(v: Any) -> int | float | str:
+    if isinstance(v, bool) or not isinstance(v, int | float | str):
+        raise ValueError(f"a parameter must be a number or a string, got {excerpt(v)}")
+    if isinstance(v, float) and not math.isfinite(v):
+        raise ValueError(f"a parameter must be a finite number, got {v!r}")
+    if isinstance(v, str) and len(v) > MAX_PARAM_CHARS:
+        raise ValueError(f"a parameter string has at most {MAX_PARAM_CHARS} characters")
+    return v
+
+
+def _identifier(what: str, why: str = "") -> AfterValidator:
+    def check(v: str) -> str:
+        if not _IDENT.fullmatch(v) or len(v) > MAX_LABEL_NAME_CHARS:
+            raise ValueError(
+                f"invalid {what} {excerpt(v)}: [a-zA-Z_][a-zA-Z0-9_]*, "
+                f"at most {MAX_LABEL_NAME_CHARS} characters{why}"
+            )
+        return v
+
+    return AfterValidator(check)
+
+
+ParamName = Annotated[str, _identifier("parameter name", ", so that ${name} can name it")]
+ParamValue = Annotated[int | float | str, BeforeValidator(_param_value)]
+
+
+def known_names(params: Mapping[str, object]) -> str:
+    """The parameter names for an error message: sorted, at most 30, ``none`` if empty."""
+    names = sorted(params)
+    return (", ".join(names[:30]) + (", ..." if len(names) > 30 else "")) or "none"
+
+
+def substitute(text: str, params: Mapping[str, int | float | str]) -> str:
+    """Replace every ``${name}``; an unknown name is a ValueError listing the known ones."""
+
+    def repl(m: re.Match[str]) -> str:
+        name = m.group(1)
+        if name not in params:
+            shown = excerpt(name).strip("'")
+            raise ValueError(f"unknown parameter ${{{shown}}} (known: {known_names(params)})")
+        return param_text(params[name])
+
+    return _PARAM.sub(repl, text)
+
+
+def check_expr_text(text: str) -> str:
+    """Refuse, before parsing, an expression the parser or the evaluator cannot take: too long,
+    too deep to recurse through, or a number of seconds past a duration's range (the parser
+    panics on those)."""
+    if len(text) > MAX_EXPR_CHARS:
+        raise ValueError(f"an expression has at most {MAX_EXPR_CHARS} characters")
+    bare = _QUOTED.sub('""', text)
+    depth = deepest = 0
+    for c in bare:
+        if c in "([{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif c in ")]}":
+            depth -= 1
+    durations = [p for m in _BRACKETS.finditer(bare) for p in m.group(1).split(":")]
+    for number in [d.strip() for d in durations] + _OFFSET.findall(bare):
+        if not _NUMBER.fullmatch(number):
+            continue
+        value = int(number, 16) if number[:2].lower() == "0x" else float(number)
+        # promql-parser panics (a Rust panic, not an error) past ~1.8e19 s; Prometheus
+        # bounds durations at (2**63 - 1) ns.
+        if not value <= MAX_SECONDS:
+            raise ValueError(f"duration out of range: {excerpt(number)} s (at most 292y)")
+    if deepest + len(_OPERATOR.findall(bare)) > MAX_EXPR_DEPTH:
+        raise ValueError(
+            f"expression too complex: more than {MAX_EXPR_DEPTH} operators and nested "
+            "brackets (split it into recording rules)"
+        )
+    return text
+
+
+def _expr_text(v: Any) -> str:
+    # Prometheus reads `expr: 5` as the expression "5".
+    if isinstance(v, int | float) and not isinstance(v, bool):
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ValueError(f"'expr' must be a string, got {v!r}")
+        return param_text(v)
+    if not isinstance(v, str) or not v.strip():
+        raise ValueError(f"'expr' is required: a PromQL expression string, got {excerpt(v)}")
+    return v
+
+
+def _duration_text(v: Any) -> str:
+    if isinstance(v, int) and not isinstance(v, bool) and v == 0:
+        return "0"
+    if not isinstance(v, str):
+        raise ValueError(f"must be a duration string (e.g. 30s, 5m), got {excerpt(v)}")
+    parse_duration(v)  # DurationError is a ValueError: pydantic reports it at the field
+    return v
+
+
+def _text(limit: int) -> Any:
+    def check(v: Any) -> str:
+        # YAML turns `severity: 1` into an int; Prometheus reads it as the text "1".
+        if v is None:
+            return ""
+        if isinstance(v, int | float) and not isinstance(v, bool):
+            return param_text(v)
+        if not isinstance(v, str):
+            raise ValueError(f"must be a string, got {excerpt(v)}")
+        if len(v) > limit:
+            raise ValueError(f"at most {limit} characters, got {len(v)}")
+        return v
+
+    return BeforeValidator(check)
+
+
+def _check_name(v: str) -> str:
+    if not v:
+        raise ValueError("must not be empty")
+    if len(v) > MAX_NAME_CHARS:
+        raise ValueError(f"at most {MAX_NAME_CHARS} characters, got {len(v)}")
+    return v
+
+
+def _metric_name(v: str) -> str:
+    _check_name(v)
+    if not _METRIC.fullmatch(v):
+        raise ValueError(f"invalid recording rule name {excerpt(v)}: [a-zA-Z_:][a-zA-Z0-9_:]*")
+    return v
+
+
+Name = Annotated[str, AfterValidator(_check_name)]
+MetricName = Annotated[str, AfterValidator(_metric_name)]
+LabelName = Annotated[str, _identifier("label name")]
+DurationText = Annotated[str, BeforeValidator(_duration_text)]
+Expr = Annotated[str, BeforeValidator(_expr_text), AfterValidator(check_expr_text)]
+Labels = Annotated[
+    dict[LabelName, Annotated[str, _text(MAX_LABEL_VALUE_CHARS)]], Field(max_length=MAX_LABELS)
+]
+Annotations = Annotated[
+    dict[LabelName, Annotated[str, _text(MAX_ANNOTATION_CHARS)]], Field(max_length=MAX_LABELS)
+]
+
+
+@functools.cache
+def ladder_actions() -> Mapping[str, ActionSpec]:
+    """The actions a ladder step may name, from the one registry of actions."""
+    from kcops.agent.actions.registry import default_registry
+
+    reg = default_registry()
+    return {name: reg.get(name) for name in reg.ladder_names()}
+
+
+def _non_finite(value: Any, loc: tuple[int | str, ...] = ()) -> tuple[int | str, ...] | None:
+    """Where in ``value`` a NaN or infinity is, if anywhere."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return loc
+    items = (
+        value.items()
+        if isinstance(value, dict)
+        else enumerate(value)
+        if isinstance(value, list)
+        else ()
+    )
+    for k, v in items:
+        if (found := _non_finite(v, (*loc, k))) is not None:
+            return found
+    return None
+
+
+def _check_action(v: str) -> str:
+    if v not in ladder_actions():
+        raise ValueError(
+            f"unknown action {excerpt(v)}; allowed: {', '.join(sorted(ladder_actions()))}"
+        )
+    return v
+
+
+_ALERTING_ONLY = (
+    ("for", "for_"),
+    ("keep_firing_for", "keep_firing_for"),
+    ("annotations", "annotations"),
+    ("remediation", "remediation"),
+)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class Step(_Strict):
+    """One rung of a remediation ladder: ``{action, params, verify}``."""
+
+    action: Annotated[str, AfterValidator(_check_action)]
+    params: dict[str, Any] | None = None
+    verify: DurationText | None = None
+
+    @field_validator("params")
+    @classmethod
+    def _params(cls, v: dict[str, Any] | None, info: ValidationInfo) -> dict[str, Any] | None:
+        action = info.data.get("action")
+        if v is None or action is None:
+            return v
+        bad = _non_finite(v)
+        if bad is not None:
+            raise ValueError(f"{action}: {render_path(bad)}: must be a finite number")
+        try:
+            ladder_actions()[action].params.model_validate(v, strict=True)
+        except ValidationError as exc:
+            e = exc.errors(include_url=False)[0]
+            more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+            got = (
+                ""
+                if e["type"] in ("missing", "extra_forbidden")
+                else f"; got {excerpt(e['input'])}"
+            )
+            raise ValueError(
+                f"{action}: {render_path(e['loc']) or 'params'}: {e['msg'][:200]}{got}{more}"
+            ) from None
+        return v
+
+
+class RuleModel(_Strict):
+    """An alerting (``alert``) or recording (``record``) rule, plus kcops's ``remediation``."""
+
+    alert: Name | None = None
+    record: MetricName | None = None
+    expr: Expr
+    for_: DurationText | None = Field(None, alias="for")
+    keep_firing_for: DurationText | None = None
+    labels: Labels | None = None
+    annotations: Annotations | None = None
+    remediation: Annotated[list[Step], Field(max_length=MAX_STEPS)] | None = None
+
+    @field_validator("expr", "for_", "keep_firing_for", "labels", "annotations", mode="before")
+    @classmethod
+    def _substitute(cls, v: Any, info: ValidationInfo) -> Any:
+        params = (info.context or {}).get("params", {})
+        if isinstance(v, str):
+            return substitute(v, params)
+        if isinstance(v, dict):
+            return {k: substitute(x, params) if isinstance(x, str) else x for k, x in v.items()}
+        return v
+
+    @model_validator(mode="after")
+    def _kind(self) -> RuleModel:
+        if (self.alert is None) == (self.record is None):
+            raise ValueError("exactly one of 'alert' or 'record' must be set")
+        if self.record is not None:
+            for key, fname in _ALERTING_ONLY:
+                if fname in self.model_fields_set:
+                    raise ValueError(f"'{key}' is only valid on alerting rules")
+        return self
+
+    @property
+    def name(self) -> str:
+        return self.alert if self.alert is not None else str(self.record)
+
+
+class GroupModel(_Strict):
+    name: Name
+    interval: DurationText | None = None
+    limit: Annotated[int, Field(ge=0, le=2**63 - 1)] | None = None
+    rules: Annotated[list[RuleModel], Field(max_length=MAX_RULES)] | None = None
+
+
+class RuleFile(_Strict):
+    """A whole rule file: Prometheus's ``groups`` and kcops's ``params``."""
+
+    groups: list[GroupModel] | None = None
+    params: Annotated[dict[ParamName, ParamValue], Field(max_length=MAX_PARAMS)] | None = None
+
+
+Params = dict[ParamName, ParamValue]
