@@ -135,11 +135,13 @@ class StreamResult:
     error: str | None = None
     first_chunk: threading.Event = field(default_factory=threading.Event)
     done: threading.Event = field(default_factory=threading.Event)
+    stop: threading.Event = field(default_factory=threading.Event)  # set: hang up early
 
 
 def stream_completion(engine_url: str, prompt: str, max_tokens: int) -> StreamResult:
     """Start a streaming completion on a thread that ignores EOS (so it lasts exactly
-    ``max_tokens`` tokens); the result fills in as chunks arrive."""
+    ``max_tokens`` tokens); the result fills in as chunks arrive. Setting ``stop`` hangs
+    up after the next chunk (vLLM aborts a request whose client went away)."""
     res = StreamResult()
 
     def run() -> None:
@@ -160,6 +162,8 @@ def stream_completion(engine_url: str, prompt: str, max_tokens: int) -> StreamRe
                     res.text += choice.get("text") or ""
                     res.finish_reason = choice.get("finish_reason") or res.finish_reason
                     res.first_chunk.set()
+                    if res.stop.is_set():
+                        break
         except Exception as exc:  # reported by the test, never swallowed
             res.error = repr(exc)
         finally:
