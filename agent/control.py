@@ -20,10 +20,12 @@ import logging
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from pydantic import BaseModel, ValidationError
 
 from kcops.agent.exporter import render
 from kcops.errors import ConfigError
+from kcops.httpedge import BODY_TIMEOUT_S, body_deadline, describe
 
 if TYPE_CHECKING:
     from kcops.agent.app import Agent
@@ -44,10 +46,16 @@ class BadRequest(Exception):
         self.details = details or []
 
 
+def error_body(status: int, error: str) -> dict[str, Any]:
+    """The JSON body of every error answer (also aiohttp's protocol errors, kcops.httpedge)."""
+    del status  # the status line carries it
+    return {"error": error[:500]}
+
+
 def error_response(
     status: int, error: str, details: list[dict[str, Any]] | None = None
 ) -> web.Response:
-    body: dict[str, Any] = {"error": error[:500]}
+    body = error_body(status, error)
     if details:
         body["details"] = details[:20]
     return web.json_response(body, status=status)
@@ -61,6 +69,11 @@ async def json_errors(request: web.Request, handler: Any) -> web.StreamResponse:
         return resp
     except BadRequest as exc:
         return error_response(exc.status, exc.error, exc.details)
+    except HttpProcessingError as exc:  # a body aiohttp could not read (broken chunks)
+        return error_response(400, "bad HTTP request: " + describe(exc))
+    except ConnectionResetError:  # the client hung up mid-body: nobody reads the answer
+        log.debug("%s %s: the client went away", request.method, request.path)
+        return error_response(400, "connection lost")
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
@@ -111,9 +124,12 @@ def check_exposure(host: str, token_configured: bool) -> None:
         )
 
 
-def build_app() -> web.Application:
-    """The aiohttp application with the JSON error middleware and the body size limit."""
-    return web.Application(middlewares=[json_errors], client_max_size=MAX_BODY_BYTES)
+def build_app(body_timeout_s: float = BODY_TIMEOUT_S) -> web.Application:
+    """The aiohttp application: JSON errors, the body size limit, the body deadline."""
+    return web.Application(
+        middlewares=[json_errors, body_deadline(error_body, body_timeout_s)],
+        client_max_size=MAX_BODY_BYTES,
+    )
 
 
 def core_routes(agent: Agent) -> list[web.RouteDef]:
