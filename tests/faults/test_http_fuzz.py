@@ -7,12 +7,17 @@ healthy stay healthy; its log never shows a traceback (checked when it stops).
 from __future__ import annotations
 
 import json
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
 
 import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kcops.agent.actions.alertmanager import MAX_LADDER_INSTANCES
 from tests.faults.conftest import RealAgent
 
 ROUTES = ("/api/v1/actions/notify", "/api/v1/alertmanager")
@@ -99,24 +104,103 @@ def test_webhook_caps(real_agent: RealAgent) -> None:
     assert r.status_code == 400 and "characters" in r.json()["error"]
 
 
-def test_a_storm_of_unknown_alerts_keeps_the_loop_answering(real_agent: RealAgent) -> None:
+class HealthPoller:
+    """Asks /healthz with a 1 s client timeout, over and over, until stopped (another thread)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.answers = 0
+        self.failures: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        with httpx.Client(timeout=1.0) as client:
+            while not self._stop.is_set():
+                try:
+                    r = client.get(self.url + "/healthz")
+                    if r.status_code == 200:
+                        self.answers += 1
+                    else:
+                        self.failures.append(f"HTTP {r.status_code}")
+                except httpx.HTTPError as exc:  # no answer within 1 s: the loop was blocked
+                    self.failures.append(f"{type(exc).__name__}: {exc}")
+
+    def __enter__(self) -> HealthPoller:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+def _storm(name: str, start: int, n: int = 1000) -> dict[str, object]:
+    return {
+        "version": "4",
+        "alerts": [
+            {
+                "status": "firing",
+                "labels": {"alertname": name, "instance": f"pod-{i}", "severity": "ticket"},
+                "fingerprint": f"{name}-{i:08x}",
+            }
+            for i in range(start, start + n)
+        ],
+    }
+
+
+def test_a_webhook_storm_keeps_the_loop_answering_and_memory_bounded(
+    real_agent: RealAgent,
+) -> None:
+    """5,000 firing alerts: 2,000 of unknown names, 3,000 distinct instances of one laddered rule.
+
+    The ladder tracks MAX_LADDER_INSTANCES of them and counts the rest; /healthz answers
+    within 1 s all along; RSS and the state file stay bounded.
+    """
     healthy = real_agent.healthy_collectors()
-    alerts = [
-        {
-            "status": "firing",
-            "labels": {"alertname": f"Unknown{i}", "i": str(i)},
-            "fingerprint": f"f{i}",
-        }
-        for i in range(1000)
-    ]
-    r = httpx.post(
-        real_agent.url + "/api/v1/alertmanager",
-        json={"version": "4", "alerts": alerts},
-        headers=real_agent.headers(),
-        timeout=30,
-    )
-    assert r.status_code == 200 and r.json()["accepted"] == 1000
+    rss0 = real_agent.rss_bytes()
+    batches = [_storm("KcopsKCSurge", k * 1000) for k in range(3)]
+    batches += [_storm(f"Unknown{k}", 0) for k in range(2)]
+    with HealthPoller(real_agent.url) as poller:
+        for body in batches:
+            r = httpx.post(
+                real_agent.url + "/api/v1/alertmanager",
+                json=body,
+                headers=real_agent.headers(),
+                timeout=30,
+            )
+            assert r.status_code == 200 and r.json()["accepted"] == 1000
+        # let a tick save the state under the poller too
+        wait_for(lambda: "KcopsKCSurge" in _remediation(real_agent)["ladders"])
+    assert poller.answers > 0 and not poller.failures, poller.failures[:5]
+    rem = _remediation(real_agent)
+    lad = rem["ladders"]["KcopsKCSurge"]
+    assert len(lad["instances"]) == MAX_LADDER_INSTANCES
+    assert rem["instances_refused"] >= 3000 - MAX_LADDER_INSTANCES
+    capped = [r for r in _history(real_agent) if r.get("event") == "capped"]
+    assert len(capped) == 1  # audited once per ladder, counted every time
+    state = real_agent.state_dir / "remediation-state.json"
+    wait_for(lambda: state.exists() and "KcopsKCSurge-" in state.read_text())
+    assert state.stat().st_size < 256 * 1024
+    grown = real_agent.rss_bytes() - rss0
+    assert grown < 16 << 20, f"RSS grew {grown / 2**20:.1f} MiB during the storm"
     _still_well(real_agent, healthy)
+
+
+def _remediation(agent: RealAgent) -> dict[str, Any]:
+    return dict(httpx.get(agent.url + "/api/v1/remediation", timeout=5).json())
+
+
+def _history(agent: RealAgent) -> list[dict[str, Any]]:
+    r = httpx.get(agent.url + "/api/v1/actions/history?limit=100000", timeout=10)
+    return list(r.json()["records"])
+
+
+def wait_for(cond: Callable[[], bool], timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.05)
 
 
 json_values = st.recursive(
