@@ -10,7 +10,9 @@ import json
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import pytest
@@ -18,7 +20,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kcops.agent.actions.alertmanager import MAX_LADDER_INSTANCES
+from kcops.agent.actions.registry import default_registry
+from kcops.agent.app import Agent
+from kcops.agent.config import parse_config
+from kcops.agent.control import core_routes
 from tests.faults.conftest import RealAgent
+from tests.faults.fuzzing import Req, bodies, check_answer, hostile_values, query_values, send
 
 ROUTES = ("/api/v1/actions/notify", "/api/v1/alertmanager")
 
@@ -223,3 +230,106 @@ def test_fuzz_bodies(real_agent: RealAgent, route: str, body: object) -> None:
     if r.status_code >= 400:
         _json_error(r)
     assert httpx.get(real_agent.url + "/healthz", timeout=1.0).status_code == 200
+
+
+# -- every route of the control API ---------------------------------------------------
+
+ACTIONS = default_registry().names()
+PARAM_KEYS = sorted(
+    {k for s in default_registry().specs() for k in s.params.model_json_schema()["properties"]}
+)
+_params = st.dictionaries(st.sampled_from(PARAM_KEYS) | st.text(max_size=8), hostile_values,
+                          max_size=3)  # fmt: skip
+_alert = st.fixed_dictionaries(
+    {},
+    optional={
+        "status": st.sampled_from(["firing", "resolved", "pending"]),
+        "labels": st.dictionaries(
+            st.sampled_from(["alertname", "severity", "x"]), st.text(max_size=12), max_size=3
+        ),
+        "annotations": st.dictionaries(st.text(max_size=5), st.text(max_size=5), max_size=2),
+        "fingerprint": st.text(max_size=20),
+        "startsAt": st.sampled_from(["2026-12-01T00:00:00Z", "0001-01-01T00:00:00Z", "nope"]),
+    },
+)
+_queries = st.sampled_from(
+    ["up", "kcops_store_series", "1/0", "-1/0", "0/0", "vector(1)", "sum by (x) (up)",
+     "rate(kcops_agent_tick_seconds_count[1m])", "max_over_time(kcops_store_series[5m:1m])",
+     "absent(nope)", '{__name__=~".+"}', "(" * 3000 + "1" + ")" * 3000, "-" * 5000 + "1",
+     "time()", "scalar(up)", "histogram_quantile(0.9, kcops_agent_tick_seconds_bucket)"]
+) | st.text(max_size=40)  # fmt: skip
+
+
+_printable = st.text(st.characters(min_codepoint=32, max_codepoint=126), max_size=60)
+
+
+def _get(path: str, **query: st.SearchStrategy[str]) -> st.SearchStrategy[Req]:
+    q = st.fixed_dictionaries({}, optional=query) if query else st.just({})
+    return q.map(lambda qq: Req("GET", path, query=qq))
+
+
+AGENT_REQUESTS = st.one_of(
+    [
+        _get("/healthz"),
+        _get("/readyz"),
+        _get("/api/v1/status"),
+        _get("/api/v1/actions"),
+        _get("/api/v1/remediation"),
+        _get("/api/v1/alerts"),
+        _get("/api/v1/rules"),
+        _get("/api/v1/actions/history", since=query_values, limit=query_values),
+        _get("/api/v1/query", query=_queries, time=query_values),
+        _get(
+            "/api/v1/query_range",
+            query=_queries,
+            start=query_values,
+            end=query_values,
+            step=query_values,
+        ),
+        _printable.map(lambda a: Req("GET", "/metrics", headers={"Accept": a})),
+        st.tuples(
+            st.sampled_from(ACTIONS) | st.text(max_size=12).map(lambda t: t.replace("/", "_")),
+            bodies(
+                {
+                    "params": _params,
+                    "force": st.booleans(),
+                    "dry_run": st.just(True),
+                    "reason": st.text(max_size=30),
+                }
+            ),
+        ).map(lambda nb: Req("POST", "/api/v1/actions/" + quote(nb[0] or "x", safe=""), nb[1])),
+        bodies(
+            {
+                "version": st.sampled_from(["4", 4, "3"]),
+                "alerts": st.lists(_alert, max_size=3),
+                "status": st.text(max_size=5),
+            }
+        ).map(lambda b: Req("POST", "/api/v1/alertmanager", body=b)),
+    ]
+)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
+@given(req=AGENT_REQUESTS)
+def test_fuzz_every_route(real_agent: RealAgent, req: Req) -> None:
+    """Every read and mutating route: no 5xx, JSON errors, JSON-safe numbers; /healthz after."""
+    if req.method == "POST":
+        req.headers.update(real_agent.headers())  # past the token: the body is what is fuzzed
+    with httpx.Client(timeout=10) as client:
+        check_answer(send(client, real_agent.url, req), req)
+        assert client.get(real_agent.url + "/healthz", timeout=1.0).status_code == 200
+
+
+def test_every_route_is_fuzzed(tmp_path: Path) -> None:
+    """The fuzzer's route list covers what the agent serves (a new route must be added)."""
+    served = {
+        "/healthz", "/readyz", "/api/v1/status", "/metrics", "/api/v1/actions",
+        "/api/v1/actions/history", "/api/v1/remediation", "/api/v1/actions/{name}",
+        "/api/v1/alertmanager", "/api/v1/query", "/api/v1/query_range", "/api/v1/alerts",
+        "/api/v1/rules",
+    }  # fmt: skip
+    agent = Agent(parse_config({"agent": {"state_dir": str(tmp_path)}}), token="t")
+    routes = {r.path for r in core_routes(agent)}  # type: ignore[attr-defined]
+    for comp in agent.components:
+        routes |= {r.path for r in comp.routes()}  # type: ignore[attr-defined]
+    assert routes == served

@@ -7,64 +7,16 @@ neither server logs a traceback, and both still answer afterwards.
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import time
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx
 import pytest
 
-from tests.faults.conftest import TOKEN, RealAgent
+from tests.faults.conftest import TOKEN, RealAgent, RealWorker
 from tests.faults.rawhttp import MALFORMED, assert_json_4xx_or_closed, send_raw
-from tests.services import free_port
 
 pytestmark = pytest.mark.slow
-
-
-@dataclass
-class RealWorker:
-    url: str
-    port: int
-    proc: subprocess.Popen[bytes]
-    log: Path
-
-
-@pytest.fixture(scope="module")
-def real_worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealWorker]:
-    tmp = tmp_path_factory.mktemp("worker")
-    port = free_port()
-    log = tmp / "worker.log"
-    (tmp / "token").write_text(TOKEN)
-    cmd = [sys.executable, "-c", "from kcops.cli import main; main()", "serve", "--model", "tiny"]
-    cmd += ["--port", str(port), "--no-probe", "--threads", "1", "--token-file", str(tmp / "token")]
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ))
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise AssertionError(f"worker did not start: {log.read_text()[-2000:]}")
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    try:
-        yield RealWorker(url, port, proc, log)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def _port(url: str) -> int:
