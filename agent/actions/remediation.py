@@ -238,8 +238,8 @@ class Remediation:
 
     def save(self) -> None:
         """Write the state now, on the loop (before an action acts; at stop)."""
-        self._dirty = False
         self.state_file.save(self._state())
+        self._dirty = False
 
     async def save_async(self) -> None:
         """Write the state from a snapshot taken now; the fsyncs run in a thread (each tick)."""
