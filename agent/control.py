@@ -17,6 +17,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import logging
+import math
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from aiohttp import web
@@ -44,6 +45,22 @@ class BadRequest(Exception):
         self.status = status
         self.error = error
         self.details = details or []
+
+
+def json_dumps(obj: Any) -> str:
+    """JSON text of ``obj`` with NaN and infinities as null: JSON has no such numbers
+    (clients choke on a bare NaN). For every answer that may hold a measured float."""
+    return json.dumps(_jsonable(obj), default=str)
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_jsonable(v) for v in obj]
+    return obj
 
 
 def error_body(status: int, error: str) -> dict[str, Any]:
@@ -142,7 +159,7 @@ def core_routes(agent: Agent) -> list[web.RouteDef]:
         return web.json_response({"status": "ready", "ticks": agent.ticks_done})
 
     async def status(_: web.Request) -> web.Response:
-        return web.json_response(agent.status())
+        return web.json_response(agent.status(), dumps=json_dumps)
 
     async def metrics(request: web.Request) -> web.Response:
         body, content_type = render(agent.registry, request.headers.get("Accept"))

@@ -144,3 +144,13 @@ def test_agent_run_on_0000_without_a_token_exits_2(tmp_path: Path) -> None:
     )
     assert res.exit_code == 2, res.output
     assert "not a loopback address" in res.output
+
+
+def test_json_dumps_never_writes_a_bare_nan() -> None:
+    import json
+    import math
+
+    from kcops.agent.control import json_dumps
+
+    text = json_dumps({"a": math.nan, "b": [math.inf, -math.inf, 1.5], "c": {"d": (math.nan,)}})
+    assert json.loads(text) == {"a": None, "b": [None, None, 1.5], "c": {"d": [None]}}
