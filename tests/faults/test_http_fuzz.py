@@ -286,7 +286,7 @@ AGENT_REQUESTS = st.one_of(
             end=query_values,
             step=query_values,
         ),
-        _printable.map(lambda a: Req("GET", "/metrics", headers={"Accept": a})),
+        _printable.map(lambda a: Req("GET", "/metrics", headers={"Accept": a.strip() or "*/*"})),
         st.tuples(
             st.sampled_from(ACTIONS) | st.text(max_size=12).map(lambda t: t.replace("/", "_")),
             bodies(
