@@ -54,7 +54,7 @@ class TriggerState(BaseModel):
 
 class LadderState(_Record):
     alertname: str
-    steps: list[StepState] = Field(max_length=1000)
+    steps: list[StepState] = Field(min_length=1, max_length=1000)  # none: never a ladder
     started_at: float
     trigger: TriggerState
     step: int = Field(0, ge=0)

@@ -84,6 +84,7 @@ GOOD_STATE = {
     "ladders": {"KcopsOOM": LADDER},
     "ended": {"KcopsHot": 50.0},
     "restores": {"KcopsSlow": {"since": None, "run_id": "r1", "hold_s": 300.0}},
+    "addressed": {"KcopsOOM": {"alertmanager:abc": "here"}},
     "replicas": 2,
 }  # fmt: skip
 
@@ -105,6 +106,9 @@ WRONG_INSIDE = [
     {"version": 1, "restores": {"a": 5}},
     {"version": 1, "restores": {"a": {"since": "x", "hold_s": 1}}},
     {"version": 1, "restores": {"a": {"since": None}}},
+    {"version": 1, "ladders": {"X": {**LADDER, "steps": []}}},
+    {"version": 1, "addressed": {"A": [1]}},
+    {"version": 1, "addressed": {"A": {"fp": 5}}},
     {"version": 2},
 ]
 
@@ -147,6 +151,7 @@ def test_a_good_state_file_is_rebuilt_whole(tmp_path: Path) -> None:
     assert set(rem.ladders) == {"KcopsOOM"}  # held: unconfirmed until the rules catch up
     assert rem.ended["KcopsHot"] == 50.0 and rem.replicas.desired == 2
     assert rem.guards.cooldown_until == {"notify|engine": 400.0}
+    assert rem.addressed.where == {"KcopsOOM": {"alertmanager:abc": "here"}}  # kept, typed
     saved = read_state(tmp_path / "remediation-state.json")  # written back by stop()
     assert saved["guards"]["runs"] == [(100.0, "notify")]
 
