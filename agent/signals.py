@@ -98,7 +98,7 @@ SIGNALS: dict[str, Meta] = {
     "kcops_collector_up": Meta(GAUGE, "1 when the collector's last run succeeded."),
     "kcops_agent_tick_seconds": Meta(HISTOGRAM, "Duration of one agent tick."),
     "kcops_store_series": Meta(GAUGE, "Series held by the agent's store."),
-    "kcops_store_bytes": Meta(GAUGE, "Memory the agent's store holds, by its own estimate."),
+    "kcops_store_bytes": Meta(GAUGE, "Memory the agent's store has allocated, by its estimate."),
     "kcops_store_max_bytes": Meta(GAUGE, "The store's memory budget (store.max_bytes)."),
     "kcops_store_dropped_samples_total": Meta(
         COUNTER, "Samples the store refused, by reason (max_series, max_bytes, out_of_order)."
