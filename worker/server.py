@@ -54,9 +54,9 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
             raise
         code = (exc.reason or "error").lower().replace(" ", "_")
         return error_response(ApiError(exc.reason or "error", exc.status, code=code))
-    except Exception:
-        # No traceback reaches a client; the log has it.
-        log.exception("request %s %s failed", request.method, request.path)
+    except Exception as exc:
+        # A bug: no traceback reaches a client, the log gets one line naming it.
+        log.error("request %s %s failed: %s", request.method, request.path, describe(exc))
         return error_response(ApiError("internal error (see the worker's log)", 500))
 
 
