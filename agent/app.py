@@ -28,7 +28,7 @@ from kcops.agent.collectors.base import Collector
 from kcops.agent.collectors.enginepid import EnginePid
 from kcops.agent.component import AgentContext, Component
 from kcops.agent.config import Config
-from kcops.agent.control import build_app, check_exposure, core_routes
+from kcops.agent.control import build_app, check_exposure, core_routes, error_body
 from kcops.agent.engine import Engine
 from kcops.agent.events import EventBus
 from kcops.agent.exporter import build_registry
@@ -39,6 +39,7 @@ from kcops.agent.store import Store
 from kcops.agent.telemetry import build_metric_exporters, build_tracer_provider
 from kcops.auth import TokenCheck, load_token
 from kcops.errors import ConfigError
+from kcops.httpedge import JsonErrorRunner
 
 log = logging.getLogger("kcops.agent")
 
@@ -131,7 +132,7 @@ class Agent:
         app.add_routes(core_routes(self))
         for comp in self.components:
             app.add_routes(comp.routes())
-        self._http = web.AppRunner(app, access_log=None)
+        self._http = JsonErrorRunner(app, error_body, access_log=None)
         await self._http.setup()
         host, port = self.config.agent.host_port()
         site = web.TCPSite(self._http, host, port)

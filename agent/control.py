@@ -17,13 +17,16 @@ from __future__ import annotations
 import ipaddress
 import json
 import logging
+import math
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from pydantic import BaseModel, ValidationError
 
 from kcops.agent.exporter import render
 from kcops.errors import ConfigError
+from kcops.httpedge import BODY_TIMEOUT_S, body_deadline, describe
 
 if TYPE_CHECKING:
     from kcops.agent.app import Agent
@@ -44,10 +47,32 @@ class BadRequest(Exception):
         self.details = details or []
 
 
+def json_dumps(obj: Any) -> str:
+    """JSON text of ``obj`` with NaN and infinities as null: JSON has no such numbers
+    (clients choke on a bare NaN). For every answer that may hold a measured float."""
+    return json.dumps(_jsonable(obj), default=str)
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_jsonable(v) for v in obj]
+    return obj
+
+
+def error_body(status: int, error: str) -> dict[str, Any]:
+    """The JSON body of every error answer (also aiohttp's protocol errors, kcops.httpedge)."""
+    del status  # the status line carries it
+    return {"error": error[:500]}
+
+
 def error_response(
     status: int, error: str, details: list[dict[str, Any]] | None = None
 ) -> web.Response:
-    body: dict[str, Any] = {"error": error[:500]}
+    body = error_body(status, error)
     if details:
         body["details"] = details[:20]
     return web.json_response(body, status=status)
@@ -61,6 +86,11 @@ async def json_errors(request: web.Request, handler: Any) -> web.StreamResponse:
         return resp
     except BadRequest as exc:
         return error_response(exc.status, exc.error, exc.details)
+    except HttpProcessingError as exc:  # a body aiohttp could not read (broken chunks)
+        return error_response(400, "bad HTTP request: " + describe(exc))
+    except ConnectionResetError:  # the client hung up mid-body: nobody reads the answer
+        log.debug("%s %s: the client went away", request.method, request.path)
+        return error_response(400, "connection lost")
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
@@ -111,9 +141,12 @@ def check_exposure(host: str, token_configured: bool) -> None:
         )
 
 
-def build_app() -> web.Application:
-    """The aiohttp application with the JSON error middleware and the body size limit."""
-    return web.Application(middlewares=[json_errors], client_max_size=MAX_BODY_BYTES)
+def build_app(body_timeout_s: float = BODY_TIMEOUT_S) -> web.Application:
+    """The aiohttp application: JSON errors, the body size limit, the body deadline."""
+    return web.Application(
+        middlewares=[json_errors, body_deadline(error_body, body_timeout_s)],
+        client_max_size=MAX_BODY_BYTES,
+    )
 
 
 def core_routes(agent: Agent) -> list[web.RouteDef]:
@@ -126,7 +159,7 @@ def core_routes(agent: Agent) -> list[web.RouteDef]:
         return web.json_response({"status": "ready", "ticks": agent.ticks_done})
 
     async def status(_: web.Request) -> web.Response:
-        return web.json_response(agent.status())
+        return web.json_response(agent.status(), dumps=json_dumps)
 
     async def metrics(request: web.Request) -> web.Response:
         body, content_type = render(agent.registry, request.headers.get("Accept"))

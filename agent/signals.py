@@ -85,11 +85,20 @@ SIGNALS: dict[str, Meta] = {
     "ALERTS": Meta(GAUGE, "Prometheus-compatible ALERTS series of the local rule engine."),
     "kcops_action_runs_total": Meta(COUNTER, "Remediation action runs, by action and outcome."),
     "kcops_desired_replicas": Meta(GAUGE, "Replica count the agent asks the HPA for."),
+    "kcops_ladder_instances_refused_total": Meta(
+        COUNTER, "Firing alert instances not tracked: their ladder holds the most it tracks."
+    ),
+    "kcops_state_files_set_aside_total": Meta(
+        COUNTER, "State files found corrupt or of the wrong shape at start, moved aside."
+    ),
+    "kcops_audit_torn_repairs_total": Meta(
+        COUNTER, "Torn last records of the audit log (a crash mid-write) moved aside at start."
+    ),
     "kcops_collector_errors_total": Meta(COUNTER, "Collector failures, by collector and reason."),
     "kcops_collector_up": Meta(GAUGE, "1 when the collector's last run succeeded."),
     "kcops_agent_tick_seconds": Meta(HISTOGRAM, "Duration of one agent tick."),
     "kcops_store_series": Meta(GAUGE, "Series held by the agent's store."),
-    "kcops_store_bytes": Meta(GAUGE, "Memory the agent's store holds, by its own estimate."),
+    "kcops_store_bytes": Meta(GAUGE, "Memory the agent's store has allocated, by its estimate."),
     "kcops_store_max_bytes": Meta(GAUGE, "The store's memory budget (store.max_bytes)."),
     "kcops_store_dropped_samples_total": Meta(
         COUNTER, "Samples the store refused, by reason (max_series, max_bytes, out_of_order)."

@@ -10,11 +10,16 @@ time order; an out-of-order sample is dropped and counted, as Prometheus's
 TSDB does.
 
 Memory has a ceiling, ``max_bytes``: the store keeps an estimate of what it
-holds (16 bytes a sample, plus each series' key and bookkeeping). Over the
-budget, a sample of a new series is refused (``refused_series``), and each
-:meth:`Store.evict` drops the oldest samples of every series, as a shorter
-retention would, until the estimate is back under it (``evicted_samples``).
-Between two evictions the store may overshoot by one tick's samples.
+has allocated — every slot of its sample arrays, the dead prefix that
+eviction left behind included (17 bytes a slot: two float64 plus the array's
+1/16 over-allocation), plus each series' key and bookkeeping. A ring
+compacts once its dead prefix is an eighth of it, so allocated memory stays
+within ~1/8 of what is live. Over the budget, a sample of a new series is
+refused (``refused_series``), and each :meth:`Store.evict` drops the oldest
+samples of every series, as a shorter retention would, compacting at once,
+until the estimate is back under it (``evicted_samples``). Eviction runs
+every few ticks (the app's ``EVICT_EVERY_TICKS``), so between two evictions
+the store may overshoot by that many ticks' samples.
 """
 
 from __future__ import annotations
@@ -31,7 +36,8 @@ class _Ring:
     """Parallel arrays of timestamps and values with a moving head.
 
     Eviction advances ``head``; the arrays are compacted when the dead prefix
-    is larger than the live part, so appends stay amortised O(1).
+    is an eighth of them (and at least :data:`COMPACT_MIN` slots), so memory
+    stays close to what is live and appends stay amortised O(1).
     """
 
     __slots__ = ("head", "ts", "vs")
@@ -51,16 +57,21 @@ class _Ring:
     def last_ts(self) -> float | None:
         return self.ts[-1] if len(self) else None
 
-    def drop_before(self, t: float) -> int:
-        """Drop samples older than ``t``; returns how many."""
+    def drop_before(self, t: float, compact: bool = False) -> tuple[int, int]:
+        """Drop samples older than ``t``: (samples dropped, slots freed by compacting).
+
+        ``compact`` frees the dead prefix now, however small (the budget needs it).
+        """
         i = bisect.bisect_left(self.ts, t, lo=self.head)
         dropped = i - self.head
         self.head = i
-        if self.head and self.head * 2 > len(self.ts):
-            self.ts = self.ts[self.head :]
-            self.vs = self.vs[self.head :]
+        head = self.head
+        if head and (compact or (head >= COMPACT_MIN and head * 8 > len(self.ts))):
+            self.ts = self.ts[head:]
+            self.vs = self.vs[head:]
             self.head = 0
-        return dropped
+            return dropped, head
+        return dropped, 0
 
     def window(self, start: float, end: float, left_open: bool) -> tuple[array, array]:
         if left_open:
@@ -80,6 +91,8 @@ class Meta:
 
 
 SAMPLE_BYTES = 16  # a float64 timestamp and a float64 value
+SLOT_BYTES = 17  # one slot of both arrays, with array's ~1/16 over-allocation
+COMPACT_MIN = 64  # slots: a smaller dead prefix is not worth a copy
 SERIES_BYTES = 600  # key tuple, label tuples, ring, two arrays, dict and set slots
 DEFAULT_MAX_BYTES = 256 << 20
 
@@ -114,7 +127,7 @@ class Store:
         self._by_name: dict[str, set[SeriesKey]] = {}
         self._meta: dict[str, Meta] = {}
         self._key_bytes = 0
-        self._samples = 0
+        self._slots = 0  # allocated sample slots of every ring, dead prefixes included
         self.dropped_out_of_order = 0
         self.dropped_series = 0
         self.refused_series = 0
@@ -122,8 +135,8 @@ class Store:
 
     @property
     def bytes_estimate(self) -> int:
-        """What the store holds, by its own estimate (see the module docstring)."""
-        return self._key_bytes + SAMPLE_BYTES * self._samples
+        """What the store has allocated, by its own estimate (see the module docstring)."""
+        return self._key_bytes + SLOT_BYTES * self._slots
 
     # -- writing -----------------------------------------------------------
 
@@ -150,7 +163,7 @@ class Store:
             ring.vs[-1] = value
             return True
         ring.append(ts, float(value))
-        self._samples += 1
+        self._slots += 1
         return True
 
     def add(self, samples: Iterable[Sample], now: float) -> int:
@@ -190,18 +203,21 @@ class Store:
             self.evicted_samples += self._drop_before(cutoff, keep_last=True)
 
     def _drop_before(self, cutoff: float, keep_last: bool = False) -> int:
+        """Drop samples before ``cutoff`` (``keep_last``: over budget, compacting each ring)."""
         empty = []
         dropped = 0
+        freed = 0
         for key, ring in self._series.items():
             n = len(ring)
-            if keep_last and n and ring.ts[-1] < cutoff:
-                dropped += ring.drop_before(ring.ts[-1])
-            else:
-                dropped += ring.drop_before(cutoff)
+            t = ring.ts[-1] if keep_last and n and ring.ts[-1] < cutoff else cutoff
+            d, f = ring.drop_before(t, compact=keep_last)
+            dropped += d
+            freed += f
             if not len(ring):
                 empty.append(key)
-        self._samples -= dropped
+        self._slots -= freed
         for key in empty:
+            self._slots -= len(self._series[key].ts)
             del self._series[key]
             self._key_bytes -= series_bytes(key)
             names = self._by_name.get(key.name)

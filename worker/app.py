@@ -17,13 +17,14 @@ from typing import Any
 from aiohttp import web
 
 from kcops.auth import TokenCheck
+from kcops.httpedge import JsonErrorRunner
 from kcops.worker.cache import PrefixCache
 from kcops.worker.control import Control
 from kcops.worker.engine import Engine
 from kcops.worker.faults import Faults
 from kcops.worker.metrics import WorkerMetrics
 from kcops.worker.redis_tier import RedisTier
-from kcops.worker.server import WorkerState, build_app, live_state
+from kcops.worker.server import WorkerState, build_app, error_body, live_state
 
 log = logging.getLogger("kcops.worker")
 
@@ -136,7 +137,9 @@ def build(opts: WorkerOptions, model: Any = None, tokenizer: Any = None) -> Work
 async def _serve(state: WorkerState, host: str, port: int, started: threading.Event) -> None:
     # handler_cancellation: a client that hangs up cancels its handler, which
     # marks the request cancelled so the model stops generating for nobody.
-    runner = web.AppRunner(build_app(state), access_log=None, handler_cancellation=True)
+    runner = JsonErrorRunner(
+        build_app(state), error_body, access_log=None, handler_cancellation=True
+    )
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()

@@ -12,10 +12,13 @@ answer 401. ``GET /admin/state`` is open.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from kcops.auth import Handler, TokenCheck
+from kcops.httpedge import BODY_TIMEOUT_S, body_deadline, describe
 from kcops.worker import admin, openai_api
 from kcops.worker.protocol import ApiError
 from kcops.worker.state import STATE, WorkerState, hang_gate, live_state, state_of
@@ -28,6 +31,12 @@ def error_response(exc: ApiError) -> web.Response:
     return web.json_response(exc.body(), status=exc.status)
 
 
+def error_body(status: int, message: str) -> dict[str, Any]:
+    """The OpenAI-shaped body of aiohttp's own protocol errors (kcops.httpedge)."""
+    code = "bad_request" if status < 500 else "internal_error"
+    return ApiError(message, status, code=code).body()
+
+
 @web.middleware
 async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     """ApiErrors and aiohttp's own 404/405/413 answers as JSON; a bug as a JSON 500."""
@@ -35,14 +44,19 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
         return await handler(request)
     except ApiError as exc:
         return error_response(exc)
+    except HttpProcessingError as exc:  # a body aiohttp could not read (broken chunks)
+        return error_response(ApiError("bad HTTP request: " + describe(exc), 400))
+    except ConnectionResetError:  # the client hung up mid-body: nobody reads the answer
+        log.debug("%s %s: the client went away", request.method, request.path)
+        return error_response(ApiError("connection lost", 400))
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
         code = (exc.reason or "error").lower().replace(" ", "_")
         return error_response(ApiError(exc.reason or "error", exc.status, code=code))
-    except Exception:
-        # No traceback reaches a client; the log has it.
-        log.exception("request %s %s failed", request.method, request.path)
+    except Exception as exc:
+        # A bug: no traceback reaches a client, the log gets one line naming it.
+        log.error("request %s %s failed: %s", request.method, request.path, describe(exc))
         return error_response(ApiError("internal error (see the worker's log)", 500))
 
 
@@ -90,7 +104,10 @@ async def faults_route(request: web.Request) -> web.StreamResponse:
 
 
 def build_app(state: WorkerState) -> web.Application:
-    app = web.Application(client_max_size=16 * 1024**2, middlewares=[json_errors])
+    app = web.Application(
+        client_max_size=16 * 1024**2,
+        middlewares=[json_errors, body_deadline(error_body, BODY_TIMEOUT_S)],
+    )
     app[STATE] = state
     r = app.router
     r.add_get("/health", health)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from kcops.agent.yamlload import excerpt
 from kcops.errors import ActionRejected
 
 if TYPE_CHECKING:
@@ -36,9 +37,15 @@ class SupervisorHandle(Protocol):
 
 
 class Params(BaseModel):
-    """Base of every parameter model: unknown keys are errors."""
+    """Base of every parameter model: unknown keys are errors, types are strict.
 
-    model_config = ConfigDict(extra="forbid")
+    Strict: ``"yes"`` or ``1`` is not a boolean, ``"5"`` or ``true`` not an integer
+    (an int is still a float). Parameters come from rule files, the CLI and the
+    control API already typed; a string where a boolean belongs is a mistake
+    to refuse, not to guess (``drop_running: "no"`` must never preempt requests).
+    """
+
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class NoParams(Params):
@@ -110,9 +117,9 @@ class ActionSpec:
             return self.params.model_validate(dict(raw or {}))
         except ValidationError as exc:
             problems = "; ".join(
-                f"{'.'.join(str(p) for p in e['loc']) or '<params>'}: {e['msg']}"
-                f" (got {e.get('input')!r})"
-                for e in exc.errors()
+                f"{'.'.join(str(p)[:40] for p in e['loc']) or '<params>'}: {e['msg']}"
+                f" (got {excerpt(e.get('input'))})"
+                for e in exc.errors()[:5]
             )
             raise ActionRejected(
                 f"{self.name}: invalid parameters: {problems}", "invalid"

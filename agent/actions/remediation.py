@@ -19,7 +19,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 from aiohttp import web
 
 from kcops.agent.actions import ladder as L
-from kcops.agent.actions.alertmanager import FINGERPRINT, HERE, STARTS_AT, Addressed, identity_of
+from kcops.agent.actions.alertmanager import (
+    FINGERPRINT,
+    HERE,
+    MAX_LADDER_INSTANCES,
+    STARTS_AT,
+    Addressed,
+    identity_of,
+)
 from kcops.agent.actions.audit import AuditLog
 from kcops.agent.actions.base import Registry, SupervisorHandle
 from kcops.agent.actions.fallback_to_base import hold_of
@@ -29,7 +36,7 @@ from kcops.agent.actions.outcome import Outcome
 from kcops.agent.actions.registry import default_registry
 from kcops.agent.actions.runner import Run, Runner
 from kcops.agent.actions.scale_out import HoldKeeper, Replicas
-from kcops.agent.actions.statefile import read_state, write_atomic
+from kcops.agent.actions.statefile import StateFile
 from kcops.agent.component import AgentContext
 from kcops.agent.engine import Engine
 from kcops.agent.events import AlertTransition, RemediationStep
@@ -116,6 +123,7 @@ class Remediation:
         self.clock = ctx.clock
         self.registry = registry or default_registry()
         self.state_path = Path(ctx.state_dir) / STATE_FILE
+        self.state_file = StateFile(self.state_path)
         self.audit = AuditLog(Path(ctx.state_dir) / AUDIT_FILE)
         self.guards = Guards(self.config.actions.guards)
         self.replicas = Replicas()
@@ -162,13 +170,31 @@ class Remediation:
         self._identify_at = 0.0
         self._page_tasks: set[asyncio.Task[None]] = set()
         self.pages = 0
+        self.instances_refused = 0  # firing instances past MAX_LADDER_INSTANCES of a ladder
+        self._capped: set[str] = set()  # ids of ladders that refused one (audited once)
         self._subscribed = False
 
     # -- lifecycle ----------------------------------------------------------
 
     async def start(self) -> None:
         now = self.clock()
-        data = read_state(self.state_path)
+        data = self.state_file.read()
+        try:
+            self._restore(data, now)
+        except (TypeError, ValueError, KeyError, AttributeError) as exc:
+            # Validated, yet not rebuildable (a model that lets through what the
+            # code cannot take): the same as a corrupt file, never a failed start.
+            self.state_file.set_aside(f"cannot be rebuilt ({type(exc).__name__}: {exc!s:.120})")
+            self._restore({}, now)
+        for lad in self.ladders.values():
+            self._audit_ladder(lad, "resumed", now)
+        if not self._subscribed:
+            self.ctx.bus.subscribe(self.on_transition)
+            self._subscribed = True
+        self._dirty = bool(self.ladders)
+
+    def _restore(self, data: dict[str, Any], now: float) -> None:
+        """Guards, ladders, restores and replicas from a validated state (empty: defaults)."""
         self.guards.load(data.get("guards", {}))
         grace = self.config.actions.guards.resume_grace_s
         self.ladders = {
@@ -182,12 +208,6 @@ class Remediation:
         self.replicas.desired = (
             int(desired) if desired is not None else self.config.actions.scale.min_replicas
         )
-        for lad in self.ladders.values():
-            self._audit_ladder(lad, "resumed", now)
-        if not self._subscribed:
-            self.ctx.bus.subscribe(self.on_transition)
-            self._subscribed = True
-        self._dirty = bool(self.ladders)
 
     async def stop(self) -> None:
         await self.holds.stop()
@@ -205,20 +225,30 @@ class Remediation:
         # during the action never lets a restarted agent repeat it.
         self.save()
 
+    def _state(self) -> dict[str, Any]:
+        return {
+            "version": 1,
+            "guards": self.guards.to_json(),
+            "ladders": {n: lad.to_json() for n, lad in self.ladders.items()},
+            "ended": self.ended,
+            "restores": self.restores,
+            "addressed": self.addressed.to_json(),
+            "replicas": self.replicas.desired,
+        }
+
     def save(self) -> None:
-        write_atomic(
-            self.state_path,
-            {
-                "version": 1,
-                "guards": self.guards.to_json(),
-                "ladders": {n: lad.to_json() for n, lad in self.ladders.items()},
-                "ended": self.ended,
-                "restores": self.restores,
-                "addressed": self.addressed.to_json(),
-                "replicas": self.replicas.desired,
-            },
-        )
+        """Write the state now, on the loop (before an action acts; at stop)."""
+        self.state_file.save(self._state())
         self._dirty = False
+
+    async def save_async(self) -> None:
+        """Write the state from a snapshot taken now; the fsyncs run in a thread (each tick)."""
+        self._dirty = False
+        try:
+            await self.state_file.save_async(self._state())
+        except OSError as exc:
+            self._dirty = True  # tried again next tick
+            log.warning("cannot save %s: %s", self.state_path, exc.strerror or exc)
 
     # -- alert state --------------------------------------------------------
 
@@ -297,6 +327,9 @@ class Remediation:
                 lad.unconfirmed_until = None
                 self._dirty = True
             if fp not in lad.instances:
+                if len(lad.instances) >= MAX_LADDER_INSTANCES:
+                    self._refuse_instance(lad, ev, now)
+                    return
                 lad.instances[fp] = ev.source
                 self._dirty = True
                 if ev.source == "alertmanager":
@@ -350,6 +383,20 @@ class Remediation:
         # Run the first step right away: reaction within the tick that fired.
         self._feed(lad, L.Tick(now))
 
+    def _refuse_instance(self, lad: L.Ladder, ev: AlertTransition, now: float) -> None:
+        """One more firing instance than a ladder tracks: counted; audited once per ladder."""
+        self.instances_refused += 1
+        if lad.id not in self._capped:
+            self._capped.add(lad.id)
+            self._decision(
+                ev,
+                now,
+                "capped",
+                f"the ladder of {lad.alertname} tracks {MAX_LADDER_INSTANCES} instances at "
+                "most; further ones are counted (kcops_ladder_instances_refused_total), "
+                "not tracked",
+            )
+
     def _decision(self, ev: AlertTransition, now: float, what: str, why: str) -> None:
         self.audit.append(
             {
@@ -383,6 +430,7 @@ class Remediation:
         if why != "superseded":
             self.addressed.forget(lad.alertname)
         self._running.pop(lad.alertname, None)
+        self._capped.discard(lad.id)
         self.ended[lad.alertname] = now
         self._dirty = True
         self._audit_ladder(lad, why, now, **extra)
@@ -597,7 +645,7 @@ class Remediation:
         self.holds.poll(now)
         self.publish(now)
         if self._dirty:
-            self.save()
+            await self.save_async()
 
     def publish(self, now: float) -> None:
         samples = [
@@ -606,6 +654,11 @@ class Remediation:
         ]
         if self.replicas.desired is not None:
             samples.append(Sample.of("kcops_desired_replicas", self.replicas.desired))
+        samples += [
+            Sample.of("kcops_ladder_instances_refused_total", self.instances_refused),
+            Sample.of("kcops_state_files_set_aside_total", self.state_file.set_aside_count),
+            Sample.of("kcops_audit_torn_repairs_total", self.audit.torn_repairs),
+        ]
         self.ctx.store.add(samples, now)
 
     # -- status and routes --------------------------------------------------------
@@ -624,6 +677,9 @@ class Remediation:
             "guards": self.guards.summary(now),
             "pending_restores": self.restores,
             "pages": self.pages,
+            "instances_refused": self.instances_refused,
+            "state_files_set_aside": self.state_file.set_aside_count,
+            "audit_torn_repairs": self.audit.torn_repairs,
         }
 
     def routes(self) -> list[web.RouteDef]:

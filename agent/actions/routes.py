@@ -10,8 +10,6 @@ until its audit records are on disk (:meth:`AuditLog.sync`).
 from __future__ import annotations
 
 import asyncio
-import json
-import math
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kcops.agent.actions.alertmanager import BadPayload, transitions
 from kcops.agent.actions.audit import read_audit
-from kcops.agent.control import read_json, read_json_model
+from kcops.agent.control import json_dumps, read_json, read_json_model
 
 if TYPE_CHECKING:
     from kcops.agent.actions.remediation import Remediation
@@ -79,7 +77,7 @@ def build_routes(rem: Remediation) -> list[web.RouteDef]:
         await rem.audit.sync()
         rec = run.record()
         status = STATUS_OF.get(run.outcome or "", 409)
-        return web.json_response(rec, status=status, dumps=_dumps)
+        return web.json_response(rec, status=status, dumps=json_dumps)
 
     async def history(request: web.Request) -> web.Response:
         since = request.query.get("since")
@@ -99,10 +97,10 @@ def build_routes(rem: Remediation) -> list[web.RouteDef]:
 
         # The audit log grows without bound: read it off the event loop.
         recs = await asyncio.to_thread(tail)
-        return web.json_response({"records": recs}, dumps=_dumps)
+        return web.json_response({"records": recs}, dumps=json_dumps)
 
     async def remediation_status(_: web.Request) -> web.Response:
-        return web.json_response(rem.status(), dumps=_dumps)
+        return web.json_response(rem.status(), dumps=json_dumps)
 
     async def alertmanager(request: web.Request) -> web.Response:
         payload = await read_json(request)
@@ -124,18 +122,3 @@ def build_routes(rem: Remediation) -> list[web.RouteDef]:
     if rem.config.actions.alertmanager_webhook:
         routes.append(web.post("/api/v1/alertmanager", auth.require(alertmanager)))
     return routes
-
-
-def _dumps(obj: Any) -> str:
-    return json.dumps(_jsonable(obj), default=str)
-
-
-def _jsonable(obj: Any) -> Any:
-    """NaN and infinities as null: JSON has no such numbers (clients choke on bare NaN)."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_jsonable(v) for v in obj]
-    return obj

@@ -1,48 +1,54 @@
 """A small JSON state file written atomically: tmp file, fsync, rename, fsync dir.
 
-Reading validates the file against :class:`RemediationState`: a file that is
-not JSON, or JSON of the wrong shape, is moved aside (``<file>.corrupt``) with
-a warning and the agent starts empty — never a failed start. Temp files left
-by a crash between write and rename are removed.
+Reading validates the file against a model (by default
+:class:`~kcops.agent.actions.remediation_state.RemediationState`, typed down to
+its inner records): a file that is not JSON, or JSON of the wrong shape at any
+depth, is moved aside (``<file>.corrupt``) with a warning and the agent starts
+empty — never a failed start. Temp files left by a crash between write and
+rename are removed at the next read; a failed write removes its own.
+
+:class:`StateFile` adds what the agent needs on top: a count of the files set
+aside, and :meth:`StateFile.save_async`, which serialises on the event loop and
+writes (two fsyncs) in a worker thread. Writes are serialised by a lock and
+numbered, so an older snapshot finishing late never replaces a newer one.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ValidationError
+
+from kcops.agent.actions.remediation_state import RemediationState
 
 log = logging.getLogger("kcops.agent.actions")
 
 MAX_STATE_BYTES = 16 << 20
 
 
-class RemediationState(BaseModel):
-    """The shape of remediation's state file (version 1); unknown keys are kept out."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    version: int = Field(1, ge=1, le=1)
-    guards: dict[str, Any] = Field(default_factory=dict)
-    ladders: dict[str, dict[str, Any]] = Field(default_factory=dict)
-    ended: dict[str, float] = Field(default_factory=dict)
-    restores: dict[str, Any] = Field(default_factory=dict)
-    replicas: int | None = Field(None, ge=0, le=100_000)
-
-
 def _tmp_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.{os.getpid()}.tmp")
 
 
+def encode(data: Any) -> bytes:
+    return json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
+
+
 def write_atomic(path: Path, data: Any) -> None:
+    write_bytes_atomic(path, encode(data))
+
+
+def write_bytes_atomic(path: Path, payload: bytes) -> None:
+    """``payload`` as the whole of ``path``, or (on any failure) the old file and no temp."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = _tmp_name(path)
-    payload = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
@@ -73,7 +79,8 @@ def remove_stale_temps(path: Path) -> int:
     return n
 
 
-def _set_aside(path: Path, why: str) -> None:
+def set_aside(path: Path, why: str) -> None:
+    """Move ``path`` to ``<path>.corrupt`` (replacing an older one) with a warning."""
     aside = path.with_suffix(path.suffix + ".corrupt")
     with contextlib.suppress(OSError):
         os.replace(path, aside)
@@ -85,23 +92,70 @@ def read_state(path: Path, model: type[BaseModel] = RemediationState) -> dict[st
 
     A corrupt or wrong-shaped file is kept aside with a warning, never fatal.
     """
+    return StateFile(path, model).read()
+
+
+def _read(path: Path, model: type[BaseModel]) -> tuple[dict[str, Any], bool]:
+    """(state, whether the file was set aside)."""
     remove_stale_temps(path)
     try:
         with open(path, "rb") as fh:
             raw = fh.read(MAX_STATE_BYTES + 1)
     except FileNotFoundError:
-        return {}
+        return {}, False
     except OSError as exc:
         log.warning("state %s cannot be read (%s); starting empty", path, exc.strerror)
-        return {}
+        return {}, False
     if len(raw) > MAX_STATE_BYTES:
-        _set_aside(path, f"is larger than {MAX_STATE_BYTES} bytes")
-        return {}
+        set_aside(path, f"is larger than {MAX_STATE_BYTES} bytes")
+        return {}, True
     try:
-        return model.model_validate_json(raw).model_dump(exclude_none=True)
+        return model.model_validate_json(raw).model_dump(), False
     except ValidationError as exc:
         first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "<root>"
-        _set_aside(path, f"is not valid ({exc.error_count()} errors, first at {where}: "
-                   f"{first['msg'][:120]})")  # fmt: skip
-        return {}
+        where = ".".join(str(p)[:40] for p in first["loc"]) or "<root>"
+        set_aside(path, f"is not valid ({exc.error_count()} errors, first at {where}: "
+                  f"{first['msg'][:120]})")  # fmt: skip
+        return {}, True
+
+
+class StateFile:
+    """One state file of the agent: validated reads, ordered atomic writes, a set-aside count."""
+
+    def __init__(self, path: Path, model: type[BaseModel] = RemediationState) -> None:
+        self.path = path
+        self.model = model
+        self.set_aside_count = 0
+        self._lock = threading.Lock()
+        self._seq = 0  # snapshots taken
+        self._written = 0  # the newest snapshot on disk
+
+    def read(self) -> dict[str, Any]:
+        data, aside = _read(self.path, self.model)
+        self.set_aside_count += aside
+        return data
+
+    def set_aside(self, why: str) -> None:
+        """Set the file aside after reading: it validated but could not be rebuilt."""
+        set_aside(self.path, why)
+        self.set_aside_count += 1
+
+    def _snapshot(self, data: Any) -> tuple[int, bytes]:
+        self._seq += 1
+        return self._seq, encode(data)
+
+    def _write(self, seq: int, payload: bytes) -> None:
+        with self._lock:
+            if seq <= self._written:
+                return  # a newer snapshot is on disk already
+            write_bytes_atomic(self.path, payload)
+            self._written = seq
+
+    def save(self, data: Any) -> None:
+        """Write ``data`` now, on this thread (durable on return)."""
+        self._write(*self._snapshot(data))
+
+    async def save_async(self, data: Any) -> None:
+        """Serialise ``data`` here, write it in a worker thread (durable on return)."""
+        seq, payload = self._snapshot(data)
+        await asyncio.to_thread(self._write, seq, payload)

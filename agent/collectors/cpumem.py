@@ -11,14 +11,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import psutil
-
 from kcops.agent.collectors import cgroup
 from kcops.agent.collectors.process import require_tree
 from kcops.agent.collectors.procwatch import EngineWatch
 from kcops.agent.samples import Sample, label_pairs
 
 CPU = label_pairs({"device": "cpu"})
+
+
+def _host_total() -> int:
+    import psutil  # only an agent that watches a CPU engine's memory pays its import
+
+    return int(psutil.virtual_memory().total)
 
 
 class CpuDeviceMemoryCollector:
@@ -29,12 +33,12 @@ class CpuDeviceMemoryCollector:
         watch: EngineWatch,
         *,
         limit_bytes: int | None = None,
-        host_total: Callable[[], int] = lambda: int(psutil.virtual_memory().total),
+        host_total: Callable[[], int] | None = None,
         limit_refresh_s: float = 10.0,
     ) -> None:
         self.watch = watch
         self.limit_bytes = limit_bytes
-        self.host_total = host_total
+        self.host_total = host_total or _host_total
         self.limit_refresh_s = limit_refresh_s
         self.limit_source: str | None = None
         self._limit: int | None = None

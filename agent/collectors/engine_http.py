@@ -5,8 +5,10 @@ would cost each HTTP collector its full timeout. :meth:`EngineClient.poll`
 instead fires ``/health``, ``/metrics`` (and, for the kcops worker, now and
 then ``/admin/state``) concurrently once per ``now`` and hands the same result
 to every caller: a hung engine costs one timeout per tick, not two.
-Every request runs under a total deadline (``timeout_s``), not only httpx's
-per-read timeout, so a server that trickles bytes cannot hold the tick.
+Every request runs under a total deadline (``timeout_s``), not only a
+per-read timeout, so a server that trickles bytes cannot hold the tick. The
+client is :class:`kcops.agent.httpclient.HttpClient` (aiohttp's), shared with
+the engine's admin calls.
 """
 
 from __future__ import annotations
@@ -16,12 +18,9 @@ import json
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from kcops.agent.collectors.enginepid import EnginePid
-
-if TYPE_CHECKING:
-    import httpx
+from kcops.agent.httpclient import HttpClient, HttpError
 
 log = logging.getLogger("kcops.agent.collectors.engine_http")
 
@@ -45,10 +44,6 @@ class Poll:
     metrics: Fetch | None
 
 
-class _TooLarge(Exception):
-    pass
-
-
 class EngineClient:
     def __init__(
         self,
@@ -59,12 +54,10 @@ class EngineClient:
         state_path: str = "/admin/state",
         timeout_s: float = 0.5,
         max_body_bytes: int = 8 << 20,
-        http: httpx.AsyncClient | None = None,
+        http: HttpClient | None = None,
         pids: EnginePid | None = None,
         state_interval_s: float = 5.0,
     ) -> None:
-        # httpx logs every request at INFO: one line per tick per endpoint drowns the
-        # agent's log. Quiet it unless someone configured that logger on purpose.
         self.base_url = base_url.rstrip("/")
         self.metrics_path = metrics_path
         self.health_path = health_path
@@ -84,15 +77,9 @@ class EngineClient:
         self._state_next_at = 0.0
 
     @property
-    def http(self) -> httpx.AsyncClient:
+    def http(self) -> HttpClient:
         if self._http is None:
-            import httpx  # ~7 MiB of RSS: imported once an engine is polled
-
-            self._http = httpx.AsyncClient(
-                timeout=httpx.Timeout(self.timeout_s),
-                limits=httpx.Limits(max_connections=4, max_keepalive_connections=4),
-                trust_env=False,
-            )
+            self._http = HttpClient(self.timeout_s)
         return self._http
 
     async def stop(self) -> None:
@@ -153,31 +140,12 @@ class EngineClient:
             )
 
     async def _get(self, path: str, limit: int, t0: float) -> Fetch:
-        import httpx
-
         url = self.base_url + path
         try:
-            async with self.http.stream("GET", url, timeout=self.timeout_s) as r:
-                chunks = []
-                size = 0
-                async for chunk in r.aiter_bytes():
-                    size += len(chunk)
-                    if size > limit:
-                        raise _TooLarge
-                    chunks.append(chunk)
-                body = b"".join(chunks)
-        except _TooLarge:
-            return Fetch(False, reason="too_large", error=f"{url}: body over {limit} bytes")
-        except httpx.TimeoutException:
-            return Fetch(
-                False, reason="timeout", error=f"{url}: no answer within {self.timeout_s}s"
-            )
-        except httpx.ConnectError as exc:
-            return Fetch(False, reason="connect", error=f"{url}: cannot connect ({exc})")
-        except (httpx.RemoteProtocolError, httpx.ReadError) as exc:
-            return Fetch(False, reason="protocol", error=f"{url}: {type(exc).__name__}: {exc}")
-        except httpx.HTTPError as exc:
-            return Fetch(False, reason="http_error", error=f"{url}: {type(exc).__name__}: {exc}")
+            r = await self.http.get(url, timeout_s=self.timeout_s, limit=limit)
+        except HttpError as exc:
+            return Fetch(False, reason=exc.reason, error=str(exc))
+        body = r.content
         elapsed = time.perf_counter() - t0
         ctype = r.headers.get("content-type", "")
         if not 200 <= r.status_code < 300:

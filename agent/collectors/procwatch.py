@@ -27,11 +27,13 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-
-import psutil
+from typing import TYPE_CHECKING
 
 from kcops.agent.collectors import cgroup
 from kcops.agent.collectors.enginepid import EnginePid
+
+if TYPE_CHECKING:
+    import psutil
 
 log = logging.getLogger("kcops.agent.collectors.procwatch")
 
@@ -40,6 +42,13 @@ OOM_LOG_PATTERN = re.compile(
     rb"Cannot allocate memory|std::bad_alloc",
     re.IGNORECASE,
 )
+
+
+def _process(pid: int) -> psutil.Process:
+    # psutil (~0.9 MiB) is imported once there is an engine process to watch.
+    import psutil
+
+    return psutil.Process(pid)
 
 
 @dataclass(frozen=True)
@@ -74,7 +83,7 @@ class EngineWatch:
         log_tail_bytes: int = 65_536,
         kmsg_path: Path | str | None = "/dev/kmsg",
         children_every: int = 5,
-        process_factory: Callable[[int], psutil.Process] = psutil.Process,
+        process_factory: Callable[[int], psutil.Process] | None = None,
     ) -> None:
         self.pids = pids
         self.proc_root = Path(proc_root)
@@ -83,7 +92,7 @@ class EngineWatch:
         self.log_tail_bytes = log_tail_bytes
         self.kmsg_path = Path(kmsg_path) if kmsg_path is not None else None
         self.children_every = max(1, children_every)
-        self._new_process = process_factory
+        self._new_process = process_factory or _process
 
         self.status = "no_pid"  # no_pid | up | gone
         self.ever_known = False
@@ -161,6 +170,8 @@ class EngineWatch:
         self._root_alive = False
 
     def _alive(self, pid: int) -> bool:
+        import psutil
+
         p = self._procs.get(pid)
         try:
             return p.is_running() if p is not None else psutil.pid_exists(pid)
@@ -180,6 +191,8 @@ class EngineWatch:
         return list(self._procs.values())
 
     def _read_tree(self, pid: int, exits: list[tuple[int, bool]]) -> TreeSnapshot | None:
+        import psutil
+
         try:
             procs = self._tree(pid)
         except psutil.NoSuchProcess:

@@ -10,6 +10,7 @@ body is refused instead of silently yielding nothing.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -95,6 +96,33 @@ def _parse_lines(lines: list[str]) -> list[ParsedSample]:
     return out
 
 
+def _split(line: str) -> tuple[str | None, str]:
+    """(series text, value text) of a sample line; (None, "") when it carries a timestamp.
+
+    The series is the name and its label block: up to the last ``}`` (label values may
+    hold one, the value and timestamp never do), or the first token without labels.
+    """
+    end = line.rfind("}") + 1
+    if end:
+        rest = line[end:].split()
+        return (line[:end], rest[0]) if len(rest) == 1 else (None, "")
+    parts = line.split()
+    return (parts[0], parts[1]) if len(parts) == 2 else (None, "")
+
+
+def _revalue(seen: ParsedSample, value: str) -> ParsedSample | None:
+    """``seen`` with the value ``value`` as prometheus-client reads it; None if it would not."""
+    if "_" in value:
+        return None  # float() takes 1_000, the exposition format does not
+    try:
+        v = float(value)
+    except ValueError:
+        return None
+    if v == seen.value or (math.isnan(v) and math.isnan(seen.value)):
+        return seen
+    return ParsedSample(seen.name, seen.labels, v)
+
+
 def _check_histograms(samples: list[ParsedSample]) -> None:
     series: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
     inf: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
@@ -113,11 +141,13 @@ def _check_histograms(samples: list[ParsedSample]) -> None:
 
 
 class Parser:
-    """Parses pages of one engine, remembering sample lines it has parsed before.
+    """Parses pages of one engine, remembering the series it has parsed before.
 
-    Between two scrapes most lines of a page are byte-identical (buckets that
-    got no observation, gauges that did not move); only new lines go through
-    prometheus-client's parser. The memo holds the previous page's lines only.
+    Between two scrapes the series of a page stay the same while values move.
+    The memo is keyed by a line's text before its value (name and labels): a
+    line whose series was seen costs a ``float()`` of its value; only new
+    series (and lines with a timestamp) go through prometheus-client's parser.
+    The memo holds the previous page's series only.
     """
 
     def __init__(self) -> None:
@@ -137,14 +167,28 @@ class Parser:
             if line[0] != "#" and (wanted is None or family_base(name) in wanted or name in wanted)
         ]
         memo = self._memo
-        misses = list(dict.fromkeys(line for line in lines if line not in memo))
+        out: list[ParsedSample | None] = []
+        heads: list[str | None] = []
+        misses: list[int] = []
+        for line in lines:
+            head, value = _split(line)
+            seen = memo.get(head) if head is not None else None
+            got = _revalue(seen, value) if seen is not None else None
+            if got is None:
+                misses.append(len(out))
+            out.append(got)
+            heads.append(head)
         if misses:
-            memo.update(zip(misses, _parse_lines(misses), strict=True))
-        out = [memo[line] for line in lines]
-        _check_histograms(out)
-        # Keep only this page's lines: memory stays one page, whatever changes.
-        self._memo = dict(zip(lines, out, strict=True))
-        return out
+            parsed = _parse_lines([lines[i] for i in misses])
+            for i, sample in zip(misses, parsed, strict=True):
+                out[i] = sample
+                if heads[i] is not None and _revalue(sample, _split(lines[i])[1]) is not sample:
+                    heads[i] = None  # the parser read the value differently: do not remember
+        done = [s for s in out if s is not None]
+        _check_histograms(done)
+        # Keep only this page's series: memory stays one page, whatever changes.
+        self._memo = {h: s for h, s in zip(heads, done, strict=True) if h is not None}
+        return done
 
 
 def parse(text: str, wanted: Collection[str] | None = None) -> list[ParsedSample]:

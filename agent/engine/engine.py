@@ -16,16 +16,14 @@ is loading or not identified yet).
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kcops.agent.engine import capabilities as caps
 from kcops.agent.engine import lifecycle as lc
 from kcops.agent.engine.capabilities import Capabilities
 from kcops.agent.engine.lifecycle import EngineState, Lifecycle
+from kcops.agent.httpclient import HttpClient, HttpError, HttpTimeout
 from kcops.errors import ActionRejected
-
-if TYPE_CHECKING:
-    import httpx
 
 log = logging.getLogger("kcops.agent.engine")
 
@@ -50,7 +48,7 @@ class Engine:
         *,
         token: str | None = None,
         timeout_s: float = 5.0,
-        http: httpx.AsyncClient | None = None,
+        http: HttpClient | None = None,
         now: float = 0.0,
         startup_timeout_s: float = 600.0,
     ) -> None:
@@ -70,13 +68,10 @@ class Engine:
         self._probed_dev_mode = False
 
     @property
-    def http(self) -> httpx.AsyncClient:
-        """The shared client, made on first use: httpx costs ~7 MiB of RSS at import, and an
-        agent without an engine URL never needs it."""
+    def http(self) -> HttpClient:
+        """The shared client (aiohttp's), made on first use; it connects on first request."""
         if self._http is None:
-            import httpx
-
-            self._http = httpx.AsyncClient(timeout=self.timeout_s, trust_env=False)
+            self._http = HttpClient(self.timeout_s)
         return self._http
 
     async def aclose(self) -> None:
@@ -100,14 +95,12 @@ class Engine:
 
     async def resolve(self) -> str:
         """The adapter name, found once (probing admin routes when still unknown)."""
-        import httpx
-
         base = self.need_url()
         if self.adapter is None:
             for name, path in PROBES:
                 try:
-                    resp = await self.http.get(base + path, timeout=self.timeout_s)
-                except httpx.HTTPError:
+                    resp = await self.http.get(base + path, timeout_s=self.timeout_s)
+                except HttpError:
                     continue
                 if resp.status_code == 200:
                     self.learn(name)
@@ -123,14 +116,12 @@ class Engine:
         return self.adapter
 
     async def _probe_extras(self, base: str) -> None:
-        import httpx
-
         table = caps.of(self.adapter or "")
         if self.adapter == "vllm":
             try:
-                resp = await self.http.get(base + VLLM_DEV_PROBE, timeout=self.timeout_s)
+                resp = await self.http.get(base + VLLM_DEV_PROBE, timeout_s=self.timeout_s)
                 table = table.with_pause(resp.status_code == 200)
-            except httpx.HTTPError:
+            except HttpError:
                 return  # not answering yet: probe again next time
         self._caps = table
         self._probed_dev_mode = True
@@ -214,7 +205,7 @@ class Engine:
             json=body,
             params=params,
             headers=self._headers,
-            timeout=self.timeout_s if timeout_s is None else timeout_s,
+            timeout_s=self.timeout_s if timeout_s is None else timeout_s,
         )
         if resp.status_code == 400:
             raise ActionRejected(
@@ -290,11 +281,9 @@ class Engine:
             await self.call("POST", "/admin/drain", {"admit": False})
             return "drain"
         if have is not None and have.pause:
-            import httpx
-
             try:
                 await self.call("POST", "/pause", params={"mode": "wait"}, timeout_s=deadline_s)
-            except httpx.TimeoutException:
+            except HttpTimeout:
                 log.warning("vllm /pause: running requests not done within %.0fs", deadline_s)
             return "pause"
         return None

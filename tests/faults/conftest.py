@@ -100,3 +100,44 @@ def real_agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealAgent]:
     finally:
         stop_agent(agent)
     assert "Traceback" not in agent.log.read_text(), agent.log.read_text()[-3000:]
+
+
+@dataclass
+class RealWorker:
+    url: str
+    port: int
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+
+@pytest.fixture(scope="module")
+def real_worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealWorker]:
+    tmp = tmp_path_factory.mktemp("worker")
+    port = free_port()
+    log = tmp / "worker.log"
+    (tmp / "token").write_text(TOKEN)
+    cmd = [sys.executable, "-c", "from kcops.cli import main; main()", "serve", "--model", "tiny"]
+    cmd += ["--port", str(port), "--no-probe", "--threads", "1", "--token-file", str(tmp / "token")]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ))
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while True:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"worker did not start: {log.read_text()[-2000:]}")
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    try:
+        yield RealWorker(url, port, proc, log)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    assert "Traceback" not in log.read_text(errors="replace"), log.read_text()[-3000:]

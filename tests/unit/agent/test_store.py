@@ -147,3 +147,42 @@ def test_bytes_estimate_returns_to_zero() -> None:
     assert s.bytes_estimate > 0
     s.evict(1000.0)
     assert s.bytes_estimate == 0 and len(s) == 0
+
+
+def test_the_byte_estimate_counts_what_is_really_allocated() -> None:
+    """Steady state with eviction: memory held (tracemalloc) never exceeds the estimate by
+    more than a tenth. Before, dead prefixes stayed allocated until they outnumbered the
+    live samples while the estimate counted live ones only: up to 1.9x."""
+    import gc
+    import tracemalloc
+
+    labels = [(("engine", "vllm"), ("gpu", str(i)), ("model_name", "m")) for i in range(60)]
+    tracemalloc.start()
+    try:
+        gc.collect()
+        base = tracemalloc.get_traced_memory()[0]
+        s = Store(retention_s=200.0)
+        ratios = []
+        for t in range(1, 1001):
+            s.add([Sample(f"kcops_m{i % 20}", lab, float(t)) for i, lab in enumerate(labels)], t)
+            if t % 10 == 0:
+                s.evict(float(t))
+            if t > 200 and t % 40 == 0:
+                gc.collect()
+                ratios.append((tracemalloc.get_traced_memory()[0] - base) / s.bytes_estimate)
+    finally:
+        tracemalloc.stop()
+    assert max(ratios) <= 1.1, [round(r, 2) for r in ratios]
+
+
+def test_over_budget_the_dead_prefix_is_freed_at_once() -> None:
+    s = Store(retention_s=1e6, max_bytes=1 << 20)
+    keys = [SeriesKey.of("m", {"i": str(i)}) for i in range(100)]
+    t = 0.0
+    while s.bytes_estimate <= s.max_bytes:
+        t += 1
+        for k in keys:
+            s.append(k, t, 1.0)
+    s.evict(t)
+    assert s.bytes_estimate <= s.max_bytes and s.evicted_samples > 0
+    assert all(len(k) > 0 for k in map(s.range_arrays, keys, [0.0] * 100, [t] * 100))

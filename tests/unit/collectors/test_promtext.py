@@ -1,8 +1,11 @@
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kcops.agent.collectors import promtext
 from kcops.agent.collectors.promtext import ExpositionError
@@ -65,3 +68,40 @@ def test_parser_memo_gives_the_same_answer_and_holds_one_page() -> None:
     assert len(p._memo) == len(first)
     with pytest.raises(ExpositionError):
         p.parse('vllm:num_requests_running{engine="0" 1\n', wanted)
+
+
+SERIES = [
+    'vllm:num_requests_running{engine="0",model_name="m"}',
+    'odd{path="/a b}c",q="x\\"}"}',  # a label value holding a brace, a space, a quote
+    "bare_gauge",
+    'hist_bucket{le="+Inf"}',
+    'hist_bucket{le="0.5"}',
+]
+VALUES = ["1", "2.0", "NaN", "+Inf", "-Inf", "1e3", "0", "-0.5", "5"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    pages=st.lists(
+        st.lists(
+            st.tuples(st.sampled_from(VALUES), st.none() | st.sampled_from(["1700000000000", "5"])),
+            min_size=len(SERIES),
+            max_size=len(SERIES),
+        ),
+        min_size=1,
+        max_size=5,
+    )
+)
+def test_the_series_memo_parses_every_page_as_a_fresh_parser_does(
+    pages: list[list[tuple[str, str | None]]],
+) -> None:
+    p = promtext.Parser()
+    for page in pages:
+        text = "".join(
+            f"{s} {v}{'' if ts is None else ' ' + ts}\n"
+            for s, (v, ts) in zip(SERIES, page, strict=True)
+        )
+        got, want = p.parse(text), promtext.parse(text)
+        assert [(s.name, s.labels) for s in got] == [(s.name, s.labels) for s in want]
+        for a, b in zip(got, want, strict=True):
+            assert a.value == b.value or (math.isnan(a.value) and math.isnan(b.value)), text

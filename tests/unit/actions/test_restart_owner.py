@@ -1,0 +1,71 @@
+"""One owner of restarts: restart_worker is refused while the supervisor backs off."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from kcops.agent.actions.remediation import Remediation
+from kcops.agent.clock import ManualClock
+from kcops.agent.supervisor import Supervisor
+from tests.unit.actions.harness import audit, make_ctx
+
+
+async def _wait_for_exit(sup: Supervisor, clock: ManualClock) -> None:
+    deadline = time.monotonic() + 30
+    while sup.last_exit_info is None:
+        assert time.monotonic() < deadline, "the engine's exit was not seen"
+        await asyncio.sleep(0.05)
+        await sup.tick(clock.advance(0.1))
+
+
+def test_restart_worker_is_refused_while_the_supervisor_backs_off(tmp_path: Path) -> None:
+    async def body() -> None:
+        clock = ManualClock()
+        ctx, _ = make_ctx(
+            tmp_path,
+            None,
+            clock,
+            mode="enforce",
+            restart={"backoff_initial_s": 100, "startup_grace_s": 0},
+        )
+        sup = Supervisor(
+            [sys.executable, "-c", "import time; time.sleep(60)"],
+            ctx.config.actions.restart,
+            clock=clock,
+        )
+        rem = Remediation(ctx, supervisor=sup)
+        await rem.start()
+        await sup.start()
+        try:
+            first = sup.pid()
+            assert first is not None
+            os.kill(first, signal.SIGKILL)  # the engine dies: the supervisor backs off
+            await _wait_for_exit(sup, clock)
+            assert sup.backing_off() is not None
+            run = rem.runner.submit("restart_worker", reason="test")
+            assert run.outcome == "refused" and run.refusal == "supervisor_owns"
+            assert "backing off" in (run.error or "")
+            assert sup.pid() is None  # nothing respawned behind the supervisor's back
+            refused = [r for r in audit(rem, "action") if r["action"] == "restart_worker"]
+            assert [r["refusal"] for r in refused] == ["supervisor_owns"]
+            # the backoff over, the supervisor respawns; restart_worker is its own again
+            deadline = time.monotonic() + 30
+            while sup.pid() is None:
+                assert time.monotonic() < deadline
+                await sup.tick(clock.advance(10))
+                await asyncio.sleep(0.05)
+            assert sup.backing_off() is None
+            again = rem.runner.submit("restart_worker", reason="test")
+            assert again.refusal != "supervisor_owns"
+            if again.task is not None:
+                await asyncio.wait([again.task], timeout=30)
+        finally:
+            await sup.stop()
+            await rem.stop()
+
+    asyncio.run(body())

@@ -1,0 +1,30 @@
+"""The agent's own RSS and CPU, read from the kernel without psutil, agree with psutil."""
+
+from __future__ import annotations
+
+import os
+
+import psutil
+
+from kcops.agent.collectors.selfmetrics import SelfCollector, tick_histogram
+from kcops.agent.store import Store
+from tests.unit.collectors.helpers import value
+
+
+def test_own_rss_and_cpu_agree_with_psutil() -> None:
+    c = SelfCollector(tick_histogram(), store=Store())
+    me = psutil.Process(os.getpid())
+    sum(i * i for i in range(200_000))  # some CPU time to read
+    out = list(c.collect(0.0))
+    ref_rss, ref_cpu = me.memory_info().rss, sum(me.cpu_times()[:2])
+    rss = value(out, "kcops_process_resident_memory_bytes", process="agent")
+    cpu = value(out, "kcops_process_cpu_seconds_total", process="agent")
+    assert rss is not None and abs(rss - ref_rss) < 8 << 20
+    assert cpu is not None and 0 < cpu <= ref_cpu + 0.05 and ref_cpu - cpu < 0.5
+    assert c.proc is None  # on Linux psutil was not needed
+
+
+def test_an_explicit_psutil_process_is_still_used() -> None:
+    me = psutil.Process(os.getpid())
+    out = list(SelfCollector(tick_histogram(), proc=me).collect(0.0))
+    assert (value(out, "kcops_process_resident_memory_bytes", process="agent") or 0) > 1 << 20
