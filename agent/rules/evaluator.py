@@ -9,6 +9,7 @@ import promql_parser as pp
 
 from kcops.agent.rules import binops
 from kcops.agent.rules.aggregations import aggregate
+from kcops.agent.rules.budget import ITEM_UNITS, Budget, Limits, min_work
 from kcops.agent.rules.functions import FUNCTIONS, RangeSeries
 from kcops.agent.rules.model import (
     Elem,
@@ -23,16 +24,16 @@ from kcops.agent.rules.selectors import LOOKBACK_S, CompiledSelector, SeriesSour
 from kcops.agent.store import Store
 
 DEFAULT_STEP_S = 60.0
-# Inner evaluations of one subquery at one instant (Prometheus's own cap on
-# points per series of a range query); beyond it one rule would stall the tick.
-MAX_SUBQUERY_STEPS = 11_000
 
 
 class Evaluator:
-    """``Evaluator(store).eval(node, t)`` -> float (scalar), str or a vector.
+    """``Evaluator(store).run(node, t)`` -> float (scalar), str or a vector.
 
-    Selectors are compiled on first use and cached by node identity, so keep
-    the parsed nodes alive (the rule objects do).
+    Each :meth:`run` (or :meth:`begin`, for several instants of one range
+    query) starts a fresh :class:`Budget` of ``limits``; past it the
+    evaluation raises an :class:`EvalError` (see budget.py). Selectors are
+    compiled on first use and cached by node identity, so keep the parsed
+    nodes alive (the rule objects do).
     """
 
     def __init__(
@@ -40,12 +41,33 @@ class Evaluator:
         store: Store,
         lookback_s: float = LOOKBACK_S,
         default_step_s: float = DEFAULT_STEP_S,
+        limits: Limits | None = None,
     ) -> None:
-        self.source = SeriesSource(store, lookback_s)
+        self.source = SeriesSource(store, lookback_s, item_units=ITEM_UNITS)
+        self.source.charge = self.charge
+        self.limits = limits or Limits()
+        self.budget = Budget(self.limits)
         # A subquery without a step (x[5m:]) steps at the global evaluation
         # interval in Prometheus; 1m is its default.
         self.default_step_ms = round(default_step_s * 1000)
         self._selectors: dict[int, tuple[Any, CompiledSelector]] = {}
+
+    def begin(self) -> Budget:
+        """Start a fresh budget: one per rule evaluation, instant query or range query."""
+        self.budget = Budget(self.limits)
+        return self.budget
+
+    def run(self, node: Any, t: float) -> Value:
+        """Evaluate ``node`` at ``t`` under a fresh budget; raises :class:`EvalError`."""
+        self.begin().require(ITEM_UNITS + self.min_work(node), "the expression")
+        return self.eval(node, t)
+
+    def min_work(self, node: Any) -> int:
+        """A lower bound of the units one evaluation of ``node`` costs (budget.min_work)."""
+        return min_work(node, self.default_step_ms)
+
+    def charge(self, units: int) -> None:
+        self.budget.charge(units)
 
     def _selector(self, vs: Any) -> CompiledSelector:
         got = self._selectors.get(id(vs))
@@ -100,20 +122,21 @@ class Evaluator:
             raise EvalError("subquery step must be positive")
         range_ms = round(node.range.total_seconds() * 1000)
         offset_ms = round(node.offset.total_seconds() * 1000) if node.offset is not None else 0
-        steps = range_ms // step_ms
-        if steps > MAX_SUBQUERY_STEPS:
-            raise EvalError(
-                f"subquery of {steps} steps (range / step); at most {MAX_SUBQUERY_STEPS}"
-            )
         end_ms = round(t * 1000) - offset_ms
         start_ms = -((range_ms - end_ms) // step_ms) * step_ms  # first multiple >= end - range
+        steps = (end_ms - start_ms) // step_ms + 1
+        per_step = ITEM_UNITS + self.min_work(node.expr)
+        self.budget.require(steps * per_step, f"a subquery of {steps} steps")
+        self.budget.charge(steps * ITEM_UNITS)
         acc: dict[Labels, tuple[array, array]] = {}
         for ts_ms in range(start_ms, end_ms + 1, step_ms):
             ts = ts_ms / 1000
             v = self.eval(node.expr, ts)
             if isinstance(v, str):
                 raise EvalError("a subquery of a string is not allowed")
-            for e in [Elem((), v)] if isinstance(v, float) else v:
+            elems = [Elem((), v)] if isinstance(v, float) else v
+            self.budget.charge(len(elems) * ITEM_UNITS)
+            for e in elems:
                 got = acc.get(e.labels)
                 if got is None:
                     got = acc[e.labels] = (array("d"), array("d"))
@@ -126,6 +149,19 @@ class Evaluator:
     # -- the tree walk ---------------------------------------------------------
 
     def eval(self, node: Any, t: float) -> Value:
+        """Evaluate ``node`` at ``t`` within the current budget (started by :meth:`run`).
+
+        Charges one unit for the node and one per element of its result: the
+        work of every operator and function is proportional to the elements
+        it takes in, which its operands' results were charged for.
+        """
+        self.budget.charge(ITEM_UNITS)
+        out = self._eval(node, t)
+        if isinstance(out, list):
+            self.budget.charge(len(out) * ITEM_UNITS)
+        return out
+
+    def _eval(self, node: Any, t: float) -> Value:
         if isinstance(node, pp.NumberLiteral):
             return float(node.val)
         if isinstance(node, pp.StringLiteral):
