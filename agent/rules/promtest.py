@@ -22,6 +22,7 @@ import yaml
 
 from kcops.agent.events import AlertTransition
 from kcops.agent.rules.engine import RuleEngine
+from kcops.agent.rules.literals import requote_raw, string_literals
 from kcops.agent.rules.loader import RuleSet, load_rules, parse_duration
 from kcops.agent.rules.model import NAME, RuleError
 from kcops.agent.samples import STALE_NAN, SeriesKey
@@ -75,6 +76,9 @@ def expand_values(text: str) -> list[float | None]:
 
 
 def series_key(text: str) -> SeriesKey:
+    literals = string_literals(text)
+    if literals is not None:
+        text = requote_raw(text, literals)  # raw strings keep their backslashes
     try:
         node = pp.parse(text)
     except ValueError as exc:

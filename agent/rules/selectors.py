@@ -16,6 +16,7 @@ from typing import Any
 
 import promql_parser as pp
 
+from kcops.agent.rules.literals import regex_of
 from kcops.agent.rules.model import NAME, Elem, Labels, Vector
 from kcops.agent.rules.regex import compile_anchored, full_match
 from kcops.agent.samples import SeriesKey, is_stale
@@ -33,7 +34,7 @@ def _compile(m: Any) -> tuple[str, Matcher]:
     if op == pp.MatchOp.NotEqual:
         return m.name, lambda v: v != value
     # RE2, anchored as Prometheus anchors it (see regex.py for why not ``re``).
-    rx = compile_anchored(value)
+    rx = compile_anchored(regex_of(value))
     if op == pp.MatchOp.Re:
         return m.name, lambda v: full_match(rx, v)
     return m.name, lambda v: not full_match(rx, v)
