@@ -13,7 +13,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from kcops.agent.rules import rangefns
-from kcops.agent.rules.aggregations import LABEL_NAME, sort_key
+from kcops.agent.rules.aggregations import LABEL_NAME, reverse, value_less
+from kcops.agent.rules.gosort import go_sort
 from kcops.agent.rules.mathfns import CALENDAR, TRIG, go_int64
 from kcops.agent.rules.model import Elem, EvalError, Labels, Value, Vector, drop_name, labels_of
 from kcops.agent.rules.regex import compile_anchored, expand
@@ -69,9 +70,15 @@ def _label_join(ev: Ev, args: list[Any], t: float) -> Value:
 
 
 def _sort(descending: bool) -> Fn:
+    # Prometheus 2.42: sort() is sort.Sort(sort.Reverse(vectorByReverseValueHeap)),
+    # sort_desc() the same over vectorByValueHeap, so NaN goes last in both.
+    less = reverse(value_less(not descending))
+
     def fn(ev: Ev, args: list[Any], t: float) -> Value:
         # sort() keeps the metric name: it only reorders.
-        return sorted(ev.eval_vector(args[0], t), key=sort_key(descending))
+        vec = list(ev.eval_vector(args[0], t))
+        go_sort(vec, less)
+        return vec
 
     return fn
 
