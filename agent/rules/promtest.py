@@ -199,6 +199,7 @@ def replay_group(
         store,
         external_labels=group.external_labels,
         external_url=group.external_url,
+        default_step_s=evaluation_interval_s,  # promtool steps x[5m:] at it too
     )
     times = sorted({a.eval_time_s for a in group.alert_tests})
     if until_s is None:
