@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 import re
 from decimal import Decimal
-from typing import Any
 
 import promql_parser as pp
 
@@ -38,7 +37,9 @@ def group_key(labels: Labels, names: frozenset[str], without: bool) -> Labels:
     return tuple(p for p in labels if p[0] in names)
 
 
-def aggregate(op: str, modifier: Any, param: float | str | None, vec: Vector) -> Vector:
+def aggregate(
+    op: str, modifier: pp.AggModifier | None, param: float | str | None, vec: Vector
+) -> Vector:
     """One aggregation; groups come out in first-seen order, as Prometheus 2.42's do.
 
     ``topk``/``bottomk`` order each group's elements (descending / ascending,

@@ -28,11 +28,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
 
 import promql_parser as pp
 
-from kcops.agent.rules.model import EvalError
+from kcops.agent.rules.model import EvalError, duration_ms
 
 # Measured in docs/benchmarks.md ("Rule evaluation budget"): the packaged alert
 # table over 1 h of 1 s samples for 8 GPUs needs about 1 % of it for its
@@ -108,7 +107,7 @@ class Budget:
             )
 
 
-def min_work(node: Any, default_step_ms: int) -> int:
+def min_work(node: pp.Expr | None, default_step_ms: int) -> int:
     """A lower bound of the units one evaluation of ``node`` charges: its subquery steps.
 
     Each step of a subquery evaluates the inner expression once (one node,
@@ -117,8 +116,8 @@ def min_work(node: Any, default_step_ms: int) -> int:
     subqueries are priced by the product of their steps before any runs.
     """
     if isinstance(node, pp.SubqueryExpr):
-        step_ms = round(node.step.total_seconds() * 1000) if node.step else default_step_ms
-        range_ms = round(node.range.total_seconds() * 1000) if node.range else 0
+        step_ms = duration_ms(node.step) if node.step else default_step_ms
+        range_ms = duration_ms(node.range)
         steps = range_ms // step_ms if step_ms > 0 else 0
         return steps * (ITEM_UNITS + min_work(node.expr, default_step_ms))
     if isinstance(node, pp.Call):

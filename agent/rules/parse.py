@@ -6,8 +6,6 @@ of what it uses and is never evaluated wrongly.
 
 from __future__ import annotations
 
-from typing import Any
-
 import promql_parser as pp
 
 from kcops.agent.rules.functions import FUNCTIONS
@@ -45,7 +43,7 @@ BINARY_OPS = frozenset(
 )
 
 
-def parse_expr(text: str) -> Any:
+def parse_expr(text: str) -> pp.Expr:
     """Parse ``text`` and check it against the subset; raises :class:`RuleError`.
 
     Regex matchers are judged by RE2 (Prometheus's syntax), never by the
@@ -101,7 +99,7 @@ def _refuse_reserved(text: str, literals: list[Literal]) -> None:
             )
 
 
-def _check_selector(node: Any) -> None:
+def _check_selector(node: pp.VectorSelector) -> None:
     if node.at is not None:
         raise UnsupportedExpr("the @ modifier is not supported by kcops")
     if node.matchers.or_matchers:
@@ -114,7 +112,7 @@ def _check_selector(node: Any) -> None:
             compile_anchored(regex_of(m.value))
 
 
-def check_subset(node: Any) -> None:
+def check_subset(node: pp.Expr) -> None:
     """Refuse (:class:`UnsupportedExpr`/:class:`RuleError`) what kcops cannot evaluate."""
     if isinstance(node, pp.VectorSelector):
         _check_selector(node)

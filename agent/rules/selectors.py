@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 from array import array
 from collections.abc import Callable
-from typing import Any
 
 import promql_parser as pp
 
@@ -26,7 +25,7 @@ Matcher = Callable[[str], bool]
 LOOKBACK_S = 300.0
 
 
-def _compile(m: Any) -> tuple[str, Matcher]:
+def _compile(m: pp.Matcher) -> tuple[str, Matcher]:
     op = m.op
     value = m.value
     if op == pp.MatchOp.Equal:
@@ -47,7 +46,7 @@ def _free(units: int) -> None:
 class CompiledSelector:
     """A vector selector's matchers, compiled once at load."""
 
-    def __init__(self, vs: Any) -> None:
+    def __init__(self, vs: pp.VectorSelector) -> None:
         self.name: str | None = vs.name
         self.matchers = [_compile(m) for m in vs.matchers.matchers]
         off = vs.offset
