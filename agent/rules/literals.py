@@ -38,6 +38,7 @@ def string_literals(text: str) -> list[Literal] | None:
     """The string literals of ``text``, or None when one is not closed (the parser says why)."""
     out: list[Literal] = []
     i, n = 0, len(text)
+    last = ""  # the last two characters outside strings, comments and spaces
     while i < n:
         c = text[i]
         if c == "#":  # a comment, to the end of the line
@@ -45,6 +46,8 @@ def string_literals(text: str) -> list[Literal] | None:
             i = n if j < 0 else j + 1
             continue
         if c not in "\"'`":
+            if c not in " \t\r\n":
+                last = (last + c)[-2:]
             i += 1
             continue
         j = i + 1
@@ -54,16 +57,10 @@ def string_literals(text: str) -> list[Literal] | None:
             j += 2 if text[j] == "\\" and c != "`" else 1
         if j >= n:
             return None
-        out.append(Literal(i, j + 1, c, _after_regex_op(text, i)))
+        out.append(Literal(i, j + 1, c, last in ("=~", "!~")))
+        last = ""
         i = j + 1
     return out
-
-
-def _after_regex_op(text: str, i: int) -> bool:
-    j = i - 1
-    while j >= 0 and text[j] in " \t\r\n":
-        j -= 1
-    return j >= 1 and text[j] == "~" and text[j - 1] in "=!"
 
 
 def quote(value: str) -> str:

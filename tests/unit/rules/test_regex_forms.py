@@ -114,6 +114,8 @@ def test_string_literals_skip_comments_and_escaped_quotes() -> None:
     assert lits is not None
     assert [text[s.start : s.end] for s in lits] == ['"q\\"#"', "'c'", "`r\\`"]
     assert [s.regex_operand for s in lits] == [False, True, True]
+    commented = string_literals('x{a= # =~\n "v", b =~ "w"}')
+    assert commented is not None and [s.regex_operand for s in commented] == [False, True]
     assert string_literals('x{a="unclosed}') is None
     assert string_literals('x{a="new\nline"}') is None
 
