@@ -15,8 +15,8 @@ import pytest
 from tests.services import agent_in_thread
 
 NESTED = "max_over_time(max_over_time(vector(1)[1h:1s])[1h:1s])"
-# Priced by the series it scans at each of 3 h of 1 s steps: known only while it runs.
-SCAN = 'count_over_time(count({__name__=~"kcops_.+"})[3h:1s])'
+# Priced by the series it scans at each of 86,400 steps: known only while it runs.
+SCAN = 'count_over_time(count({__name__=~"kcops_.+"})[1d:1s])'
 
 
 @pytest.fixture(scope="module")
