@@ -6,7 +6,10 @@ directly, without Prometheus. Open read; at most ``MAX_QUERY_CHARS`` long.
 
 Every answer is JSON in Prometheus's shape: a parse error or an unsupported
 expression is ``bad_data`` (400), anything that fails while evaluating is
-``execution`` (422), as Prometheus maps an engine error. Sample values are
+``execution`` (422), as Prometheus maps an engine error; that includes a query
+that needs more work than the evaluation budget (budget.py; Prometheus's
+``query.max-samples``), and a query past the budget's deadline is ``timeout``
+(503), as Prometheus answers for ``query.timeout``. Sample values are
 strings formatted as Go formats a float64 (``"NaN"``, ``"+Inf"``), so the body
 never holds a bare NaN or Infinity. A vector keeps the evaluator's order, as
 Prometheus's instant queries do (``topk``, ``sort`` ... are ordered).
@@ -19,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from kcops.agent.rules.budget import QueryTimeout
 from kcops.agent.rules.evaluator import Evaluator
 from kcops.agent.rules.gofmt import go_float
 from kcops.agent.rules.model import EvalError, RuleError, Value
@@ -76,7 +80,7 @@ class QueryComponent:
         node = parse_expr(text)
         at = self.ctx.clock() if t is None else t
         # A fresh evaluator per query: its selector cache is keyed by node identity.
-        value = Evaluator(self.ctx.store).eval(node, at)
+        value = Evaluator(self.ctx.store).run(node, at)
         self.served += 1
         return to_api(value, at)
 
@@ -96,14 +100,8 @@ class QueryComponent:
                     )
             try:
                 data = self.query(text, t)
-            except RuleError as exc:
-                return error_response("bad_data", str(exc))
-            except EvalError as exc:
-                return error_response("execution", str(exc), status=422)
             except Exception as exc:
-                return error_response(
-                    "execution", f"unexpected error: {type(exc).__name__}: {exc}", 422
-                )
+                return failure_response(exc)
             return web.json_response({"status": "success", "data": data})
 
         from kcops.agent.query_range import range_route  # it imports this module
@@ -117,6 +115,17 @@ def _parse_time(text: str) -> float | None:
     except ValueError:
         return None
     return t if math.isfinite(t) else None
+
+
+def failure_response(exc: Exception) -> web.Response:
+    """The error answer for an exception of parse or evaluation, as Prometheus maps its own."""
+    if isinstance(exc, RuleError):
+        return error_response("bad_data", str(exc))
+    if isinstance(exc, QueryTimeout):
+        return error_response("timeout", str(exc), status=503)
+    if isinstance(exc, EvalError):
+        return error_response("execution", str(exc), status=422)
+    return error_response("execution", f"unexpected error: {type(exc).__name__}: {exc}", 422)
 
 
 def error_response(kind: str, message: str, status: int = 400) -> web.Response:

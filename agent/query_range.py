@@ -2,7 +2,10 @@
 
 The same evaluator as ``/api/v1/query``, stepped over ``start..end`` inside
 the agent, so a report of 240 points is one request per line instead of 240.
-Open read; at most ``MAX_POINTS`` steps and ``MAX_QUERY_CHARS`` characters.
+Open read; at most ``MAX_POINTS`` steps and ``MAX_QUERY_CHARS`` characters,
+and all steps together under one evaluation budget (budget.py): a range query
+costs what its steps cost, so it fails (422) where a query of the same work
+would.
 """
 
 from __future__ import annotations
@@ -12,10 +15,11 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from kcops.agent.query import MAX_QUERY_CHARS, error_response
+from kcops.agent.query import MAX_QUERY_CHARS, error_response, failure_response
+from kcops.agent.rules.budget import ITEM_UNITS
 from kcops.agent.rules.evaluator import Evaluator
 from kcops.agent.rules.gofmt import go_float
-from kcops.agent.rules.model import EvalError, RuleError
+from kcops.agent.rules.model import RuleError
 from kcops.agent.rules.parse import parse_expr
 
 if TYPE_CHECKING:
@@ -54,12 +58,17 @@ def evaluate_range(ctx: AgentContext, text: str, start: float, end: float, step:
         raise RangeError(f"{n} points; at most {MAX_POINTS}: raise step or shorten the range")
     node = parse_expr(text)
     series: dict[tuple[tuple[str, str], ...], list[list[Any]]] = {}
+    ev = Evaluator(ctx.store)
+    budget = ev.begin()  # one budget for all steps
+    budget.require(n * (ITEM_UNITS + ev.min_work(node)), f"a range query of {n} steps")
+    budget.charge(n * ITEM_UNITS)
     for i in range(n):
         t = start + i * step
-        value = Evaluator(ctx.store).eval(node, t)
+        value = ev.eval(node, t)
         if isinstance(value, str):
             raise RangeError("a string expression has no range")
         rows = [((), value)] if isinstance(value, float) else [(e.labels, e.value) for e in value]
+        budget.charge(len(rows) * ITEM_UNITS)
         for labels, v in rows:
             series.setdefault(tuple(labels), []).append([t, go_float(v)])
     return {
@@ -83,14 +92,10 @@ def range_route(ctx: AgentContext) -> web.RouteDef:
                 _float_param(request, "end"),
                 _float_param(request, "step"),
             )
-        except (RuleError, RangeError) as exc:
+        except RangeError as exc:
             return error_response("bad_data", str(exc))
-        except EvalError as exc:
-            return error_response("execution", str(exc), status=422)
         except Exception as exc:  # never a bare 500: Prometheus's error shape
-            return error_response(
-                "execution", f"unexpected error: {type(exc).__name__}: {exc}", 422
-            )
+            return failure_response(exc)
         return web.json_response({"status": "success", "data": data})
 
     return web.get("/api/v1/query_range", handler)

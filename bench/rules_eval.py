@@ -15,6 +15,8 @@ import time
 
 from kcops.agent.rules.engine import RuleEngine
 from kcops.agent.rules.loader import default_rules_path, load_rules
+from kcops.agent.rules.model import EvalError
+from kcops.agent.rules.parse import parse_expr
 from kcops.agent.samples import SeriesKey
 from kcops.agent.store import Store
 
@@ -105,6 +107,39 @@ def main() -> None:
     )
     print(f"share of the {args.tick_s:g} s tick: {med / args.tick_s:.2%} (goal <= 2%)")
     print("slowest rules (last run): " + ", ".join(f"{n} {d * 1e3:.2f} ms" for d, n in per_rule))
+    budget_report(engine, now)
+
+
+# Expressions whose cost only the evaluation budget bounds (budget.py).
+COSTLY = (
+    "max_over_time(max_over_time(vector(1)[1h:1s])[1h:1s])",
+    "max_over_time(max_over_time(vector(1)[30m:1s])[30m:1s])",
+    "count_over_time(kcops_gpu_power_watts[1h:1s])",
+    'count_over_time(count({__name__=~"kcops_.+"})[1h:1s])',
+    'count_over_time(label_replace(kcops_gpu_power_watts, "x", "$1", "device", "(.*)")[1h:1s])',
+)
+
+
+def budget_report(engine: RuleEngine, now: float) -> None:
+    """Units the table's rules use, and how long the budget lets costly expressions run."""
+    ev = engine.evaluator
+    units = []
+    for rule in engine.ruleset.rules:
+        ev.run(rule.node, now)
+        units.append((ev.budget.used, rule.name))
+    used, name = max(units)
+    limit = ev.limits.max_work
+    print(f"budget: {limit} units, {ev.limits.timeout_s:g} s; costliest rule {name} {used} units")
+    for text in COSTLY:
+        node = parse_expr(text)
+        t0 = time.perf_counter()
+        try:
+            ev.run(node, now)
+            outcome = "ok"
+        except EvalError as exc:
+            outcome = type(exc).__name__
+        dt = time.perf_counter() - t0
+        print(f"  {outcome:18s} {ev.budget.used:9d} units {dt * 1e3:8.1f} ms  {text}")
 
 
 if __name__ == "__main__":

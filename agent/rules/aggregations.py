@@ -5,24 +5,30 @@ from __future__ import annotations
 import math
 import re
 from decimal import Decimal
-from typing import Any
 
 import promql_parser as pp
 
+from kcops.agent.rules.gosort import Less, go_sort, heap_pop, heap_push
 from kcops.agent.rules.model import NAME, Elem, EvalError, Labels, Vector, labels_of
 from kcops.agent.rules.rangefns import mean_stays_inf, quantile
 
 LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 
 
-def sort_key(descending: bool) -> Any:
-    """Prometheus's order for topk/bottomk/sort/sort_desc: by value, NaN always last."""
+def value_less(descending: bool) -> Less:
+    """Prometheus 2.42's ``vectorByValueHeap.Less`` (``vectorByReverseValueHeap`` when descending).
 
-    def key(e: Elem) -> tuple[bool, float]:
-        nan = math.isnan(e.value)
-        return (nan, 0.0 if nan else (-e.value if descending else e.value))
+    NaN is less than everything, NaN included: not an order, but the one Go's
+    algorithms run with (gosort.py).
+    """
+    if descending:
+        return lambda a, b: math.isnan(a.value) or a.value > b.value
+    return lambda a, b: math.isnan(a.value) or a.value < b.value
 
-    return key
+
+def reverse(less: Less) -> Less:
+    """``sort.Reverse``."""
+    return lambda a, b: less(b, a)
 
 
 def group_key(labels: Labels, names: frozenset[str], without: bool) -> Labels:
@@ -31,11 +37,13 @@ def group_key(labels: Labels, names: frozenset[str], without: bool) -> Labels:
     return tuple(p for p in labels if p[0] in names)
 
 
-def aggregate(op: str, modifier: Any, param: float | str | None, vec: Vector) -> Vector:
+def aggregate(
+    op: str, modifier: pp.AggModifier | None, param: float | str | None, vec: Vector
+) -> Vector:
     """One aggregation; groups come out in first-seen order, as Prometheus 2.42's do.
 
     ``topk``/``bottomk`` order each group's elements (descending / ascending,
-    NaN last), as Prometheus does.
+    NaN last) with Prometheus's own procedure (:func:`_topk`).
     """
     without = modifier is not None and modifier.type == pp.AggModifierType.Without
     names = frozenset(modifier.labels) if modifier is not None else frozenset()
@@ -130,36 +138,33 @@ def _count_values(label: str, names: frozenset[str], without: bool, vec: Vector)
 
 
 def _topk(top: bool, param: float | None, groups: dict[Labels, list[Elem]]) -> Vector:
+    """Prometheus 2.42's selection: a heap of k per group, then ``sort.Sort(sort.Reverse(heap))``.
+
+    Among equal values (and NaNs) the series kept and their order are those
+    of Go's algorithms over the input order, which is label order here as in
+    a compacted Prometheus block.
+    """
     assert param is not None
     if math.isinf(param):
         raise EvalError(f"scalar value {param} overflows int64 (topk/bottomk parameter)")
     k = int(param) if not math.isnan(param) else 0
     if k < 1:
         return []
+    less = value_less(not top)  # topk keeps the least of its k at the root
     out: Vector = []
     for elems in groups.values():
-        chosen: list[Elem] = []
+        heap: list[Elem] = []
         for e in elems:
-            if len(chosen) < k:
-                chosen.append(e)
+            if len(heap) < k:
+                heap_push(heap, e, less)
                 continue
-            # Replace the current worst when this one is strictly better (NaN is worst).
-            worst_i = _worst(chosen, top)
-            w = chosen[worst_i].value
-            better = (w < e.value if top else w > e.value) or (
-                math.isnan(w) and not math.isnan(e.value)
-            )
-            if better:
-                chosen[worst_i] = e
-        out.extend(sorted(chosen, key=sort_key(top)))
+            w = heap[0].value
+            if (w < e.value if top else w > e.value) or math.isnan(w):
+                if k == 1:
+                    heap[0] = e  # in place for k == 1, as Prometheus does
+                    continue
+                heap_pop(heap, less)
+                heap_push(heap, e, less)
+        go_sort(heap, reverse(less))
+        out.extend(heap)
     return out
-
-
-def _worst(chosen: list[Elem], top: bool) -> int:
-    def badness(i: int) -> tuple[bool, float]:
-        v = chosen[i].value
-        if math.isnan(v):
-            return (True, 0.0)
-        return (False, -v if top else v)
-
-    return max(range(len(chosen)), key=badness)

@@ -9,7 +9,6 @@ copy the listed labels from the "one" side.
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import promql_parser as pp
 
@@ -101,7 +100,7 @@ def vector_scalar(
 class Matching:
     """The parsed ``on/ignoring`` and ``group_left/right`` of one binary expression."""
 
-    def __init__(self, modifier: Any, op: str) -> None:
+    def __init__(self, modifier: pp.BinModifier | None, op: str) -> None:
         self.on = False
         self.labels: frozenset[str] = frozenset()
         self.card = "many-to-many" if op in SET_OPS else "one-to-one"

@@ -14,7 +14,8 @@ from typing import Any
 
 from kcops.agent.events import AlertTransition
 from kcops.agent.rules.alerting import Instance, Result, step
-from kcops.agent.rules.evaluator import Evaluator
+from kcops.agent.rules.budget import Limits
+from kcops.agent.rules.evaluator import DEFAULT_STEP_S, Evaluator
 from kcops.agent.rules.gofmt import go_float
 from kcops.agent.rules.loader import AlertRule, RecordingRule, Rule, RuleSet
 from kcops.agent.rules.model import NAME, Elem, EvalError, Labels, Vector, labels_of
@@ -52,10 +53,15 @@ class RuleEngine:
         external_labels: Mapping[str, str] | None = None,
         external_url: str = "",
         write_series: bool = True,
+        limits: Limits | None = None,
+        default_step_s: float = DEFAULT_STEP_S,
     ) -> None:
+        """``default_step_s``: the step of a subquery written without one (``x[5m:]``),
+        Prometheus's global evaluation interval; ``kcops alerts replay`` passes the
+        test file's, as promtool does."""
         self.ruleset = ruleset
         self.store = store
-        self.evaluator = Evaluator(store)
+        self.evaluator = Evaluator(store, default_step_s=default_step_s, limits=limits)
         self.external_labels = dict(external_labels or {})
         self.external_url = external_url
         self.write_series = write_series
@@ -98,7 +104,8 @@ class RuleEngine:
         return transitions
 
     def _evaluate_rule(self, rule: Rule, now: float, h: RuleHealth) -> list[AlertTransition]:
-        value = self.evaluator.eval(rule.node, now)
+        # A fresh budget per rule: one expensive rule fails alone (budget.py).
+        value = self.evaluator.run(rule.node, now)
         if not isinstance(value, list):
             if isinstance(rule, RecordingRule) and isinstance(value, float):
                 value = [Elem((), value)]

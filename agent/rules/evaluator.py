@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from array import array
-from typing import Any
 
 import promql_parser as pp
 
 from kcops.agent.rules import binops
 from kcops.agent.rules.aggregations import aggregate
+from kcops.agent.rules.budget import ITEM_UNITS, Budget, Limits, min_work
 from kcops.agent.rules.functions import FUNCTIONS, RangeSeries
 from kcops.agent.rules.model import (
     Elem,
@@ -18,21 +18,22 @@ from kcops.agent.rules.model import (
     Vector,
     check_unique,
     drop_name,
+    duration_ms,
 )
 from kcops.agent.rules.selectors import LOOKBACK_S, CompiledSelector, SeriesSource
 from kcops.agent.store import Store
 
 DEFAULT_STEP_S = 60.0
-# Inner evaluations of one subquery at one instant (Prometheus's own cap on
-# points per series of a range query); beyond it one rule would stall the tick.
-MAX_SUBQUERY_STEPS = 11_000
 
 
 class Evaluator:
-    """``Evaluator(store).eval(node, t)`` -> float (scalar), str or a vector.
+    """``Evaluator(store).run(node, t)`` -> float (scalar), str or a vector.
 
-    Selectors are compiled on first use and cached by node identity, so keep
-    the parsed nodes alive (the rule objects do).
+    Each :meth:`run` (or :meth:`begin`, for several instants of one range
+    query) starts a fresh :class:`Budget` of ``limits``; past it the
+    evaluation raises an :class:`EvalError` (see budget.py). Selectors are
+    compiled on first use and cached by node identity, so keep the parsed
+    nodes alive (the rule objects do).
     """
 
     def __init__(
@@ -40,14 +41,35 @@ class Evaluator:
         store: Store,
         lookback_s: float = LOOKBACK_S,
         default_step_s: float = DEFAULT_STEP_S,
+        limits: Limits | None = None,
     ) -> None:
-        self.source = SeriesSource(store, lookback_s)
+        self.source = SeriesSource(store, lookback_s, item_units=ITEM_UNITS)
+        self.source.charge = self.charge
+        self.limits = limits or Limits()
+        self.budget = Budget(self.limits)
         # A subquery without a step (x[5m:]) steps at the global evaluation
         # interval in Prometheus; 1m is its default.
         self.default_step_ms = round(default_step_s * 1000)
-        self._selectors: dict[int, tuple[Any, CompiledSelector]] = {}
+        self._selectors: dict[int, tuple[pp.VectorSelector, CompiledSelector]] = {}
 
-    def _selector(self, vs: Any) -> CompiledSelector:
+    def begin(self) -> Budget:
+        """Start a fresh budget: one per rule evaluation, instant query or range query."""
+        self.budget = Budget(self.limits)
+        return self.budget
+
+    def run(self, node: pp.Expr, t: float) -> Value:
+        """Evaluate ``node`` at ``t`` under a fresh budget; raises :class:`EvalError`."""
+        self.begin().require(ITEM_UNITS + self.min_work(node), "the expression")
+        return self.eval(node, t)
+
+    def min_work(self, node: pp.Expr) -> int:
+        """A lower bound of the units one evaluation of ``node`` costs (budget.min_work)."""
+        return min_work(node, self.default_step_ms)
+
+    def charge(self, units: int) -> None:
+        self.budget.charge(units)
+
+    def _selector(self, vs: pp.VectorSelector) -> CompiledSelector:
         got = self._selectors.get(id(vs))
         if got is None or got[0] is not vs:
             got = (vs, CompiledSelector(vs))
@@ -56,19 +78,19 @@ class Evaluator:
 
     # -- typed helpers used by functions ------------------------------------
 
-    def eval_vector(self, node: Any, t: float) -> Vector:
+    def eval_vector(self, node: pp.Expr, t: float) -> Vector:
         v = self.eval(node, t)
         if not isinstance(v, list):
             raise EvalError(f"expected an instant vector, got {type(v).__name__}")
         return v
 
-    def eval_scalar(self, node: Any, t: float) -> float:
+    def eval_scalar(self, node: pp.Expr, t: float) -> float:
         v = self.eval(node, t)
         if not isinstance(v, float):
             raise EvalError(f"expected a scalar, got {type(v).__name__}")
         return v
 
-    def eval_range(self, node: Any, t: float) -> tuple[RangeSeries, float, float, float]:
+    def eval_range(self, node: pp.Expr, t: float) -> tuple[RangeSeries, float, float, float]:
         while isinstance(node, pp.ParenExpr):
             node = node.expr
         if isinstance(node, pp.SubqueryExpr):
@@ -80,7 +102,7 @@ class Evaluator:
         end = t - sel.offset_s
         return self.source.range(sel, t, range_s), end - range_s, end, range_s
 
-    def eval_stamped(self, node: Any, t: float) -> list[tuple[Elem, float]]:
+    def eval_stamped(self, node: pp.Expr, t: float) -> list[tuple[Elem, float]]:
         """An instant vector with each sample's time: its own for a plain selector, else ``t``."""
         inner = node
         while isinstance(inner, pp.ParenExpr):
@@ -89,31 +111,32 @@ class Evaluator:
             return self.source.instant_stamped(self._selector(inner), t)
         return [(e, t) for e in self.eval_vector(node, t)]
 
-    def _subquery(self, node: Any, t: float) -> tuple[RangeSeries, float, float, float]:
+    def _subquery(self, node: pp.SubqueryExpr, t: float) -> tuple[RangeSeries, float, float, float]:
         """Evaluate ``expr[range:step] offset o`` as Prometheus 2.42 does.
 
         The inner expression runs at every multiple of the step (in Unix ms)
         in ``[t - o - range, t - o]``; its results form the range vector.
         """
-        step_ms = round(node.step.total_seconds() * 1000) if node.step else self.default_step_ms
+        step_ms = duration_ms(node.step) if node.step else self.default_step_ms
         if step_ms <= 0:
             raise EvalError("subquery step must be positive")
-        range_ms = round(node.range.total_seconds() * 1000)
-        offset_ms = round(node.offset.total_seconds() * 1000) if node.offset is not None else 0
-        steps = range_ms // step_ms
-        if steps > MAX_SUBQUERY_STEPS:
-            raise EvalError(
-                f"subquery of {steps} steps (range / step); at most {MAX_SUBQUERY_STEPS}"
-            )
+        range_ms = duration_ms(node.range)
+        offset_ms = duration_ms(node.offset)
         end_ms = round(t * 1000) - offset_ms
         start_ms = -((range_ms - end_ms) // step_ms) * step_ms  # first multiple >= end - range
+        steps = (end_ms - start_ms) // step_ms + 1
+        per_step = ITEM_UNITS + self.min_work(node.expr)
+        self.budget.require(steps * per_step, f"a subquery of {steps} steps")
+        self.budget.charge(steps * ITEM_UNITS)
         acc: dict[Labels, tuple[array, array]] = {}
         for ts_ms in range(start_ms, end_ms + 1, step_ms):
             ts = ts_ms / 1000
             v = self.eval(node.expr, ts)
             if isinstance(v, str):
                 raise EvalError("a subquery of a string is not allowed")
-            for e in [Elem((), v)] if isinstance(v, float) else v:
+            elems = [Elem((), v)] if isinstance(v, float) else v
+            self.budget.charge(len(elems) * ITEM_UNITS)
+            for e in elems:
                 got = acc.get(e.labels)
                 if got is None:
                     got = acc[e.labels] = (array("d"), array("d"))
@@ -125,7 +148,20 @@ class Evaluator:
 
     # -- the tree walk ---------------------------------------------------------
 
-    def eval(self, node: Any, t: float) -> Value:
+    def eval(self, node: pp.Expr, t: float) -> Value:
+        """Evaluate ``node`` at ``t`` within the current budget (started by :meth:`run`).
+
+        Charges one unit for the node and one per element of its result: the
+        work of every operator and function is proportional to the elements
+        it takes in, which its operands' results were charged for.
+        """
+        self.budget.charge(ITEM_UNITS)
+        out = self._eval(node, t)
+        if isinstance(out, list):
+            self.budget.charge(len(out) * ITEM_UNITS)
+        return out
+
+    def _eval(self, node: pp.Expr, t: float) -> Value:
         if isinstance(node, pp.NumberLiteral):
             return float(node.val)
         if isinstance(node, pp.StringLiteral):
@@ -153,6 +189,8 @@ class Evaluator:
             op = str(node.op)
             param: float | str | None = None
             if op == "count_values":
+                if node.param is None:
+                    raise EvalError("count_values needs a label name")
                 label = self.eval(node.param, t)
                 if not isinstance(label, str):
                     raise EvalError("count_values: the label name must be a string")
@@ -166,7 +204,7 @@ class Evaluator:
             return self._binary(node, t)
         raise EvalError(f"cannot evaluate {type(node).__name__}")
 
-    def _binary(self, node: Any, t: float) -> Value:
+    def _binary(self, node: pp.BinaryExpr, t: float) -> Value:
         op = str(node.op)
         m = binops.Matching(node.modifier, op)
         lhs = self.eval(node.lhs, t)

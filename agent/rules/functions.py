@@ -8,33 +8,36 @@ metric name (except ``last_over_time``), as Prometheus does.
 from __future__ import annotations
 
 import math
+from array import array
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol
+
+import promql_parser as pp
 
 from kcops.agent.rules import rangefns
 from kcops.agent.rules.histogram import histogram_quantile
 from kcops.agent.rules.model import NAME, Elem, Labels, Value, Vector, drop_name
 
-RangeSeries = list[tuple[Labels, Any, Any]]
+RangeSeries = list[tuple[Labels, "array[float]", "array[float]"]]
 
 
 class Ev(Protocol):
-    def eval(self, node: Any, t: float) -> Value: ...
+    def eval(self, node: pp.Expr, t: float) -> Value: ...
 
-    def eval_vector(self, node: Any, t: float) -> Vector: ...
+    def eval_vector(self, node: pp.Expr, t: float) -> Vector: ...
 
-    def eval_scalar(self, node: Any, t: float) -> float: ...
+    def eval_scalar(self, node: pp.Expr, t: float) -> float: ...
 
-    def eval_range(self, node: Any, t: float) -> tuple[RangeSeries, float, float, float]: ...
+    def eval_range(self, node: pp.Expr, t: float) -> tuple[RangeSeries, float, float, float]: ...
 
-    def eval_stamped(self, node: Any, t: float) -> list[tuple[Elem, float]]: ...
+    def eval_stamped(self, node: pp.Expr, t: float) -> list[tuple[Elem, float]]: ...
 
 
-Fn = Callable[[Ev, list[Any], float], Value]
+Fn = Callable[[Ev, list[pp.Expr], float], Value]
 
 
 def _rate_like(is_counter: bool, is_rate: bool) -> Fn:
-    def fn(ev: Ev, args: list[Any], t: float) -> Value:
+    def fn(ev: Ev, args: list[pp.Expr], t: float) -> Value:
         series, start, end, range_s = ev.eval_range(args[0], t)
         out: Vector = []
         for labels, ts, vs in series:
@@ -47,7 +50,7 @@ def _rate_like(is_counter: bool, is_rate: bool) -> Fn:
 
 
 def _instant_rate(is_rate: bool) -> Fn:
-    def fn(ev: Ev, args: list[Any], t: float) -> Value:
+    def fn(ev: Ev, args: list[pp.Expr], t: float) -> Value:
         series, _, _, _ = ev.eval_range(args[0], t)
         out: Vector = []
         for labels, ts, vs in series:
@@ -59,8 +62,8 @@ def _instant_rate(is_rate: bool) -> Fn:
     return fn
 
 
-def _over_time(agg: Callable[[Any], float], keep_name: bool = False) -> Fn:
-    def fn(ev: Ev, args: list[Any], t: float) -> Value:
+def _over_time(agg: Callable[[array[float]], float], keep_name: bool = False) -> Fn:
+    def fn(ev: Ev, args: list[pp.Expr], t: float) -> Value:
         series, _, _, _ = ev.eval_range(args[0], t)
         return [
             Elem(labels if keep_name else drop_name(labels), agg(vs)) for labels, _, vs in series
@@ -69,14 +72,14 @@ def _over_time(agg: Callable[[Any], float], keep_name: bool = False) -> Fn:
     return fn
 
 
-def _quantile_over_time(ev: Ev, args: list[Any], t: float) -> Value:
+def _quantile_over_time(ev: Ev, args: list[pp.Expr], t: float) -> Value:
     q = ev.eval_scalar(args[0], t)
     series, _, _, _ = ev.eval_range(args[1], t)
     return [Elem(drop_name(labels), rangefns.quantile(q, list(vs))) for labels, _, vs in series]
 
 
 def _simple(op: Callable[[float], float]) -> Fn:
-    def fn(ev: Ev, args: list[Any], t: float) -> Value:
+    def fn(ev: Ev, args: list[pp.Expr], t: float) -> Value:
         return [Elem(drop_name(e.labels), op(e.value)) for e in ev.eval_vector(args[0], t)]
 
     return fn
@@ -112,7 +115,7 @@ def _clamp_value(v: float, lo: float, hi: float) -> float:
     return max(lo, min(hi, v))
 
 
-def _clamp(ev: Ev, args: list[Any], t: float) -> Value:
+def _clamp(ev: Ev, args: list[pp.Expr], t: float) -> Value:
     vec = ev.eval_vector(args[0], t)
     lo = ev.eval_scalar(args[1], t)
     hi = ev.eval_scalar(args[2], t)
@@ -121,19 +124,19 @@ def _clamp(ev: Ev, args: list[Any], t: float) -> Value:
     return [Elem(drop_name(e.labels), _clamp_value(e.value, lo, hi)) for e in vec]
 
 
-def _clamp_min(ev: Ev, args: list[Any], t: float) -> Value:
+def _clamp_min(ev: Ev, args: list[pp.Expr], t: float) -> Value:
     vec = ev.eval_vector(args[0], t)
     lo = ev.eval_scalar(args[1], t)
     return [Elem(drop_name(e.labels), _clamp_value(e.value, lo, math.inf)) for e in vec]
 
 
-def _clamp_max(ev: Ev, args: list[Any], t: float) -> Value:
+def _clamp_max(ev: Ev, args: list[pp.Expr], t: float) -> Value:
     vec = ev.eval_vector(args[0], t)
     hi = ev.eval_scalar(args[1], t)
     return [Elem(drop_name(e.labels), _clamp_value(e.value, -math.inf, hi)) for e in vec]
 
 
-def _round(ev: Ev, args: list[Any], t: float) -> Value:
+def _round(ev: Ev, args: list[pp.Expr], t: float) -> Value:
     vec = ev.eval_vector(args[0], t)
     to = ev.eval_scalar(args[1], t) if len(args) > 1 else 1.0
     inv = 1.0 / to if to != 0 else math.inf
@@ -149,9 +152,7 @@ def _round(ev: Ev, args: list[Any], t: float) -> Value:
     return [Elem(drop_name(e.labels), r(e.value)) for e in vec]
 
 
-def _absent_labels(node: Any) -> Labels:
-    import promql_parser as pp
-
+def _absent_labels(node: pp.Expr) -> Labels:
     from kcops.agent.rules.selectors import CompiledSelector
 
     if isinstance(node, pp.MatrixSelector):
@@ -165,34 +166,34 @@ def _absent_labels(node: Any) -> Labels:
     return tuple(sorted((k, v) for k, v in sel.equal_labels.items() if seen[k] == 1))
 
 
-def _absent(ev: Ev, args: list[Any], t: float) -> Value:
+def _absent(ev: Ev, args: list[pp.Expr], t: float) -> Value:
     if ev.eval_vector(args[0], t):
         return []
     return [Elem(_absent_labels(args[0]), 1.0)]
 
 
-def _absent_over_time(ev: Ev, args: list[Any], t: float) -> Value:
+def _absent_over_time(ev: Ev, args: list[pp.Expr], t: float) -> Value:
     series, _, _, _ = ev.eval_range(args[0], t)
     if series:
         return []
     return [Elem(_absent_labels(args[0]), 1.0)]
 
 
-def _histogram_quantile(ev: Ev, args: list[Any], t: float) -> Value:
+def _histogram_quantile(ev: Ev, args: list[pp.Expr], t: float) -> Value:
     q = ev.eval_scalar(args[0], t)
     return histogram_quantile(q, ev.eval_vector(args[1], t))
 
 
-def _scalar(ev: Ev, args: list[Any], t: float) -> Value:
+def _scalar(ev: Ev, args: list[pp.Expr], t: float) -> Value:
     vec = ev.eval_vector(args[0], t)
     return vec[0].value if len(vec) == 1 else math.nan
 
 
-def _vector(ev: Ev, args: list[Any], t: float) -> Value:
+def _vector(ev: Ev, args: list[pp.Expr], t: float) -> Value:
     return [Elem((), ev.eval_scalar(args[0], t))]
 
 
-def _time(ev: Ev, args: list[Any], t: float) -> Value:
+def _time(ev: Ev, args: list[pp.Expr], t: float) -> Value:
     return float(t)
 
 

@@ -7,6 +7,7 @@ A label set is a sorted tuple of (name, value) pairs and includes
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from datetime import timedelta
 from typing import NamedTuple
 
 from kcops.errors import ConfigError, KcopsError
@@ -64,3 +65,8 @@ def check_unique(vec: Vector, what: str) -> Vector:
             raise EvalError(f"{what}: vector cannot contain metrics with the same labelset")
         seen.add(e.labels)
     return vec
+
+
+def duration_ms(d: timedelta | None) -> int:
+    """A parsed PromQL duration in integer milliseconds (absent: 0)."""
+    return round(d.total_seconds() * 1000) if d is not None else 0

@@ -6,13 +6,20 @@ of what it uses and is never evaluated wrongly.
 
 from __future__ import annotations
 
-from typing import Any
-
 import promql_parser as pp
 
+from kcops.agent.rules.exprguard import check_expr_text
 from kcops.agent.rules.functions import FUNCTIONS
+from kcops.agent.rules.literals import (
+    MARK,
+    Literal,
+    hide_regexes,
+    regex_of,
+    requote_raw,
+    string_literals,
+)
 from kcops.agent.rules.model import RuleError, UnsupportedExpr
-from kcops.agent.rules.regex import compile_anchored
+from kcops.agent.rules.regex import compile_anchored, full_match
 
 _ILLEGAL_REGEX = "illegal regex for "
 
@@ -37,30 +44,81 @@ BINARY_OPS = frozenset(
 )
 
 
-def parse_expr(text: str) -> Any:
-    """Parse ``text`` and check it against the subset; raises :class:`RuleError`."""
+def parse_expr(text: str) -> pp.Expr:
+    """Parse ``text`` and check it against the subset; raises :class:`RuleError`.
+
+    Regex matchers are judged by RE2 (Prometheus's syntax), never by the
+    parser's Rust engine: when that refuses one, the regexes are hidden
+    behind placeholders and the text parsed again (literals.py). The text is
+    checked first (exprguard.py): what would crash the parser never reaches it.
+    """
+    try:
+        check_expr_text(text)
+    except ValueError as exc:
+        raise RuleError(str(exc)) from None
+    literals = string_literals(text)
+    if literals is not None:
+        requoted = requote_raw(text, literals)
+        if requoted is not text:
+            text, literals = requoted, string_literals(requoted)
+        _refuse_reserved(text, literals or [])
     try:
         node = pp.parse(text)
     except ValueError as exc:
         msg = str(exc)
-        if msg.startswith(_ILLEGAL_REGEX):
-            # The parser checks regexes with Rust's engine and gives no position;
-            # RE2 (Prometheus's syntax) says what is wrong and where.
-            compile_anchored(msg[len(_ILLEGAL_REGEX) :])
-        raise RuleError(f"cannot parse expression: {msg}") from None
+        if not msg.startswith(_ILLEGAL_REGEX) or literals is None:
+            raise RuleError(f"cannot parse expression: {msg}") from None
+        hidden = hide_regexes(text, literals, _value, _matches_empty)
+        try:
+            node = pp.parse(hidden)
+        except ValueError as again:
+            raise RuleError(f"cannot parse expression: {again}") from None
     check_subset(node)
     return node
 
 
-def _check_selector(node: Any) -> None:
+def _value(source: str) -> str:
+    """The value of one string literal, decoded as the parser decodes it."""
+    try:
+        node = pp.parse(source)
+    except ValueError as exc:
+        raise RuleError(f"cannot parse expression: {exc}") from None
+    assert isinstance(node, pp.StringLiteral)
+    return str(node.val)
+
+
+def _matches_empty(regex: str) -> bool:
+    return full_match(compile_anchored(regex), "")
+
+
+# How a literal can write the NUL with which the placeholder mark begins.
+_NUL_FORMS = ("\x00", r"\x00", r"\000", r"\u0000", r"\U00000000")
+
+
+def _refuse_reserved(text: str, literals: list[Literal]) -> None:
+    if not any(form in text for form in _NUL_FORMS):
+        return
+    for lit in literals:
+        if lit.regex_operand and _value(text[lit.start : lit.end]).startswith(MARK):
+            raise RuleError(
+                f"a regex may not begin with {MARK!r}: kcops reserves it for placeholders"
+            )
+
+
+def _check_selector(node: pp.VectorSelector) -> None:
     if node.at is not None:
         raise UnsupportedExpr("the @ modifier is not supported by kcops")
+    if node.matchers.or_matchers:
+        # Prometheus 3 syntax, which promql-parser follows; 2.42 refuses it.
+        raise UnsupportedExpr(
+            "'or' between label matchers is not supported (Prometheus 2.42 has no such syntax)"
+        )
     for m in node.matchers.matchers:
         if m.op in (pp.MatchOp.Re, pp.MatchOp.NotRe):
-            compile_anchored(m.value)
+            compile_anchored(regex_of(m.value))
 
 
-def check_subset(node: Any) -> None:
+def check_subset(node: pp.Expr) -> None:
     """Refuse (:class:`UnsupportedExpr`/:class:`RuleError`) what kcops cannot evaluate."""
     if isinstance(node, pp.VectorSelector):
         _check_selector(node)

@@ -21,6 +21,7 @@ import promql_parser as pp
 
 from kcops.agent.events import AlertTransition
 from kcops.agent.rules.engine import RuleEngine
+from kcops.agent.rules.literals import requote_raw, string_literals
 from kcops.agent.rules.loader import RuleSet, load_rules, parse_duration
 from kcops.agent.rules.model import NAME, RuleError
 from kcops.agent.samples import STALE_NAN, SeriesKey
@@ -75,6 +76,9 @@ def expand_values(text: str) -> list[float | None]:
 
 
 def series_key(text: str) -> SeriesKey:
+    literals = string_literals(text)
+    if literals is not None:
+        text = requote_raw(text, literals)  # raw strings keep their backslashes
     try:
         node = pp.parse(text)
     except ValueError as exc:
@@ -192,6 +196,7 @@ def replay_group(
         store,
         external_labels=group.external_labels,
         external_url=group.external_url,
+        default_step_s=evaluation_interval_s,  # promtool steps x[5m:] at it too
     )
     times = sorted({a.eval_time_s for a in group.alert_tests})
     if until_s is None:

@@ -6,8 +6,8 @@ with Go's ``regexp`` as ``^(?:<re>)$``: RE2 syntax (``[[:alpha:]]``, ``\\z``,
 very end, and ``.`` not matching a newline. Python's ``re`` differs on all of
 these, so kcops compiles with Google's RE2 binding (``google-re2``), the
 library Go's package reimplements. The few places where RE2 (C++) accepts
-more than Go's parser (``\\C``, ``(?<name>``) are refused here, as Go refuses
-them.
+more than Go's parser (``\\C``, ``(?<name>``, capture names that are not
+ASCII word characters) are refused here, as Go refuses them.
 """
 
 from __future__ import annotations
@@ -23,11 +23,7 @@ from kcops.agent.rules.model import RuleError
 
 MAX_REGEX_CHARS = 10_000
 
-# Constructs RE2 (C++) accepts and Go 1.19's regexp/syntax refuses.
-_GO_REFUSES = (
-    (re.compile(r"(?<!\\)(?:\\\\)*(\\C)"), "invalid escape sequence: \\C"),
-    (re.compile(r"(?<!\\)(?:\\\\)*(\(\?<)(?![=!])"), "invalid or unsupported Perl syntax: (?<"),
-)
+_CAPTURE_NAME = re.compile(r"[A-Za-z0-9_]+")
 
 
 def _options() -> Any:
@@ -53,15 +49,21 @@ def compile_anchored(pattern: str) -> Any:
     """
     if len(pattern) > MAX_REGEX_CHARS:
         raise RuleError(f"regex is {len(pattern)} characters; at most {MAX_REGEX_CHARS}")
-    for rx, message in _GO_REFUSES:
-        m = rx.search(pattern)
-        if m is not None:
-            raise RuleError(f"invalid regex {_excerpt(pattern)}: {message} at offset {m.start(1)}")
+    refused = go_refusal(pattern)
+    if refused is not None:
+        message, pos = refused
+        raise RuleError(f"invalid regex {_excerpt(pattern)}: {message} at offset {pos}")
     try:
         return re2.compile("^(?:" + pattern + ")$", _OPTIONS)
     except re2.error as exc:
         raw = exc.args[0] if exc.args else ""
         text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+        if text.startswith("pattern too large"):
+            raise RuleError(
+                f"invalid regex {_excerpt(pattern)}: pattern too large: RE2 compiles it to "
+                "more than its 8 MiB limit (a large class such as \\pL repeated hundreds "
+                "of times); Prometheus accepts it, kcops refuses it (docs/rules.md)"
+            ) from None
         reason, _, fragment = text.partition(": ")
         if fragment.startswith("^(?:"):
             # RE2 quotes the whole anchored pattern: show the user's part.
@@ -69,6 +71,54 @@ def compile_anchored(pattern: str) -> Any:
             text = f"{reason}: {fragment}"
         pos = _position(pattern, fragment)
         raise RuleError(f"invalid regex {_excerpt(pattern)}: {text} at offset {pos}") from None
+
+
+def go_refusal(pattern: str) -> tuple[str, int] | None:
+    """What Go 1.19's regexp/syntax refuses and RE2 (C++) accepts: (Go's message, offset).
+
+    ``\\C``, ``(?<name>`` (Go 1.22 added it) and capture names other than
+    ``[A-Za-z0-9_]+``; literal text (``\\Q...\\E``, escapes, character
+    classes) is skipped, as Go's parser skips it.
+    """
+    i, n, in_class = 0, len(pattern), False
+    while i < n:
+        c = pattern[i]
+        if c == "\\":
+            nxt = pattern[i + 1 : i + 2]
+            if nxt == "C":
+                return "invalid escape sequence: \\C", i
+            if nxt == "Q" and not in_class:
+                end = pattern.find("\\E", i + 2)
+                i = n if end < 0 else end + 2
+                continue
+            i += 2
+        elif in_class:
+            if pattern.startswith("[:", i) and pattern.find(":]", i + 2) >= 0:
+                i = pattern.find(":]", i + 2) + 2
+                continue
+            in_class = c != "]"
+            i += 1
+        elif c == "[":
+            in_class = True
+            i += 1
+            i += pattern.startswith("^", i)
+            i += pattern.startswith("]", i)  # a ] first in a class is literal
+        else:
+            refused = _go_group(pattern, i)
+            if refused is not None:
+                return refused, i
+            i += 1
+    return None
+
+
+def _go_group(pattern: str, i: int) -> str | None:
+    if pattern.startswith("(?P<", i):
+        end = pattern.find(">", i + 4)
+        if end >= 0 and not _CAPTURE_NAME.fullmatch(pattern[i + 4 : end]):
+            return f"invalid named capture: {pattern[i : end + 1]}"
+    elif pattern.startswith("(?<", i) and not pattern.startswith(("(?<=", "(?<!"), i):
+        return "invalid or unsupported Perl syntax: (?<"
+    return None
 
 
 def _excerpt(pattern: str) -> str:

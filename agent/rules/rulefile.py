@@ -41,7 +41,8 @@ from pydantic import (
     model_validator,
 )
 
-from kcops.agent.duration import MAX_SECONDS, parse_duration
+from kcops.agent.duration import parse_duration
+from kcops.agent.rules.exprguard import check_expr_text
 from kcops.agent.validation import render_path
 from kcops.agent.yamlload import excerpt
 
@@ -57,22 +58,9 @@ MAX_PARAMS = 256
 MAX_PARAM_CHARS = 1024
 MAX_STEPS = 32
 MAX_RULES = 10_000
-MAX_EXPR_CHARS = 16384
-# Operators plus bracket nesting of one expression. The PromQL parser and the
-# evaluator recurse once per level; a few thousand levels crash the parser
-# (a 5,000-term sum is enough), so the bound is checked on the text, before it
-# is parsed. The packaged rules use at most 10.
-MAX_EXPR_DEPTH = 128
-
 _PARAM = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _METRIC = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
-_OPERATOR = re.compile(r"==|!=|<=|>=|[-+*/%^<>]|\b(?:and|or|unless|atan2)\b")
-# A duration written as a number of seconds: in a range or subquery, or after `offset`.
-_BRACKETS = re.compile(r"\[([^\[\]]*)\]")
-_OFFSET = re.compile(r"\boffset\s+-?\s*([^\s()\[\]]+)", re.I)
-_NUMBER = re.compile(r"0[xX][0-9a-fA-F]+|(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
-_QUOTED = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|`[^`]*`|#[^\n]*', re.S)
 
 
 def param_text(v: int | float | str) -> str:
@@ -125,37 +113,6 @@ def substitute(text: str, params: Mapping[str, int | float | str]) -> str:
         return param_text(params[name])
 
     return _PARAM.sub(repl, text)
-
-
-def check_expr_text(text: str) -> str:
-    """Refuse, before parsing, an expression the parser or the evaluator cannot take: too long,
-    too deep to recurse through, or a number of seconds past a duration's range (the parser
-    panics on those)."""
-    if len(text) > MAX_EXPR_CHARS:
-        raise ValueError(f"an expression has at most {MAX_EXPR_CHARS} characters")
-    bare = _QUOTED.sub('""', text)
-    depth = deepest = 0
-    for c in bare:
-        if c in "([{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif c in ")]}":
-            depth -= 1
-    durations = [p for m in _BRACKETS.finditer(bare) for p in m.group(1).split(":")]
-    for number in [d.strip() for d in durations] + _OFFSET.findall(bare):
-        if not _NUMBER.fullmatch(number):
-            continue
-        value = int(number, 16) if number[:2].lower() == "0x" else float(number)
-        # promql-parser panics (a Rust panic, not an error) past ~1.8e19 s; Prometheus
-        # bounds durations at (2**63 - 1) ns.
-        if not value <= MAX_SECONDS:
-            raise ValueError(f"duration out of range: {excerpt(number)} s (at most 292y)")
-    if deepest + len(_OPERATOR.findall(bare)) > MAX_EXPR_DEPTH:
-        raise ValueError(
-            f"expression too complex: more than {MAX_EXPR_DEPTH} operators and nested "
-            "brackets (split it into recording rules)"
-        )
-    return text
 
 
 def _expr_text(v: Any) -> str:

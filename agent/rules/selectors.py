@@ -12,10 +12,10 @@ from __future__ import annotations
 import math
 from array import array
 from collections.abc import Callable
-from typing import Any
 
 import promql_parser as pp
 
+from kcops.agent.rules.literals import regex_of
 from kcops.agent.rules.model import NAME, Elem, Labels, Vector
 from kcops.agent.rules.regex import compile_anchored, full_match
 from kcops.agent.samples import SeriesKey, is_stale
@@ -25,7 +25,7 @@ Matcher = Callable[[str], bool]
 LOOKBACK_S = 300.0
 
 
-def _compile(m: Any) -> tuple[str, Matcher]:
+def _compile(m: pp.Matcher) -> tuple[str, Matcher]:
     op = m.op
     value = m.value
     if op == pp.MatchOp.Equal:
@@ -33,16 +33,20 @@ def _compile(m: Any) -> tuple[str, Matcher]:
     if op == pp.MatchOp.NotEqual:
         return m.name, lambda v: v != value
     # RE2, anchored as Prometheus anchors it (see regex.py for why not ``re``).
-    rx = compile_anchored(value)
+    rx = compile_anchored(regex_of(value))
     if op == pp.MatchOp.Re:
         return m.name, lambda v: full_match(rx, v)
     return m.name, lambda v: not full_match(rx, v)
 
 
+def _free(units: int) -> None:
+    return None
+
+
 class CompiledSelector:
     """A vector selector's matchers, compiled once at load."""
 
-    def __init__(self, vs: Any) -> None:
+    def __init__(self, vs: pp.VectorSelector) -> None:
         self.name: str | None = vs.name
         self.matchers = [_compile(m) for m in vs.matchers.matchers]
         off = vs.offset
@@ -61,10 +65,14 @@ class CompiledSelector:
 class SeriesSource:
     """Reads matching series from a :class:`Store`; caches full label sets per key."""
 
-    def __init__(self, store: Store, lookback_s: float = LOOKBACK_S) -> None:
+    def __init__(self, store: Store, lookback_s: float = LOOKBACK_S, item_units: int = 1) -> None:
         self.store = store
         self.lookback_s = lookback_s
         self._labels: dict[SeriesKey, Labels] = {}
+        # Told the work done (``item_units`` per key scanned and per newest
+        # sample looked up, 1 per sample of a range read): the evaluator's budget.
+        self.charge: Callable[[int], None] = _free
+        self.item_units = item_units
 
     def full_labels(self, key: SeriesKey) -> Labels:
         lab = self._labels.get(key)
@@ -79,7 +87,9 @@ class SeriesSource:
     def matching(self, sel: CompiledSelector) -> list[SeriesKey]:
         keys = self.store.keys(sel.name) if sel.name is not None else self.store.keys()
         out = []
+        scanned = 0
         for key in keys:
+            scanned += 1
             d = key.labels
             ok = True
             for label, fn in sel.matchers:
@@ -96,6 +106,7 @@ class SeriesSource:
                     break
             if ok:
                 out.append(key)
+        self.charge(scanned * self.item_units)
         out.sort(key=self.full_labels)
         return out
 
@@ -106,7 +117,9 @@ class SeriesSource:
         """Like :meth:`instant`, each element with its sample's timestamp (for ``timestamp()``)."""
         ref = t - sel.offset_s
         out: list[tuple[Elem, float]] = []
-        for key in self.matching(sel):
+        keys = self.matching(sel)
+        self.charge(len(keys) * self.item_units)  # a lookup of the newest sample each
+        for key in keys:
             got = self.store.latest(key, at=ref)
             if got is None:
                 continue
@@ -124,6 +137,7 @@ class SeriesSource:
         out = []
         for key in self.matching(sel):
             ts, vs = self.store.range_arrays(key, end - range_s, end)
+            self.charge(len(ts))
             if not ts:
                 continue
             if any(math.isnan(v) for v in vs):

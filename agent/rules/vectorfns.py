@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+import promql_parser as pp
 
 from kcops.agent.rules import rangefns
-from kcops.agent.rules.aggregations import LABEL_NAME, sort_key
+from kcops.agent.rules.aggregations import LABEL_NAME, reverse, value_less
+from kcops.agent.rules.gosort import go_sort
 from kcops.agent.rules.mathfns import CALENDAR, TRIG, go_int64
 from kcops.agent.rules.model import Elem, EvalError, Labels, Value, Vector, drop_name, labels_of
 from kcops.agent.rules.regex import compile_anchored, expand
@@ -22,7 +25,7 @@ if TYPE_CHECKING:
     from kcops.agent.rules.functions import Ev, Fn
 
 
-def _string(ev: Ev, node: Any, t: float) -> str:
+def _string(ev: Ev, node: pp.Expr, t: float) -> str:
     v = ev.eval(node, t)
     if not isinstance(v, str):
         raise EvalError(f"expected a string argument, got {type(v).__name__}")
@@ -35,7 +38,7 @@ def _with_label(labels: Labels, name: str, value: str) -> Labels:
     return labels_of(d)
 
 
-def _label_replace(ev: Ev, args: list[Any], t: float) -> Value:
+def _label_replace(ev: Ev, args: list[pp.Expr], t: float) -> Value:
     vec = ev.eval_vector(args[0], t)
     dst, repl, src, regex = (_string(ev, a, t) for a in args[1:5])
     rx = compile_anchored(regex)
@@ -51,7 +54,7 @@ def _label_replace(ev: Ev, args: list[Any], t: float) -> Value:
     return out
 
 
-def _label_join(ev: Ev, args: list[Any], t: float) -> Value:
+def _label_join(ev: Ev, args: list[pp.Expr], t: float) -> Value:
     vec = ev.eval_vector(args[0], t)
     dst, sep = _string(ev, args[1], t), _string(ev, args[2], t)
     srcs = [_string(ev, a, t) for a in args[3:]]
@@ -69,14 +72,20 @@ def _label_join(ev: Ev, args: list[Any], t: float) -> Value:
 
 
 def _sort(descending: bool) -> Fn:
-    def fn(ev: Ev, args: list[Any], t: float) -> Value:
+    # Prometheus 2.42: sort() is sort.Sort(sort.Reverse(vectorByReverseValueHeap)),
+    # sort_desc() the same over vectorByValueHeap, so NaN goes last in both.
+    less = reverse(value_less(not descending))
+
+    def fn(ev: Ev, args: list[pp.Expr], t: float) -> Value:
         # sort() keeps the metric name: it only reorders.
-        return sorted(ev.eval_vector(args[0], t), key=sort_key(descending))
+        vec = list(ev.eval_vector(args[0], t))
+        go_sort(vec, less)
+        return vec
 
     return fn
 
 
-def _timestamp(ev: Ev, args: list[Any], t: float) -> Value:
+def _timestamp(ev: Ev, args: list[pp.Expr], t: float) -> Value:
     # A plain selector gives each sample's own time; any other expression's
     # samples carry the evaluation time (Prometheus special-cases the same).
     stamped = ev.eval_stamped(args[0], t)
@@ -84,7 +93,7 @@ def _timestamp(ev: Ev, args: list[Any], t: float) -> Value:
 
 
 def _calendar(f: Callable[[int], float]) -> Fn:
-    def fn(ev: Ev, args: list[Any], t: float) -> Value:
+    def fn(ev: Ev, args: list[pp.Expr], t: float) -> Value:
         if not args:
             return [Elem((), f(int(rangefns._ms(t) / 1000)))]
         return [Elem(drop_name(e.labels), f(go_int64(e.value))) for e in ev.eval_vector(args[0], t)]
@@ -93,17 +102,17 @@ def _calendar(f: Callable[[int], float]) -> Fn:
 
 
 def _elementwise(op: Callable[[float], float]) -> Fn:
-    def fn(ev: Ev, args: list[Any], t: float) -> Value:
+    def fn(ev: Ev, args: list[pp.Expr], t: float) -> Value:
         return [Elem(drop_name(e.labels), op(e.value)) for e in ev.eval_vector(args[0], t)]
 
     return fn
 
 
-def _pi(ev: Ev, args: list[Any], t: float) -> Value:
+def _pi(ev: Ev, args: list[pp.Expr], t: float) -> Value:
     return math.pi
 
 
-def _deriv(ev: Ev, args: list[Any], t: float) -> Value:
+def _deriv(ev: Ev, args: list[pp.Expr], t: float) -> Value:
     series, _, _, _ = ev.eval_range(args[0], t)
     out: Vector = []
     for labels, ts, vs in series:
@@ -113,7 +122,7 @@ def _deriv(ev: Ev, args: list[Any], t: float) -> Value:
     return out
 
 
-def _predict_linear(ev: Ev, args: list[Any], t: float) -> Value:
+def _predict_linear(ev: Ev, args: list[pp.Expr], t: float) -> Value:
     series, _, _, _ = ev.eval_range(args[0], t)
     ahead_s = ev.eval_scalar(args[1], t)
     out: Vector = []
@@ -124,7 +133,7 @@ def _predict_linear(ev: Ev, args: list[Any], t: float) -> Value:
     return out
 
 
-def _present_over_time(ev: Ev, args: list[Any], t: float) -> Value:
+def _present_over_time(ev: Ev, args: list[pp.Expr], t: float) -> Value:
     series, _, _, _ = ev.eval_range(args[0], t)
     return [Elem(drop_name(labels), 1.0) for labels, _, _ in series]
 

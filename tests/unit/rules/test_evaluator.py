@@ -27,7 +27,7 @@ def store_of(series: Series) -> Store:
 
 
 def ev(expr: str, t: float, series: Series) -> dict[str, float]:
-    out = Evaluator(store_of(series)).eval(parse_expr(expr), t)
+    out = Evaluator(store_of(series)).run(parse_expr(expr), t)
     if isinstance(out, float):
         return {"scalar": out}
     assert isinstance(out, list)

@@ -97,3 +97,39 @@ def test_test_files_are_read_by_the_bounded_loader(tmp_path: Path) -> None:
     p.write_text("evaluation_interval: 2001-13-45\n")
     with pytest.raises(RuleError, match="not a valid !!timestamp"):
         load_test_file(p)
+
+
+def test_a_subquery_without_a_step_steps_at_the_files_evaluation_interval(tmp_path: Path) -> None:
+    # promtool 2.42 steps x[5m:] at the test file's evaluation_interval: 30s
+    # gives 11 points at 10m (checked with promtool; the agent's default is 1m).
+    f = tmp_path / "t.yaml"
+    f.write_text(
+        """
+evaluation_interval: 30s
+tests:
+  - interval: 15s
+    input_series:
+      - {series: 'x', values: '1x100'}
+    alert_rule_test:
+      - eval_time: 10m
+        alertname: Points
+        exp_alerts: [{exp_labels: {}, exp_annotations: {n: "11"}}]
+"""
+    )
+    doc = {
+        "groups": [
+            {
+                "name": "g",
+                "rules": [
+                    {
+                        "alert": "Points",
+                        "expr": "count_over_time(x[5m:]) > 0",
+                        "annotations": {"n": "{{ $value }}"},
+                    }
+                ],
+            }
+        ]
+    }
+    test = load_test_file(f)
+    out = list(replay_group(load_rules_data(doc), test.groups[0], test.evaluation_interval_s))
+    assert [f for _, f in out if f is not None] == []

@@ -12,6 +12,7 @@ from click.testing import CliRunner
 
 from kcops.agent.actions.registry import default_registry
 from kcops.agent.config import parse_config
+from kcops.agent.rules.exprguard import MAX_EXPR_DEPTH
 from kcops.agent.rules.loader import (
     default_rules_path,
     load_rules,
@@ -19,7 +20,7 @@ from kcops.agent.rules.loader import (
     ruleset_from_config,
 )
 from kcops.agent.rules.model import RuleError
-from kcops.agent.rules.rulefile import MAX_EXPR_DEPTH, ladder_actions
+from kcops.agent.rules.rulefile import ladder_actions
 from kcops.cli import cli
 
 
