@@ -275,29 +275,38 @@ class Engine:
         out = await self.call("POST", "/admin/attention", {"top_n": top_n})
         return out if isinstance(out, dict) else {"response": out}
 
-    async def stop_admitting(self, deadline_s: float) -> str | None:
-        """Stop new work: kcops drain, vLLM /pause (dev mode). Returns how, or None.
-
-        vLLM's ``/pause?mode=wait`` stops admitting and answers once running
-        requests finished: it is the drain itself, so it gets the drain deadline.
-        """
+    async def admission_control(self) -> str | None:
+        """How this engine stops admitting new work: ``drain`` (kcops worker), ``pause``
+        (vLLM in dev mode), or None (it cannot; vLLM then relies on its own drain on
+        SIGTERM, ``--shutdown-timeout``). None too while the engine is not identified."""
         try:
             await self.resolve()
         except ActionRejected:
             return None
         have = self.capabilities
         if have is not None and have.drain:
-            await self.call("POST", "/admin/drain", {"admit": False})
             return "drain"
         if have is not None and have.pause:
+            return "pause"
+        return None
+
+    async def stop_admitting(self, deadline_s: float) -> str | None:
+        """Stop new work: kcops drain, vLLM /pause (dev mode). Returns how, or None.
+
+        vLLM's ``/pause?mode=wait`` stops admitting and answers once running
+        requests finished: it is the drain itself, so it gets the drain deadline.
+        """
+        how = await self.admission_control()
+        if how == "drain":
+            await self.call("POST", "/admin/drain", {"admit": False})
+        elif how == "pause":
             import httpx
 
             try:
                 await self.call("POST", "/pause", params={"mode": "wait"}, timeout_s=deadline_s)
             except httpx.TimeoutException:
                 log.warning("vllm /pause: running requests not done within %.0fs", deadline_s)
-            return "pause"
-        return None
+        return how
 
     async def resume_admitting(self, how: str | None) -> None:
         if how == "drain":
