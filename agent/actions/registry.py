@@ -14,11 +14,13 @@ from kcops.agent.actions import (
     scale_out,
 )
 from kcops.agent.actions.base import Check, Params, Registry
+from kcops.agent.actions.prechecks import kube_token
 from kcops.errors import ActionRejected
 
 
 def has_scaler(check: Check, _: Params) -> None:
-    """scale_out with nothing that acts on its number would report a scale-out that never is."""
+    """scale_out with nothing that acts on its number would report a scale-out that never is;
+    one that would call the Kubernetes API needs the service account token there."""
     cfg = check.config.actions.scale
     if not (cfg.deployment or cfg.hpa or cfg.hpa_reads_gauge) and cfg.lease.backend == "none":
         raise ActionRejected(
@@ -26,6 +28,9 @@ def has_scaler(check: Check, _: Params) -> None:
             "actions.scale.hpa_reads_gauge, or a fleet lease)",
             "not_configured",
         )
+    alone_patches = cfg.lease.backend == "none" and cfg.deployment and not cfg.hpa
+    if cfg.lease.backend == "kubernetes" or alone_patches:
+        kube_token(check, "scale_out")
 
 
 def default_registry() -> Registry:
