@@ -282,6 +282,10 @@ class Supervisor:
             return False
         return True
 
+    def _serving_again(self) -> None:
+        if self.engine is not None:
+            self.engine.draining = None
+
     # -- the restart ---------------------------------------------------------------
 
     async def restart(self, reason: str = "requested") -> dict[str, Any]:
@@ -294,6 +298,8 @@ class Supervisor:
             t0 = time.monotonic()
             n = self.engine_drain_s()
             drain: dict[str, Any] = {"how": None, "engine_drain_s": n}
+            if self.engine is not None:
+                self.engine.draining = f"restart ({reason})"
             try:
                 if old is not None:
                     await self._drain(drain)
@@ -304,10 +310,14 @@ class Supervisor:
                         drain["resumed_before_sigterm"] = await self._resume(drain)
             except BaseException:
                 await self._resume(drain)  # abandoned before the kill: admit again
+                self._serving_again()
                 raise
-            killed = await self._terminate(self.cfg.grace_s + n)
-            removed = self._reap_shm()
-            await self._spawn()
+            try:
+                killed = await self._terminate(self.cfg.grace_s + n)
+                removed = self._reap_shm()
+                await self._spawn()  # starting: not serving until its health check passes
+            finally:
+                self._serving_again()
             self.restarts += 1
             self.publish(self.clock())
             detail = f"engine restarted ({reason}): pid {old} -> {self.pid()}"

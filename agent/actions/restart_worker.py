@@ -57,17 +57,21 @@ async def _signal_restart(ctx: ActionContext) -> ActionResult:
     n = engine_drain_s(proctree.cmdline(pid), proctree.pgid_of(pid))
     grace = ctx.config.actions.restart.grace_s + n
     t0 = time.monotonic()
-    os.kill(pid, signal.SIGTERM)
-    deadline = t0 + grace
-    while proctree.alive(pid) and time.monotonic() < deadline:
-        await asyncio.sleep(0.1)
-    killed = False
-    if proctree.alive(pid):
-        os.kill(pid, signal.SIGKILL)
-        killed = True
-    # Whoever owns the process starts it again: from now on the engine is loading, so
-    # KcopsEngineDown does not count and no action is taken at it until it is ready.
-    ctx.engine.observe(lc.Spawned(ctx.now + (time.monotonic() - t0)))
+    ctx.engine.draining = "restart_worker (signal)"
+    try:
+        os.kill(pid, signal.SIGTERM)
+        deadline = t0 + grace
+        while proctree.alive(pid) and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        killed = False
+        if proctree.alive(pid):
+            os.kill(pid, signal.SIGKILL)
+            killed = True
+        # Whoever owns the process starts it again: from now on the engine is loading, so
+        # KcopsEngineDown does not count and no action is taken at it until it is ready.
+        ctx.engine.observe(lc.Spawned(ctx.now + (time.monotonic() - t0)))
+    finally:
+        ctx.engine.draining = None
     return ActionResult(
         detail=f"signalled pid {pid}" + (" (SIGKILL after grace)" if killed else ""),
         before={"pid": pid},

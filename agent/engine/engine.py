@@ -68,6 +68,9 @@ class Engine:
         # health checks the state is unknown and never holds an action back.
         self.tracked = False
         self._probed_dev_mode = False
+        # Set while a restart drains and stops the engine (why), so a load balancer
+        # asking the agent's /api/v1/engine/ready stops sending it work.
+        self.draining: str | None = None
 
     @property
     def http(self) -> httpx.AsyncClient:
@@ -189,6 +192,10 @@ class Engine:
         self.lifecycle = lc.step(self.lifecycle, ev)
         if self.lifecycle.state is not before:
             log.info("engine %s -> %s", before, self.lifecycle.state)
+
+    def serving(self) -> bool:
+        """True while the engine takes work: ready (by its health checks), not draining."""
+        return self.tracked and self.state is EngineState.READY and self.draining is None
 
     def starting_overrun_s(self, now: float) -> float | None:
         """Seconds the current start has lasted, while starting; None otherwise."""

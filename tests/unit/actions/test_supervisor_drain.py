@@ -185,14 +185,59 @@ def test_a_restart_abandoned_while_draining_admits_again(tmp_path: Path) -> None
             while ("POST", "/pause", {"mode": "wait"}) not in v.calls:
                 assert time.monotonic() < deadline and not task.done(), v.calls
                 await asyncio.sleep(0.02)
+            assert engine.draining == "restart (test)" and not engine.serving()
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
             assert [c[1] for c in v.calls] == ["/pause", "/resume"]
+            assert engine.draining is None
             assert sup.pid() == old  # never signalled
         finally:
             await sup.stop()
             await engine.aclose()
             await v.stop()
+
+    asyncio.run(body())
+
+
+def test_engine_ready_route_says_no_while_starting_or_draining(tmp_path: Path) -> None:
+    """GET /api/v1/engine/ready, for a load balancer or readinessProbe: 200 only while the
+    engine is ready by its health checks and no restart is draining it."""
+    import httpx
+
+    from kcops.agent.engine import lifecycle as lc
+    from tests.unit.actions.fakeworker import FakeWorker
+    from tests.unit.actions.harness import make_ctx, make_rem
+    from tests.unit.actions.test_routes import serve
+
+    async def body() -> None:
+        w = FakeWorker()
+        url = await w.start()
+        ctx, _ = make_ctx(tmp_path, url, ManualClock(), mode="enforce")
+        rem = await make_rem(ctx)
+        runner, base = await serve(rem)
+        try:
+            async with httpx.AsyncClient(base_url=base) as http:
+
+                async def ask() -> tuple[int, dict[str, object]]:
+                    r = await http.get("/api/v1/engine/ready")
+                    return r.status_code, r.json()
+
+                assert await ask() == (
+                    503,
+                    {"serving": False, "state": "starting", "draining": None},
+                )
+                rem.engine.observe(lc.Health(1.0, True))
+                assert await ask() == (200, {"serving": True, "state": "ready", "draining": None})
+                rem.engine.draining = "restart (test)"
+                code, got = await ask()
+                assert code == 503 and got["draining"] == "restart (test)"
+                rem.engine.draining = None
+                rem.engine.observe(lc.Health(2.0, False, "connect"))
+                assert (await ask())[1]["state"] == "down"
+        finally:
+            await runner.cleanup()
+            await rem.stop()
+            await w.stop()
 
     asyncio.run(body())
