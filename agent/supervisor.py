@@ -171,8 +171,10 @@ class Supervisor:
         return True
 
     def _scan_shm(self, pgid: int, force: bool = False) -> None:
-        """Note the shared memory the group holds now (rate-limited unless ``force``)."""
-        self.shm.scan(proctree.group_pids(pgid, self.proc_root), time.monotonic(), force)
+        """Note the shared memory the group holds now (every few seconds unless ``force``)."""
+        now_s = time.monotonic()
+        if force or self.shm.due(now_s):
+            self.shm.scan(proctree.group_pids(pgid, self.proc_root), now_s)
 
     def engine_drain_s(self) -> int:
         """Seconds the engine drains by itself after SIGTERM (vLLM --shutdown-timeout)."""

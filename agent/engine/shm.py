@@ -151,11 +151,12 @@ class Ledger:
         self.seen = {}
         self._last = None
 
-    def scan(self, pids: Iterable[int], now_s: float, force: bool = False) -> None:
-        """Record what ``pids`` hold, at most every ``every_s`` (monotonic ``now_s``)
-        unless ``force`` (just before a signal)."""
-        if not force and self._last is not None and now_s - self._last < self.every_s:
-            return
+    def due(self, now_s: float) -> bool:
+        """True when the last look is ``every_s`` old or more (monotonic ``now_s``)."""
+        return self._last is None or now_s - self._last >= self.every_s
+
+    def scan(self, pids: Iterable[int], now_s: float) -> None:
+        """Record what ``pids`` hold now."""
         self._last = now_s
         self.seen.update(held_by(pids, self.root, self.proc_root))
 
