@@ -87,6 +87,7 @@ class Soak:
                     "ttft_p99_whole_soak_s": _one(
                         self.stack.query(TTFT_P99.replace(STEADY_WINDOW, "5m"))
                     ),
+                    "loadavg": Path("/proc/loadavg").read_text().split()[:3],
                 }
                 self.load.stop()
                 self.watch.stop()

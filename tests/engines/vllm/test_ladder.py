@@ -84,7 +84,12 @@ def test_refused_first_step_moves_on_without_cooldown(after_soak: Stack, tmp_pat
         assert guards["runs_last_hour"] == 1, guards
         # asked again, the ran step is held back by its cooldown; the refused one is refused
         # for its reason (route), never for a cooldown
-        again = httpx.post(f"{agent}/api/v1/actions/evict_cache", json={}, headers=AUTH, timeout=30)
+        again = httpx.post(
+            f"{agent}/api/v1/actions/evict_cache",
+            json={"params": {"policy": "all"}},
+            headers=AUTH,
+            timeout=30,
+        )
         assert again.json()["outcome"] == "skipped_cooldown", again.json()
         r = httpx.post(
             f"{agent}/api/v1/actions/fallback_to_base", json={}, headers=AUTH, timeout=30

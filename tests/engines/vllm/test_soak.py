@@ -27,6 +27,7 @@ def test_healthy_vllm_is_left_alone(soak: Soak) -> None:
     # (DESIGN §6): only runs that acted, or tried to, count.
     taken = [a for a in v["actions"] if a["outcome"] in TAKEN]
     assert not taken, f"actions taken: {[(a['action'], a['outcome']) for a in taken]}"
-    print(f"soak TTFT: { ({k: x for k, x in v.items() if k.startswith('ttft')}) }")
+    seen = {k: x for k, x in v.items() if k.startswith(("ttft", "load"))}
+    print(f"soak TTFT: {seen}")
     assert (v["ttft_requests_steady"] or 0) >= 20, v  # a p99 over real traffic
     assert v["ttft_p99_steady_s"] is not None and v["ttft_p99_steady_s"] < P99_TTFT_S, v
