@@ -10,7 +10,10 @@ vLLM runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, prefix caching 
 every round does the same work); its plugin is off and the probe is installed and
 removed between rounds, so `off`, `default` (``ProbeConfig()``: 1% of calls sampled for
 timing and K(C) from the paged KV cache) and `every` (every call sampled) alternate on
-the same engine. Prints the median tokens/s of each mode and the ratios to `off`.
+the same engine; the order of the modes rotates from one pair to the next, so none
+always runs first. Prints, per mode, the tokens/s of the whole run (tokens of all its
+rounds over their time: the ratio of sums), the median and range of its rounds, and
+the ratios to `off`; and the load average before and after.
 """
 
 from __future__ import annotations
@@ -70,23 +73,40 @@ def main() -> None:
               enable_prefix_caching=False, seed=0)  # fmt: skip
     sp = SamplingParams(max_tokens=args.max_tokens, temperature=0, ignore_eos=True)
     llm.generate(prompts, sp, use_tqdm=False)  # warm-up
+    load_before = _loadavg()
     rates: dict[str, list[float]] = {m: [] for m in MODES}
-    for _ in range(args.pairs):
-        for mode in MODES:
+    tokens: dict[str, int] = dict.fromkeys(MODES, 0)
+    seconds: dict[str, float] = dict.fromkeys(MODES, 0.0)
+    for k in range(args.pairs):
+        for mode in MODES[k % len(MODES) :] + MODES[: k % len(MODES)]:
             _set_mode(mode)
             t0 = time.perf_counter()
             outs = llm.generate(prompts, sp, use_tqdm=False)
             dt = time.perf_counter() - t0
-            rates[mode].append(sum(len(o.outputs[0].token_ids) for o in outs) / dt)
-            print(f"round {mode:8s} {rates[mode][-1]:8.1f} tok/s", flush=True)
+            n = sum(len(o.outputs[0].token_ids) for o in outs)
+            tokens[mode] += n
+            seconds[mode] += dt
+            rates[mode].append(n / dt)
+            print(f"round {k} {mode:8s} {rates[mode][-1]:8.1f} tok/s", flush=True)
     _set_mode("off")
+    whole = {m: tokens[m] / seconds[m] for m in MODES}
     med = {m: statistics.median(v) for m, v in rates.items()}
     print(f"requests/round={args.requests} prompt_tokens={args.prompt_tokens} "
           f"max_tokens={args.max_tokens} pairs={args.pairs}")  # fmt: skip
+    print(f"load average before: {load_before}; after: {_loadavg()}")
     for m in MODES:
         spread = f"{min(rates[m]):.1f}..{max(rates[m]):.1f}"
-        ratio = med[m] / med["off"]
-        print(f"{m:8s} median {med[m]:8.1f} tok/s ({spread})  ratio to off {ratio:.3f}")
+        ratio, mratio = whole[m] / whole["off"], med[m] / med["off"]
+        print(f"{m:8s} whole run {whole[m]:7.2f} tok/s (ratio to off {ratio:.3f})  "
+              f"rounds: median {med[m]:7.2f} ({spread}), ratio {mratio:.3f}")  # fmt: skip
+
+
+def _loadavg() -> str:
+    try:
+        with open("/proc/loadavg") as fh:
+            return " ".join(fh.read().split()[:3])
+    except OSError:
+        return "unknown"
 
 
 if __name__ == "__main__":

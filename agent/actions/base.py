@@ -96,6 +96,11 @@ ActionFn = Callable[[ActionContext, Any], Awaitable[ActionResult]]
 # without using the budget or starting a cooldown (unsupported by the engine,
 # not configured, no target, the engine still starting).
 Precheck = Callable[[Check, Any], None]
+# Runs after the prechecks and guards and before acting, in dry-run as in enforce:
+# it may read (the engine's state document) but never change anything. Raising
+# ActionRejected refuses the run (at a bound, ...): a dry run then records "would
+# refuse" where an enforcing run refuses, and neither spends cooldown or budget.
+Look = Callable[[ActionContext, Any], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -105,6 +110,7 @@ class ActionSpec:
     params: type[Params]
     help: str
     precheck: Precheck | None = None
+    look: Look | None = None
     # pod: runs in every pod's agent; fleet: once per fleet, under the fleet
     # lease (kcops.agent.actions.lease), which the action itself takes.
     scope: Literal["pod", "fleet"] = "pod"

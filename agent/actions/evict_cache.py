@@ -9,6 +9,7 @@ with the kcops worker's block counts when it reports them.
 
 from __future__ import annotations
 
+import time
 from typing import Any, Literal
 
 from pydantic import Field
@@ -48,10 +49,13 @@ def applicable(check: Check, p: EvictParams) -> None:
 async def _evict_engine(ctx: ActionContext, p: EvictParams) -> dict[str, Any]:
     adapter = ctx.engine.adapter
     before = series.read(ctx.store, adapter) if ctx.store is not None else {}
+    t0 = time.monotonic()
     out = await ctx.engine.evict(p.policy, p.fraction, drop_running=p.drop_running)
+    # "after" is a scrape taken once the engine answered, not one from during the call
+    returned_at = ctx.now + (time.monotonic() - t0)
     after: dict[str, Any] = {}
     if ctx.store is not None and before.get("t") is not None:
-        after = await series.after(ctx.store, adapter, ctx.now, AFTER_WAIT_S)
+        after = await series.after(ctx.store, adapter, returned_at, AFTER_WAIT_S)
     return {
         "answer": out,
         # The engine's series, plus the kcops worker's own block counts when it reports them.

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kcops.agent.actions.base import ActionContext, ActionResult, ActionSpec
-from kcops.agent.actions.topn import TopNParams, change_topn, needs_topn
+from kcops.agent.actions.topn import TopNParams, change_topn, look_lower, needs_topn
 
 
 async def lower_topn(ctx: ActionContext, p: TopNParams) -> ActionResult:
@@ -16,4 +16,5 @@ SPEC = ActionSpec(
     TopNParams,
     "Lower the attention budget N by a step, within bounds.",
     precheck=needs_topn,
+    look=look_lower,
 )

@@ -18,11 +18,13 @@ from kcops.agent.actions import (
     scale_out,
 )
 from kcops.agent.actions.base import Check, Params, Registry
+from kcops.agent.actions.prechecks import kube_token
 from kcops.errors import ActionRejected
 
 
 def has_scaler(check: Check, _: Params) -> None:
-    """scale_out with nothing that acts on its number would report a scale-out that never is."""
+    """scale_out with nothing that acts on its number would report a scale-out that never is;
+    one that would call the Kubernetes API needs the service account token there."""
     cfg = check.config.actions.scale
     if not (cfg.deployment or cfg.hpa or cfg.hpa_reads_gauge) and cfg.lease.backend == "none":
         raise ActionRejected(
@@ -30,6 +32,28 @@ def has_scaler(check: Check, _: Params) -> None:
             "actions.scale.hpa_reads_gauge, or a fleet lease)",
             "not_configured",
         )
+    # Refusals scale_out itself would only find while acting (kept there too): known from
+    # the configuration alone, so a dry run must say them as well.
+    lease = cfg.lease
+    if cfg.hpa and lease.backend == "none":
+        raise ActionRejected(
+            f"actions.scale.hpa {cfg.hpa} is set but actions.scale.lease.backend is none: "
+            "raising an HPA's floor is a fleet action and needs the lease",
+            "unsupported",
+        )
+    if lease.backend == "kubernetes" and not cfg.hpa:
+        raise ActionRejected(
+            "actions.scale.lease.backend is kubernetes but actions.scale.hpa is not set",
+            "unsupported",
+        )
+    if lease.backend == "redis" and not (lease.redis_url or check.config.actions.evict.redis_url):
+        raise ActionRejected(
+            "actions.scale.lease.backend is redis but neither lease.redis_url nor "
+            "actions.evict.redis_url is set",
+            "unsupported",
+        )
+    if lease.backend == "kubernetes" or (lease.backend == "none" and cfg.deployment):
+        kube_token(check, "scale_out")
 
 
 def default_registry() -> Registry:

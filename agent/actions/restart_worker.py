@@ -3,9 +3,14 @@
 - ``supervisor`` (``auto`` when the agent launched the engine): graceful
   drain, SIGTERM, SIGKILL, respawn — see :mod:`kcops.agent.supervisor`;
 - ``signal``: SIGTERM the engine pid (shared process namespace), SIGKILL
-  after the grace period; whoever owns the process restarts it;
+  after the grace period (``grace_s`` plus the engine's own drain time, vLLM's
+  ``--shutdown-timeout N`` read from its command line); whoever owns the
+  process restarts it, and the engine is ``starting`` again from then on (a
+  new start: no ``KcopsEngineDown`` during the reload, no action at it);
 - ``kubernetes``: evict the own pod through the API (the Eviction API, which
-  honours the PodDisruptionBudget); the Deployment replaces it.
+  honours the PodDisruptionBudget); the Deployment replaces it. Kubernetes
+  sends SIGTERM and waits the pod's ``terminationGracePeriodSeconds``, which
+  must then cover vLLM's ``--shutdown-timeout``.
 """
 
 from __future__ import annotations
@@ -24,6 +29,10 @@ from kcops.agent.actions.base import (
     Params,
 )
 from kcops.agent.actions.kube import KubeClient
+from kcops.agent.actions.prechecks import kube_token
+from kcops.agent.engine import lifecycle as lc
+from kcops.agent.engine import proctree
+from kcops.agent.engine.shutdown import engine_drain_s
 from kcops.errors import ActionRejected
 
 
@@ -39,35 +48,35 @@ def engine_pid(ctx: ActionContext) -> int | None:
     return None
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 async def _signal_restart(ctx: ActionContext) -> ActionResult:
     pid = engine_pid(ctx)
     if pid is None:
         raise ActionRejected(
             "restart mode signal needs engine.pid or engine.pidfile", "unsupported"
         )
-    grace = ctx.config.actions.restart.grace_s
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while _alive(pid) and time.monotonic() < deadline:
-        await asyncio.sleep(0.1)
-    killed = False
-    if _alive(pid):
-        os.kill(pid, signal.SIGKILL)
-        killed = True
+    n = engine_drain_s(proctree.cmdline(pid), proctree.pgid_of(pid))
+    grace = ctx.config.actions.restart.grace_s + n
+    t0 = time.monotonic()
+    ctx.engine.draining = "restart_worker (signal)"
+    try:
+        os.kill(pid, signal.SIGTERM)
+        deadline = t0 + grace
+        while proctree.alive(pid) and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        killed = False
+        if proctree.alive(pid):
+            os.kill(pid, signal.SIGKILL)
+            killed = True
+        # Whoever owns the process starts it again: from now on the engine is loading, so
+        # KcopsEngineDown does not count and no action is taken at it until it is ready.
+        ctx.engine.observe(lc.Spawned(ctx.now + (time.monotonic() - t0)))
+    finally:
+        ctx.engine.draining = None
     return ActionResult(
         detail=f"signalled pid {pid}" + (" (SIGKILL after grace)" if killed else ""),
         before={"pid": pid},
         after={"pid": None},
+        data={"killed": killed, "grace_s": grace, "engine_drain_s": n},
     )
 
 
@@ -89,6 +98,8 @@ def _mode(check: Check) -> str:
         raise ActionRejected(
             "restart mode signal needs engine.pid or engine.pidfile", "not_configured"
         )
+    if mode == "kubernetes":
+        kube_token(check, "restart_worker (mode kubernetes)")
     return mode
 
 

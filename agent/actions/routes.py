@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -117,8 +118,22 @@ def build_routes(rem: Remediation) -> list[web.RouteDef]:
         web.get("/api/v1/actions", list_actions),
         web.get("/api/v1/actions/history", history),
         web.get("/api/v1/remediation", remediation_status),
+        web.get("/api/v1/engine/ready", engine_ready(rem)),
         web.post("/api/v1/actions/{name}", auth.require(run_action)),
     ]
     if rem.config.actions.alertmanager_webhook:
         routes.append(web.post("/api/v1/alertmanager", auth.require(alertmanager)))
     return routes
+
+
+def engine_ready(rem: Remediation) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """``GET /api/v1/engine/ready``, for a load balancer or a readinessProbe: 200 only
+    while the engine takes work (ready by its health checks, no restart draining it),
+    else 503 saying why."""
+
+    async def handler(_: web.Request) -> web.Response:
+        eng = rem.engine
+        body = {"serving": eng.serving(), "state": eng.state.value, "draining": eng.draining}
+        return web.json_response(body, status=200 if body["serving"] else 503)
+
+    return handler

@@ -1,10 +1,14 @@
 """The runner: every action goes through it, and it owns every guard.
 
-``submit`` checks mode, parameters, one-in-flight, cooldown and budget; then
-either records a dry run or starts the action as an asyncio task (the loop
-never waits on an action). The task itself audits, counts and traces the
-outcome, so a run started from a ladder, the control API or the
-Alertmanager webhook is accounted for in exactly the same way.
+``submit`` checks mode, parameters, prechecks, one-in-flight, cooldown and
+budget; then either records a dry run or starts the action as an asyncio task
+(the loop never waits on an action). An action's read-only ``look`` (top-N
+against its bounds) runs before it acts in both modes, so a dry run whose look
+refuses is recorded as "would refuse", spending nothing, exactly where an
+enforcing run refuses (the dry run is then a task too). The task itself
+audits, counts and traces the outcome, so a run started from a ladder, the
+control API or the Alertmanager webhook is accounted for in exactly the same
+way.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import itertools
 import logging
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -223,24 +227,69 @@ class Runner:
             return run
         spec, parsed = decided
         if dry_run or mode == "dry-run":
-            if not dry_run:
-                # A dry-run agent keeps its guards as if it acted, so its log shows
-                # the decisions (cooldowns, budget) an enforcing agent would take.
-                # A one-off dry run asked of an enforcing agent is a question: it
-                # must not spend the real cooldown or budget.
-                self.guards.start(action, run.target, run.id, now, owner)
-                self.guards.finish(run.target)
-                self.on_change()
-            run.result = ActionResult(detail=f"dry run: would run {action} {run.params}")
-            self._finish(run, Outcome.DRY_RUN)
-            self._span(run, Outcome.DRY_RUN, None)
+            # A dry-run agent keeps its guards as if it acted, so its log shows the
+            # decisions (cooldowns, budget) an enforcing agent would take. A one-off
+            # dry run asked of an enforcing agent is a question: it must not spend
+            # the real cooldown or budget.
+            spend = not dry_run
+            if spec.look is None:
+                self._dry(run, owner, spend)
+            else:  # the same read-only look as enforce: "would refuse" where it refuses
+                self._start(run, self._dry_look(run, spec, parsed, owner, spend))
             return run
         self.guards.start(action, run.target, run.id, now, owner)
         self.on_change()
-        run.task = asyncio.get_running_loop().create_task(self._execute(run, spec, parsed))
+        self._start(run, self._execute(run, spec, parsed))
+        return run
+
+    def _start(self, run: Run, coro: Coroutine[Any, Any, None]) -> None:
+        run.task = asyncio.get_running_loop().create_task(coro)
         self.tasks.add(run.task)
         run.task.add_done_callback(self.tasks.discard)
-        return run
+
+    def _dry(self, run: Run, owner: str | None, spend: bool, note: str = "") -> None:
+        if spend:
+            self.guards.start(run.action, run.target, run.id, run.t, owner)
+            self.guards.finish(run.target)
+            self.on_change()
+        run.result = ActionResult(detail=f"dry run: would run {run.action} {run.params}{note}")
+        self._finish(run, Outcome.DRY_RUN)
+        self._span(run, Outcome.DRY_RUN, None)
+
+    async def _dry_look(
+        self, run: Run, spec: ActionSpec, parsed: Params, owner: str | None, spend: bool
+    ) -> None:
+        assert spec.look is not None
+        note = ""
+        try:
+            await asyncio.wait_for(
+                spec.look(self._context(run), parsed),
+                timeout=self.config.actions.guards.action_timeout_s,
+            )
+        except ActionRejected as exc:
+            self._refuse(run, exc)  # spends nothing, as an enforcing run gives it back
+            return
+        except Exception as exc:  # enforce would fail or time out: it would still run
+            note = f" (could not look first: {type(exc).__name__}: {str(exc)[:200]})"
+        self._dry(run, owner, spend, note)
+
+    def _context(self, run: Run) -> ActionContext:
+        return ActionContext(
+            config=self.config,
+            engine=self.engine,
+            target=run.target,
+            now=run.t,
+            supervisor=self.supervisor,
+            store=self.store,
+            replicas=self.replicas,
+            fleet_pause=self.fleet_pause,
+        )
+
+    @staticmethod
+    async def _act(spec: ActionSpec, actx: ActionContext, parsed: Params) -> ActionResult:
+        if spec.look is not None:
+            await spec.look(actx, parsed)
+        return await spec.fn(actx, parsed)
 
     def _decide(
         self, run: Run, owner: str | None, refuse: ActionRejected | None = None
@@ -287,19 +336,11 @@ class Runner:
         with self.tracer.start_as_current_span(
             f"action {run.action}", start_time=int(run.t * 1e9)
         ) as span:
-            actx = ActionContext(
-                config=self.config,
-                engine=self.engine,
-                target=run.target,
-                now=run.t,
-                supervisor=self.supervisor,
-                store=self.store,
-                replicas=self.replicas,
-                fleet_pause=self.fleet_pause,
-            )
+            actx = self._context(run)
             try:
                 run.result = await asyncio.wait_for(
-                    spec.fn(actx, parsed), timeout=self.config.actions.guards.action_timeout_s
+                    self._act(spec, actx, parsed),
+                    timeout=self.config.actions.guards.action_timeout_s,
                 )
             except TimeoutError:
                 outcome, error = Outcome.TIMEOUT, "timed out"

@@ -16,7 +16,12 @@ def needs_topn(check: Check, _: Params) -> None:
     check.engine.require("topn")
 
 
-async def change_topn(ctx: ActionContext, p: TopNParams, direction: int) -> ActionResult:
+async def plan(ctx: ActionContext, p: TopNParams, direction: int) -> tuple[int, int]:
+    """(current, wanted) N from the engine's state document, within both sets of bounds.
+
+    Read-only: it is also the actions' ``look``, so a dry run refuses ``at_bound``
+    exactly where an enforcing run would.
+    """
     cfg = ctx.config.actions.topn
     state = await ctx.engine.state_doc()
     current = int(state["top_n"])
@@ -30,6 +35,19 @@ async def change_topn(ctx: ActionContext, p: TopNParams, direction: int) -> Acti
         raise ActionRejected(
             f"top_n is {current}, already at the bound of [{lo}, {hi}]", "at_bound"
         )
+    return current, wanted
+
+
+async def look_lower(ctx: ActionContext, p: TopNParams) -> None:
+    await plan(ctx, p, -1)
+
+
+async def look_raise(ctx: ActionContext, p: TopNParams) -> None:
+    await plan(ctx, p, +1)
+
+
+async def change_topn(ctx: ActionContext, p: TopNParams, direction: int) -> ActionResult:
+    current, wanted = await plan(ctx, p, direction)
     out = await ctx.engine.set_topn(wanted)
     return ActionResult(
         detail=f"top_n {current} -> {wanted}",

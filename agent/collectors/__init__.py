@@ -52,12 +52,14 @@ def build(
         or bool(eng.command)
         or (eng.url is not None and eng.adapter in ("auto", "kcops"))
     )
-    out += _local(ctx, watch, pid_knowable)
+    out += _local(ctx, watch, pid_knowable, engine)
     out += _http(ctx, pids, engine)
     return out
 
 
-def _local(ctx: AgentContext, watch: EngineWatch, pid_knowable: bool) -> list[Collector]:
+def _local(
+    ctx: AgentContext, watch: EngineWatch, pid_knowable: bool, engine: Engine | None = None
+) -> list[Collector]:
     """Probe receiver, NVML, and the engine's process tree."""
     from kcops.agent.collectors.cpumem import CpuDeviceMemoryCollector
     from kcops.agent.collectors.nvml import Nvml, NvmlCollector
@@ -89,7 +91,7 @@ def _local(ctx: AgentContext, watch: EngineWatch, pid_knowable: bool) -> list[Co
         )
     if _on(cfg.process.enabled, pid_knowable):
         out.append(ProcessCollector(watch))
-        out.append(EngineEventsCollector(watch))
+        out.append(EngineEventsCollector(watch, engine))
     if _on(cfg.device_memory.enabled, pid_knowable):
         out.append(CpuDeviceMemoryCollector(watch, limit_bytes=cfg.device_memory.limit_bytes))
     return out

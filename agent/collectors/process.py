@@ -9,14 +9,23 @@ Two collectors over one :class:`~kcops.agent.collectors.procwatch.EngineWatch`:
   ``kcops_process_up{process="engine"}`` (1/0) and ``kcops_engine_oom_total``,
   which must survive the very exit they count, plus
   ``kcops_engine_restarts_total`` for an engine the agent does not supervise
-  (the supervisor counts the restarts it makes).
+  (the supervisor counts the restarts it makes). Such a restart seen here (a
+  new engine pid: a rewritten ``engine.pidfile``, the kcops worker's state) is
+  a new start of the engine object's lifecycle: it is ``starting`` until it
+  answers its health check, so ``KcopsEngineDown`` does not count the reload.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from kcops.agent.collectors.procwatch import EngineWatch, TreeSnapshot
+from kcops.agent.engine import lifecycle as lc
 from kcops.agent.samples import Sample, label_pairs
 from kcops.errors import CollectorUnavailable
+
+if TYPE_CHECKING:
+    from kcops.agent.engine import Engine
 
 ENGINE = label_pairs({"process": "engine"})
 
@@ -65,12 +74,18 @@ class ProcessCollector:
 class EngineEventsCollector:
     name = "engine_events"
 
-    def __init__(self, watch: EngineWatch) -> None:
+    def __init__(self, watch: EngineWatch, engine: Engine | None = None) -> None:
         self.watch = watch
+        self.engine = engine
+        self._restarts_seen = watch.restarts_seen
 
     def collect(self, now: float) -> list[Sample]:
         self.watch.observe(now)
         w = self.watch
+        if w.restarts_seen != self._restarts_seen:
+            self._restarts_seen = w.restarts_seen
+            if self.engine is not None and not w.pids.supervised():
+                self.engine.observe(lc.Spawned(now))  # the supervisor says so itself
         if not w.ever_known:
             return []
         out = [

@@ -66,6 +66,9 @@ class Engine:
         # health checks the state is unknown and never holds an action back.
         self.tracked = False
         self._probed_dev_mode = False
+        # Set while a restart drains and stops the engine (why), so a load balancer
+        # asking the agent's /api/v1/engine/ready stops sending it work.
+        self.draining: str | None = None
 
     @property
     def http(self) -> HttpClient:
@@ -181,6 +184,10 @@ class Engine:
         if self.lifecycle.state is not before:
             log.info("engine %s -> %s", before, self.lifecycle.state)
 
+    def serving(self) -> bool:
+        """True while the engine takes work: ready (by its health checks), not draining."""
+        return self.tracked and self.state is EngineState.READY and self.draining is None
+
     def starting_overrun_s(self, now: float) -> float | None:
         """Seconds the current start has lasted, while starting; None otherwise."""
         if self.state is not EngineState.STARTING:
@@ -266,27 +273,36 @@ class Engine:
         out = await self.call("POST", "/admin/attention", {"top_n": top_n})
         return out if isinstance(out, dict) else {"response": out}
 
-    async def stop_admitting(self, deadline_s: float) -> str | None:
-        """Stop new work: kcops drain, vLLM /pause (dev mode). Returns how, or None.
-
-        vLLM's ``/pause?mode=wait`` stops admitting and answers once running
-        requests finished: it is the drain itself, so it gets the drain deadline.
-        """
+    async def admission_control(self) -> str | None:
+        """How this engine stops admitting new work: ``drain`` (kcops worker), ``pause``
+        (vLLM in dev mode), or None (it cannot; vLLM then relies on its own drain on
+        SIGTERM, ``--shutdown-timeout``). None too while the engine is not identified."""
         try:
             await self.resolve()
         except ActionRejected:
             return None
         have = self.capabilities
         if have is not None and have.drain:
-            await self.call("POST", "/admin/drain", {"admit": False})
             return "drain"
         if have is not None and have.pause:
+            return "pause"
+        return None
+
+    async def stop_admitting(self, deadline_s: float) -> str | None:
+        """Stop new work: kcops drain, vLLM /pause (dev mode). Returns how, or None.
+
+        vLLM's ``/pause?mode=wait`` stops admitting and answers once running
+        requests finished: it is the drain itself, so it gets the drain deadline.
+        """
+        how = await self.admission_control()
+        if how == "drain":
+            await self.call("POST", "/admin/drain", {"admit": False})
+        elif how == "pause":
             try:
                 await self.call("POST", "/pause", params={"mode": "wait"}, timeout_s=deadline_s)
             except HttpTimeout:
                 log.warning("vllm /pause: running requests not done within %.0fs", deadline_s)
-            return "pause"
-        return None
+        return how
 
     async def resume_admitting(self, how: str | None) -> None:
         if how == "drain":

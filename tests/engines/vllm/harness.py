@@ -68,11 +68,18 @@ def vllm_env(probe_socket: Path) -> dict[str, str]:
     }
 
 
+# vLLM's own drain on SIGTERM (vllm/v1/engine/core.py): with N > 0 it stops admitting and
+# finishes what runs for up to N s; the agent reads N from this command line and waits
+# grace_s + N before SIGKILL (docs/engines.md).
+SHUTDOWN_TIMEOUT_S = 60
+
+
 def vllm_serve_cmd(port: int, *extra: str) -> list[str]:
     return [
         str(vllm_venv() / "bin" / "vllm"), "serve", vllm_model(),
         "--host", "127.0.0.1", "--port", str(port), "--served-model-name", MODEL_NAME,
-        "--enforce-eager", "--dtype", "float32", "--max-model-len", "2048", *extra,
+        "--enforce-eager", "--dtype", "float32", "--max-model-len", "2048",
+        "--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S), *extra,
     ]  # fmt: skip
 
 
@@ -127,11 +134,12 @@ def completion(
 
 @dataclass
 class StreamResult:
-    """What a streaming completion delivered."""
+    """What a streaming completion delivered (``completion_tokens``: vLLM's usage count)."""
 
     chunks: int = 0
     text: str = ""
     finish_reason: str | None = None
+    completion_tokens: int | None = None
     error: str | None = None
     first_chunk: threading.Event = field(default_factory=threading.Event)
     done: threading.Event = field(default_factory=threading.Event)
@@ -148,6 +156,7 @@ def stream_completion(engine_url: str, prompt: str, max_tokens: int) -> StreamRe
         body = {
             "model": MODEL_NAME, "prompt": prompt, "max_tokens": max_tokens,
             "temperature": 0, "stream": True, "ignore_eos": True,
+            "stream_options": {"include_usage": True},
         }  # fmt: skip
         try:
             with httpx.stream(
@@ -157,7 +166,12 @@ def stream_completion(engine_url: str, prompt: str, max_tokens: int) -> StreamRe
                 for line in r.iter_lines():
                     if not line.startswith("data: ") or line == "data: [DONE]":
                         continue
-                    choice = json.loads(line[6:])["choices"][0]
+                    chunk = json.loads(line[6:])
+                    if chunk.get("usage"):  # the last chunk: no choices, the counts
+                        res.completion_tokens = chunk["usage"].get("completion_tokens")
+                    if not chunk.get("choices"):
+                        continue
+                    choice = chunk["choices"][0]
                     res.chunks += 1
                     res.text += choice.get("text") or ""
                     res.finish_reason = choice.get("finish_reason") or res.finish_reason
@@ -275,6 +289,19 @@ class Stack:
         return httpx.post(
             f"{self.agent_url}/api/v1/actions/{name}", json=body, headers=AUTH, timeout=300
         )
+
+    def paused(self) -> bool:
+        """vLLM's own answer (dev mode): is its scheduler paused?"""
+        with contextlib.suppress(httpx.HTTPError, ValueError):
+            r = httpx.get(f"{self.engine_url}/is_paused", timeout=2)
+            return r.status_code == 200 and r.json().get("is_paused") is True
+        return False
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        """An instant query of the agent's store (its /api/v1/query, PromQL)."""
+        r = httpx.get(f"{self.agent_url}/api/v1/query", params={"query": expr}, timeout=10)
+        r.raise_for_status()
+        return list(r.json()["data"]["result"])
 
     def healthy(self) -> bool:
         with contextlib.suppress(httpx.HTTPError):

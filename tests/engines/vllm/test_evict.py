@@ -40,12 +40,54 @@ def test_evict_while_a_request_runs_fails_with_vllms_reason(after_soak: Stack) -
     assert req.done.wait(60), req
 
 
+# The engine's series the agent reports before/after (agent/engine/series.py), and vLLM's
+# own names for them, first present wins.
+CACHE = {
+    "kv_cache_usage_ratio": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+    "prefix_cache_hits_total": ("vllm:prefix_cache_hits_total",),
+    "prefix_cache_queries_total": ("vllm:prefix_cache_queries_total",),
+    "requests_running": ("vllm:num_requests_running",),
+}
+
+
+def _vllms_own(stack: Stack) -> dict[str, float]:
+    m = stack.engine_metrics()
+    out = {}
+    for name, sources in CACHE.items():
+        for src in sources:
+            vals = [v for (n, _), v in m.items() if n == src]
+            if vals:
+                out[name] = max(vals) if name.startswith("kv_") else sum(vals)
+                break
+    assert set(out) == set(CACHE), f"vLLM's /metrics lacks {set(CACHE) - set(out)}"
+    return out
+
+
+def _agent_has(stack: Stack) -> dict[str, float] | None:
+    """vLLM's own values, once the agent's re-exported ones equal them (else None)."""
+    own = _vllms_own(stack)
+    got: dict[str, float] = {}
+    for (n, lp), v in stack.agent_metrics().items():
+        name = n.removeprefix("kcops_")
+        if name in CACHE and dict(lp).get("engine") == "vllm":
+            got[name] = max(got.get(name, v), v) if name.startswith("kv_") else got.get(name, 0) + v
+    return own if got == own else None
+
+
 def test_evict_when_idle_is_ok_with_before_and_after(after_soak: Stack) -> None:
     stack = after_soak
     wait_for(lambda: _running(stack) == 0, 120, "vLLM to be idle")
+    own_before = wait_for(lambda: _agent_has(stack), 60, "the agent's scrape of the idle vLLM")
     r = stack.action("evict_cache", {"policy": "all"}, force=True, reason="vllm suite: idle")
     rec = r.json()
     assert r.status_code == 200 and rec["outcome"] == "ok", rec
-    assert rec.get("before") and rec.get("after"), rec
+    own_after = _vllms_own(stack)
+    before, after = rec["before"]["engine"], rec["after"]["engine"]
+    # every series is there, read from the engine: equal to vLLM's own values (idle, so
+    # nothing moves between vLLM's page and the agent's scrape of it)
+    assert {k: before.get(k) for k in CACHE} == own_before, (before, own_before)
+    assert {k: after.get(k) for k in CACHE} == own_after, (after, own_after)
+    assert after["t"] > before["t"], (before, after)  # a scrape taken after the reset
+    assert own_before["prefix_cache_queries_total"] > 0  # the soak's traffic was counted
     audit = [a for a in stack.audit("action") if a["action"] == "evict_cache"]
     assert audit[-1]["outcome"] == "ok" and audit[-1]["before"] == rec["before"]

@@ -1,6 +1,7 @@
 """A ladder whose first step vLLM cannot do (fallback_to_base: vLLM has no route control)
-moves on to the next step at once, spends no cooldown on the refused step, and the audit
-log says why."""
+moves on to the next step at once (the same tick), spends no cooldown or budget on the
+refused step (the agent's guard state shows the cooldown of the step that ran and none of
+the refused one), and the audit log says why."""
 
 from __future__ import annotations
 
@@ -73,9 +74,25 @@ def test_refused_first_step_moves_on_without_cooldown(after_soak: Stack, tmp_pat
         skipped = [x for x in _audit(state, "ladder") if x["event"] == "skipped"]
         assert skipped and "fallback_to_base" in skipped[0].get("why", ""), _audit(state, "ladder")
         assert "route" in skipped[0]["why"].lower(), skipped[0]
-        # no cooldown was spent: asked again, the step is refused for its reason, not held
-        # back by a cooldown
+        # the next step ran at once: in the same tick, not after the refused step's verify
+        assert evicted()[0]["ts"] == first[0]["ts"], (first[0], evicted()[0])
+        # no cooldown or budget was spent on the refused step, while the step that ran has
+        # its cooldown: the agent's own guard state says so
+        guards = httpx.get(f"{agent}/api/v1/actions", timeout=10).json()["guards"]
+        assert "evict_cache|engine" in guards["cooldowns"], guards
+        assert not any(k.startswith("fallback_to_base") for k in guards["cooldowns"]), guards
+        assert guards["runs_last_hour"] == 1, guards
+        # asked again, the ran step is held back by its cooldown; the refused one is refused
+        # for its reason (route), never for a cooldown
+        again = httpx.post(
+            f"{agent}/api/v1/actions/evict_cache",
+            json={"params": {"policy": "all"}},
+            headers=AUTH,
+            timeout=30,
+        )
+        assert again.json()["outcome"] == "skipped_cooldown", again.json()
         r = httpx.post(
             f"{agent}/api/v1/actions/fallback_to_base", json={}, headers=AUTH, timeout=30
         )
-        assert r.json()["outcome"] == "refused", r.json()
+        assert (r.json()["outcome"], r.json()["refusal"]) == ("refused", "unsupported"), r.json()
+        assert "route" in r.json()["error"], r.json()

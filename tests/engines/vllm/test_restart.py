@@ -1,14 +1,25 @@
-"""restart_worker on the supervised vLLM with a streaming request in flight: the request
-completes (the engine is drained first), the new engine answers, and nothing the old
-engine's process tree put in /dev/shm is left behind."""
+"""restart_worker on the supervised vLLM with a streaming request in flight: the request is
+drained, not killed (it completes with all its tokens and a finish reason); a request that
+arrives while the drain holds vLLM paused completes too (the agent lets it in just before
+SIGTERM, and vLLM's own drain, --shutdown-timeout, finishes it); the new engine answers;
+what the old engine's tree put in /dev/shm is gone, and a segment another process made
+meanwhile (unused, same user) is still there."""
 
 from __future__ import annotations
 
+import os
+import threading
+from typing import Any
+
+import httpx
 import pytest
 
 from tests.engines.vllm.harness import (
+    SHM,
+    SHUTDOWN_TIMEOUT_S,
     SYSTEM_PROMPT,
     Stack,
+    StreamResult,
     completion,
     shm_entries,
     stream_completion,
@@ -17,27 +28,72 @@ from tests.engines.vllm.harness import (
 
 pytestmark = pytest.mark.vllm
 
+# Long enough to still run when the drain pauses vLLM; the held one finishes well within
+# vLLM's drain (SHUTDOWN_TIMEOUT_S) on a loaded 2-core machine.
+IN_FLIGHT_TOKENS = 200
+HELD_TOKENS = 16
+
+
+def _complete(req: StreamResult, tokens: int) -> None:
+    assert req.done.wait(300), "the request never ended"
+    assert req.error is None, req.error
+    assert req.finish_reason == "length", (req.finish_reason, req.chunks)
+    assert req.completion_tokens == tokens, (req.completion_tokens, req.chunks)
+
 
 def test_restart_drains_and_cleans_shared_memory(after_soak: Stack) -> None:
     stack = after_soak
-    old_shm = shm_entries() - stack.pre_shm  # what the running engine's tree created
-    req = stream_completion(stack.engine_url, SYSTEM_PROMPT + "\nTell a long story.", 64)
-    assert req.first_chunk.wait(120) and req.error is None, req.error
-    r = stack.action("restart_worker", force=True, reason="vllm suite: restart with a request")
-    rec = r.json()
-    assert req.done.wait(300)
-    assert req.error is None and req.finish_reason == "length", (req.error, req.chunks)
-    assert rec["outcome"] == "ok", rec
+    # what the running engine's tree created: vLLM's shared memory (multiprocessing's
+    # psm_* segments and sem.mp-* semaphores), not whatever else appeared on the machine
+    old_shm = {n for n in shm_entries() - stack.pre_shm if n.startswith(("psm_", "sem.mp-"))}
+    assert old_shm, sorted(shm_entries() - stack.pre_shm)
+    bystander = SHM / f"kcops-vllm-suite-bystander-{os.getpid()}"
+    bystander.write_bytes(b"\0" * 4096)  # another process's: new, unused, same user
+    try:
+        prompt = SYSTEM_PROMPT + "\nTell a long story."
+        req = stream_completion(stack.engine_url, prompt, IN_FLIGHT_TOKENS)
+        assert req.first_chunk.wait(120) and req.error is None, req.error
+        answer: dict[str, httpx.Response] = {}
 
-    def answers() -> bool:
-        if not stack.healthy():
-            return False
-        return bool(completion(stack.engine_url, "Hello", 4)["choices"][0]["text"])
+        def restart() -> None:
+            answer["r"] = stack.action(
+                "restart_worker", force=True, reason="vllm suite: restart with a request"
+            )
 
-    wait_for(answers, 300, "the new vLLM to answer", stack.log_tail)
-    wait_for(
-        lambda: not (old_shm & shm_entries()),
-        60,
-        "the old engine's /dev/shm entries to be removed",
-        lambda: f"left: {sorted(old_shm & shm_entries())[:20]}",
-    )
+        caller = threading.Thread(target=restart, daemon=True)
+        caller.start()
+        # the drain pauses vLLM (dev mode) and waits for the request in flight
+        wait_for(lambda: stack.paused() or not caller.is_alive(), 120, "the drain's /pause")
+        assert caller.is_alive() and not req.done.is_set(), "no drain seen while the request ran"
+        held = stream_completion(stack.engine_url, SYSTEM_PROMPT + "\nOne more.", HELD_TOKENS)
+        caller.join(600)
+        assert not caller.is_alive() and "r" in answer
+        rec: dict[str, Any] = answer["r"].json()
+        _complete(req, IN_FLIGHT_TOKENS)
+        _complete(held, HELD_TOKENS)
+        assert rec["outcome"] == "ok", rec
+        result = rec["result"]
+        assert result["killed"] is False, result
+        assert result["drain"] == {
+            "how": "pause",
+            "engine_drain_s": SHUTDOWN_TIMEOUT_S,
+            "drained": True,
+            "in_flight_left": 0,
+            "resumed_before_sigterm": True,
+        }, result
+
+        def answers() -> bool:
+            if not stack.healthy():
+                return False
+            return bool(completion(stack.engine_url, "Hello", 4)["choices"][0]["text"])
+
+        wait_for(answers, 300, "the new vLLM to answer", stack.log_tail)
+        wait_for(
+            lambda: not (old_shm & shm_entries()),
+            60,
+            "the old engine's /dev/shm entries to be removed",
+            lambda: f"left: {sorted(old_shm & shm_entries())[:20]}",
+        )
+        assert bystander.exists(), "a segment the engine never held was removed"
+    finally:
+        bystander.unlink(missing_ok=True)

@@ -1,5 +1,8 @@
 """A healthy vLLM under light load for five minutes from a cold start, supervised by an
-agent with the default configuration in enforce mode: no page fires, no action runs."""
+agent with the default configuration in enforce mode: no page fires, no action runs, and
+the TTFT page's own expression, evaluated without its warm-up guard over the soak's steady
+part, is under its threshold (the guard outlasts the soak: without this the soak could
+not catch a threshold that does not fit vLLM)."""
 
 from __future__ import annotations
 
@@ -10,6 +13,8 @@ from tests.engines.vllm.conftest import Soak
 pytestmark = pytest.mark.vllm
 
 TAKEN = ("ok", "failed", "timeout")
+# KcopsP99LatencyHigh's threshold (p99_ttft_seconds in alerts/rules.yaml's defaults).
+P99_TTFT_S = 0.5
 
 
 def test_healthy_vllm_is_left_alone(soak: Soak) -> None:
@@ -22,3 +27,7 @@ def test_healthy_vllm_is_left_alone(soak: Soak) -> None:
     # (DESIGN §6): only runs that acted, or tried to, count.
     taken = [a for a in v["actions"] if a["outcome"] in TAKEN]
     assert not taken, f"actions taken: {[(a['action'], a['outcome']) for a in taken]}"
+    seen = {k: x for k, x in v.items() if k.startswith(("ttft", "load"))}
+    print(f"soak TTFT: {seen}")
+    assert (v["ttft_requests_steady"] or 0) >= 20, v  # a p99 over real traffic
+    assert v["ttft_p99_steady_s"] is not None and v["ttft_p99_steady_s"] < P99_TTFT_S, v

@@ -1,16 +1,15 @@
-"""Engine lifecycle (pure step, table) and the shared-memory cleanup after an engine's tree."""
+"""Engine lifecycle: the pure step (table), what feeds it (health, spawns, restarts the
+agent does not own), and what the engine says about its own drain on SIGTERM."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from kcops.agent.engine import lifecycle as lc
-from kcops.agent.engine import shm
 from kcops.agent.engine.lifecycle import EngineState as S
 
 CASES = [
@@ -48,33 +47,6 @@ def test_health_collector_exports_the_state_one_hot_and_the_start_age() -> None:
     assert ("kcops_engine_starting_seconds", None) not in got
 
 
-def test_shm_cleanup_removes_only_new_unused_entries(tmp_path: Path) -> None:
-    root = tmp_path / "shm"
-    root.mkdir()
-    (root / "someone_elses").write_bytes(b"x")  # there before the engine started
-    before = shm.snapshot(root)
-    (root / "psm_left_by_engine").write_bytes(b"x" * 4096)
-    (root / "psm_still_open").write_bytes(b"x")
-    holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import sys,time; f=open(sys.argv[1]); print('open', flush=True); time.sleep(60)",
-            str(root / "psm_still_open"),
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert holder.stdout is not None and holder.stdout.readline().strip() == "open"
-        removed = shm.cleanup(before, root)
-    finally:
-        holder.kill()
-        holder.wait()
-    assert removed == ["psm_left_by_engine"]
-    assert sorted(p.name for p in root.iterdir()) == ["psm_still_open", "someone_elses"]
-
-
 def test_supervisor_records_a_sigkill_as_a_kill_not_an_oom() -> None:
     import asyncio
     import os
@@ -109,3 +81,129 @@ def test_supervisor_records_a_sigkill_as_a_kill_not_an_oom() -> None:
             await sup.stop()
 
     asyncio.run(body())
+
+
+TIMEOUTS = [
+    ("space", ["vllm", "serve", "m", "--shutdown-timeout", "30"], 30),
+    ("equals", ["vllm", "serve", "m", "--shutdown-timeout=45"], 45),
+    ("absent", ["vllm", "serve", "m"], None),
+    ("no value", ["vllm", "serve", "m", "--shutdown-timeout"], None),
+    ("negative", ["vllm", "serve", "--shutdown-timeout", "-1"], None),
+    ("not a number", ["vllm", "serve", "--shutdown-timeout", "ten"], None),
+    ("fraction", ["vllm", "serve", "--shutdown-timeout", "1.5"], None),
+    ("zero: abort", ["vllm", "serve", "--shutdown-timeout", "0"], 0),
+    ("last one wins", ["x", "--shutdown-timeout", "10", "--shutdown-timeout=20"], 20),
+    ("another flag", ["x", "--shutdown-timeout-s", "5"], None),
+    ("past a day", ["x", "--shutdown-timeout", "86401"], None),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("argv", "want"), [c[1:] for c in TIMEOUTS], ids=[c[0] for c in TIMEOUTS])
+def test_shutdown_timeout_from_the_command_line(argv: list[str], want: int | None) -> None:
+    from kcops.agent.engine.shutdown import shutdown_timeout_s
+
+    assert shutdown_timeout_s(argv) == want
+
+
+@pytest.mark.slow
+def test_engine_drain_read_from_the_live_process_group() -> None:
+    """A wrapper's child that says --shutdown-timeout counts: every member is read."""
+    from kcops.agent.engine.shutdown import engine_drain_s
+
+    p = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)", "--shutdown-timeout", "7"],
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while engine_drain_s(["sh", "run-engine.sh"], p.pid) != 7:
+            assert time.monotonic() < deadline, "the child's command line was never read"
+            time.sleep(0.02)
+        assert engine_drain_s(["vllm", "serve", "--shutdown-timeout", "9"], p.pid) == 9
+        assert engine_drain_s(["sh", "run-engine.sh"], None) == 0
+    finally:
+        p.kill()
+        p.wait()
+
+
+@pytest.mark.slow
+def test_signal_restart_waits_the_engines_drain_and_records_a_new_start(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """restart_worker in signal mode: the grace covers the engine's own drain (no SIGKILL
+    although grace_s alone is shorter), and the engine is starting again afterwards, so
+    KcopsEngineDown does not count the reload and no action fires at it."""
+    import asyncio
+
+    from kcops.agent.actions.base import ActionContext, NoParams
+    from kcops.agent.actions.restart_worker import restart_worker
+    from kcops.agent.config import parse_config
+    from kcops.agent.engine import Engine
+    from kcops.errors import ActionRejected
+    from tests.unit.actions.shmprog import holder_cmd
+
+    log = tmp_path / "term.log"
+    cmd = holder_cmd(tmp_path, "--term-delay", "1", "--term-log", str(log))
+    p = subprocess.Popen([*cmd, "--shutdown-timeout", "3"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+        cfg = parse_config(
+            {
+                "engine": {"url": "http://127.0.0.1:9", "adapter": "vllm", "pid": p.pid},
+                "actions": {"restart": {"mode": "signal", "grace_s": 0.3}},
+            }
+        )
+        engine = Engine(cfg.engine.url, "vllm", now=0.0)
+        engine.observe(lc.Health(50.0, True))
+        assert engine.state is S.READY
+        ctx = ActionContext(config=cfg, engine=engine, target="engine", now=100.0)
+        out = asyncio.run(restart_worker(ctx, NoParams()))
+        assert out.data == {"killed": False, "grace_s": 3.3, "engine_drain_s": 3}
+        assert log.read_text() == "root orphaned=False\n" and p.wait(10) == 0
+        assert engine.state is S.STARTING and engine.lifecycle.started_at >= 100.0
+        engine.observe(lc.Health(101.0, False, "connect"))  # reloading: not down
+        assert engine.state is S.STARTING
+        with pytest.raises(ActionRejected) as info:
+            engine.not_starting()
+        assert info.value.reason == "starting"
+    finally:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+
+
+@pytest.mark.slow
+def test_a_restart_the_agent_did_not_make_is_a_new_start(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The engine's pidfile names a new process (a container restart, a process manager):
+    the lifecycle goes back to starting instead of counting the reload as down."""
+    from kcops.agent.collectors.enginepid import EnginePid
+    from kcops.agent.collectors.process import EngineEventsCollector
+    from kcops.agent.collectors.procwatch import EngineWatch
+    from kcops.agent.engine import Engine
+
+    pidfile = tmp_path / "engine.pid"
+    procs = [
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(2)
+    ]
+    try:
+        pidfile.write_text(f"{procs[0].pid}\n")
+        engine = Engine("http://127.0.0.1:9", "vllm", now=0.0)
+        ev = EngineEventsCollector(EngineWatch(EnginePid(pidfile=pidfile), kmsg_path=None), engine)
+        ev.collect(1.0)
+        engine.observe(lc.Health(1.0, True))
+        procs[0].kill()
+        procs[0].wait()
+        engine.observe(lc.Health(2.0, False, "connect"))
+        assert engine.state is S.DOWN  # gone, and nothing says it restarts yet
+        pidfile.write_text(f"{procs[1].pid}\n")
+        ev.collect(3.0)
+        assert engine.state is S.STARTING and engine.lifecycle.started_at == 3.0
+        engine.observe(lc.Health(4.0, False, "connect"))
+        assert engine.state is S.STARTING
+        engine.observe(lc.Health(5.0, True))
+        assert engine.state is S.READY
+        ev.collect(6.0)  # same pid: nothing new
+        assert engine.state is S.READY
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()

@@ -230,6 +230,7 @@ def test_dry_run_agent_walks_the_ladder_and_changes_nothing(tmp_path: Path) -> N
             ctx.bus.publish(transition("KcopsDeviceMemoryHigh", "firing", clock(), MEM))
             for _ in range(100):
                 await rem.tick(clock.advance(1))
+                await settle(rem)  # lower_topn's dry run looks at the engine first (a task)
         finally:
             await rem.stop()
             await w.stop()

@@ -73,9 +73,15 @@ def test_dry_run_changes_nothing_and_logs_everything(tmp_path: Path) -> None:
         rem = await make_rem(ctx)
         before = w.snapshot()
         try:
-            for name in ("evict_cache", "fallback_to_base", "lower_topn", "raise_topn"):
+            for name in ("evict_cache", "fallback_to_base"):
                 run = rem.runner.submit(name)
                 assert run.outcome == "dry_run" and run.task is None
+            # top-N reads the engine's state first (read-only), as enforce does
+            for name in ("lower_topn", "raise_topn"):
+                run = rem.runner.submit(name)
+                assert run.task is not None
+                await run.task
+                assert run.outcome == "dry_run", run.error
             # dry-run runs the same checks as enforce: no supervisor, no restart
             run = rem.runner.submit("restart_worker")
             assert run.outcome == "refused" and run.refusal == "not_configured"

@@ -60,6 +60,7 @@ def test_graceful_restart_drains_then_respawns() -> None:
             assert out["before"] == {"pid": old} and out["after"]["pid"] not in (None, old)
             assert not out["killed"] and out["drain"] == {
                 "how": "drain",
+                "engine_drain_s": 0,
                 "drained": True,
                 "in_flight_left": 0,
             }

@@ -1,0 +1,74 @@
+"""The engine's process group as ``/proc`` shows it: members, their command lines.
+
+The supervisor starts the engine in its own session, so the group id is the
+root's pid and every process the engine forks (vLLM's API server, engine core,
+workers, resource tracker) is a member unless it calls ``setsid`` itself. A
+zombie is not counted as a member: it holds no memory and no mapping, and in a
+container where the agent is PID 1 orphaned zombies may never be reaped.
+
+Every function takes ``proc_root`` so tests can point it elsewhere; a process
+that exits while it is read is skipped, never an error.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+PROC = Path("/proc")
+
+
+def _stat_fields(pid: str, proc_root: Path) -> list[str] | None:
+    """Fields of ``/proc/<pid>/stat`` after the command name (state first), or None."""
+    try:
+        raw = (proc_root / pid / "stat").read_bytes()
+    except OSError:
+        return None
+    # The command name is in parentheses and may itself hold spaces or ')'.
+    end = raw.rfind(b")")
+    return raw[end + 2 :].decode(errors="replace").split() if end > 0 else None
+
+
+def group_pids(pgid: int, proc_root: Path = PROC) -> list[int]:
+    """Pids of the live (not zombie) members of process group ``pgid``."""
+    try:
+        names = [p for p in os.listdir(proc_root) if p.isdigit()]
+    except OSError:
+        return []
+    out = []
+    for name in names:
+        fields = _stat_fields(name, proc_root)
+        # fields: state, ppid, pgrp, ...
+        if fields is None or len(fields) < 3 or fields[0] in ("Z", "X"):
+            continue
+        if fields[2] == str(pgid):
+            out.append(int(name))
+    return sorted(out)
+
+
+def alive(pid: int, proc_root: Path = PROC) -> bool:
+    """True while ``pid`` exists and is not a zombie (a zombie has exited)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    fields = _stat_fields(str(pid), proc_root)
+    return fields is None or fields[0] not in ("Z", "X")
+
+
+def cmdline(pid: int, proc_root: Path = PROC) -> list[str]:
+    """The argv of ``pid`` (empty when it is gone or unreadable)."""
+    try:
+        raw = (proc_root / str(pid) / "cmdline").read_bytes()
+    except OSError:
+        return []
+    return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+
+
+def pgid_of(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None

@@ -1,0 +1,142 @@
+"""Shared-memory cleanup after an engine's tree, with real processes holding real segments
+in /dev/shm: only what the tree itself held is removed, once every member is gone."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from kcops.agent.clock import ManualClock
+from kcops.agent.config.actions import RestartSection
+from kcops.agent.engine import proctree, shm
+from kcops.agent.supervisor import Supervisor
+from tests.unit.actions.shmprog import holder_cmd, make_segment, names, shm_dir
+
+__all__ = ["shm_dir"]  # the fixture, used by name
+
+pytestmark = pytest.mark.slow
+
+
+def _start(cmd: list[str], **kw: object) -> subprocess.Popen[str]:
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, **kw)  # type: ignore[call-overload]
+    assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+    return p
+
+
+def _until(cond: object, what: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+async def _held(sup: Supervisor, clock: ManualClock, want: set[str]) -> None:
+    """Tick the supervisor until its ledger saw the tree holding ``want``."""
+    deadline = time.monotonic() + 30
+    while set(sup.shm.seen) != want:
+        assert time.monotonic() < deadline, sup.shm.seen
+        await asyncio.sleep(0.02)
+        await sup.tick(clock())
+
+
+def test_only_what_the_engine_tree_held_is_removed(shm_dir: Path) -> None:
+    root = shm_dir
+    make_segment(root, "before")  # there before the engine started
+    ledger = shm.Ledger(root)
+    ledger.spawning()
+    # the engine maps three (fds closed) and its child holds one more (fd and mapping)
+    engine = _start(
+        holder_cmd(root, "engine_seg", "before", "busy", "reused", "--close", "--child", "kid"),
+        start_new_session=True,
+    )
+    holder = None
+    try:
+        make_segment(root, "bystander")  # another process's: new, unused, same user
+        holder = _start(holder_cmd(root, "busy"))  # someone else still maps one the engine had
+        ledger.scan(proctree.group_pids(engine.pid), time.monotonic())
+        assert set(ledger.seen) == {"engine_seg", "before", "busy", "reused", "kid"}
+        os.killpg(engine.pid, signal.SIGKILL)
+        engine.wait()
+        _until(lambda: not proctree.group_pids(engine.pid), "the engine's group to be gone")
+        (root / "reused").unlink()  # replaced by someone else: another file, same name
+        make_segment(root, "reused")
+        assert ledger.reap() == ["engine_seg", "kid"]
+        assert names(root) == {"before", "busy", "bystander", "reused"}
+    finally:
+        for p in (engine, holder):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def test_a_crash_is_reaped_once_the_whole_group_is_gone(shm_dir: Path, tmp_path: Path) -> None:
+    """The root dies, its child still maps a segment: the supervisor kills the leftover and
+    removes both segments only after the child is gone (reaping at once would find the
+    child's segment still mapped, skip it, and leak it for good)."""
+    root, trigger = shm_dir, tmp_path / "exit-now"
+
+    async def body() -> None:
+        clock = ManualClock()
+        cmd = holder_cmd(root, "root_seg", "--exit", "3", "--exit-when", str(trigger))
+        sup = Supervisor(
+            [*cmd, "--child", "leftover_seg"],
+            RestartSection(backoff_initial_s=0),
+            clock=clock,
+            shm_root=root,
+            shm_scan_s=0.0,
+        )
+        await sup.start()
+        try:
+            assert sup.proc is not None
+            pgid = sup.proc.pid
+            await _held(sup, clock, {"root_seg", "leftover_seg"})
+            make_segment(root, "bystander")  # created during the engine's life, not by it
+            trigger.touch()
+            assert sup._waiter is not None
+            assert await asyncio.wait_for(asyncio.shield(sup._waiter), 30) == 3
+            await sup.tick(clock())  # the crash: leftovers killed, reaped once gone
+            assert sup._reaper is not None
+            await asyncio.wait_for(asyncio.shield(sup._reaper), 30)
+            assert not proctree.group_pids(pgid)
+            assert names(root) == {"bystander"} and sup.shm_removed_total == 2
+            await sup.tick(clock())  # respawned only after the reap
+            assert sup.pid() not in (None, pgid)
+        finally:
+            trigger.unlink(missing_ok=True)
+            await sup.stop()
+
+    asyncio.run(body())
+
+
+def test_a_kill_after_grace_reaps_what_the_stubborn_tree_held(shm_dir: Path) -> None:
+    root = shm_dir
+
+    async def body() -> None:
+        clock = ManualClock()
+        cmd = holder_cmd(root, "psm_a", "--ignore-term", "--child", "psm_b")
+        sup = Supervisor(
+            cmd, RestartSection(grace_s=0.3), clock=clock, shm_root=root, shm_scan_s=0.0
+        )
+        await sup.start()
+        try:
+            await _held(sup, clock, {"psm_a", "psm_b"})
+            make_segment(root, "bystander")
+            old = sup.pid()
+            out = await sup.restart("test")
+            assert out["killed"] and out["after"]["pid"] not in (None, old)
+            assert out["shm_removed"] == ["psm_a", "psm_b"]
+            assert "bystander" in names(root)
+            await _held(sup, clock, {"psm_a", "psm_b"})  # the new tree's, again
+        finally:
+            await sup.stop()
+        # the new tree's own segments went with it at stop; the bystander stays
+        assert names(root) == {"bystander"}
+
+    asyncio.run(body())
