@@ -138,3 +138,70 @@ def test_batched_groups_equal_each_row_decoded_alone(tiny: Any) -> None:
             alone["keys_attended"],
         )
     assert together[1]["kv_bytes"] < together[0]["kv_bytes"] / 10
+
+
+def test_per_layer_budgets_keep_the_uniform_total_with_no_layer_above_the_context() -> None:
+    from kcops.kernels.sweep import budgets, share_budget
+
+    # K_0.9 of 8, 1, 1 at N = 4, C = 6: layer 0's share (9.6) is capped at the context
+    # (it keeps everything) and the other two get what it cannot use.
+    assert share_budget(12, [8.0, 1.0, 1.0], 6) == [6, 3, 3]
+    assert budgets("per_layer", 4, 3, 6, {0: 8.0, 1: 1.0, 2: 1.0}) == [None, 3, 3]
+    # no cap reached: proportional, the rounding keeps the total
+    assert share_budget(30, [3.0, 2.0, 1.0], 100) == [15, 10, 5]
+    kp = [459.0, 200.0, 39.0, 120.0, 7.0]
+    got = share_budget(64 * 5, kp, 1024)
+    assert sum(got) == 64 * 5
+    assert all(abs(g - 320 * w / sum(kp)) < 1 for g, w in zip(got, kp, strict=True))
+    assert share_budget(99, [5.0, 1.0], 10) == [10, 10]  # more than the layers can hold
+    assert share_budget(2, [1000.0, 1.0], 10) == [1, 1]  # every layer keeps a key
+
+
+def test_layer_kp_is_the_union_over_each_kv_group() -> None:
+    from kcops.kernels.kc import kc_rows
+    from kcops.kernels.kvkeep import OBS_WINDOW, capture_scores, record_scores
+
+    torch.manual_seed(3)
+    b, hq, hkv, t, d = 2, 6, 2, 80, 8
+    q, k = torch.randn(b, hq, t, d) * 2, torch.randn(b, hkv, t, d)
+    with capture_scores(with_kp=True) as cap:
+        record_scores(0, q, k, None)
+    ref = kc_rows(q, k, attention_mask=None, scaling=None, rows="all", p_values=(0.9,), topn=())
+    groups = ref.k_groups[0.9][:, -OBS_WINDOW:]  # (B, window rows, Hkv): union per group
+    assert cap.kp[0] == float(groups.float().median())
+    heads = ref.k_heads[0.9][:, -OBS_WINDOW:]
+    assert cap.kp[0] > float(heads.float().median())  # the union holds more than one head
+
+
+def _row(policy: str, n: int | None, accuracy: float, se: float, kv: int) -> Any:
+    from kcops.kernels.sweep import Row
+
+    return Row(policy, n, 1024, accuracy, se, 1.0, 9.0, 0.1, 10.0, kv, 1.0, 128, [])
+
+
+def test_paired_standard_error_and_a_recommendation_within_noise() -> None:
+    import statistics
+
+    from kcops.kernels.sweep import paired_se, recommend
+    from kcops.kernels.sweepio import markdown
+
+    target = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8]])
+    full = torch.tensor([[1, 2, 3, 0, 5, 0, 7, 8]])
+    pred = torch.tensor([[1, 0, 3, 4, 5, 0, 0, 8]])  # one gained, two lost
+    d = [0, -1, 0, 1, 0, 0, -1, 0]
+    assert paired_se(pred, full, target) == pytest.approx(statistics.stdev(d) / 8**0.5)
+    assert paired_se(full, full, target) == 0.0
+    rows = [
+        _row(FULL, None, 0.50, 0.0, 1000),
+        _row("uniform", 64, 0.495, 0.010, 63),  # -0.5 ± 1.0 pts: could be -2.5
+        _row("uniform", 256, 0.50, 0.002, 250),  # 0.0 ± 0.2 pts
+    ]
+    (rec,) = recommend(rows, 1.0)
+    assert (rec["n"], rec["within_noise"]) == (64, True)
+    assert rec["accuracy_delta_se_points"] == pytest.approx(1.0)
+    table = markdown(rows, [rec], 1.0)
+    assert "| uniform | 64 | 1024 | 0.495 | -0.5 ± 1.0 |" in table
+    assert "**uniform N=64** — accuracy -0.5 ± 1.0 pts (paired SE)" in table
+    assert "within noise" in table
+    (rec,) = recommend([rows[0], rows[2]], 1.0)
+    assert (rec["n"], rec["within_noise"]) == (256, False)
