@@ -8,7 +8,10 @@ decode tokens/s, the peak KV bytes held by decoding requests, the peak resident
 memory above the loaded model (sampled every 10 ms), and the greedy agreement of
 the optimized path's tokens with full attention's (position by position).
 
-    .venv/bin/python bench/worker_throughput.py --model smollm2 --context 2048,4096,8192
+    .venv/bin/python bench/worker_throughput.py --model smollm2 --context 2048,4096,8160 \
+        --requests 1 --max-tokens 32 --threads 2 [--dense-layers ""]
+
+(8160 + 32 generated tokens stay inside SmolLM2's 8,192 positions.)
 """
 
 from __future__ import annotations

@@ -40,7 +40,8 @@ def load_done(out: Path, settings: dict[str, Any]) -> dict[str, Row]:
         out.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"settings": settings}) + "\n", encoding="utf-8")
         return {}
-    lines = path.read_text(encoding="utf-8").splitlines()
+    text = path.read_text(encoding="utf-8")
+    lines = text.splitlines()
     head = json.loads(lines[0]) if lines else {}
     if head.get("settings") != settings:
         raise SweepError(
@@ -54,6 +55,9 @@ def load_done(out: Path, settings: dict[str, Any]) -> dict[str, Row]:
         except (ValueError, TypeError):
             continue  # a line cut by an interrupted run: measure it again
         done[row.key] = row
+    if not text.endswith("\n"):  # cut mid-line: the next row must start a line of its own
+        with path.open("a", encoding="utf-8") as fh:
+            fh.write("\n")
     return done
 
 

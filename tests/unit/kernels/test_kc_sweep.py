@@ -205,3 +205,72 @@ def test_paired_standard_error_and_a_recommendation_within_noise() -> None:
     assert "within noise" in table
     (rec,) = recommend([rows[0], rows[2]], 1.0)
     assert (rec["n"], rec["within_noise"]) == (256, False)
+
+
+MEASURED = ("accuracy", "accuracy_delta_se", "agreement", "perplexity", "kv_bytes")
+
+
+@pytest.mark.slow
+def test_an_interrupted_sweep_resumes_with_the_same_numbers(tiny: Any, tmp_path: Path) -> None:
+    from kcops.kernels.sweeprun import run_sweep
+
+    model, tok, _ = tiny
+    kw: dict[str, Any] = dict(
+        model_name="tiny", corpus="pydoc", ns=[8, 16], contexts=[128], sequences=2,
+        policies=["uniform", "window"], eval_tokens=6, tolerance=1.0, model=model, tok=tok,
+        progress=False,
+    )  # fmt: skip
+    first = run_sweep(out=tmp_path / "a", **kw)["rows"]
+    out = tmp_path / "b"
+    run_sweep(out=out, **kw)
+    lines = (out / "rows.jsonl").read_text().splitlines()
+    assert len(lines) == 1 + 5  # header, full attention, 4 rows
+    # killed while writing the third row: header, full, one row, half a line
+    (out / "rows.jsonl").write_text("\n".join(lines[:3]) + "\n" + lines[3][:40])
+    again = run_sweep(out=out, **kw)["rows"]
+    assert [[r[k] for k in MEASURED] for r in again] == [[r[k] for k in MEASURED] for r in first]
+    kept = (out / "rows.jsonl").read_text().splitlines()
+    assert kept[:3] == lines[:3] and kept[3] == lines[3][:40]  # nothing kept re-measured
+    rows = [json.loads(line) for line in kept[4:]]
+    assert [(r["policy"], r["n"]) for r in rows] == [("uniform", 16), ("window", 8), ("window", 16)]
+
+
+@pytest.mark.slow
+def test_heavy_hitter_step_equals_eager_attention_masked_per_layer_and_head(tiny: Any) -> None:
+    """The first decode step over a cache cut by kvkeep (sinks, recent window, heavy
+    hitters by the SnapKV scores, per layer and KV head) equals transformers' eager
+    attention on the whole sequence with a per-layer, per-head mask kept by hand."""
+    from transformers.models.llama.modeling_llama import eager_attention_forward
+
+    from kcops.kernels.sweep import decode, prefill
+    from kcops.kernels.topn import register_attention
+
+    model, _, seqs = tiny
+    pre = prefill(model, seqs, EVAL)
+    start, n = pre.start, 24
+    sinks, recent = split_budget(n)
+    cfg = model.config
+    group = cfg.num_attention_heads // cfg.num_key_value_heads
+    masks: dict[int, torch.Tensor] = {}
+    for layer, score in pre.scores.items():  # (S, Hkv, start)
+        allowed = torch.ones(SEQS, cfg.num_attention_heads, start + 1, start + 1).tril().bool()
+        for s in range(SEQS):
+            for h in range(cfg.num_key_value_heads):
+                forced = set(range(sinks)) | set(range(start - recent, start))
+                rest = sorted(set(range(start)) - forced, key=lambda j: -float(score[s, h, j]))
+                keep = [*sorted(forced | set(rest[: n - len(forced)])), start]  # + its own
+                row = torch.zeros(start + 1, dtype=torch.bool)
+                row[keep] = True
+                allowed[s, h * group : (h + 1) * group, start] = row
+        masks[layer] = torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo().min)
+
+    def masked(module: Any, query: Any, key: Any, value: Any, mask: Any, **kw: Any) -> Any:
+        return eager_attention_forward(module, query, key, value, masks[module.layer_idx], **kw)
+
+    name = register_attention("kcops_test_hh_masked", masked)
+    model_e, _ = load_model("tiny", progress=False, attn_implementation=name)
+    with torch.inference_mode():
+        want = model_e(input_ids=seqs[:, : start + 1]).logits[:, start].float()
+    got = decode(model, pre, [n] * len(pre.kv), True, steps=1)["logits"][:, 0]
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert torch.equal(got.argmax(-1), want.argmax(-1))
