@@ -34,6 +34,9 @@ SIGNALS: dict[str, Meta] = {
         HISTOGRAM, "Time between output tokens (vLLM: inter-token / time-per-output-token)."
     ),
     "kcops_kv_cache_usage_ratio": Meta(GAUGE, "KV cache usage, 0..1."),
+    "kcops_kv_cache_bytes": Meta(
+        GAUGE, "KV bytes held by running requests (a top-N budget keeps less; lower_topn)."
+    ),
     "kcops_requests_waiting": Meta(GAUGE, "Requests waiting to be scheduled."),
     "kcops_requests_running": Meta(GAUGE, "Requests running."),
     "kcops_prefix_cache_queries_total": Meta(COUNTER, "Prefix cache queries (tokens)."),

@@ -8,6 +8,7 @@ median of the per-pair time ratios instrumented / plain.
 Modes:
 - ``nvtx``: NVTX range, call counter and context length only (no sampling, no NaN check);
 - ``default``: ``ProbeConfig()`` defaults (sampling, NaN/Inf check every call);
+  ``--sample-rate R`` sets its sampling rate instead;
 - ``every``: every call sampled (timing + K(C) of the last row).
 
 ``--decode`` times one decode step over the prompt's KV cache instead of the prefill.
@@ -32,13 +33,16 @@ from typing import Any
 MODES = ("nvtx", "default", "every")
 
 
-def probe_config(mode: str) -> Any:
+def probe_config(mode: str, sample_rate: float | None = None) -> Any:
+    """The mode's ProbeConfig; ``sample_rate`` replaces the default mode's rate."""
     from kcops.kernels import ProbeConfig
 
     common: dict[str, Any] = {"socket_path": "/nonexistent/kcops-bench.sock"}
     if mode == "nvtx":
         return ProbeConfig(sample_rate=0.0, check_every_call=False, **common)
     if mode == "default":
+        if sample_rate is not None:
+            common["sample_rate"] = sample_rate
         return ProbeConfig(**common)
     if mode == "every":
         return ProbeConfig(sample_rate=1.0, **common)
@@ -89,7 +93,9 @@ def timed(fn: Callable[[], None]) -> float:
     return _clock() - t0
 
 
-def run_mode(step: Callable[[], None], mode: str, pairs: int) -> tuple[float, float, float, float]:
+def run_mode(
+    step: Callable[[], None], mode: str, pairs: int, sample_rate: float | None = None
+) -> tuple[float, float, float, float]:
     """Median ratio (a typical step), ratio of the sums (the expected cost, sampled calls
     included), median plain seconds, median instrumented seconds."""
     import kcops.kernels as kernels
@@ -100,7 +106,7 @@ def run_mode(step: Callable[[], None], mode: str, pairs: int) -> tuple[float, fl
     for i in range(pairs):
         # A new seed per pair: with one seed every install samples the same call indices,
         # so a timed step would hold a sampled call always or never (seed 0: call 40).
-        cfg = dataclasses.replace(probe_config(mode), seed=i)
+        cfg = dataclasses.replace(probe_config(mode, sample_rate), seed=i)
         order = (False, True) if i % 2 == 0 else (True, False)
         times: dict[bool, float] = {}
         for instrumented in order:
@@ -140,7 +146,15 @@ def main(argv: list[str] | None = None) -> int:
         help="wall: perf_counter; cpu: process CPU time (steadier on a shared, loaded machine)",
     )
     ap.add_argument("--modes", default=",".join(MODES), help="comma list of " + ",".join(MODES))
+    ap.add_argument(
+        "--sample-rate",
+        type=float,
+        default=None,
+        help="sample_rate of the 'default' mode (0..1; default: ProbeConfig's)",
+    )
     args = ap.parse_args(argv)
+    if args.sample_rate is not None and not 0.0 <= args.sample_rate <= 1.0:
+        ap.error(f"--sample-rate {args.sample_rate}: allowed 0..1")
     if args.pairs < 10:
         print("note: fewer than 10 pairs", file=sys.stderr)
 
@@ -168,11 +182,11 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"model={args.model} attn={args.attn} tokens={ids.shape[-1]} {what} "
         f"pairs={args.pairs} threads={torch.get_num_threads()} clock={args.clock} "
-        f"default sample_rate={probe_config('default').sample_rate}"
+        f"default sample_rate={probe_config('default', args.sample_rate).sample_rate}"
     )
     print(f"{'mode':<8} {'median ratio':>12} {'mean ratio':>10} {'plain s':>9} {'probe s':>9}")
     for mode in args.modes.split(","):
-        ratio, mean, plain, inst = run_mode(step, mode.strip(), args.pairs)
+        ratio, mean, plain, inst = run_mode(step, mode.strip(), args.pairs, args.sample_rate)
         print(f"{mode:<8} {ratio:>12.4f} {mean:>10.4f} {plain:>9.4f} {inst:>9.4f}")
     return 0
 

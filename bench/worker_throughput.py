@@ -3,25 +3,36 @@
 Steps the worker's batching loop in-process (no HTTP) on prompts of ``--context``
 tokens (one or more lengths, comma-separated) cut from CPython's reference
 documentation (``pydoc_data.topics``); both paths get the same prompts and the
-prefix cache is emptied before each path, so it never hits. Reports prefill and
-decode tokens/s, the peak KV bytes held by decoding requests, the peak resident
-memory above the loaded model (sampled every 10 ms), and the greedy agreement of
-the optimized path's tokens with full attention's (position by position).
+prefix cache is emptied before each path, so it never hits. With ``--repeats R``
+each context is measured R times, the order of the two paths alternating
+(base first, then optimized first, …) so a burst of other work on a shared
+machine falls on both; the table shows medians over the repeats.
 
-    .venv/bin/python bench/worker_throughput.py --model smollm2 --context 2048,4096,8192
+Per path: prefill tokens/s (prompt tokens / time to the last first token),
+decode tokens/s (requests / the median decode step: one loop iteration after
+the prefill; a burst moves one step, not the median), the mean over all decode
+steps beside it, the peak KV bytes held by decoding requests, and the greedy
+agreement of the optimized path's tokens with full attention's (position by
+position, free-running: after the first differing token the texts diverge).
+``KV bound`` is what the budget allows: compressed layers hold N keys, dense
+layers all of theirs, (D·T + (L − D)·N) / (L·T) of full attention's.
+
+    .venv/bin/python bench/worker_throughput.py --model smollm2 --context 2048,4096,8160 \\
+        --requests 1 --max-tokens 32 --threads 2 --repeats 3 [--dense-layers ""]
+
+(8160 + 32 generated tokens stay inside SmolLM2's 8,192 positions.)
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
-import os
-import threading
+import statistics
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import psutil
 import torch
 
 
@@ -33,35 +44,12 @@ class Result:
     generated_tokens: int
     ttft_s_mean: float
     prefill_tokens_per_s: float
-    decode_tokens_per_s: float
+    decode_tokens_per_s: float  # requests / median decode step
+    decode_tokens_per_s_mean: float  # decoded tokens / all decode time
     total_s: float
-    peak_rss_over_model_bytes: int
     peak_kv_bytes: int
     context: int = 0
     agreement: float = 1.0
-
-
-class RssPeak:
-    def __init__(self, interval_s: float = 0.01) -> None:
-        self.proc = psutil.Process(os.getpid())
-        self.interval_s = interval_s
-        self.peak = 0
-        self._stop = threading.Event()
-        self._t = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.peak = max(self.peak, self.proc.memory_info().rss)
-            time.sleep(self.interval_s)
-
-    def __enter__(self) -> RssPeak:
-        self.peak = self.proc.memory_info().rss
-        self._t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._t.join()
 
 
 def prompts(tok: Any, n: int, context: int, offset: int) -> list[list[int]]:
@@ -108,19 +96,22 @@ def run_path(
         GenRequest(prompt_ids=ids, max_tokens=max_tokens, emit=emitter(i))
         for i, ids in enumerate(batch)
     ]
-    with RssPeak() as peak, torch.inference_mode():
-        base_rss = peak.peak
+    ends: list[float] = []
+    with torch.inference_mode():
         for req in reqs:
             eng.submit(req)
         while len(done) < len(batch):
             eng._iteration()
-    end = time.perf_counter()
+            ends.append(time.perf_counter())
+    end = ends[-1]
     errors = [e.text for e in done if e.kind == "error"]
     if errors:
         raise SystemExit(f"{path}: {errors[0]}")
     gen = sum((e.usage or {}).get("completion_tokens", 0) for e in done)
     prompt = sum(len(b) for b in batch)
     last_first = max(first.values())
+    steps = [b - a for a, b in itertools.pairwise(ends) if a >= last_first]
+    step = statistics.median(steps) if steps else float("inf")
     result = Result(
         path=path,
         requests=len(batch),
@@ -128,9 +119,9 @@ def run_path(
         generated_tokens=gen,
         ttft_s_mean=sum(t - start for t in first.values()) / len(first),
         prefill_tokens_per_s=prompt / (last_first - start),
-        decode_tokens_per_s=(gen - len(batch)) / max(1e-9, end - last_first),
+        decode_tokens_per_s=len(batch) / step,
+        decode_tokens_per_s_mean=(gen - len(batch)) / max(1e-9, end - last_first),
         total_s=end - start,
-        peak_rss_over_model_bytes=peak.peak - base_rss,
         peak_kv_bytes=eng.kv_bytes_peak,
         context=len(batch[0]),
     )
@@ -146,35 +137,68 @@ def agreement(a: list[list[int]], b: list[list[int]]) -> float:
     return same / total if total else 1.0
 
 
-def measure(state: Any, context: int, requests: int, max_tokens: int) -> list[Result]:
+def median_result(runs: list[Result]) -> Result:
+    """Medians over repeats of the timed fields; the rest from the first run."""
+    out = Result(**asdict(runs[0]))
+    for key in (
+        "ttft_s_mean",
+        "prefill_tokens_per_s",
+        "decode_tokens_per_s",
+        "decode_tokens_per_s_mean",
+        "total_s",
+    ):
+        setattr(out, key, statistics.median(getattr(r, key) for r in runs))
+    return out
+
+
+def measure(state: Any, context: int, requests: int, max_tokens: int, repeats: int) -> list[Result]:
     batch = prompts(state.engine.tok, requests, context, offset=1)
-    base, base_tokens = run_path(state, "base", batch, max_tokens)
-    opt, opt_tokens = run_path(state, "optimized", batch, max_tokens)
-    opt.agreement = agreement(base_tokens, opt_tokens)
+    runs: dict[str, list[Result]] = {"base": [], "optimized": []}
+    tokens: dict[str, list[list[int]]] = {}
+    for i in range(repeats):
+        for path in ("base", "optimized") if i % 2 == 0 else ("optimized", "base"):
+            res, tokens[path] = run_path(state, path, batch, max_tokens)
+            runs[path].append(res)
+    base, opt = median_result(runs["base"]), median_result(runs["optimized"])
+    opt.agreement = agreement(tokens["base"], tokens["optimized"])
     return [base, opt]
 
 
-def report(args: argparse.Namespace, b: Result, o: Result) -> None:
+def kv_bound(state: Any, base: Result, dense: frozenset[int], top_n: int) -> float:
+    """(D·T + (L − D)·min(N, T)) / (L·T): the KV share the budget allows, T = the keys
+    per layer full attention held at its peak."""
+    cfg = state.engine.model.config
+    layers = int(cfg.num_hidden_layers)
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    itemsize = next(state.engine.model.parameters()).element_size()
+    per_key = layers * 2 * cfg.num_key_value_heads * head_dim * itemsize * base.requests
+    t = base.peak_kv_bytes / per_key
+    d = len(dense)
+    return (d * t + (layers - d) * min(top_n, t)) / (layers * t)
+
+
+def report(args: argparse.Namespace, b: Result, o: Result, bound: float) -> None:
     print(
         f"model={args.model} context={b.context} requests={args.requests} "
         f"max_tokens={args.max_tokens} top_n={args.top_n} dense_layers={args.dense_layers} "
-        f"threads={args.threads} torch={torch.__version__}"
+        f"threads={args.threads} repeats={args.repeats} torch={torch.__version__}"
     )
     rows = [
         ("prefill tokens/s", "prefill_tokens_per_s", "{:.0f}"),
-        ("decode tokens/s", "decode_tokens_per_s", "{:.1f}"),
+        ("decode tokens/s (median)", "decode_tokens_per_s", "{:.1f}"),
+        ("decode tokens/s (mean)", "decode_tokens_per_s_mean", "{:.1f}"),
         ("mean TTFT s", "ttft_s_mean", "{:.2f}"),
         ("total s", "total_s", "{:.1f}"),
-        ("peak KV MiB (decoding)", "peak_kv_bytes", "{:.1f}"),
-        ("peak RSS over model MiB", "peak_rss_over_model_bytes", "{:.0f}"),
+        ("peak KV MiB (decoding)", "peak_kv_bytes", "{:.2f}"),
     ]
     print(f"{'':28}{'base':>12}{'optimized':>12}{'opt/base':>10}")
     for label, key, fmt in rows:
         bv, ov = getattr(b, key), getattr(o, key)
         if key.endswith("_bytes"):
             bv, ov = bv / 2**20, ov / 2**20
-        ratio = f"{ov / bv:.3f}" if bv else "-"
+        ratio = f"{ov / bv:.4f}" if bv else "-"
         print(f"{label:28}{fmt.format(bv):>12}{fmt.format(ov):>12}{ratio:>10}")
+    print(f"{'KV bound (budget/context)':28}{'':>12}{'':>12}{bound:>10.4f}")
     print(f"{'greedy agreement':28}{'':>12}{o.agreement:>12.3f}\n", flush=True)
 
 
@@ -187,8 +211,11 @@ def main() -> None:
     ap.add_argument("--top-n", type=int, default=64)
     ap.add_argument("--dense-layers", default="0,1")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=1, help="measurements per context (medians)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    if args.repeats < 1:
+        ap.error(f"--repeats {args.repeats}: allowed >= 1")
 
     from kcops.worker.app import WorkerOptions, build
     from kcops.worker.control import parse_layers
@@ -209,10 +236,10 @@ def main() -> None:
         run_path(state, path, warm, 2)
     results = []
     for context in contexts:
-        b, o = measure(state, context, args.requests, args.max_tokens)
+        b, o = measure(state, context, args.requests, args.max_tokens, args.repeats)
         results += [b, o]
         if not args.json:
-            report(args, b, o)
+            report(args, b, o, kv_bound(state, b, opts.dense_layers, args.top_n))
     if args.json:
         print(json.dumps([asdict(r) for r in results], indent=2))
 

@@ -17,6 +17,7 @@ bisection. The full context is always on the grid, so K_pred exists.
 
 from __future__ import annotations
 
+import inspect
 import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -44,9 +45,17 @@ def grid(context: int) -> list[int]:
     return sorted(out)
 
 
+def _last_only(model: Any) -> dict[str, Any]:
+    """``logits_to_keep=1`` where the model takes it: only the last position is read, and
+    every position's logits are t x vocab floats."""
+    params = inspect.signature(model.forward).parameters
+    return {"logits_to_keep": 1} if "logits_to_keep" in params else {}
+
+
 def _argmax_last(model: Any, ids: torch.Tensor, **kwargs: Any) -> int:
     with torch.inference_mode(), use_policy(DENSE):
-        return int(model(input_ids=ids, **kwargs).logits[0, -1].float().argmax())
+        out = model(input_ids=ids, **kwargs, **_last_only(model))
+        return int(out.logits[0, -1].float().argmax())
 
 
 def kpred_recency(model: Any, ids: Sequence[int]) -> tuple[int, int]:
@@ -68,7 +77,7 @@ def kpred_top(model: Any, ids: Sequence[int]) -> tuple[int, int]:
     t = len(ids) - 1
     full = torch.tensor([list(ids)])
     with torch.inference_mode(), use_policy(DENSE), capture_scores() as cap:
-        want = int(model(input_ids=full).logits[0, -1].float().argmax())
+        want = int(model(input_ids=full, **_last_only(model)).logits[0, -1].float().argmax())
     importance = sum(s[0].float().sum(0) for s in cap.scores.values())
     assert isinstance(importance, torch.Tensor)
     importance[t] = float("inf")  # the current token is always kept

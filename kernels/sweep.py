@@ -5,23 +5,27 @@ fixed offsets (deterministic). Each chunk's first C - E tokens are prefilled wit
 full attention (scores captured, SnapKV); then the KV cache is cut to the
 policy's budget (kcops.kernels.kvkeep) and the last E tokens are fed one at a
 time, teacher-forced, as decode steps: the E evaluation positions see C - E + 1
-… C tokens of context. The cache is cut back to the budget after every step
-(slack 0), so a compressed layer attends exactly N + 1 keys. Per row:
+… C tokens of context. The cache is cut back to the budget after every step, as
+the worker does, so a compressed layer attends exactly N + 1 keys. Per row:
 
-- accuracy: greedy next token == the text's next token;
+- accuracy: greedy next token == the text's next token, and the paired standard
+  error of its difference with full attention's (same positions);
 - agreement: greedy next token == full attention's, same positions, same run;
 - perplexity of the text's tokens; latency per decode step and tokens/s;
 - kv_bytes: peak KV bytes per sequence while decoding; keys attended (mean over
   layers and steps).
 
 Policies: ``uniform`` (N everywhere), ``per_layer`` (N scaled per layer by the
-layer's measured K_0.9, same total), ``dense_first`` (layers 0 and 1 whole),
+layer's measured K_0.9, the same total N x layers, no layer above the context:
+:func:`share_budget`), ``dense_first`` (layers 0 and 1 whole),
 ``window`` (sinks + recent only, no heavy hitters). A layer whose N covers the
 whole context runs as full attention: nothing would ever be dropped.
 """
 
 from __future__ import annotations
 
+import inspect
+import itertools
 import math
 import statistics
 import sysconfig
@@ -34,7 +38,14 @@ from typing import Any
 import torch
 
 from kcops.errors import KcopsError
-from kcops.kernels.kvkeep import KeptLayer, cache_nbytes, capture_scores, kept_cache, use_kept
+from kcops.kernels.kvkeep import (
+    KeptLayer,
+    cache_nbytes,
+    capture_scores,
+    evict,
+    kept_cache,
+    use_kept,
+)
 from kcops.kernels.sweepbatch import group_keys, group_nbytes, grouped_cache
 from kcops.kernels.topn import DENSE, use_policy
 
@@ -58,6 +69,7 @@ class Row:
     n: int | None
     context: int
     accuracy: float
+    accuracy_delta_se: float  # paired standard error of accuracy - full's (0 for full)
     agreement: float
     perplexity: float
     latency_s_per_token: float
@@ -134,9 +146,7 @@ def budgets(
     if policy in ("uniform", "window") or policy == "dense_first":
         per = [n] * layers
     elif policy == "per_layer":
-        weights = [max(kp.get(i, 1.0), 1.0) for i in range(layers)]
-        total = sum(weights)
-        per = [max(1, round(n * layers * w / total)) for w in weights]
+        per = share_budget(n * layers, [max(kp.get(i, 1.0), 1.0) for i in range(layers)], context)
     else:
         raise SweepError(f"policy {policy!r}: allowed {', '.join(POLICIES)}")
     out: list[int | None] = [x if x < context else None for x in per]
@@ -145,11 +155,42 @@ def budgets(
     return out
 
 
+def share_budget(total: int, weights: Sequence[float], cap: int) -> list[int]:
+    """Split ``total`` keys over layers in proportion to ``weights``, each layer at least
+    1 and at most ``cap`` (the context: more keeps nothing more); what a capped layer
+    cannot use goes to the others (water-filling). The shares sum to ``min(total,
+    cap * layers)`` exactly (largest remainders get the rounding)."""
+    layers = len(weights)
+    total = min(total, cap * layers)
+    share = [0.0] * layers
+    free = set(range(layers))
+    left = float(total)
+    while free:
+        scale = left / sum(weights[i] for i in free)
+        over = {i for i in free if weights[i] * scale >= cap}
+        if not over:
+            for i in free:
+                share[i] = weights[i] * scale
+            break
+        for i in over:
+            share[i] = float(cap)
+        free -= over
+        left -= cap * len(over)
+    out = [min(cap, max(1, int(x))) for x in share]
+    by_remainder = sorted(range(layers), key=lambda i: share[i] - int(share[i]), reverse=True)
+    for i in itertools.cycle(by_remainder):  # the rounding's keys: largest remainders first
+        if sum(out) >= total:
+            break
+        if out[i] < cap:
+            out[i] += 1
+    while sum(out) > total:  # a layer raised to 1 key: taken back from the largest
+        out[max(range(layers), key=lambda i: out[i])] -= 1
+    return out
+
+
 # -- one context ---------------------------------------------------------------------
 def _cache_kw(model: Any) -> str:
     """transformers >= 5.2x renamed ``past_key_values`` to ``cache``."""
-    import inspect
-
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
@@ -171,8 +212,11 @@ def prefill(model: Any, seqs: torch.Tensor, eval_tokens: int) -> Prefilled:
     if start < 1:
         raise SweepError(f"context {context} must exceed --eval-tokens {eval_tokens}")
     cache = DynamicCache(config=model.config)
+    kw: dict[str, Any] = {_cache_kw(model): cache}
+    if "logits_to_keep" in inspect.signature(model.forward).parameters:
+        kw["logits_to_keep"] = 1  # unused here; all of them are S x C x vocab floats
     with torch.inference_mode(), use_policy(DENSE), capture_scores(with_kp=True) as cap:
-        model(input_ids=seqs[:, :start], use_cache=True, **{_cache_kw(model): cache})
+        model(input_ids=seqs[:, :start], use_cache=True, **kw)
     layers: list[Any] = list(cache.layers)  # DynamicLayer: keys/values set by the forward
     kv = [(layer.keys, layer.values) for layer in layers]
     return Prefilled(kv, cap.scores, cap.kp, seqs[:, start:context], seqs[:, start + 1 :], start)
@@ -186,7 +230,7 @@ def _kept_layer(pre: Prefilled, i: int, n: int | None, heavy: bool) -> KeptLayer
     if n is not None:
         layer.valid = torch.ones(k.shape[:3], dtype=torch.bool)
         layer.score = pre.scores[i].float().clone()
-        layer.slack, layer.heavy = 0, heavy
+        layer.heavy = heavy
         layer.compress(n)
     return layer
 
@@ -220,8 +264,7 @@ def decode(
             logits.append(out.logits[:, -1].float())
             peak = max(peak, cache_nbytes(cache))
             attended += sum(layer.keys.shape[-2] for layer in cache.layers) / len(cache.layers)
-            for layer, n in zip(cache.layers, per_layer, strict=True):
-                layer.maybe_evict(n)
+            evict(cache.layers, per_layer)
     return {
         "logits": torch.stack(logits, dim=1),  # (S, steps, V)
         # the median step: a burst of other work on a shared machine moves one step, not it
@@ -258,7 +301,7 @@ def decode_groups(
                 peak[x] = max(peak[x], group_nbytes(cache, x))
                 attended[x] += group_keys(cache, x)
             for i, layer in enumerate(cache.layers):
-                layer.maybe_evict([per[i] for per, _ in plans])
+                layer.evict([per[i] for per, _ in plans])
     stacked = torch.stack(logits, dim=1)  # (G*S, E, V)
     return [
         {
@@ -291,6 +334,7 @@ def score_row(
         n=n,
         context=context,
         accuracy=float((pred == pre.target).float().mean()),
+        accuracy_delta_se=paired_se(pred, agree, pre.target),
         agreement=float((pred == agree).float().mean()),
         perplexity=float(math.exp(float(nll))),
         latency_s_per_token=res["step_s"],
@@ -301,6 +345,14 @@ def score_row(
         budgets=per_layer,
     )
     return row, pred
+
+
+def paired_se(pred: torch.Tensor, full_pred: torch.Tensor, target: torch.Tensor) -> float:
+    """Standard error of the accuracy difference with full attention, paired by position:
+    d_i = [pred_i = target_i] - [full_i = target_i], SE = sd(d) / sqrt(positions). Only
+    positions where exactly one of the two is right move it."""
+    d = ((pred == target).double() - (full_pred == target).double()).flatten()
+    return float(d.std() / math.sqrt(d.numel())) if d.numel() > 1 else 0.0
 
 
 def _timed(model: Any, pre: Prefilled, per: list[int | None], heavy: bool) -> dict[str, Any]:
@@ -380,12 +432,18 @@ def recommend(rows: Sequence[Row], tolerance_points: float) -> list[dict[str, An
             out.append({"context": context, "policy": None, "n": None, "full": full.as_json()})
             continue
         best = min(ok, key=lambda r: (r.kv_bytes, r.n or 0, POLICIES.index(r.policy)))
+        delta = 100.0 * (best.accuracy - full.accuracy)
+        se = 100.0 * best.accuracy_delta_se
         out.append(
             {
                 "context": context,
                 "policy": best.policy,
                 "n": best.n,
-                "accuracy_delta_points": 100.0 * (best.accuracy - full.accuracy),
+                "accuracy_delta_points": delta,
+                "accuracy_delta_se_points": se,
+                # Δ - 2 SE below -tolerance: the positions cannot tell this budget's loss
+                # from one larger than the tolerance (more --sequences / --eval-tokens)
+                "within_noise": delta - 2 * se < -tolerance_points,
                 "agreement": best.agreement,
                 "kv_bytes_saved_ratio": 1.0 - best.kv_bytes / full.kv_bytes,
                 "tokens_per_s_ratio": best.tokens_per_s / full.tokens_per_s,

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from transformers.cache_utils import DynamicLayer
 
-from kcops.kernels.kvkeep import KeptLayer, kept_attention
+from kcops.kernels.kvkeep import KeptLayer, evict, kept_attention
 
 
 class GroupedLayer(DynamicLayer):
@@ -69,9 +69,9 @@ class GroupedLayer(DynamicLayer):
             outs.append(out.transpose(1, 2))
         return torch.cat(outs, dim=0)
 
-    def maybe_evict(self, budgets: Sequence[int | None]) -> None:
-        for sub, n in zip(self.subs, budgets, strict=True):
-            sub.maybe_evict(n)
+    def evict(self, budgets: Sequence[int | None]) -> None:
+        """Each group cut back to its budget (kcops.kernels.kvkeep.evict)."""
+        evict(self.subs, budgets)
 
 
 def grouped_cache(config: Any, layers: Sequence[Sequence[KeptLayer]], rows: int) -> Any:

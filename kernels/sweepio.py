@@ -22,6 +22,7 @@ COLUMNS = (
     "n",
     "context",
     "accuracy",
+    "accuracy_delta_se",
     "agreement",
     "perplexity",
     "latency_s_per_token",
@@ -39,7 +40,8 @@ def load_done(out: Path, settings: dict[str, Any]) -> dict[str, Row]:
         out.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"settings": settings}) + "\n", encoding="utf-8")
         return {}
-    lines = path.read_text(encoding="utf-8").splitlines()
+    text = path.read_text(encoding="utf-8")
+    lines = text.splitlines()
     head = json.loads(lines[0]) if lines else {}
     if head.get("settings") != settings:
         raise SweepError(
@@ -53,6 +55,9 @@ def load_done(out: Path, settings: dict[str, Any]) -> dict[str, Row]:
         except (ValueError, TypeError):
             continue  # a line cut by an interrupted run: measure it again
         done[row.key] = row
+    if not text.endswith("\n"):  # cut mid-line: the next row must start a line of its own
+        with path.open("a", encoding="utf-8") as fh:
+            fh.write("\n")
     return done
 
 
@@ -67,7 +72,7 @@ def _full(rows: Sequence[Row], context: int) -> Row | None:
 
 def markdown(rows: Sequence[Row], rec: Sequence[dict[str, Any]], tolerance: float) -> str:
     lines = [
-        "| policy | N | context | accuracy | Δ acc (pts) | agreement | perplexity "
+        "| policy | N | context | accuracy | Δ acc ± SE (pts) | agreement | perplexity "
         "| ms/token | tokens/s | KV KiB/seq | KV vs full | keys attended |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
@@ -77,7 +82,8 @@ def markdown(rows: Sequence[Row], rec: Sequence[dict[str, Any]], tolerance: floa
         kv_ratio = r.kv_bytes / full.kv_bytes if full and full.kv_bytes else 1.0
         lines.append(
             f"| {r.policy} | {r.n if r.n is not None else '—'} | {r.context} "
-            f"| {r.accuracy:.3f} | {d_acc:+.1f} | {r.agreement:.3f} | {r.perplexity:.2f} "
+            f"| {r.accuracy:.3f} | {d_acc:+.1f} ± {100 * r.accuracy_delta_se:.1f} "
+            f"| {r.agreement:.3f} | {r.perplexity:.2f} "
             f"| {1000 * r.latency_s_per_token:.1f} | {r.tokens_per_s:.1f} "
             f"| {r.kv_bytes / 1024:.0f} | {kv_ratio:.3f} | {r.keys_attended:.0f} |"
         )
@@ -88,9 +94,16 @@ def markdown(rows: Sequence[Row], rec: Sequence[dict[str, Any]], tolerance: floa
             continue
         lines.append(
             f"- context {item['context']}: **{item['policy']} N={item['n']}** — "
-            f"accuracy {item['accuracy_delta_points']:+.1f} pts, agreement "
+            f"accuracy {item['accuracy_delta_points']:+.1f} ± "
+            f"{item['accuracy_delta_se_points']:.1f} pts (paired SE), agreement "
             f"{item['agreement']:.3f}, KV bytes −{100 * item['kv_bytes_saved_ratio']:.0f}%, "
             f"decode tokens/s ×{item['tokens_per_s_ratio']:.2f}"
+            + (
+                f" — within noise: Δ − 2 SE is below −{tolerance:g} pts, so these positions "
+                "cannot tell it from a larger loss (more --sequences / --eval-tokens)"
+                if item["within_noise"]
+                else ""
+            )
         )
     return "\n".join(lines) + "\n"
 

@@ -14,6 +14,7 @@ so its KV bytes and decode reads scale with N, not with the context.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import queue
@@ -31,6 +32,7 @@ from kcops.kernels.kvkeep import (
     cache_nbytes,
     capture_scores,
     compress_request,
+    evict,
     kept_cache,
     use_kept,
 )
@@ -142,6 +144,7 @@ class Engine:
         # transformers >= 5.2x renamed ``past_key_values`` to ``cache``.
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._last_logits = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
         self.eos_ids = (
             {int(tokenizer.eos_token_id)} if tokenizer.eos_token_id is not None else set()
         )
@@ -255,14 +258,19 @@ class Engine:
         kv_cache: Any = DynamicCache(config=self.model.config)
         for layer, (k, v) in enumerate(cached):
             kv_cache.update(k[None], v[None], layer)
-        with capture_scores() as cap:
-            out = self._forward(policy, kv_cache, input_ids=torch.tensor([ids[n_cached:]]))
+        # Logits of the last position only (at 8k tokens, all of them are 1.6 GB); the
+        # heavy-hitter scores only for the path that keeps a budget.
+        with capture_scores() if req.route == OPTIMIZED else contextlib.nullcontext() as cap:
+            out = self._forward(
+                policy, kv_cache, input_ids=torch.tensor([ids[n_cached:]]), **self._last_logits
+            )
         logits = out.logits[0, -1].float()
+        scores = cap.scores if cap is not None else {}
         kv: KV = [(lay.keys[0], lay.values[0]) for lay in kv_cache.layers]
         with self.cache_lock:
             self.cache.insert(ids, ns, kv, self.clock())
         kept = [
-            compress_request(k, v, cap.scores.get(i), budget.n_for_layer(i))
+            compress_request(k, v, scores.get(i), budget.n_for_layer(i))
             if req.route == OPTIMIZED
             else LayerKV(k, v, None, None, len(ids))
             for i, (k, v) in enumerate(kv)
@@ -401,7 +409,6 @@ class Engine:
                     valid.append(pad_fn(v, (t - n, 0), value=False))
                     score.append(pad_fn(sc.float(), (t - n, 0)))
                 kl.valid, kl.score = torch.stack(valid), torch.stack(score)
-                kl.budget = min((p.budget for p in parts if p.budget is not None), default=None)
         return cache, lengths
 
     def _decode_step(self, cohort: Cohort) -> None:
@@ -420,10 +427,10 @@ class Engine:
             position_ids=cohort.pos[:, None],
         )
         cohort.mask, cohort.pos = mask, cohort.pos + 1
-        if cohort.route == OPTIMIZED:  # H2O: cut grown layers back; follow a lowered budget
+        if cohort.route == OPTIMIZED:  # H2O: cut back to N after each step; a lowered N too
             budget = self.control.policy(OPTIMIZED)
-            for i, layer in enumerate(cohort.cache.layers):
-                layer.maybe_evict(budget.n_for_layer(i))
+            layers = cohort.cache.layers
+            evict(layers, [budget.n_for_layer(i) for i in range(len(layers))])
         keep = [
             i
             for i, req in enumerate(reqs)

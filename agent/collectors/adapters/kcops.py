@@ -15,6 +15,7 @@ ADAPTER = Adapter(
             ("kcops_worker_segment_transfer_seconds",),
         ),
         Map("kcops_attention_topn", GAUGE, ("kcops_worker_attention_topn",)),
+        Map("kcops_kv_cache_bytes", GAUGE, ("kcops_worker_kv_bytes",)),
         Map("kcops_route_fallback", GAUGE, ("kcops_worker_route_fallback",)),
         Map("kcops_shadow_agreement_ratio", GAUGE, ("kcops_worker_shadow_agreement_ratio",)),
         Map("kcops_shadow_checks", COUNTER, ("kcops_worker_shadow_checks",)),

@@ -126,6 +126,8 @@ kcops_worker_route_fallback 0.0
 kcops_worker_shadow_agreement_ratio 0.97
 # TYPE kcops_worker_shadow_checks_total counter
 kcops_worker_shadow_checks_total 120.0
+# TYPE kcops_worker_kv_bytes gauge
+kcops_worker_kv_bytes{model_name="tiny"} 1.2288e+06
 # TYPE vllm:num_requests_running gauge
 vllm:num_requests_running{model_name="tiny"} 1.0
 """
@@ -137,6 +139,7 @@ vllm:num_requests_running{model_name="tiny"} 1.0
     assert value(out, "kcops_route_fallback", engine="kcops") == 0
     assert value(out, "kcops_shadow_agreement_ratio", engine="kcops") == 0.97
     assert value(out, "kcops_shadow_checks_total", engine="kcops") == 120
+    assert value(out, "kcops_kv_cache_bytes", engine="kcops", model_name="tiny") == 1228800
     assert value(out, "kcops_requests_running", engine="kcops", model_name="tiny") == 1
 
 

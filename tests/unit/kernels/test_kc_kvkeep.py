@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 import torch
 
+from kcops.agent.collectors import adapters, promtext
 from kcops.kernels.kvkeep import KeptLayer, compress_request, split_budget
-from kcops.worker.app import WorkerOptions, build
+from kcops.worker.app import Background, WorkerOptions, build
 from kcops.worker.engine import Event, GenRequest
 from kcops.worker.server import WorkerState
+from tests.services import free_port
 
 
 def test_compress_keeps_sinks_recent_and_the_best_scored_per_head() -> None:
@@ -62,38 +67,108 @@ def _text(events: list[Event]) -> str:
     return "".join(e.text for e in events if e.kind == "delta")
 
 
+def key_bytes(state: WorkerState) -> int:
+    """KV bytes of one token in every layer: K and V, each KV head, float32."""
+    cfg: Any = state.engine.model.config
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    return cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * head_dim * 4
+
+
 def test_kv_bytes_scale_with_n_and_fall_when_n_is_lowered(state: WorkerState) -> None:
     eng: Any = state.engine
+    per_key = key_bytes(state)
     prompt = list(range(1000, 1256))  # 256 tokens
     state.control.set_mode("fallback")
     _start(state, prompt, 4)
     with torch.inference_mode():
-        eng._iteration()
-    full = eng.kv_bytes
+        eng._iteration()  # prefill + the first decode step: 257 keys per layer
+    assert eng.kv_bytes == 257 * per_key
     while eng.running:
         with torch.inference_mode():
             eng._iteration()
     state.control.set_mode("normal")
     eng.cache.evict("all")
+    eng.kv_bytes_peak = 0
     events = _start(state, prompt, 40)
-    with torch.inference_mode():
-        eng._iteration()
-    assert 0 < eng.kv_bytes <= full * (32 + 1) / 256
+    for _ in range(3):  # after every step each layer is cut back to exactly N keys
+        with torch.inference_mode():
+            eng._iteration()
+        assert eng.kv_bytes == 32 * per_key  # N/C of full attention's, no slack
     state.control.set_budget(top_n=16)
     with torch.inference_mode():
         eng._iteration()
-    assert eng.kv_bytes <= full * 16 / 256
-    assert b"kcops_worker_kv_bytes" in state.metrics.exposition()
+    assert eng.kv_bytes == 16 * per_key
     while eng.running:
         with torch.inference_mode():
             eng._iteration()
+    assert eng.kv_bytes_peak == 32 * per_key
     state.control.set_budget(top_n=32)
     assert _text(events)
 
 
-def test_budget_above_the_prompt_decodes_like_full_attention(state: WorkerState) -> None:
+@pytest.mark.slow
+def test_lowering_n_through_the_admin_api_shows_in_the_agents_kv_series() -> None:
+    """A real tiny worker over HTTP: while a request decodes (slowed by the token-delay
+    drill), ``POST /admin/attention`` lowers N and the agent's ``kcops_kv_cache_bytes``
+    (the kcops adapter's reading of ``kcops_worker_kv_bytes``) falls from N=64 keys per
+    layer to N=16."""
+    opts = WorkerOptions(
+        model="tiny",
+        long_threshold=8,
+        top_n=64,
+        dense_layers=frozenset(),
+        token="secret",
+        enable_faults=True,
+        install_probe=False,
+        progress=False,
+    )
+    state = build(opts)
+    per_key = key_bytes(state)
+    adapter = adapters.get("kcops")
+    auth = {"Authorization": "Bearer secret"}
+
+    def kv_series(c: httpx.Client) -> float:
+        page = c.get("/metrics").text
+        mapped = adapter.map(promtext.parse(page, adapter.wanted()))
+        got = [s for s in mapped if s.name == "kcops_kv_cache_bytes"]
+        assert [s.key.label_dict() for s in got] == [{"engine": "kcops", "model_name": "tiny"}]
+        return got[0].value
+
+    def wait_for(c: httpx.Client, want: float) -> None:
+        deadline = time.monotonic() + 60
+        while kv_series(c) != want:
+            assert time.monotonic() < deadline, f"kcops_kv_cache_bytes never reached {want}"
+            time.sleep(0.05)
+
+    stop = threading.Event()
+    with Background(state, "127.0.0.1", free_port()) as bg, httpx.Client(base_url=bg.url) as c:
+        c.post("/admin/faults", json={"token_delay_ms": 100}, headers=auth).raise_for_status()
+
+        def stream() -> None:
+            body = {"model": "tiny", "prompt": list(range(500, 800)), "max_tokens": 1000}
+            url = bg.url + "/v1/completions"
+            with httpx.stream("POST", url, json={**body, "stream": True}, timeout=60) as r:
+                for _ in r.iter_lines():
+                    if stop.is_set():
+                        return  # hanging up cancels the request
+
+        t = threading.Thread(target=stream, daemon=True)
+        t.start()
+        try:
+            wait_for(c, 64 * per_key)
+            r = c.post("/admin/attention", json={"top_n": 16}, headers=auth)
+            r.raise_for_status()
+            assert r.json()["after"]["top_n"] == 16
+            wait_for(c, 16 * per_key)  # cut at the next decode step
+        finally:
+            stop.set()
+            t.join(30)
+        wait_for(c, 0)  # the cancelled request let go of its KV
+
+
+def test_budget_above_prompt_and_output_decodes_like_full_attention(state: WorkerState) -> None:
     eng: Any = state.engine
-    prompt = list(range(3000, 3030))  # 30 tokens < N = 32: nothing dropped
+    prompt = list(range(3000, 3020))  # 20 tokens + 11 decode steps < N = 32: nothing dropped
     texts = []
     for mode in ("fallback", "normal"):
         state.control.set_mode(mode)

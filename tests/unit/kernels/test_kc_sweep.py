@@ -138,3 +138,139 @@ def test_batched_groups_equal_each_row_decoded_alone(tiny: Any) -> None:
             alone["keys_attended"],
         )
     assert together[1]["kv_bytes"] < together[0]["kv_bytes"] / 10
+
+
+def test_per_layer_budgets_keep_the_uniform_total_with_no_layer_above_the_context() -> None:
+    from kcops.kernels.sweep import budgets, share_budget
+
+    # K_0.9 of 8, 1, 1 at N = 4, C = 6: layer 0's share (9.6) is capped at the context
+    # (it keeps everything) and the other two get what it cannot use.
+    assert share_budget(12, [8.0, 1.0, 1.0], 6) == [6, 3, 3]
+    assert budgets("per_layer", 4, 3, 6, {0: 8.0, 1: 1.0, 2: 1.0}) == [None, 3, 3]
+    # no cap reached: proportional, the rounding keeps the total
+    assert share_budget(30, [3.0, 2.0, 1.0], 100) == [15, 10, 5]
+    kp = [459.0, 200.0, 39.0, 120.0, 7.0]
+    got = share_budget(64 * 5, kp, 1024)
+    assert sum(got) == 64 * 5
+    assert all(abs(g - 320 * w / sum(kp)) < 1 for g, w in zip(got, kp, strict=True))
+    assert share_budget(99, [5.0, 1.0], 10) == [10, 10]  # more than the layers can hold
+    assert share_budget(2, [1000.0, 1.0], 10) == [1, 1]  # every layer keeps a key
+
+
+def test_layer_kp_is_the_union_over_each_kv_group() -> None:
+    from kcops.kernels.kc import kc_rows
+    from kcops.kernels.kvkeep import OBS_WINDOW, capture_scores, record_scores
+
+    torch.manual_seed(3)
+    b, hq, hkv, t, d = 2, 6, 2, 80, 8
+    q, k = torch.randn(b, hq, t, d) * 2, torch.randn(b, hkv, t, d)
+    with capture_scores(with_kp=True) as cap:
+        record_scores(0, q, k, None)
+    ref = kc_rows(q, k, attention_mask=None, scaling=None, rows="all", p_values=(0.9,), topn=())
+    groups = ref.k_groups[0.9][:, -OBS_WINDOW:]  # (B, window rows, Hkv): union per group
+    assert cap.kp[0] == float(groups.float().median())
+    heads = ref.k_heads[0.9][:, -OBS_WINDOW:]
+    assert cap.kp[0] > float(heads.float().median())  # the union holds more than one head
+
+
+def _row(policy: str, n: int | None, accuracy: float, se: float, kv: int) -> Any:
+    from kcops.kernels.sweep import Row
+
+    return Row(policy, n, 1024, accuracy, se, 1.0, 9.0, 0.1, 10.0, kv, 1.0, 128, [])
+
+
+def test_paired_standard_error_and_a_recommendation_within_noise() -> None:
+    import statistics
+
+    from kcops.kernels.sweep import paired_se, recommend
+    from kcops.kernels.sweepio import markdown
+
+    target = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8]])
+    full = torch.tensor([[1, 2, 3, 0, 5, 0, 7, 8]])
+    pred = torch.tensor([[1, 0, 3, 4, 5, 0, 0, 8]])  # one gained, two lost
+    d = [0, -1, 0, 1, 0, 0, -1, 0]
+    assert paired_se(pred, full, target) == pytest.approx(statistics.stdev(d) / 8**0.5)
+    assert paired_se(full, full, target) == 0.0
+    rows = [
+        _row(FULL, None, 0.50, 0.0, 1000),
+        _row("uniform", 64, 0.495, 0.010, 63),  # -0.5 ± 1.0 pts: could be -2.5
+        _row("uniform", 256, 0.50, 0.002, 250),  # 0.0 ± 0.2 pts
+    ]
+    (rec,) = recommend(rows, 1.0)
+    assert (rec["n"], rec["within_noise"]) == (64, True)
+    assert rec["accuracy_delta_se_points"] == pytest.approx(1.0)
+    table = markdown(rows, [rec], 1.0)
+    assert "| uniform | 64 | 1024 | 0.495 | -0.5 ± 1.0 |" in table
+    assert "**uniform N=64** — accuracy -0.5 ± 1.0 pts (paired SE)" in table
+    assert "within noise" in table
+    (rec,) = recommend([rows[0], rows[2]], 1.0)
+    assert (rec["n"], rec["within_noise"]) == (256, False)
+
+
+MEASURED = ("accuracy", "accuracy_delta_se", "agreement", "perplexity", "kv_bytes")
+
+
+@pytest.mark.slow
+def test_an_interrupted_sweep_resumes_with_the_same_numbers(tiny: Any, tmp_path: Path) -> None:
+    from kcops.kernels.sweeprun import run_sweep
+
+    model, tok, _ = tiny
+    kw: dict[str, Any] = dict(
+        model_name="tiny", corpus="pydoc", ns=[8, 16], contexts=[128], sequences=2,
+        policies=["uniform", "window"], eval_tokens=6, tolerance=1.0, model=model, tok=tok,
+        progress=False,
+    )  # fmt: skip
+    first = run_sweep(out=tmp_path / "a", **kw)["rows"]
+    out = tmp_path / "b"
+    run_sweep(out=out, **kw)
+    lines = (out / "rows.jsonl").read_text().splitlines()
+    assert len(lines) == 1 + 5  # header, full attention, 4 rows
+    # killed while writing the third row: header, full, one row, half a line
+    (out / "rows.jsonl").write_text("\n".join(lines[:3]) + "\n" + lines[3][:40])
+    again = run_sweep(out=out, **kw)["rows"]
+    assert [[r[k] for k in MEASURED] for r in again] == [[r[k] for k in MEASURED] for r in first]
+    kept = (out / "rows.jsonl").read_text().splitlines()
+    assert kept[:3] == lines[:3] and kept[3] == lines[3][:40]  # nothing kept re-measured
+    rows = [json.loads(line) for line in kept[4:]]
+    assert [(r["policy"], r["n"]) for r in rows] == [("uniform", 16), ("window", 8), ("window", 16)]
+
+
+@pytest.mark.slow
+def test_heavy_hitter_step_equals_eager_attention_masked_per_layer_and_head(tiny: Any) -> None:
+    """The first decode step over a cache cut by kvkeep (sinks, recent window, heavy
+    hitters by the SnapKV scores, per layer and KV head) equals transformers' eager
+    attention on the whole sequence with a per-layer, per-head mask kept by hand."""
+    from transformers.models.llama.modeling_llama import eager_attention_forward
+
+    from kcops.kernels.sweep import decode, prefill
+    from kcops.kernels.topn import register_attention
+
+    model, _, seqs = tiny
+    pre = prefill(model, seqs, EVAL)
+    start, n = pre.start, 24
+    sinks, recent = split_budget(n)
+    cfg = model.config
+    group = cfg.num_attention_heads // cfg.num_key_value_heads
+    masks: dict[int, torch.Tensor] = {}
+    for layer, score in pre.scores.items():  # (S, Hkv, start)
+        allowed = torch.ones(SEQS, cfg.num_attention_heads, start + 1, start + 1).tril().bool()
+        for s in range(SEQS):
+            for h in range(cfg.num_key_value_heads):
+                forced = set(range(sinks)) | set(range(start - recent, start))
+                rest = sorted(set(range(start)) - forced, key=lambda j: -float(score[s, h, j]))
+                keep = [*sorted(forced | set(rest[: n - len(forced)])), start]  # + its own
+                row = torch.zeros(start + 1, dtype=torch.bool)
+                row[keep] = True
+                allowed[s, h * group : (h + 1) * group, start] = row
+        masks[layer] = torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo().min)
+
+    def masked(module: Any, query: Any, key: Any, value: Any, mask: Any, **kw: Any) -> Any:
+        return eager_attention_forward(module, query, key, value, masks[module.layer_idx], **kw)
+
+    name = register_attention("kcops_test_hh_masked", masked)
+    model_e, _ = load_model("tiny", progress=False, attn_implementation=name)
+    with torch.inference_mode():
+        want = model_e(input_ids=seqs[:, : start + 1]).logits[:, start].float()
+    got = decode(model, pre, [n] * len(pre.kv), True, steps=1)["logits"][:, 0]
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert torch.equal(got.argmax(-1), want.argmax(-1))
