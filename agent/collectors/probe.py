@@ -209,10 +209,12 @@ class ProbeReceiver:
             if n & (n - 1) == 0:  # 1st, 2nd, 4th, 8th...: visible, but never a flood
                 log.warning("probe: %s frame #%d dropped: %s", kind, n, exc)
             return
-        except Exception as exc:  # a decoder bug must not kill the loop
+        except Exception as exc:  # a decoder bug must not kill the loop, nor flood the log
             self.frames["malformed"] += 1
-            self.last_error = f"{type(exc).__name__}: {exc}"
-            log.exception("probe frame decode failed")
+            self.last_error = f"{type(exc).__name__}: {wire.excerpt(str(exc), 120)}"
+            n = self.frames["malformed"]
+            if n & (n - 1) == 0:
+                log.error("probe: frame #%d refused by a decoder bug: %s", n, self.last_error)
             return
         self.frames["ok"] += 1
 

@@ -61,6 +61,65 @@ def test_random_payloads_behind_a_valid_header(payload: bytes) -> None:
             pass
 
 
+def _v1(body: bytes) -> bytes:
+    return wire.HEADER.pack(wire.MAGIC, wire.VERSION_JSON, len(body)) + body
+
+
+HOSTILE_V1 = [
+    b'{"pid": ' + b"1" * 5000 + b', "seq": 0}',  # past Python's 4,300-digit int limit
+    b'{"pid": 1, "seq": 0, "ts": ' + b"7" * 4400 + b"}",
+    b'{"pid": 1, "seq": 0, "hist": {"kcops_kc_tokens": {"c": [0], "s": 1, "n": 0}}}',
+    b'{"pid": 1, "seq": 0, "hist": {"kcops_kc_ratio": {"c": ['
+    + b",".join([b"0"] * 20)
+    + b'], "s": 1'
+    + b"0" * 400
+    + b', "n": 0}}}',  # an integer sum past 1e308: float() of it raises OverflowError
+    b'{"pid": 1, "seq": 0, "process": "\\ud800"}',  # a lone surrogate
+    b'{"pid": 1, "seq": 0, "instance": "a\\udfff"}',
+    b'{"pid": 1, "seq": 0, "calls": {"\\ud83d": 1}}',  # half of an emoji's pair, as a layer
+    b'{"pid": 1, "seq": 0, "ts": NaN}',
+    b'{"pid": 1, "seq": 0, "ts": -Infinity}',
+    b'{"pid": 1, "seq": 0, "errors": {"\\ud800": 1}}',
+    b'{"pid": 1, "seq": 0, "topn": {"\\ud800": {}}}',
+    b"[" * 100_000,
+]
+
+
+@pytest.mark.parametrize("body", HOSTILE_V1, ids=range(len(HOSTILE_V1)))
+def test_hostile_v1_bodies_are_wire_errors(body: bytes, caplog: pytest.LogCaptureFixture) -> None:
+    """Each is a WireError (counted malformed, one line), never another exception."""
+    with pytest.raises(wire.WireError):
+        wire.decode(_v1(body))
+    r = ProbeReceiver("/nonexistent/probe.sock")
+    r.feed(_v1(body))
+    assert r.frames["malformed"] == 1
+    assert "Traceback" not in caplog.text and "decoder bug" not in caplog.text
+
+
+def test_a_label_utf8_cannot_encode_never_fails_the_metrics_page() -> None:
+    """Defence in depth behind the decoders: the exporter escapes it, in both formats and
+    in OTLP, instead of failing every scrape."""
+    from kcops.agent.exporter import build_registry, render
+    from kcops.agent.otlp_metrics import build_request
+    from kcops.agent.samples import Sample
+    from kcops.agent.signals import register_all
+    from kcops.agent.store import Store
+
+    store = Store()
+    register_all(store)
+    bad = (("engine", "x"), ("layer", "0"), ("process", "a\ud800b"))
+    store.add([Sample("kcops_attention_calls_total", bad, 3.0)], 100.0)
+    store.add([Sample("kcops_probe_frames_total", (("outcome", "ok"),), 2.0)], 100.0)
+    registry = build_registry(store, lambda: 100.0, 30.0)
+    for accept in (None, "application/openmetrics-text; version=1.0.0"):
+        body, _ = render(registry, accept)
+        text = body.decode()
+        assert 'process="a\\\\ud800b"} 3.0' in text, text
+        assert 'kcops_probe_frames_total{outcome="ok"} 2.0' in text
+    req = build_request(store, 100.0, started_at=0.0, stale_after_s=30.0, service_name="t")
+    assert b"a\\ud800b" in req.SerializeToString()
+
+
 def test_one_bad_frame_never_disables_the_receiver() -> None:
     r = ProbeReceiver("/nonexistent/probe.sock")
     huge = encode_v1(sample_frame()).replace(b'"0":3', b'"0":' + b"9" * 400)
