@@ -72,3 +72,7 @@ def test_one_info_line_per_process(stack: Stack) -> None:
     # the line names the engine the probe's frames say (and proves this checkout's plugin ran)
     named = re.findall(r"kcops probe installed \(pid \d+\) for engine vllm:", text)
     assert len(named) == len(found), found
+    # the worker's lines name the backend its attention runs through: at install if vLLM
+    # had imported it, else when the plugin wrapped it (vLLM imports it after the plugins)
+    backend = r"(now: [^)]*CPUAttentionBackendImpl|wrapped CPUAttentionBackendImpl\.forward)"
+    assert re.search(r"kcops probe .*" + backend, text), found
