@@ -149,13 +149,15 @@ class ProbeReceiver:
     async def start(self) -> None:
         """Bind both sockets. A failure is reported by ``collect``, never raised here."""
         loop = asyncio.get_running_loop()
+        path = self.socket_path
         try:
             sock = self._bind()
             self._sock, self._loop = sock, loop
             self._read_datagrams(True)
+            path = self.stream_path
             self.stream.start(loop)
         except OSError as exc:
-            self._start_error = f"cannot listen on {self.socket_path}: {exc.strerror or exc}"
+            self._start_error = f"cannot listen on {path}: {exc.strerror or exc}"
             log.error("probe receiver: %s", self._start_error)
         else:
             log.info("probe receiver listening on %s and %s", self.stream_path, self.socket_path)

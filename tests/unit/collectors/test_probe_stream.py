@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from kcops.agent.collectors.probe import Budget, ProbeReceiver
+from kcops.errors import CollectorUnavailable
 from kcops.kernels import wire
 from kcops.kernels.aggregate import Aggregator
 from kcops.kernels.publisher import Publisher
@@ -194,3 +195,20 @@ def test_the_stream_pauses_on_the_budget_too(sock_path: Path) -> None:
         await r.stop()
 
     asyncio.run(main())
+
+
+def test_a_stream_path_past_the_unix_limit_is_reported_by_name() -> None:
+    """The stream socket's name is 7 characters longer than the datagram socket's: a path
+    that fits only the latter must be reported, naming the one that failed."""
+    with tempfile.TemporaryDirectory(prefix="kcl-", dir="/tmp") as d:
+        path = Path(d) / ("p" * (104 - len(d) - 1))  # 104 bytes: the datagram path fits
+        r = ProbeReceiver(path)
+
+        async def main() -> None:
+            await r.start()
+            await r.stop()
+
+        asyncio.run(main())
+        assert r._start_error is not None and ".stream" in r._start_error
+        with pytest.raises(CollectorUnavailable, match="stream"):
+            r.collect(0.0)
