@@ -292,6 +292,7 @@ async def run(
             "frames_shed": float(probe.frames["shed"]),
             "series": float(series),
             "drains_per_s": drains / ticks,
+            "paused": float(probe.budget.pauses),
             "other_threads_ms_per_s": statistics.median(others) * 1e3,
         }
     finally:
@@ -350,7 +351,8 @@ def report(r: dict[str, float], args: argparse.Namespace, version: int) -> None:
     print(
         f"  probe frames            offered {offered:.0f}, sent {r['frames_sent']:.0f}, "
         f"dropped at the sender (receiver busy) {r['frames_dropped']:.0f}, "
-        f"received {r['frames_received']:.0f}, shed {r['frames_shed']:.0f}"
+        f"received {r['frames_received']:.0f}, shed {r['frames_shed']:.0f}; reading paused in "
+        f"{r['paused']:.0f} s of {args.ticks} (max_receive_ms_per_s spent)"
     )
 
 
