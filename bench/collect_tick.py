@@ -205,7 +205,13 @@ def _other_threads_cpu_s() -> float:
 
 
 async def run(
-    frames_per_s: int, ticks: int, layers: int, max_frames_per_s: int, version: int, kc_every: int
+    frames_per_s: int,
+    ticks: int,
+    layers: int,
+    max_frames_per_s: int,
+    version: int,
+    kc_every: int,
+    max_receive_ms: float,
 ) -> dict[str, float]:
     srv = ThreadingHTTPServer(("127.0.0.1", 0), Engine)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
@@ -219,7 +225,9 @@ async def run(
         pids = EnginePid(pid=child.pid)
         watch = EngineWatch(pids, kmsg_path=None)
         client = EngineClient(f"http://127.0.0.1:{srv.server_address[1]}", timeout_s=0.5, pids=pids)
-        probe = ProbeReceiver(sock, max_frames_per_s=max_frames_per_s)
+        probe = ProbeReceiver(
+            sock, max_frames_per_s=max_frames_per_s, max_receive_ms_per_s=max_receive_ms
+        )
         collectors = [
             probe,
             NvmlCollector(Nvml(fake), engine_pids=watch.pid_set),
@@ -367,6 +375,12 @@ def main() -> None:
         default=1_000_000,
         help="the receiver's shedding limit (agent default 2000; default here: no shedding)",
     )
+    ap.add_argument(
+        "--max-receive-ms-per-s",
+        type=float,
+        default=1000.0,
+        help="the receiver's time budget (agent default 250; default here: the whole second)",
+    )
     ap.add_argument("--versions", default="1,3,4", help="frame versions to run, in order")
     ap.add_argument(
         "--kc-every", type=int, default=10,
@@ -383,7 +397,7 @@ def main() -> None:
         r = asyncio.run(
             run(
                 args.frames_per_s, args.ticks, args.layers, args.max_frames_per_s, version,
-                args.kc_every,
+                args.kc_every, args.max_receive_ms_per_s,
             )
         )  # fmt: skip
         report(r, args, version)
