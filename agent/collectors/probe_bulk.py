@@ -73,6 +73,7 @@ class Shape:
         "b",
         "f64_at",
         "floats",
+        "key",
         "label",
         "layout",
         "mask",
@@ -83,8 +84,10 @@ class Shape:
         "u32_at",
     )  # fmt: skip
 
-    def __init__(self, frame: wire.Frame, key_end: int, k: int, mask: int, t: int) -> None:
+    def __init__(self, frame: wire.Frame, key: bytes, k: int, mask: int, t: int) -> None:
         lay = wire.layout(k, mask, t)
+        key_end = len(key)
+        self.key = key
         self.layout = lay
         # (engine, process): the decoder kept both within their limits
         self.label = (frame.engine, frame.process or "unknown")
@@ -118,7 +121,10 @@ def scan(data: bytes, off: int, get: Callable[[bytes], Shape | None],
          touched: list[Shape], limit: int) -> tuple[int, int]:  # fmt: skip
     """Take every frame from ``off`` on whose key is cached, up to ``limit`` frames; stops
     at anything else (another version, an unknown key, a partial frame). Returns (where
-    it stopped, frames taken)."""
+    it stopped, frames taken).
+
+    A connection sends runs of frames of one shape, so after one lookup the frames that
+    follow are matched against that shape's key in place (``startswith``, no slice)."""
     end = len(data)
     n = 0
     fb = int.from_bytes
@@ -127,17 +133,27 @@ def scan(data: bytes, off: int, get: Callable[[bytes], Shape | None],
         if kend > end:
             break
         shape = get(data[off:kend])
-        if shape is None or off + shape.size > end:
+        if shape is None:
             break
-        v = fb(data[off + shape.u32_at : off + shape.f64_at], "big")
-        shape.a += v
-        shape.b += v & shape.mask
+        key, size, ua, fa, mask = shape.key, shape.size, shape.u32_at, shape.f64_at, shape.mask
         offs = shape.offs
         if not offs:
             touched.append(shape)
-        offs.append(off)
-        off += shape.size
-        n += 1
+        a = b = 0
+        first = n
+        while n < limit and off + size <= end and data.startswith(key, off):
+            v = fb(data[off + ua : off + fa], "big")
+            a += v
+            b += v & mask
+            offs.append(off)
+            off += size
+            n += 1
+        shape.a += a
+        shape.b += b
+        if n == first:  # a partial frame of a known shape: the rest comes with the next read
+            if not offs:
+                touched.remove(shape)
+            break
     return off, n
 
 
@@ -179,7 +195,7 @@ class ShapeCache:
         ):
             self._shapes.clear()  # a flood of distinct shapes: start over, stay bounded
             self._key_bytes = 0
-        self._shapes[key] = Shape(frame, kend, k, mask, t)
+        self._shapes[key] = Shape(frame, key, k, mask, t)
         self._key_bytes += len(key)
 
     def __len__(self) -> int:
