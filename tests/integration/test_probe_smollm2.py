@@ -74,7 +74,9 @@ def test_bit_identical_and_frames_per_layer(smollm2_sdpa: tuple[Any, Any]) -> No
     passes = 1 + 4  # one forward, then a prefill and 3 decode steps for 4 new tokens
     assert frame.calls_by_layer == {str(i): passes for i in range(layers)}
     assert sum(frame.errors.values()) == 0
-    assert set(frame.kc_by_layer) == {str(i) for i in range(layers)}  # K(C) by layer
+    # K(C) by layer: the layers whose calls were sampled (half of them, at random)
+    assert frame.kc_by_layer and set(frame.kc_by_layer) <= {str(i) for i in range(layers)}
+    assert all(h.count > 0 for h in frame.kc_by_layer.values())
     assert frame.internal_errors == 0 == probe.internal_errors
 
 
