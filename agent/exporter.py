@@ -4,12 +4,17 @@ The app owns one :class:`prometheus_client.CollectorRegistry` with one
 :class:`StoreExporter` in it; nothing registers into the global registry.
 Each series is exposed with its newest value, unless that value is older
 than ``stale_after_s`` or is a staleness marker: absent stays absent.
+
+One label that UTF-8 cannot encode (a lone surrogate, from any input that let one
+through) must not cost the whole page: prometheus-client encodes the page in one
+piece, so :func:`render` renders again with such text escaped (:func:`safe_text`).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
@@ -75,7 +80,49 @@ def build_registry(store: Store, clock: Clock, stale_after_s: float) -> Collecto
     return registry
 
 
+def safe_text(text: str) -> str:
+    """``text`` if UTF-8 can encode it, else with each unencodable character (a lone
+    surrogate) written as its ``\\udXXX`` escape: visible, and encodable."""
+    if text.isascii():
+        return text
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode()
+    return text
+
+
+class _Collects(Protocol):
+    def collect(self) -> Iterator[Metric]: ...
+
+
+class _Escaped:
+    """A registry's metrics with every name, label and help text passed through
+    :func:`safe_text`: what :func:`render` falls back to."""
+
+    def __init__(self, registry: _Collects) -> None:
+        self.registry = registry
+
+    def collect(self) -> Iterator[Metric]:
+        for m in self.registry.collect():
+            m.documentation = safe_text(m.documentation)
+            m.samples = [
+                s._replace(
+                    name=safe_text(s.name),
+                    labels={safe_text(k): safe_text(v) for k, v in s.labels.items()},
+                )
+                for s in m.samples
+            ]
+            yield m
+
+
 def render(registry: CollectorRegistry, accept: str | None) -> tuple[bytes, str]:
-    """Exposition bytes and content type, negotiated from the Accept header."""
+    """Exposition bytes and content type, negotiated from the Accept header.
+
+    The page is encoded whole, so one unencodable label would fail it: then it is
+    rendered again with such text escaped (the cost of that scrape only)."""
     encoder, content_type = choose_encoder(accept or "")
-    return encoder(registry), content_type
+    try:
+        return encoder(registry), content_type
+    except UnicodeEncodeError:
+        return encoder(_Escaped(registry)), content_type  # type: ignore[arg-type]

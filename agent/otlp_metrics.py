@@ -25,7 +25,7 @@ from opentelemetry.proto.metrics.v1 import metrics_pb2 as pb
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
 from kcops import __version__
-from kcops.agent.exporter import family_of
+from kcops.agent.exporter import family_of, safe_text
 from kcops.agent.samples import SeriesKey
 from kcops.agent.store import Store
 
@@ -66,7 +66,11 @@ def _attrs(labels: Iterable[tuple[str, str]], conv: SemConv | None) -> list[KeyV
     if conv is not None:
         pairs = {ATTR_RENAME.get(k, k): v for k, v in pairs.items()}
         pairs.update(conv.extra)
-    return [KeyValue(key=k, value=AnyValue(string_value=v)) for k, v in sorted(pairs.items())]
+    # protobuf refuses text UTF-8 cannot encode: escape it rather than lose the batch
+    return [
+        KeyValue(key=safe_text(k), value=AnyValue(string_value=safe_text(v)))
+        for k, v in sorted(pairs.items())
+    ]
 
 
 @dataclass

@@ -27,6 +27,16 @@ SIGNALS: dict[str, Meta] = {
     "kcops_context_tokens": Meta(HISTOGRAM, "Context length of attention calls."),
     "kcops_probe_dropped_total": Meta(COUNTER, "Probe records dropped instead of blocking."),
     "kcops_probe_frames_total": Meta(COUNTER, "Probe frames received by the agent, by outcome."),
+    "kcops_probe_internal_errors_total": Meta(
+        COUNTER, "Failures of the probe's own measuring (never raised into the engine)."
+    ),
+    "kcops_probe_connections": Meta(GAUGE, "Probe stream connections open."),
+    "kcops_probe_connections_total": Meta(
+        COUNTER, "Probe stream connections, by outcome (accepted, refused, out_of_step)."
+    ),
+    "kcops_probe_receive_paused_total": Meta(
+        COUNTER, "Seconds in which the probe receiver spent its time budget and paused."
+    ),
     # engine /metrics, canonical names
     "kcops_request_latency_seconds": Meta(HISTOGRAM, "End-to-end request latency."),
     "kcops_ttft_seconds": Meta(HISTOGRAM, "Time to first token."),

@@ -1,4 +1,4 @@
-"""Cost of one full collection tick, as a share of the 1 s tick.
+"""Cost of one full collection tick, as a share of the 1 s tick, and of receiving probe frames.
 
 Setup (all on 127.0.0.1, nothing mocked below the collector interface except NVML):
 
@@ -7,25 +7,28 @@ Setup (all on 127.0.0.1, nothing mocked below the collector interface except NVM
 - engine: a real HTTP server (another thread) serving a ~330-series vLLM exposition
   (tests/fixtures/vllm_metrics.txt) in which a quarter of the sample lines change
   from one scrape to the next (a busy engine), fetched and mapped each tick, plus /health;
-- probe: 10,000 frames a second sent over the real Unix datagram socket by another
-  process, decoded on the agent's loop;
+- probe: 10,000 frames a second sent by another process, received on the agent's loop:
+  version 1 (JSON) and version 3 (binary, the last release's) as datagrams to the
+  datagram socket, version 4 over the stream socket through the probe's own
+  ``StreamSender`` (every ``--kc-every``-th frame with K(C) by layer, as the probe sends);
 - process, engine events and CPU device memory of a real child process tree.
 
-Measured on the loop thread with ``time.thread_time()`` (CPU of the agent's own
-thread: the server and the sender run elsewhere) and ``time.perf_counter()``
-(wall time of ``CollectorRunner.tick``). Prints medians.
+Measured with ``time.thread_time()`` on the loop thread, which does all receiving (no
+other thread of the agent receives anything; the CPU of the process's other threads,
+the fake engine's HTTP server and asyncio's executor, is printed beside it), and
+``time.perf_counter()`` (wall time of ``CollectorRunner.tick``). Prints medians.
 
-Side by side in one run: the same load with version-1 (JSON) frames, then with
-version-2 (binary) frames, and the decode cost of one frame of each
-(``time.thread_time``, best of 15 repeats).
+Side by side in one run: the same load with each version, and the decode cost of one
+frame of each (``time.thread_time``, best of 15 repeats).
 
-Run: .venv/bin/python bench/collect_tick.py [--frames-per-s 10000] [--ticks 10]
+Run: .venv/bin/python bench/collect_tick.py [--frames-per-s 10000] [--ticks 10] [--versions 1,3,4]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import random
 import statistics
 import subprocess
@@ -53,6 +56,7 @@ from kcops.agent.signals import register_all  # noqa: E402
 from kcops.agent.store import Store  # noqa: E402
 from kcops.kernels import wire  # noqa: E402
 from kcops.kernels.wire_json import encode_v1  # noqa: E402
+from kcops.kernels.wire_v3 import encode_v3  # noqa: E402
 from tests.unit.collectors.fake_pynvml import FakeNvmlModule, ProcessInfo  # noqa: E402
 
 EXPOSITION = (REPO / "tests" / "fixtures" / "vllm_metrics.txt").read_bytes()
@@ -79,32 +83,52 @@ SENDER = r"""
 import socket, sys, time
 sys.path.insert(0, {repo!r})
 from kcops.kernels import wire
+from kcops.kernels.sender import Sent, StreamSender
 from kcops.kernels.wire_json import encode_v1
+from kcops.kernels.wire_v3 import encode_v3
 path, per_s, seconds, layers = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
-encode = encode_v1 if sys.argv[5] == "1" else wire.encode
+version, kc_every = int(sys.argv[5]), int(sys.argv[6])
+encode = {{1: encode_v1, 2: lambda f: encode_v3(f, tagged=False), 3: encode_v3,
+          4: wire.encode}}[version]
 def frame(seq):
     f = wire.Frame(pid=4242, process="engine", seq=seq, instance="bench",
                    calls_by_layer={{str(i): 3 for i in range(layers)}})
     if layers > 1:
         for name in wire.PLAIN_HISTOGRAMS:
+            if version == 4 and name == wire.KC_TOKENS:
+                continue  # version 4 sends K(C) by layer
             h = wire.Histogram.of(name); h.observe(0.3); h.observe(100); f.histograms[name] = h
         for n in (16, 32, 64):
             h = wire.Histogram.of(wire.TOPN_MASS); h.observe(0.9); f.topn_mass[n] = h
+        if version == 4 and seq % kc_every == kc_every - 1:
+            for i in range(layers):
+                h = wire.Histogram.of(wire.KC_TOKENS); h.observe(100); f.kc_by_layer[str(i)] = h
+            f.kc_by_layer["0"].observe(0.3)
     return encode(f)
 frames = [frame(i) for i in range(100)]
-s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-s.setblocking(False)  # like the probe: a full receive buffer drops the frame
+if version == 4:  # what the probe does: one connection, non-blocking, drop when full
+    sender = StreamSender(wire.stream_socket_path(path))
+    def send(data):
+        return sender.send(data) is not Sent.DROPPED
+else:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    s.setblocking(False)  # like the probe: a full receive buffer drops the frame
+    def send(data):
+        try:
+            s.sendto(data, path)
+            return True
+        except (BlockingIOError, ConnectionRefusedError, FileNotFoundError):
+            return False
 start = time.monotonic(); sent = dropped = 0
 while time.monotonic() - start < seconds:
     due = int((time.monotonic() - start) * per_s)
     while sent + dropped < due:
-        try:
-            s.sendto(frames[sent % 100], path)
+        if send(frames[(sent + dropped) % 100]):
             sent += 1
-        except (BlockingIOError, ConnectionRefusedError, FileNotFoundError):
+        else:
             dropped += 1
     time.sleep(0.001)
-print(sent, dropped, len(frames[0]))
+print(sent, dropped, sum(map(len, frames)) // len(frames))
 """
 
 
@@ -128,7 +152,7 @@ class Engine(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
 
-def bench_frame(layers: int) -> wire.Frame:
+def bench_frame(layers: int, kc_layers: bool = False) -> wire.Frame:
     f = wire.Frame(pid=4242, process="engine", seq=1, instance="bench",
                    calls_by_layer={str(i): 3 for i in range(layers)})  # fmt: skip
     for name in wire.PLAIN_HISTOGRAMS:
@@ -140,23 +164,54 @@ def bench_frame(layers: int) -> wire.Frame:
         h = wire.Histogram.of(wire.TOPN_MASS)
         h.observe(0.9)
         f.topn_mass[n] = h
+    if kc_layers:
+        del f.histograms[wire.KC_TOKENS]
+        for i in range(layers):
+            h = wire.Histogram.of(wire.KC_TOKENS)
+            h.observe(100)
+            f.kc_by_layer[str(i)] = h
     return f
 
 
-def decode_us(layers: int) -> tuple[float, float]:
-    """CPU microseconds to decode one frame: (version 1 JSON, version 2 binary)."""
+def decode_us(layers: int) -> dict[str, float]:
+    """CPU microseconds to decode one frame of each version (``wire.decode``; the receiver's
+    bulk paths skip most of it for frames of a shape seen before)."""
     import timeit
 
     f = bench_frame(layers)
-    out = []
-    for data in (encode_v1(f), wire.encode(f)):
+    datas = {
+        "v1 JSON": encode_v1(f),
+        "v3 binary": encode_v3(f),
+        "v4": wire.encode(f),
+        "v4 + K(C) by layer": wire.encode(bench_frame(layers, kc_layers=True)),
+    }
+    out = {}
+    for name, data in datas.items():
         t = timeit.Timer(lambda d=data: wire.decode(d), timer=time.thread_time)  # type: ignore[misc]
-        out.append(min(t.repeat(number=2000, repeat=15)) / 2000 * 1e6)
-    return out[0], out[1]
+        out[name] = min(t.repeat(number=2000, repeat=15)) / 2000 * 1e6
+    return out
+
+
+def _other_threads_cpu_s() -> float:
+    """CPU of this process's threads other than the calling one (the fake engine's HTTP
+    server, asyncio's executor): nothing of the receiver runs there, and this shows it."""
+    me = threading.get_ident()
+    total = 0.0
+    for t in threading.enumerate():
+        if t.ident is not None and t.ident != me:
+            with contextlib.suppress(OSError, ValueError):
+                total += time.clock_gettime(time.pthread_getcpuclockid(t.ident))
+    return total
 
 
 async def run(
-    frames_per_s: int, ticks: int, layers: int, max_frames_per_s: int, version: int
+    frames_per_s: int,
+    ticks: int,
+    layers: int,
+    max_frames_per_s: int,
+    version: int,
+    kc_every: int,
+    max_receive_ms: float,
 ) -> dict[str, float]:
     srv = ThreadingHTTPServer(("127.0.0.1", 0), Engine)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
@@ -170,7 +225,9 @@ async def run(
         pids = EnginePid(pid=child.pid)
         watch = EngineWatch(pids, kmsg_path=None)
         client = EngineClient(f"http://127.0.0.1:{srv.server_address[1]}", timeout_s=0.5, pids=pids)
-        probe = ProbeReceiver(sock, max_frames_per_s=max_frames_per_s)
+        probe = ProbeReceiver(
+            sock, max_frames_per_s=max_frames_per_s, max_receive_ms_per_s=max_receive_ms
+        )
         collectors = [
             probe,
             NvmlCollector(Nvml(fake), engine_pids=watch.pid_set),
@@ -196,11 +253,13 @@ async def run(
                 str(ticks + 0.5),
                 str(layers),
                 str(version),
+                str(kc_every),
             ],
             stdout=subprocess.PIPE,
             text=True,
         )
-        wall, cpu_tick, cpu_total, probe_s = [], [], [], []
+        wall, cpu_tick, cpu_total, probe_s, others = [], [], [], [], []
+        drains0, others0 = probe.stream.drains, _other_threads_cpu_s()
         for i in range(1, ticks + 1):
             c0 = time.thread_time()
             w0 = time.perf_counter()
@@ -213,6 +272,10 @@ async def run(
             # the rest of the second: the loop receives probe frames
             await asyncio.sleep(max(0.0, 1.0 - (w1 - w0)))
             cpu_total.append(time.thread_time() - c0)
+            o = _other_threads_cpu_s()
+            others.append(o - others0)
+            others0 = o
+        drains = probe.stream.drains - drains0
         loop = asyncio.get_running_loop()
         sent_line = (await loop.run_in_executor(None, sender.communicate))[0].split()
         await asyncio.sleep(0.2)
@@ -236,6 +299,9 @@ async def run(
             "frames_received": float(frames_ok),
             "frames_shed": float(probe.frames["shed"]),
             "series": float(series),
+            "drains_per_s": drains / ticks,
+            "paused": float(probe.budget.pauses),
+            "other_threads_ms_per_s": statistics.median(others) * 1e3,
         }
     finally:
         child.kill()
@@ -243,34 +309,58 @@ async def run(
         srv.shutdown()
 
 
+# Version 3 is what earlier runs called "v2": the binary frames of the last release (a
+# version 2 body behind the engine tag); version 2 itself costs the same.
+NAMES = {
+    1: "v1 JSON, datagrams",
+    2: "v2 binary, datagrams",
+    3: "v3 binary, datagrams",
+    4: "v4, stream socket",
+}
+
+
+def at_rate_ms(r: dict[str, float], frames_per_s: int) -> float:
+    """Loop CPU a second at the offered rate: the tick plus the measured cost a frame
+    received times the frames offered (equal to the measured figure when none dropped)."""
+    per_frame_ms = (r["loop_cpu_total_ms"] - r["tick_cpu_total_ms"]) / max(
+        1.0, r["frames_received"]
+    )
+    return r["tick_cpu_ms"] + per_frame_ms * frames_per_s
+
+
 def report(r: dict[str, float], args: argparse.Namespace, version: int) -> None:
+    kc = f", K(C) by layer in every {args.kc_every}th frame" if version == 4 else ""
     print(
-        f"collect_tick (frames v{version}): 8 fake GPUs, {r['series']:.0f} series in store, "
+        f"collect_tick ({NAMES[version]}): 8 fake GPUs, {r['series']:.0f} series in store, "
         f"vLLM exposition {len(EXPOSITION)} bytes, probe {args.frames_per_s} frames/s "
-        f"({r['frame_bytes']:.0f} B, {args.layers} layers), {args.ticks} ticks"
+        f"({r['frame_bytes']:.0f} B mean, {args.layers} layers{kc}), {args.ticks} ticks"
     )
     print(
         f"  tick (collectors only)  wall {r['tick_wall_ms']:.2f} ms   cpu {r['tick_cpu_ms']:.2f} ms"
-        f"   = {r['tick_cpu_ms'] / 10:.2f}% of a 1 s tick"
+        f"   = {r['tick_cpu_ms'] / 10:.2f}% of a 1 s tick (frames received meanwhile included)"
     )
+    received_per_s = r["frames_received"] / args.ticks
     print(
         f"  loop thread per second  cpu {r['loop_cpu_per_s_ms']:.1f} ms"
-        f"   = {r['loop_cpu_per_s_ms'] / 10:.1f}% of a 1 s tick (tick + probe frames)"
+        f"   = {r['loop_cpu_per_s_ms'] / 10:.1f}% of a core (tick + {received_per_s:.0f} frames/s"
+        f" received; {r['drains_per_s']:.0f} stream reads/s); other threads of the process "
+        f"(fake engine, executor; no receiving) {r['other_threads_ms_per_s']:.1f} ms"
     )
     per_frame_us = (
         (r["loop_cpu_total_ms"] - r["tick_cpu_total_ms"]) * 1e3 / max(1.0, r["frames_received"])
     )
-    at_rate = r["tick_cpu_ms"] + per_frame_us * args.frames_per_s / 1e3
     print(
         f"  probe collector per tick wall {r['probe_collect_ms']:.2f} ms"
         f" = {r['probe_collect_ms'] / 10:.2f}% of a tick; receiving costs {per_frame_us:.1f} us "
-        f"CPU a frame: at {args.frames_per_s}/s the loop needs {at_rate / 10:.1f}% of a core"
+        f"CPU a frame: at {args.frames_per_s}/s the loop needs "
+        f"{at_rate_ms(r, args.frames_per_s) / 10:.1f}% of a core"
     )
     offered = r["frames_sent"] + r["frames_dropped"]
     print(
         f"  probe frames            offered {offered:.0f}, sent {r['frames_sent']:.0f}, "
         f"dropped at the sender (receiver busy) {r['frames_dropped']:.0f}, "
-        f"decoded {r['frames_received']:.0f}, shed {r['frames_shed']:.0f}"
+        f"received {r['frames_received']:.0f}, shed {r['frames_shed']:.0f}; reading paused in "
+        f"{r['paused']:.0f} s of {args.ticks} (max_receive_ms_per_s spent)"
     )
 
 
@@ -285,25 +375,36 @@ def main() -> None:
         default=1_000_000,
         help="the receiver's shedding limit (agent default 2000; default here: no shedding)",
     )
-    ap.add_argument("--versions", default="1,2", help="frame versions to run, in order")
+    ap.add_argument(
+        "--max-receive-ms-per-s",
+        type=float,
+        default=1000.0,
+        help="the receiver's time budget (agent default 250; default here: the whole second)",
+    )
+    ap.add_argument("--versions", default="1,3,4", help="frame versions to run, in order")
+    ap.add_argument(
+        "--kc-every", type=int, default=10,
+        help="v4: K(C) by layer in every Nth frame (the probe's default: 10 s at 1 s flushes)",
+    )  # fmt: skip
     args = ap.parse_args()
-    v1_us, v2_us = decode_us(args.layers)
+    costs = decode_us(args.layers)
     print(
-        f"decode one frame ({args.layers} layers, 7 histograms): v1 JSON {v1_us:.1f} us, "
-        f"v2 binary {v2_us:.1f} us: v2 costs 1/{v1_us / v2_us:.1f} of v1"
+        f"decode one frame ({args.layers} layers, 7 histograms; wire.decode): "
+        + ", ".join(f"{k} {v:.1f} us" for k, v in costs.items())
     )
     loop = {}
     for version in (int(v) for v in args.versions.split(",")):
         r = asyncio.run(
-            run(args.frames_per_s, args.ticks, args.layers, args.max_frames_per_s, version)
-        )
+            run(
+                args.frames_per_s, args.ticks, args.layers, args.max_frames_per_s, version,
+                args.kc_every, args.max_receive_ms_per_s,
+            )
+        )  # fmt: skip
         report(r, args, version)
-        per_frame = (r["loop_cpu_total_ms"] - r["tick_cpu_total_ms"]) / max(
-            1.0, r["frames_received"]
-        )
-        loop[version] = r["tick_cpu_ms"] + per_frame * args.frames_per_s
-    if 1 in loop and 2 in loop:
-        print(f"loop CPU per second at the offered rate: v1 / v2 = {loop[1] / loop[2]:.1f}x")
+        loop[version] = at_rate_ms(r, args.frames_per_s)
+    if 4 in loop:
+        ratios = ", ".join(f"{NAMES[v]} / v4 = {loop[v] / loop[4]:.1f}x" for v in loop if v != 4)
+        print(f"loop CPU per second at the offered rate: {ratios}")
 
 
 if __name__ == "__main__":

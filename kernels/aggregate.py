@@ -4,6 +4,11 @@ The hot path calls :meth:`Aggregator.call` on every attention call and the
 ``observe_*`` methods on sampled calls; the publisher thread calls
 :meth:`Aggregator.take` to swap the deltas out. One lock, held for a few
 dictionary updates, keeps a flush from tearing a call's update in half.
+
+K(C) (``kcops_kc_tokens``) is kept by layer and leaves with a frame only when the
+publisher asks (every ``kc_layers_interval_ms``): one histogram per layer would make
+every frame several times larger. Its layers stay listed once seen (with zeros),
+so that the frames of a probe keep one shape, which the agent then reads in one step.
 """
 
 from __future__ import annotations
@@ -13,6 +18,9 @@ from bisect import bisect_left
 
 from kcops.kernels import wire
 
+# Histograms of every frame; kcops_kc_tokens goes by layer (``kc_by_layer``).
+PER_FRAME = tuple(n for n in wire.PLAIN_HISTOGRAMS if n != wire.KC_TOKENS)
+
 
 class Aggregator:
     """Counters and fixed-bucket histograms since the last :meth:`take`."""
@@ -20,6 +28,7 @@ class Aggregator:
     def __init__(self, topn: tuple[int, ...]) -> None:
         self._lock = threading.Lock()
         self._topn = topn
+        self.kc: dict[str, wire.Histogram] = {}  # by layer, since the last take with K(C)
         self._reset()
 
     def after_fork_in_child(self) -> None:
@@ -29,9 +38,8 @@ class Aggregator:
     def _reset(self) -> None:
         self.calls: dict[str, int] = {}
         self.errors: dict[str, int] = dict.fromkeys(wire.ERROR_KINDS, 0)
-        self.hist: dict[str, wire.Histogram] = {
-            name: wire.Histogram.of(name) for name in wire.PLAIN_HISTOGRAMS
-        }
+        self.internal_errors = 0
+        self.hist: dict[str, wire.Histogram] = {name: wire.Histogram.of(name) for name in PER_FRAME}
         self.topn: dict[int, wire.Histogram] = {
             n: wire.Histogram.of(wire.TOPN_MASS) for n in self._topn
         }
@@ -49,25 +57,44 @@ class Aggregator:
         with self._lock:
             self.errors[kind] += n
 
+    def internal_error(self) -> None:
+        """The probe's own measuring failed (never the kernel's: that is ``error``)."""
+        with self._lock:
+            self.internal_errors += 1
+
     def observe_seconds(self, seconds: float) -> None:
         with self._lock:
             self.hist[wire.ATTENTION_SECONDS].observe(seconds)
 
-    def observe_kc(self, k_tokens: int, ratio: float, topn_mass: dict[int, float]) -> None:
-        """One sampled query row: K_p (first p value), κ and its top-N masses."""
+    def observe_kc(
+        self, layer: str, k_tokens: int, ratio: float, topn_mass: dict[int, float]
+    ) -> None:
+        """One sampled query row of ``layer``: K_p (first p value), κ and its top-N masses."""
         with self._lock:
-            self.hist[wire.KC_TOKENS].observe(k_tokens)
+            h = self.kc.get(layer)
+            if h is None:
+                h = self.kc[layer] = wire.Histogram.of(wire.KC_TOKENS)
+            h.observe(k_tokens)
             self.hist[wire.KC_RATIO].observe(ratio)
             for n, mass in topn_mass.items():
-                h = self.topn.get(n)
-                if h is not None:
-                    h.observe(mass)
+                t = self.topn.get(n)
+                if t is not None:
+                    t.observe(mass)
 
-    def take(self, pid: int, process: str, seq: int, instance: str, ts: float) -> wire.Frame:
-        """The deltas since the previous take, as a frame; the aggregate starts again empty."""
+    def take(
+        self, pid: int, process: str, seq: int, instance: str, ts: float, *, kc: bool = True
+    ) -> wire.Frame:
+        """The deltas since the previous take, as a frame; the aggregate starts again empty.
+
+        K(C) by layer comes along only with ``kc`` (else it keeps summing until a take that
+        asks): every layer seen so far, zeros included."""
         with self._lock:
             calls, errors, hist, topn = self.calls, self.errors, self.hist, self.topn
+            internal = self.internal_errors
             self._reset()
+            by_layer = {}
+            if kc:
+                by_layer, self.kc = self.kc, {n: wire.Histogram.of(wire.KC_TOKENS) for n in self.kc}
         return wire.Frame(
             pid=pid,
             process=process,
@@ -78,4 +105,6 @@ class Aggregator:
             errors=errors,
             histograms=hist,
             topn_mass=topn,
+            kc_by_layer=by_layer,
+            internal_errors=internal,
         )

@@ -31,7 +31,11 @@ class ProbeConfig:
     - ``p_values``: attention-mass levels of K_p.
     - ``topn``: N values of the top-N mass histograms.
     - ``flush_interval_ms``: how often the aggregate goes to the agent.
-    - ``socket_path``: the agent's Unix datagram socket.
+    - ``kc_layers_interval_ms``: how often K(C) by layer goes with it (in the frame of
+      every ``round(kc_layers_interval_ms / flush_interval_ms)``-th flush, at least every
+      flush): a histogram per layer makes a frame several times larger.
+    - ``socket_path``: the agent's socket (``kcops.kernels.wire.default_socket_path``);
+      the probe connects to its stream socket beside it (``wire.stream_socket_path``).
     - ``integrations``: which engines to patch (``transformers``, ``torch_sdpa``, ``vllm``).
     - ``nvtx``: push an NVTX range per call.
     - ``check_every_call``: NaN/Inf check on every call (True) or only on sampled calls.
@@ -51,6 +55,7 @@ class ProbeConfig:
     p_values: tuple[float, ...] = (0.9,)
     topn: tuple[int, ...] = (16, 32, 64)
     flush_interval_ms: int = 1000
+    kc_layers_interval_ms: int = 10_000
     socket_path: str = field(default_factory=default_socket_path)
     integrations: tuple[str, ...] = INTEGRATIONS
     nvtx: bool = True
@@ -74,6 +79,10 @@ class ProbeConfig:
             raise ProbeConfigError(f"topn={self.topn!r}: allowed ints >= 1")
         if self.flush_interval_ms < 10:
             raise ProbeConfigError(f"flush_interval_ms={self.flush_interval_ms!r}: allowed >= 10")
+        if not 10 <= self.kc_layers_interval_ms <= 3_600_000:
+            raise ProbeConfigError(
+                f"kc_layers_interval_ms={self.kc_layers_interval_ms!r}: allowed 10..3600000"
+            )
         unknown = set(self.integrations) - set(INTEGRATIONS)
         if unknown:
             raise ProbeConfigError(
@@ -89,7 +98,8 @@ class ProbeConfig:
     @classmethod
     def from_env(cls) -> ProbeConfig:
         """Defaults overridden by ``KCOPS_PROBE_*`` variables (used by ``kcops.kernels.run``
-        and the vLLM plugin): SAMPLE_RATE, ROWS, P, TOPN, FLUSH_MS, SOCKET, INTEGRATIONS, ENGINE."""
+        and the vLLM plugin): SAMPLE_RATE, ROWS, P, TOPN, FLUSH_MS, KC_LAYERS_MS, SOCKET,
+        INTEGRATIONS, ENGINE."""
         env = os.environ
         kw: dict[str, object] = {}
         try:
@@ -104,6 +114,8 @@ class ProbeConfig:
                 kw["topn"] = tuple(int(x) for x in env["KCOPS_PROBE_TOPN"].split(","))
             if "KCOPS_PROBE_FLUSH_MS" in env:
                 kw["flush_interval_ms"] = int(env["KCOPS_PROBE_FLUSH_MS"])
+            if "KCOPS_PROBE_KC_LAYERS_MS" in env:
+                kw["kc_layers_interval_ms"] = int(env["KCOPS_PROBE_KC_LAYERS_MS"])
             if "KCOPS_PROBE_INTEGRATIONS" in env:
                 kw["integrations"] = tuple(
                     x.strip() for x in env["KCOPS_PROBE_INTEGRATIONS"].split(",") if x.strip()

@@ -1,26 +1,39 @@
 """K(C) from a paged KV cache (vLLM): the keys of a sampled query row are gathered
 from the cache blocks that the attention metadata's block table names.
 
-vLLM writes the step's keys into its cache before ``Impl.forward`` runs
-(``forward_includes_kv_cache_update = False`` on the CPU backend), so inside a
-wrapped ``forward`` the cache holds every key the call attends over. For each of
+The probe reads the cache after the wrapped ``forward`` returned, so it holds every key
+the call attended over, whether vLLM wrote this step's keys before ``forward`` (the
+CPU, FlashAttention and Triton backends: ``forward_includes_kv_cache_update = False``)
+or inside it. For each of
 at most ``max_seqs`` sequences of the batch, the last query row (the decode row;
 for a prefill chunk, its last token) is recomputed over the sequence's
 ``seq_lens[i]`` keys, through the same :func:`kcops.kernels.kc.kc_rows` that the
 transformers integration uses (sequences padded to the longest, padding masked).
 
-Layouts read (self-checked, see below):
+Layouts read (self-checked, see below), all as vLLM 0.32 hands ``kv_cache`` to ``forward``:
 
-- ``cpu``: ``[num_blocks, num_kv_heads, block_size, 2 * head_size]``, keys in the
-  first ``block_size * head_size`` elements of each (block, head) — how vLLM's
-  ``CPUAttentionBackendImpl`` views it (``view(nb, h, 2 * bs, d).chunk(2, dim=2)``);
-- ``flash``: ``[2, num_blocks, block_size, num_kv_heads, head_size]`` (FlashAttention).
+- ``interleaved``: ``[num_blocks, num_kv_heads, block_size, 2 * head_size]`` with each
+  token's key in its first ``head_size`` elements and its value after it, read through
+  the tensor's own strides (so any physical order vLLM chose, e.g. ``LBNHC``): how
+  ``FlashAttentionImpl``, ``TritonAttentionImpl`` and ``FlexAttentionImpl`` split it
+  (``kv_cache.transpose(1, 2).split(head_size, dim=-1)``);
+- ``split``: the same shape, but each (block, head) holds all its keys and then all its
+  values: how ``CPUAttentionBackendImpl`` views it (``view(nb, h, 2 * bs, d).chunk(2,
+  dim=2)``), with the keys of a block packed in one of :data:`LAYOUTS`;
+- ``stacked``: ``[2, num_blocks, block_size, num_kv_heads, head_size]``, FlashAttention
+  before vLLM's per-layer ``[blocks, heads, block, 2 * head]`` view.
 
-The self-check: the last key the step wrote for a sequence is also the ``key``
-argument of the call; if the gathered copy differs, the layout is not what this
-module thinks and :class:`PagedLayoutError` is raised (the probe counts it as an
-internal error, logs it once and never raises into the engine). A K(C) value is
-either right or absent.
+The self-check: the keys this step wrote for a sequence are also the ``key`` argument of
+the call; if the gathered copies differ, the layout is not what this module thinks and
+:class:`PagedLayoutError` is raised (the probe counts it as an internal error, logs it
+once and never raises into the engine). A K(C) value is either right or absent. Which
+layout an attention class uses is found once (the first one whose keys match) and then
+checked on every call.
+
+Sliding windows are read as the backends store them: an int window ``W`` (the CPU
+backend; ``-1`` or 0 for none) or a ``(left, right)`` pair (FlashAttention, Triton,
+FlashInfer, ROCm: ``(W - 1, 0)``, ``(-1, -1)`` for none); the row then sees its last
+``W`` keys. A window this module cannot read gives no K(C).
 
 Calls whose attention this recomputation would not reproduce give no K(C) (None,
 not an error): encoder / cross attention, ALiBi, logits soft-capping, attention
@@ -39,7 +52,7 @@ from kcops.kernels.probe import KcInputs
 
 
 class PagedLayoutError(RuntimeError):
-    """The KV cache is not laid out as expected (the gathered last key does not match)."""
+    """The KV cache is not laid out as expected (the gathered keys do not match)."""
 
 
 def _supported(impl: Any, meta: Any, kv_cache: Any) -> bool:
@@ -53,26 +66,13 @@ def _supported(impl: Any, meta: Any, kv_cache: Any) -> bool:
         return False
     if str(getattr(impl, "kv_cache_dtype", "auto")) != "auto":
         return False
+    if getattr(impl, "kv_sharing_target_layer_name", None):
+        return False  # the cache holds another layer's keys, not this call's
     if getattr(meta, "causal", True) is not True:
         return False
     if getattr(meta, "dynamic_causal", None) is not None:
         return False
     return all(hasattr(meta, f) for f in ("seq_lens", "block_table", "query_start_loc"))
-
-
-def key_region(kv_cache: torch.Tensor, num_kv_heads: int) -> tuple[torch.Tensor, int]:
-    """The key half of the cache as raw ``[num_blocks, num_kv_heads, block_size * head_size]``
-    (a view, no copy), and the block size."""
-    if kv_cache.dim() == 4 and kv_cache.shape[1] == num_kv_heads:  # cpu
-        nb, h, bs, two_d = kv_cache.shape
-        return kv_cache.view(nb, h, 2 * bs * (two_d // 2))[:, :, : bs * (two_d // 2)], bs
-    if kv_cache.dim() == 5 and kv_cache.shape[0] == 2 and kv_cache.shape[3] == num_kv_heads:
-        k = kv_cache[0].permute(0, 2, 1, 3)  # flash: [nb, bs, h, d] -> [nb, h, bs, d]
-        return k.reshape(k.shape[0], k.shape[1], -1), int(k.shape[2])
-    raise PagedLayoutError(
-        f"kv_cache of shape {tuple(kv_cache.shape)}: expected [blocks, {num_kv_heads} heads, "
-        f"block, 2*head] (cpu) or [2, blocks, block, {num_kv_heads} heads, head] (flash)"
-    )
 
 
 def _rowmajor(x: torch.Tensor, bs: int, d: int) -> torch.Tensor:
@@ -114,6 +114,61 @@ LAYOUTS: dict[str, Callable[[torch.Tensor, int, int], torch.Tensor]] = {
 _layout_of: dict[type, str] = {}
 
 
+def _gather_blocks(
+    cache: torch.Tensor, block_row: torch.Tensor, stop: int, bs: int
+) -> torch.Tensor:
+    """Blocks ``0..`` of one sequence that hold positions ``0..stop-1`` (a copy of those
+    only), selected along ``cache``'s first dimension."""
+    n = (stop - 1) // bs + 1
+    ids = block_row[:n].to(device=cache.device, dtype=torch.long)
+    return cache.index_select(0, ids)
+
+
+def _interleaved(
+    kv_cache: torch.Tensor, block_row: torch.Tensor, stop: int, d: int
+) -> torch.Tensor:
+    _, h, bs, _ = kv_cache.shape
+    k = _gather_blocks(kv_cache, block_row, stop, bs)[..., :d]  # [n, h, bs, d]
+    return k.permute(1, 0, 2, 3).reshape(h, -1, d)[:, :stop]
+
+
+def _stacked(kv_cache: torch.Tensor, block_row: torch.Tensor, stop: int, d: int) -> torch.Tensor:
+    _, _, bs, h, _ = kv_cache.shape
+    k = _gather_blocks(kv_cache[0], block_row, stop, bs)  # [n, bs, h, d]
+    return k.permute(2, 0, 1, 3).reshape(h, -1, d)[:, :stop]
+
+
+def _split(
+    unpack: Callable[[torch.Tensor, int, int], torch.Tensor],
+) -> Callable[[torch.Tensor, torch.Tensor, int, int], torch.Tensor]:
+    def read(kv_cache: torch.Tensor, block_row: torch.Tensor, stop: int, d: int) -> torch.Tensor:
+        nb, h, bs, _ = kv_cache.shape
+        region = kv_cache.view(nb, h, 2 * bs * d)[:, :, : bs * d]  # needs a contiguous cache
+        return gather_keys(region, bs, d, block_row, stop, unpack)
+
+    return read
+
+
+Reader = Callable[[torch.Tensor, torch.Tensor, int, int], torch.Tensor]
+
+
+def readers(kv_cache: torch.Tensor, num_kv_heads: int, d: int) -> dict[str, Reader]:
+    """The layouts ``kv_cache`` could be in, by name, in the order they are tried: each
+    reads the keys of positions ``0..stop-1`` of one sequence as ``[num_kv_heads, stop, d]``."""
+    shape = tuple(kv_cache.shape)
+    if len(shape) == 4 and shape[1] == num_kv_heads and shape[3] == 2 * d:
+        out: dict[str, Reader] = {"interleaved": _interleaved}
+        if kv_cache.is_contiguous():
+            out.update({f"split:{name}": _split(unpack) for name, unpack in LAYOUTS.items()})
+        return out
+    if len(shape) == 5 and shape[0] == 2 and shape[3] == num_kv_heads and shape[4] == d:
+        return {"stacked": _stacked}
+    raise PagedLayoutError(
+        f"kv_cache of shape {shape}: expected [blocks, {num_kv_heads} heads, block, {2 * d}] "
+        f"(vLLM 0.32) or [2, blocks, block, {num_kv_heads} heads, {d}] (older FlashAttention)"
+    )
+
+
 def gather_keys(
     region: torch.Tensor,
     bs: int,
@@ -122,31 +177,54 @@ def gather_keys(
     stop: int,
     unpack: Callable[[torch.Tensor, int, int], torch.Tensor],
 ) -> torch.Tensor:
-    """Keys of positions ``0..stop-1`` of one sequence, ``[num_kv_heads, stop, d]``."""
-    n = (stop - 1) // bs + 1
-    ids = block_row[:n].to(device=region.device, dtype=torch.long)
-    raw = region.index_select(0, ids)  # [n, h, bs*d], a copy of these blocks only
+    """Keys of positions ``0..stop-1`` of one sequence from a key region ``[num_blocks,
+    num_kv_heads, block_size * head_size]`` packed as ``unpack`` says: ``[num_kv_heads,
+    stop, d]``."""
+    raw = _gather_blocks(region, block_row, stop, bs)  # [n, h, bs*d]
     k = unpack(raw, bs, d)  # [n, h, bs, d]
-    return k.permute(1, 0, 2, 3).reshape(region.shape[1], n * bs, d)[:, :stop]
+    return k.permute(1, 0, 2, 3).reshape(region.shape[1], -1, d)[:, :stop]
+
+
+def _matches(k: torch.Tensor, written: torch.Tensor) -> bool:
+    """The last ``len(written)`` keys of ``k`` ``[h, stop, d]`` are ``written`` ``[t, h, d]``."""
+    t = written.shape[0]
+    return k.shape[1] >= t and torch.equal(k[:, -t:], written.transpose(0, 1).to(k.dtype))
 
 
 def _find_layout(
-    impl: Any, region: torch.Tensor, bs: int, d: int, block_row: torch.Tensor, stop: int,
-    written: torch.Tensor,
+    impl: Any, found: dict[str, Reader], kv_cache: torch.Tensor, block_row: torch.Tensor,
+    stop: int, d: int, written: torch.Tensor,
 ) -> str:  # fmt: skip
     known = _layout_of.get(type(impl))
-    if known is not None:
+    if known is not None and known in found:
         return known
-    for name, unpack in LAYOUTS.items():
+    for name, read in found.items():
         with contextlib.suppress(RuntimeError):
-            k = gather_keys(region, bs, d, block_row, stop, unpack)
-            if torch.equal(k[:, -1], written.to(k.dtype)):
+            if _matches(read(kv_cache, block_row, stop, d), written):
                 _layout_of[type(impl)] = name
                 return name
     raise PagedLayoutError(
-        f"no known layout of {type(impl).__name__}'s key blocks holds the key the call wrote "
-        f"at position {stop - 1} (block {bs} tokens, head {d}; tried {', '.join(LAYOUTS)})"
+        f"no known layout of {type(impl).__name__}'s KV cache holds the keys the call wrote "
+        f"at positions up to {stop - 1} (cache {tuple(kv_cache.shape)}, head {d}; tried "
+        f"{', '.join(found)})"
     )
+
+
+def window_of(impl: Any) -> int | None:
+    """The keys a row sees, counted back from its own (``W``), None for all of them;
+    raises ValueError for a window this module cannot read."""
+    w = getattr(impl, "sliding_window", None)
+    if w is None or isinstance(w, bool):
+        return None
+    if isinstance(w, int):
+        return w if w > 0 else None
+    if isinstance(w, tuple | list) and len(w) == 2 and all(type(x) is int for x in w):
+        left, right = w
+        if left < 0:
+            return None
+        if right in (0, -1):  # causal: nothing to the right either way
+            return left + 1
+    raise ValueError(f"sliding_window {w!r} is not an int or a causal (left, right) pair")
 
 
 def kc_inputs(
@@ -167,32 +245,32 @@ def kc_inputs(
     if meta is None or query.dim() != 3 or not _supported(impl, meta, kv_cache):
         return None
     hkv = int(getattr(impl, "num_kv_heads", 0)) or None
-    if hkv is None:
+    if hkv is None or key is None:
+        return None  # without this step's keys nothing checks the layout: no value, no guess
+    try:
+        window = window_of(impl)
+    except ValueError:
         return None
-    region, bs = key_region(kv_cache, hkv)
     d = int(query.shape[-1])
+    found = readers(kv_cache, hkv, d)
     qsl = meta.query_start_loc.tolist()
     seq_lens = meta.seq_lens.tolist()
     n = min(len(qsl) - 1, len(seq_lens), max_seqs)
-    if n <= 0:
-        return None
-    window = int(getattr(impl, "sliding_window", -1) or -1)
     rows, keys = [], []
-    for i in range(n):
-        last_row, length = qsl[i + 1] - 1, int(seq_lens[i])
-        if last_row < qsl[i] or length <= 0:
+    for i in range(max(0, n)):
+        first, last_row, length = qsl[i], qsl[i + 1] - 1, int(seq_lens[i])
+        if last_row < first or length <= 0 or last_row - first >= length:
             continue
-        if key is None:
-            return None  # nothing to check the layout against: no value rather than a guess
-        written = key[last_row]
-        name = _find_layout(impl, region, bs, d, meta.block_table[i], length, written)
-        k = gather_keys(region, bs, d, meta.block_table[i], length, LAYOUTS[name])
-        if not torch.equal(k[:, -1], written.to(k.dtype)):
+        written = key[first : last_row + 1]  # this step's keys: positions up to length - 1
+        row = meta.block_table[i]
+        name = _find_layout(impl, found, kv_cache, row, length, d, written)
+        k = found[name](kv_cache, row, length, d)
+        if not _matches(k, written):
             raise PagedLayoutError(
-                f"the gathered key of sequence {i} at position {length - 1} differs from the "
-                f"key the call wrote there (layout {name}, cache shape {tuple(kv_cache.shape)})"
+                f"the gathered keys of sequence {i} up to position {length - 1} differ from "
+                f"the keys the call wrote there (layout {name}, cache {tuple(kv_cache.shape)})"
             )
-        if window > 0:
+        if window is not None:
             k = k[:, max(0, length - window) :]
         rows.append(last_row)
         keys.append(k)

@@ -4,9 +4,10 @@ Always: an NVTX range named for the layer, a call counter, the context length
 and (by default) a NaN/Inf check of the output (checked in groups of calls, see
 kcops.kernels.errcheck; counted by the next flush at the latest). On a sampled call: wall time
 (CUDA events on a GPU, read at flush; ``perf_counter_ns`` on the CPU) and K(C)
-of a few query rows. Exceptions of the kernel are counted and re-raised; an
-exception of the probe's own measuring is counted in ``internal_errors`` and
-swallowed, so the probe cannot break the engine.
+of a few query rows, by layer. Exceptions of the kernel are counted and re-raised; an
+exception of the probe's own measuring is counted in ``internal_errors`` (and sent:
+``kcops_probe_internal_errors_total``) and swallowed, so the probe cannot break the
+engine.
 """
 
 from __future__ import annotations
@@ -80,6 +81,7 @@ class Probe:
             before_flush=self._resolve_deferred,
             enabled=config.publish,
             engine=config.engine,
+            kc_every=max(1, round(config.kc_layers_interval_ms / config.flush_interval_ms)),
         )
         self.ranges = Ranges(config.nvtx)
         self.records: list[tuple[str, KcRow]] = []
@@ -233,9 +235,14 @@ class Probe:
                 if inputs is not None:
                     self._kc(layer, inputs)
         except Exception as exc:
-            self.internal_errors += 1
+            self._internal_error()
             if self.internal_errors == 1:
                 log.warning("kcops probe: measuring failed (reported once): %r", exc)
+
+    def _internal_error(self) -> None:
+        """Count a failure of the probe's own measuring, here and in the next frame."""
+        self.internal_errors += 1
+        self.aggregator.internal_error()
 
     def _kc(self, layer: str, inputs: KcInputs) -> None:
         cfg = self.config
@@ -258,7 +265,7 @@ class Probe:
     def _record(self, layer: str, result: KcResult) -> None:
         p0 = self._p0
         for row in result.to_rows():
-            self.aggregator.observe_kc(row.k_union[p0], row.kappa(p0), row.topn_mass)
+            self.aggregator.observe_kc(layer, row.k_union[p0], row.kappa(p0), row.topn_mass)
             if self.config.record:
                 self.records.append((layer, row))
 
@@ -276,11 +283,11 @@ class Probe:
                 else:
                     self._record(*data)
             except Exception:
-                self.internal_errors += 1
+                self._internal_error()
         try:
             self.errcheck.drain()
         except Exception:
-            self.internal_errors += 1
+            self._internal_error()
 
     def resolve_pending(self) -> None:
         """Bring everything measured so far into the aggregate now: deferred GPU readings,
@@ -289,5 +296,6 @@ class Probe:
         self._resolve_deferred()
 
     def flush(self) -> int:
-        """Publish now (tests and ``uninstall``); returns frames sent."""
-        return self.publisher.flush()
+        """Publish now, K(C) by layer included (tests and ``uninstall``); returns frames
+        sent."""
+        return self.publisher.flush(kc=True)

@@ -1,23 +1,23 @@
-"""Sends the aggregate to the agent every flush interval over a Unix datagram socket.
+"""Sends the aggregate to the agent every flush interval over a Unix stream socket.
 
-Never blocks the engine: the socket is non-blocking, a frame that cannot be
-sent (no agent, agent slow, buffer full) is dropped and counted. Sending runs
-on a daemon thread; after ``fork()`` the child starts its own thread and
-sequence (vLLM starts engine and worker processes that way).
+Never blocks the engine: the connection is non-blocking (:mod:`kcops.kernels.sender`),
+a frame that cannot be sent (no agent, agent slow, queue full) is dropped and counted,
+and the next frame that goes says how many were dropped since the last one did.
+Sending runs on a daemon thread; after ``fork()`` the child starts its own thread,
+sequence and connection (vLLM starts engine and worker processes that way).
 """
 
 from __future__ import annotations
 
 import os
-import socket
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Callable
 
 from kcops.kernels import wire
 from kcops.kernels.aggregate import Aggregator
+from kcops.kernels.sender import Sent, StreamSender
 
 
 def _process_name() -> str:
@@ -32,14 +32,15 @@ def _process_name() -> str:
 
 
 class Publisher:
-    """Flushes ``aggregator`` to ``socket_path`` every ``interval_s``.
+    """Flushes ``aggregator`` to the agent at ``socket_path`` every ``interval_s``.
 
-    ``before_flush`` runs on the publisher thread first (the probe resolves
-    deferred GPU readings there). ``send`` is the datagram sender; tests pass
-    their own. With ``wait_for_attention`` nothing is sent until the process has
-    run an attention call: an engine's API server and scheduler load the probe
-    too (vLLM's plugin runs in every process) but never run attention, and
-    heartbeats from them would only add all-zero series.
+    ``socket_path`` names the agent's socket (:func:`wire.default_socket_path`); frames go
+    to the stream socket beside it (:func:`wire.stream_socket_path`). ``before_flush``
+    runs on the publisher thread first (the probe resolves deferred GPU readings there).
+    K(C) by layer goes with every ``kc_every``-th frame. With ``wait_for_attention``
+    nothing is sent until the process has run an attention call: an engine's API server
+    and scheduler load the probe too (vLLM's plugin runs in every process) but never run
+    attention, and heartbeats from them would only add all-zero series.
     """
 
     def __init__(
@@ -51,6 +52,7 @@ class Publisher:
         before_flush: Callable[[], None] | None = None,
         enabled: bool = True,
         engine: str = wire.UNKNOWN_ENGINE,
+        kc_every: int = 1,
     ) -> None:
         self.aggregator = aggregator
         self.socket_path = socket_path
@@ -58,16 +60,24 @@ class Publisher:
         self.before_flush = before_flush
         self.enabled = enabled
         self.engine = wire.check_engine(engine)  # sent with every frame: the `engine` label
-        self.dropped_total = 0
-        self.sent_total = 0
-        self._seq = 0
-        self._instance = uuid.uuid4().hex[:12]
-        self._pid = os.getpid()
+        self.kc_every = max(1, kc_every)
         self.wait_for_attention = False
-        self._attention_seen = False
-        self._sock: socket.socket | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._new_identity()
+
+    def _new_identity(self) -> None:
+        """Sequence, instance, counters and connection of a new probe (start, fork)."""
+        self.dropped_total = 0  # frames this probe could not send, all along
+        self.sent_total = 0
+        self._unreported = 0  # frames dropped that no frame sent has reported yet
+        self._in_flight = 0  # the drops reported by a frame the kernel took part of
+        self._seq = 0
+        self._flushes = 0
+        self._instance = os.urandom(6).hex()
+        self._pid = os.getpid()
+        self._attention_seen = False
+        self._sender: StreamSender | None = None
         self._flush_lock = threading.Lock()
 
     def start(self) -> None:
@@ -83,22 +93,19 @@ class Publisher:
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=max(1.0, 2 * self.interval_s))
         if flush and self.enabled:
-            self.flush()
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
+            self.flush(kc=True)
+        if self._sender is not None:
+            self._sender.close()
+            self._account_abandoned()
 
     def after_fork_in_child(self) -> None:
-        """A forked child has no publisher thread and must not reuse the parent's identity."""
+        """A forked child has no publisher thread and must not reuse the parent's identity,
+        nor ever write to the parent's connection (two writers would interleave frames)."""
+        parent = self._sender
         self._thread = None
-        self._flush_lock = threading.Lock()
-        self._sock = None
-        self._seq = 0
-        self._instance = uuid.uuid4().hex[:12]
-        self._pid = os.getpid()
-        self._attention_seen = False
-        self.dropped_total = 0
-        self.sent_total = 0
+        self._new_identity()
+        if parent is not None and parent._sock is not None:
+            parent._sock.close()  # this process's copy of the descriptor only
         self.start()
 
     def _run(self) -> None:
@@ -107,40 +114,59 @@ class Publisher:
                 self.flush()
             except Exception:  # the publisher must never take the engine down
                 self.dropped_total += 1
+                self._unreported += 1
 
-    def flush(self) -> int:
-        """Send what was aggregated since the last flush; returns frames sent."""
+    def flush(self, kc: bool | None = None) -> int:
+        """Send what was aggregated since the last flush; returns frames sent. K(C) by
+        layer goes along with ``kc``, or (None) on every ``kc_every``-th flush."""
         with self._flush_lock:
             if self.before_flush is not None:
                 self.before_flush()
+            self._flushes += 1
+            with_kc = self._flushes % self.kc_every == 0 if kc is None else kc
             frame = self.aggregator.take(
-                self._pid, _process_name(), self._seq, self._instance, time.time()
+                self._pid, _process_name(), self._seq, self._instance, time.time(), kc=with_kc
             )
             if frame.calls_by_layer:
                 self._attention_seen = True
             elif self.wait_for_attention and not self._attention_seen:
                 return 0
-            frame.dropped_total = self.dropped_total
             frame.engine = self.engine
-            sent = 0
-            for part in wire.split(frame):
-                part.dropped_total = self.dropped_total
-                self._seq += 1
-                if self._send(wire.encode(part)):
-                    sent += 1
-                else:
-                    self.dropped_total += 1
-            self.sent_total += sent
-            return sent
+            return self._send_frame(frame)
 
-    def _send(self, data: bytes) -> bool:
-        try:
-            if self._sock is None:
-                sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-                sock.setblocking(False)
-                self._sock = sock
-            self._sock.sendto(data, self.socket_path)
-            return True
-        except OSError:
-            # ENOENT/ECONNREFUSED: no agent; EAGAIN/ENOBUFS: agent slow. Drop, never wait.
-            return False
+    def _send_frame(self, frame: wire.Frame) -> int:
+        sender = self._connection()
+        self._account_abandoned()
+        frame.dropped = min(self._unreported, wire.MAX_U32)
+        sent = 0
+        for part in wire.split(frame):
+            self._seq += 1
+            outcome = sender.send(wire.encode(part))
+            if outcome is Sent.DROPPED:
+                self.dropped_total += 1
+                self._unreported += 1
+                continue
+            sent += 1
+            self._unreported -= part.dropped  # reported (the other parts say 0)
+            self._in_flight = part.dropped if outcome is Sent.PART else 0
+        self.sent_total += sent
+        return sent
+
+    def _connection(self) -> StreamSender:
+        path = wire.stream_socket_path(self.socket_path)
+        if self._sender is None or self._sender.path != path:
+            if self._sender is not None:
+                self._sender.close()
+                self._account_abandoned()
+            self._sender = StreamSender(path)
+        return self._sender
+
+    def _account_abandoned(self) -> None:
+        """Frames counted as sent that went out in part before their connection broke."""
+        sender = self._sender
+        if sender is not None and sender.abandoned:
+            lost, sender.abandoned = sender.abandoned, 0
+            self.dropped_total += lost
+            self.sent_total -= lost
+            self._unreported += lost + self._in_flight  # and the drops they reported
+            self._in_flight = 0

@@ -3,23 +3,32 @@
 Torch-free on purpose (stdlib only): the agent's probe receiver imports this
 module, and the sidecar image has no torch. docs/probe.md is the spec.
 
-One frame is one Unix datagram::
+Every frame starts with the same header::
 
     magic b"KCPF" | version u16 (big endian) | payload length u32 | payload
 
-Version 3 (sent) is an engine tag (which engine the probe runs in: ``vllm``,
-``kcops``, ...) followed by a version 2 payload, a compact binary payload of
-fixed-width fields with explicit lengths. Version 2 (no engine: ``unknown``)
-and version 1 (JSON, :mod:`wire_json`) are still read, for probes that predate
-them. All are validated completely before a :class:`Frame` is returned:
-counts a float64 holds exactly, finite non-negative sums, bounded counts of
-layers, top-N entries and label lengths, an engine name of a closed charset.
+Version 4 (sent) is a compact binary payload in two parts: a *key* (pid, the
+counts that fix the frame's shape, the top-N entries' N, the engine, process,
+instance and layer names), which stays byte for byte the same from one frame of a
+probe to the next, and the *numbers* (seq, a block of u32 counters, a block of
+float64 sums). The key comes first and says its own length, so a receiver can
+recognise a frame it has seen the shape of by one lookup and add its numbers
+without parsing the rest. Versions 3 and 2 (:mod:`wire_v3`) and 1 (JSON,
+:mod:`wire_json`) are still read, for probes that predate version 4. All are
+validated completely before a :class:`Frame` is returned: counts a float64 holds
+exactly, finite non-negative sums, bounded counts of layers, top-N entries and
+label lengths, labels of valid UTF-8, an engine name of a closed charset.
+
 Every count in a frame is a DELTA since the probe's previous frame, so the
-receiver sums them; the one exception is ``dropped_total``, which is the
-probe's cumulative count of frames it could not send. ``seq`` increases by one
-per frame sent or dropped, so a gap tells the receiver how many frames it
-missed (``instance`` changes when the probe restarts, and then ``seq`` starts
-again at 0).
+receiver sums them (versions before 4 carried ``dropped_total``, cumulative).
+``seq`` increases by one per frame sent or dropped, so a gap tells the receiver
+how many frames it missed (``instance`` changes when the probe restarts, and then
+``seq`` starts again at 0).
+
+Version 4 adds the probe's internal errors (failures of its own measuring) and
+K(C) by layer: ``kcops_kc_tokens`` per layer name, which a probe sends every few
+flushes (its histograms summed in between), since one such histogram per layer
+makes a frame several times larger.
 """
 
 from __future__ import annotations
@@ -30,17 +39,16 @@ import os
 import re
 import struct
 from bisect import bisect_left
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, NamedTuple
 
 MAGIC = b"KCPF"
-VERSION = 3
-# Version 3 is not an extension of 2: a version-2 decoder checks the payload length
-# against its own counts, so it refuses any added field as "malformed". A new number makes
-# an agent that predates the engine tag say "unknown_version" instead, which names the
-# cause; and this side still reads version 2 (engine "unknown").
+VERSION = 4
+# Versions still read. A new number rather than fields added to the last: each version's
+# decoder checks the payload length against its own counts, so an agent that predates a
+# version counts its frames as "unknown_version", which names the cause.
+VERSION_V3 = 3
 VERSION_V2 = 2
 VERSION_JSON = 1
 HEADER = struct.Struct(">4sHI")
@@ -50,6 +58,7 @@ MAX_FRAME_BYTES = 60_000
 
 # Bounds the decoder enforces (and the encoder respects).
 MAX_COUNT = 2**53  # any count: the largest integer a float64 holds exactly
+MAX_U32 = 2**32 - 1  # a count of one frame (a delta of one flush interval)
 MAX_SUM = 1e18  # a histogram sum in one frame (finite, so sums of sums stay finite)
 MAX_TS = 1e11  # Unix seconds (year 5138)
 MAX_LABEL_CHARS = 64  # process, instance and layer names
@@ -139,6 +148,18 @@ def check_engine(name: object) -> str:
     return name
 
 
+@lru_cache(maxsize=64)  # a few engines send all frames; a refused tag is never cached
+def engine_name(raw: bytes) -> str:
+    """The engine of a tag's bytes; raises :class:`WireError` unless :func:`check_engine`
+    would accept it."""
+    if not _ENGINE_BYTES.fullmatch(raw):
+        raise WireError(
+            f"engine tag {excerpt(raw)} is not 1..{MAX_ENGINE_CHARS} characters of a-z, 0-9, "
+            "_ or -, starting with a letter"
+        )
+    return raw.decode("ascii")
+
+
 @dataclass(slots=True)
 class Histogram:
     """Non-cumulative bucket counts: ``counts[i]`` for ``bounds[i-1] < v <= bounds[i]``.
@@ -207,16 +228,23 @@ class Frame:
     errors: dict[str, int] = field(default_factory=dict)
     histograms: dict[str, Histogram] = field(default_factory=dict)
     topn_mass: dict[int, Histogram] = field(default_factory=dict)
-    dropped_total: int = 0
+    dropped_total: int = 0  # cumulative (versions 1 to 3); version 4 sends ``dropped``
     engine: str = UNKNOWN_ENGINE
+    # Version 4 only: K(C) (``kcops_kc_tokens``) by layer name, the probe's own failures,
+    # and the frames it dropped since its previous frame (a delta).
+    kc_by_layer: dict[str, Histogram] = field(default_factory=dict)
+    internal_errors: int = 0
+    dropped: int = 0
 
     def is_empty(self) -> bool:
         """True when the frame carries no delta (a heartbeat)."""
         return (
             not any(self.calls_by_layer.values())
             and not any(self.errors.values())
+            and not self.internal_errors
             and all(h.count == 0 for h in self.histograms.values())
             and all(h.count == 0 for h in self.topn_mass.values())
+            and all(h.count == 0 for h in self.kc_by_layer.values())
         )
 
 
@@ -241,90 +269,106 @@ def checked_histogram(
     return Histogram(bounds, counts, s)
 
 
-# Version 3 payload: engine bytes u8 | engine (ASCII, see check_engine) | a version 2 payload.
-# Version 2 payload, all big endian (docs/probe.md is the spec):
-#   fixed: pid u32 | seq u64 | ts f64 | dropped_total u32 | errors nan, inf, exception u32 x3
-#          | layers u16 | top-N entries u8 | histogram mask u8 (bit i: PLAIN_HISTOGRAMS[i])
-#          | process bytes u8 | instance bytes u8 | layer-name bytes u16
-#   | process UTF-8 | instance UTF-8 | layer names, UTF-8 joined by NUL
-#   | u32 block: layer counts, then the buckets of each mask histogram, then per top-N
-#     entry its N and its buckets | f64 block: the sums (mask histograms, then top-N)
+# Version 4 payload, all big endian (docs/probe.md is the spec):
+#   key bytes u16 | key | numbers
+#   key: pid u32 | layers u16 | top-N entries u8 | mask u8 | engine, process, instance bytes
+#        u8 x3 | layer-name bytes u16 | N of each top-N entry u32, ascending
+#        | engine ASCII | process UTF-8 | instance UTF-8 | layer names, UTF-8 joined by NUL
+#   numbers: seq u64
+#        | u32 block: errors nan, inf, exception | internal errors | dropped | one count per
+#          layer | with mask bit 4, per layer the buckets of its kcops_kc_tokens | the
+#          buckets of each mask histogram (bits 0-3: PLAIN_HISTOGRAMS) | those of each top-N
+#        | f64 block: ts | with bit 4, per layer its K(C) sum | the sums of the mask
+#          histograms | those of the top-N entries
 # Counts are deltas of one flush interval: u32 is ample, and exact in a float64, so the
 # decoder needs no range check on them. A histogram's count is the sum of its buckets.
-_FIXED = struct.Struct(">IQdI3IHBBBBH")
-# Layer names: 1..MAX_LABEL_CHARS characters each, separated by one NUL.
+KEY_FIXED = struct.Struct(">IHBBBBBH")
+KEY_LENGTH = struct.Struct(">H")
+KC_LAYERS_BIT = 1 << len(PLAIN_HISTOGRAMS)  # mask bit 4: per-layer K(C)
+LEADING_LANES = 5  # nan, inf, exception, internal, dropped
 _NAMES = re.compile(f"[^\\0]{{1,{MAX_LABEL_CHARS}}}(?:\\0[^\\0]{{1,{MAX_LABEL_CHARS}}})*")
-MAX_U32 = 2**32 - 1
 
 
-class _Layout(NamedTuple):
-    """Where things are in the number blocks of one (layers, mask, top-N entries) shape."""
+class Layout(NamedTuple):
+    """Where things are in the numbers of one (layers, mask, top-N entries) shape: indices
+    into the u32 block (``lanes``) and into the f64 block (``floats``, ts first)."""
 
-    numbers: struct.Struct
-    slots: tuple[tuple[str, tuple[float, ...], slice], ...]  # name, bounds, buckets
-    plain: tuple[str, ...]  # the mask's histograms, in order
-    topn_keys: Callable[[tuple[Any, ...]], Any] | None  # the top-N entries' N from the values
+    numbers: struct.Struct  # seq, the u32 block, the f64 block
+    lanes: int
+    floats: int
+    kc: tuple[slice, ...]  # each layer's kcops_kc_tokens buckets (mask bit 4), else ()
+    hists: tuple[tuple[str, slice, int], ...]  # mask histograms, then top-N: name, buckets, sum
+    plain: int  # how many of ``hists`` are mask histograms
 
 
 @lru_cache(maxsize=1024)
-def _layout(layers: int, mask: int, topn: int) -> _Layout:
-    plain = tuple(n for i, n in enumerate(PLAIN_HISTOGRAMS) if mask >> i & 1)
-    slots: list[tuple[str, tuple[float, ...], slice]] = []
-    keys: list[int] = []
-    i = layers
-    for j, name in enumerate(plain + (TOPN_MASS,) * topn):
-        if j >= len(plain):  # a top-N entry's N precedes its buckets
-            keys.append(i)
-            i += 1
-        end = i + len(BUCKETS[name]) + 1
-        slots.append((name, BUCKETS[name], slice(i, end)))
-        i = end
-    get = operator.itemgetter(*keys) if keys else None
-    return _Layout(struct.Struct(f">{i}I{len(slots)}d"), tuple(slots), plain, get)
+def layout(layers: int, mask: int, topn: int) -> Layout:
+    lane = LEADING_LANES + layers
+    flt = 1
+    kc: list[slice] = []
+    if mask & KC_LAYERS_BIT:
+        width = len(BUCKETS[KC_TOKENS]) + 1
+        kc = [slice(lane + i * width, lane + (i + 1) * width) for i in range(layers)]
+        lane += layers * width
+        flt += layers
+    names = [n for i, n in enumerate(PLAIN_HISTOGRAMS) if mask >> i & 1] + [TOPN_MASS] * topn
+    hists: list[tuple[str, slice, int]] = []
+    for name in names:
+        end = lane + len(BUCKETS[name]) + 1
+        hists.append((name, slice(lane, end), flt))
+        lane, flt = end, flt + 1
+    numbers = struct.Struct(f">Q{lane}I{flt}d")
+    return Layout(numbers, lane, flt, tuple(kc), tuple(hists), len(names) - topn)
 
 
-def _clip(label: str) -> bytes:
+def clip(label: str) -> bytes:
+    """A label as a frame carries it: no NUL, at most :data:`MAX_LABEL_CHARS` characters."""
     return label.replace("\x00", "")[:MAX_LABEL_CHARS].encode()
 
 
-def _payload(frame: Frame) -> bytes:
+def _layers(frame: Frame) -> tuple[dict[bytes, int], dict[bytes, Histogram]]:
+    """Calls and K(C) by clipped layer name (names that clip alike are summed); every K(C)
+    layer is in the calls (with 0 calls if it ran none since the last frame)."""
+    unknown = UNKNOWN_LAYER.encode()
     calls: dict[bytes, int] = {}
     for layer, n in frame.calls_by_layer.items():
-        key = _clip(layer) or UNKNOWN_LAYER.encode()
+        key = clip(layer) or unknown
         calls[key] = calls.get(key, 0) + n
+    kc: dict[bytes, Histogram] = {}
+    for layer, h in frame.kc_by_layer.items():
+        key = clip(layer) or unknown
+        calls.setdefault(key, 0)
+        acc = kc.get(key)
+        if acc is None:
+            kc[key] = Histogram(h.bounds, list(h.counts), h.sum)
+        else:
+            acc.merge(h)
     if len(calls) > MAX_LAYERS or len(frame.topn_mass) > MAX_TOPN:
         raise WireError(f"frame has more than {MAX_LAYERS} layers or {MAX_TOPN} top-N entries")
-    mask = 0
-    for name in frame.histograms:
-        if name not in PLAIN_HISTOGRAMS:
-            raise WireError(f"unknown histogram {excerpt(name)}")
-        mask |= 1 << PLAIN_HISTOGRAMS.index(name)
-    layout = _layout(len(calls), mask, len(frame.topn_mass))
-    hists = [frame.histograms[name] for name in layout.plain]
-    u32 = [*calls.values()]
+    return calls, kc
+
+
+def _numbers(frame: Frame, calls: dict[bytes, int], kc: dict[bytes, Histogram],
+             lay: Layout, hists: list[Histogram]) -> bytes:  # fmt: skip
+    errors = [frame.errors.get(k, 0) for k in ERROR_KINDS]
+    lanes = [*errors, frame.internal_errors, min(frame.dropped, MAX_U32), *calls.values()]
+    floats = [frame.ts]
+    if lay.kc:
+        empty = [0] * (len(BUCKETS[KC_TOKENS]) + 1)
+        for name in calls:
+            h = kc.get(name)
+            lanes += empty if h is None else h.counts
+            floats.append(0.0 if h is None else h.sum)
     for h in hists:
-        u32 += h.counts
-    topn = sorted(frame.topn_mass.items())  # ascending N: the decoder checks it
-    for n, h in topn:
-        u32.append(n)
-        u32 += h.counts
-    hists += [h for _, h in topn]
-    if not all(0.0 <= h.sum <= MAX_SUM for h in hists):
+        lanes += h.counts
+        floats.append(h.sum)
+    if not all(0.0 <= s <= MAX_SUM for s in floats[1:]):  # also false for NaN
         raise WireError(f"a histogram sum is not finite in 0..{MAX_SUM:g}")
-    process, instance, layer_names = _clip(frame.process), _clip(frame.instance), b"\0".join(calls)
-    return b"".join(
-        (
-            _FIXED.pack(frame.pid, frame.seq, frame.ts, min(frame.dropped_total, MAX_U32),
-                        *(frame.errors.get(k, 0) for k in ERROR_KINDS), len(calls),
-                        len(frame.topn_mass), mask, len(process), len(instance), len(layer_names)),
-            process, instance, layer_names,
-            layout.numbers.pack(*u32, *(h.sum for h in hists)),
-        )
-    )  # fmt: skip
+    return lay.numbers.pack(frame.seq, *lanes, *floats)
 
 
 def encode(frame: Frame) -> bytes:
-    """Serialise one frame (version 3). Labels longer than :data:`MAX_LABEL_CHARS` are cut.
+    """Serialise one frame (version 4). Labels longer than :data:`MAX_LABEL_CHARS` are cut.
 
     Raises :class:`WireError` for a frame the decoder would refuse (a count over
     2**32 - 1 in one frame, a non-finite sum, an engine outside :func:`check_engine`)
@@ -332,97 +376,107 @@ def encode(frame: Frame) -> bytes:
     """
     engine = check_engine(frame.engine).encode()
     try:
-        payload = _payload(frame)
+        calls, kc = _layers(frame)
+        mask = KC_LAYERS_BIT if kc else 0
+        for name in frame.histograms:
+            if name not in PLAIN_HISTOGRAMS:
+                raise WireError(f"unknown histogram {excerpt(name)}")
+            mask |= 1 << PLAIN_HISTOGRAMS.index(name)
+        topn = sorted(frame.topn_mass.items())  # ascending N: the decoder checks it
+        lay = layout(len(calls), mask, len(topn))
+        hists = [frame.histograms[name] for name, _, _ in lay.hists[: lay.plain]]
+        numbers = _numbers(frame, calls, kc, lay, hists + [h for _, h in topn])
+        process, instance, names = clip(frame.process), clip(frame.instance), b"\0".join(calls)
+        key = b"".join(
+            (
+                KEY_FIXED.pack(frame.pid, len(calls), len(topn), mask, len(engine), len(process),
+                               len(instance), len(names)),
+                struct.pack(f">{len(topn)}I", *(n for n, _ in topn)),
+                engine, process, instance, names,
+            )
+        )  # fmt: skip
     except (struct.error, OverflowError, TypeError) as exc:
         raise WireError(f"frame field out of range: {excerpt(str(exc))}") from None
-    size = 1 + len(engine) + len(payload)
-    data = b"".join((HEADER.pack(MAGIC, VERSION, size), bytes((len(engine),)), engine, payload))
+    size = KEY_LENGTH.size + len(key) + len(numbers)
+    data = b"".join((HEADER.pack(MAGIC, VERSION, size), KEY_LENGTH.pack(len(key)), key, numbers))
     if len(data) > MAX_FRAME_BYTES:
         raise WireError(f"frame of {len(data)} bytes exceeds the limit of {MAX_FRAME_BYTES}")
     return data
 
 
-def _histograms(
-    vals: tuple[Any, ...], layout: _Layout
-) -> tuple[dict[str, Histogram], dict[int, Histogram]]:
-    """Histograms from the number blocks; the sums must be finite and non-negative."""
-    slots = layout.slots
-    sums = vals[len(vals) - len(slots) :]
-    for s in sums:
-        if not 0.0 <= s <= MAX_SUM:  # also false for NaN
-            raise WireError(f"a histogram sum {excerpt(s)} is not finite in 0..{MAX_SUM:g}")
-    new = Histogram.__new__
-    out = []
-    for (_, bounds, buckets), s in zip(slots, sums, strict=True):
-        h = new(Histogram)
-        h.bounds, h.counts, h.sum = bounds, list(vals[buckets]), s
-        out.append(h)
-    plain = len(layout.plain)
-    hists = dict(zip(layout.plain, out, strict=False))
-    if layout.topn_keys is None:
-        return hists, {}
-    ns = layout.topn_keys(vals)
-    if len(layout.slots) - plain == 1:
-        ns = (ns,)
+def _key(p: bytes) -> tuple[tuple[Any, ...], tuple[int, ...], str, str, str, str, int]:
+    """The key of a version 4 datagram ``p``: its fixed fields, top-N keys, engine,
+    process, instance, layer names (NUL-joined) and where the numbers start."""
+    (length,) = KEY_LENGTH.unpack_from(p, HEADER.size)
+    start = HEADER.size + KEY_LENGTH.size
+    end = start + length
+    fixed = KEY_FIXED.unpack_from(p, start)
+    _, k, t, mask, ne, np, ni, nl = fixed
+    if k > MAX_LAYERS or t > MAX_TOPN or mask >> (len(PLAIN_HISTOGRAMS) + 1):
+        raise WireError(f"{k} layers, {t} top-N entries or mask {mask} out of range")
+    off = start + KEY_FIXED.size
+    ns = struct.unpack_from(f">{t}I", p, off)
     prev = 0
     for n in ns:
         if not prev < n <= MAX_TOPN_N:
             raise WireError(f"top-N keys {excerpt(ns)} are not ascending in 1..{MAX_TOPN_N}")
         prev = n
-    return hists, dict(zip(ns, out[plain:], strict=True))
-
-
-@lru_cache(maxsize=64)  # a few engines send all frames; a refused tag is never cached
-def _engine_name(raw: bytes) -> str:
-    if not _ENGINE_BYTES.fullmatch(raw):
-        raise WireError(
-            f"engine tag {excerpt(raw)} is not 1..{MAX_ENGINE_CHARS} characters of a-z, 0-9, "
-            "_ or -, starting with a letter"
-        )
-    return raw.decode("ascii")
-
-
-def _engine_tag(p: bytes) -> tuple[int, str]:
-    """The engine tag of a version 3 datagram ``p``: (offset of its v2 body, engine)."""
-    if len(p) <= HEADER.size:
-        raise WireError("truncated frame: an empty payload has no engine tag")
-    end = HEADER.size + 1 + p[HEADER.size]
-    if end > len(p):
-        raise WireError(f"truncated frame: the engine tag ends past the payload, at {end}")
-    return end, _engine_name(p[HEADER.size + 1 : end])
-
-
-def _decode_v2(p: bytes, start: int, engine: str) -> Frame:
-    """``p`` is the whole datagram; the version 2 body starts at ``start``."""
-    pid, seq, ts, dropped, e0, e1, e2, k, t, mask, np, ni, nl = _FIXED.unpack_from(p, start)
-    if not 0.0 <= ts <= MAX_TS or k > MAX_LAYERS or t > MAX_TOPN or mask >> len(PLAIN_HISTOGRAMS):
-        raise WireError(f"ts {excerpt(ts)}, {k} layers, {t} top-N or mask {mask} out of range")
-    off = start + _FIXED.size
-    process = p[off : off + np].decode()
-    instance = p[off + np : off + np + ni].decode()
-    text = p[off + np + ni : off + np + ni + nl].decode()
-    off += np + ni + nl
-    layout = _layout(k, mask, t)
-    if off + layout.numbers.size != len(p):
-        raise WireError(f"payload of {len(p)} bytes; its lengths and counts say otherwise")
+    off += 4 * t
+    if off + ne + np + ni + nl != end or end > len(p):
+        raise WireError(f"key of {length} bytes; its label lengths say otherwise")
+    engine = engine_name(p[off : off + ne])
+    off += ne
+    process, instance = p[off : off + np].decode(), p[off + np : off + np + ni].decode()
+    names = p[off + np + ni : end].decode()
     if (
         len(process) > MAX_LABEL_CHARS
         or len(instance) > MAX_LABEL_CHARS
-        or ((k or nl) and not _NAMES.fullmatch(text))
+        or "\x00" in process
+        or "\x00" in instance
+        or ((k or nl) and not _NAMES.fullmatch(names))
     ):
         raise WireError(f"a label is empty, has a NUL or exceeds {MAX_LABEL_CHARS} characters")
+    return fixed, ns, engine, process, instance, names, end
+
+
+def _decode_v4(p: bytes) -> Frame:
+    (pid, k, t, mask, *_), ns, engine, process, instance, text, end = _key(p)
+    lay = layout(k, mask, t)
+    if end + lay.numbers.size != len(p):
+        raise WireError(f"payload of {len(p)} bytes; its lengths and counts say otherwise")
+    vals = lay.numbers.unpack_from(p, end)
+    lanes, floats = vals[1 : 1 + lay.lanes], vals[1 + lay.lanes :]
+    if not 0.0 <= floats[0] <= MAX_TS:
+        raise WireError(f"ts {excerpt(floats[0])} is not in 0..{MAX_TS:g}")
+    for s in floats[1:]:
+        if not 0.0 <= s <= MAX_SUM:  # also false for NaN
+            raise WireError(f"a histogram sum {excerpt(s)} is not finite in 0..{MAX_SUM:g}")
     names = text.split("\0") if k else []
-    vals = layout.numbers.unpack_from(p, off)
-    calls = dict(zip(names, vals, strict=False))
+    calls = dict(zip(names, lanes[LEADING_LANES:], strict=False))
     if len(calls) != k:
         raise WireError(f"{len(calls)} distinct layer names for {k} layer counts")
-    hists, topn = _histograms(vals, layout)
-    errors = {"nan": e0, "inf": e1, "exception": e2}
-    return Frame(pid, process, seq, instance, ts, calls, errors, hists, topn, dropped, engine)
+    new = Histogram.__new__
+    built = []
+    for name, buckets, at in lay.hists:
+        h = new(Histogram)
+        h.bounds, h.counts, h.sum = BUCKETS[name], list(lanes[buckets]), floats[at]
+        built.append(h)
+    kc = {}
+    for i, buckets in enumerate(lay.kc):
+        counts, s = list(lanes[buckets]), floats[1 + i]
+        if s or any(counts):  # a layer without K(C) since the last frame: zeros, left out
+            kc[names[i]] = Histogram(BUCKETS[KC_TOKENS], counts, s)
+    return Frame(
+        pid, process, vals[0], instance, floats[0], calls,
+        dict(zip(ERROR_KINDS, lanes[:3], strict=True)),
+        {name: h for (name, _, _), h in zip(lay.hists[: lay.plain], built, strict=False)},
+        dict(zip(ns, built[lay.plain :], strict=True)),
+        0, engine, kc, lanes[3], lanes[4],
+    )  # fmt: skip
 
 
 def decode(data: bytes) -> Frame:
-    """Parse and validate one datagram, version 3 (or 2 and 1, JSON, from older probes).
+    """Parse and validate one frame, version 4 (or 3, 2 and 1, JSON, from older probes).
 
     Raises :class:`WireError` for anything that is not a valid frame; nothing of a
     refused frame is returned, so nothing of it can reach a store.
@@ -432,23 +486,25 @@ def decode(data: bytes) -> Frame:
     magic, version, length = HEADER.unpack_from(data)
     if magic != MAGIC:
         raise WireError(f"bad magic {magic!r}, expected {MAGIC!r}")
-    if version not in (VERSION, VERSION_V2, VERSION_JSON):
+    if version not in (VERSION, VERSION_V3, VERSION_V2, VERSION_JSON):
         raise WireError(
             f"unknown frame version {version}, this side speaks "
-            f"{VERSION_JSON}, {VERSION_V2}, {VERSION}"
+            f"{VERSION_JSON}, {VERSION_V2}, {VERSION_V3}, {VERSION}"
         )
     if len(data) - HEADER.size != length:
         raise WireError(
             f"truncated frame: payload {len(data) - HEADER.size} bytes, header says {length}"
         )
     if version == VERSION_JSON:
-        from kcops.kernels.wire_json import decode_v1  # it imports this module
+        from kcops.kernels.wire_json import decode_v1  # they import this module
 
         return decode_v1(data[HEADER.size :])
+    if version != VERSION:
+        from kcops.kernels.wire_v3 import decode_v3
+
+        return decode_v3(data, version)
     try:
-        if version == VERSION_V2:
-            return _decode_v2(data, HEADER.size, UNKNOWN_ENGINE)
-        return _decode_v2(data, *_engine_tag(data))
+        return _decode_v4(data)
     except struct.error:
         raise WireError(f"truncated frame: payload of {length} bytes ends inside a field") from None
     except UnicodeDecodeError as exc:
@@ -460,47 +516,56 @@ def decode(data: bytes) -> Frame:
 def split(frame: Frame) -> list[Frame]:
     """Split a frame whose encoding is too large into frames that fit.
 
-    The first part keeps errors, histograms and dropped_total; the per-layer
-    call counts are spread over the parts (at most :data:`MAX_LAYERS` each).
-    ``seq`` of the parts is ``frame.seq, frame.seq + 1, ...``: the caller
-    advances its sequence by ``len(result)``.
+    The first part keeps errors, histograms and the drop count; the layers (their
+    calls and K(C)) are spread over the parts (at most :data:`MAX_LAYERS` each).
+    ``seq`` of the parts is ``frame.seq, frame.seq + 1, ...``: the caller advances its
+    sequence by ``len(result)``.
     """
     try:
         encode(frame)
         return [frame]
     except WireError:
-        if len(frame.calls_by_layer) <= 1:
+        layers = list(dict.fromkeys([*frame.calls_by_layer, *frame.kc_by_layer]))
+        if len(layers) <= 1:
             raise
-    # Histograms, labels and errors take under 2 KB; each layer its name, a NUL and 8 bytes.
+    # Histograms, labels and errors take under 2 KB; each layer its name, a NUL, 4 bytes
+    # of calls and, with K(C) by layer, its buckets and sum.
     budget = MAX_FRAME_BYTES - 4_000
-    chunks: list[dict[str, int]] = [{}]
+    per_layer = 5 + (4 * (len(BUCKETS[KC_TOKENS]) + 1) + 8 if frame.kc_by_layer else 0)
+    chunks: list[list[str]] = [[]]
     used = 0
-    for layer, n in frame.calls_by_layer.items():
-        size = len(_clip(layer)) + 9
+    for layer in layers:
+        size = len(clip(layer)) + per_layer
         if (used + size > budget or len(chunks[-1]) >= MAX_LAYERS) and chunks[-1]:
-            chunks.append({})
+            chunks.append([])
             used = 0
-        chunks[-1][layer] = n
+        chunks[-1].append(layer)
         used += size
     parts: list[Frame] = []
-    for calls in chunks:
+    for names in chunks:
         first = not parts
         parts.append(
             Frame(
-                pid=frame.pid,
-                process=frame.process,
-                seq=frame.seq + len(parts),
-                instance=frame.instance,
-                ts=frame.ts,
-                calls_by_layer=calls,
+                pid=frame.pid, process=frame.process, seq=frame.seq + len(parts),
+                instance=frame.instance, ts=frame.ts,
+                calls_by_layer={n: frame.calls_by_layer[n] for n in names
+                                if n in frame.calls_by_layer},
                 errors=frame.errors if first else {},
                 histograms=frame.histograms if first else {},
                 topn_mass=frame.topn_mass if first else {},
-                dropped_total=frame.dropped_total,
-                engine=frame.engine,
+                dropped_total=frame.dropped_total, engine=frame.engine,
+                kc_by_layer={n: frame.kc_by_layer[n] for n in names if n in frame.kc_by_layer},
+                internal_errors=frame.internal_errors if first else 0,
+                dropped=frame.dropped if first else 0,
             )
-        )
+        )  # fmt: skip
     return parts
+
+
+def stream_socket_path(path: str) -> str:
+    """The agent's stream socket beside its datagram socket ``path``: version 4 probes
+    connect there; ``path`` itself stays a datagram socket for probes before version 4."""
+    return path + ".stream"
 
 
 def default_socket_path() -> str:

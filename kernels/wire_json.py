@@ -49,6 +49,13 @@ def _label(v: Any, what: str, *, empty: bool = True) -> str:
         raise wire.WireError(
             f"{what}: {wire.excerpt(v)} must be 1..{wire.MAX_LABEL_CHARS} characters without NUL"
         )
+    if not v.isascii():
+        # JSON's \u escapes can spell lone surrogates, which no UTF-8 encoder (the
+        # agent's /metrics, OTLP) accepts: the binary versions decode strict UTF-8 instead.
+        try:
+            v.encode()
+        except UnicodeEncodeError:
+            raise wire.WireError(f"{what}: {wire.excerpt(v)} is not valid Unicode text") from None
     return v
 
 
@@ -64,8 +71,11 @@ def _hist(name: str, raw: Any) -> wire.Histogram:
         )
     counts = [_int(c, f"{name} bucket") for c in raw["c"]]
     s = raw.get("s")
-    if isinstance(s, bool) or not isinstance(s, int | float):
-        raise wire.WireError(f"histogram {name}: sum must be a number")
+    if isinstance(s, bool) or not isinstance(s, int | float) or not 0 <= s <= wire.MAX_SUM:
+        # the range first: float() of an integer literal past 1e308 raises OverflowError
+        raise wire.WireError(
+            f"histogram {name}: sum {wire.excerpt(s)} is not a number in 0..{wire.MAX_SUM:g}"
+        )
     return wire.checked_histogram(
         name, bounds, counts, float(s), _int(raw.get("n"), f"{name} count")
     )
@@ -96,7 +106,9 @@ def decode_v1(payload: bytes) -> wire.Frame:
     """Parse and validate a version-1 payload (the bytes after the header)."""
     try:
         body = json.loads(payload)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+    except (ValueError, RecursionError) as exc:
+        # ValueError: bad JSON, bad UTF-8, and an integer literal past Python's 4,300-digit
+        # conversion limit (not a JSONDecodeError); RecursionError: deep nesting.
         raise wire.WireError(f"frame payload is not JSON: {wire.excerpt(str(exc))}") from None
     if not isinstance(body, dict):
         raise wire.WireError("frame payload must be a JSON object")

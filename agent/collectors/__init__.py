@@ -74,7 +74,10 @@ def _local(
                 cfg.probe.socket_path,
                 max_processes=cfg.probe.max_processes,
                 max_layers=cfg.probe.max_layers,
+                max_kc_layers=cfg.probe.max_kc_layers,
                 max_frames_per_s=cfg.probe.max_frames_per_s,
+                max_receive_ms_per_s=cfg.probe.max_receive_ms_per_s,
+                max_connections=cfg.probe.max_connections,
             )
         )
     if cfg.nvml.enabled != "off":

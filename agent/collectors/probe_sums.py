@@ -1,5 +1,8 @@
 """Summing version-3 (and version-2) probe frames without building a Frame for each one.
 
+Probes before version 4 send these over the agent's datagram socket; version 4 frames
+take :mod:`probe_bulk`.
+
 At 10,000 frames a second the receiver cannot afford what ``wire.decode``
 does per frame (a dict of layers, seven Histogram objects, a regex over the
 layer names) followed by per-bucket Python additions: that was ~50 µs a frame.
@@ -23,7 +26,7 @@ stands for one engine, checked by ``wire.decode`` when it was learned. Keys
 start with the frame's version bytes: a shape learned from one version never
 vouches for a frame of another.
 
-The fast path reads the version-2 body through ``wire``'s own structs; if
+The fast path reads the version-2 body through ``wire_v3``'s own structs; if
 that layout changes (``FIXED_FORMAT`` no longer matches, or versions move on),
 :func:`enabled` is False and every frame takes ``wire.decode``: slower, never
 wrong. A unit test fails in that case so the fast path gets updated.
@@ -35,15 +38,15 @@ import struct
 from functools import lru_cache
 from operator import add
 
-from kcops.kernels import wire
+from kcops.kernels import wire, wire_v3
 
-# The version-2 fixed part this module was written for (see wire._FIXED):
+# The version-2 fixed part this module was written for (see wire_v3.FIXED):
 # pid, seq, ts, dropped_total, errors x3 | layers, top-N entries, mask, lengths x3.
 FIXED_FORMAT = ">IQdI3IHBBBBH"
-FIXED = wire._FIXED
+FIXED = wire_v3.FIXED
 HEADER_SIZE = wire.HEADER.size
-V2_PREFIX = wire.MAGIC + wire.VERSION_V2.to_bytes(2, "big")
-V3_PREFIX = wire.MAGIC + wire.VERSION.to_bytes(2, "big")
+V2_PREFIX = wire.MAGIC + wire_v3.VERSION_V2.to_bytes(2, "big")
+V3_PREFIX = wire.MAGIC + wire_v3.VERSION_V3.to_bytes(2, "big")
 # The shape fields (layers .. layer-name bytes) are the last 8 bytes of the fixed part:
 # the cache key runs from there to the end of the names (for version 2; a version-3
 # body sits after the engine tag, so everything moves by the tag's length).
@@ -54,14 +57,14 @@ FOLD_AFTER_FRAMES = 1 << 24  # far below the 2**32 frames a 64-bit lane pair hol
 
 
 def enabled() -> bool:
-    """True when ``wire``'s versions and body layout are the ones this module reads."""
-    return wire.VERSION == 3 and wire.VERSION_V2 == 2 and FIXED.format == FIXED_FORMAT
+    """True when ``wire_v3``'s versions and body layout are the ones this module reads."""
+    return wire_v3.VERSION_V3 == 3 and wire_v3.VERSION_V2 == 2 and FIXED.format == FIXED_FORMAT
 
 
 @lru_cache(maxsize=256)
 def _structs(k: int, mask: int, t: int) -> tuple[struct.Struct, struct.Struct | None]:
     """The histogram sums, and the top-N entries' N (only those u32s), of one layout."""
-    layout = wire._layout(k, mask, t)
+    layout = wire_v3.layout(k, mask, t)
     plain = len(layout.plain)
     fmt, at = ">", 0
     for _, _, buckets in layout.slots[plain:]:  # each N sits just before its buckets
@@ -96,7 +99,7 @@ class Shape:
     )
 
     def __init__(self, frame: wire.Frame, u32_at: int, k: int, mask: int, t: int) -> None:
-        layout = wire._layout(k, mask, t)
+        layout = wire_v3.layout(k, mask, t)
         self.process = frame.process
         # (engine, process): the decoder keeps both within their limits
         self.label = (frame.engine, frame.process or "unknown")

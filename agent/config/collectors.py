@@ -19,7 +19,9 @@ from kcops.agent.duration import Duration
 class ProbeSection(Section):
     enabled: StrictBool = Field(True, description="listen for the in-engine probe's frames")
     socket_path: Path | None = Field(
-        None, description="Unix datagram socket; default kcops.kernels.wire.default_socket_path()"
+        None,
+        description="datagram socket of probes before version 4; version 4 probes connect to "
+        "the stream socket <socket_path>.stream; default kcops.kernels.wire.default_socket_path()",
     )
     max_processes: int = Field(
         32, ge=1, le=1024, description="distinct engine processes tracked (label `process`)"
@@ -27,8 +29,19 @@ class ProbeSection(Section):
     max_layers: int = Field(
         512, ge=1, le=4096, description="distinct `layer` label values of attention call counts"
     )
+    max_kc_layers: int = Field(
+        128, ge=1, le=4096,
+        description="distinct `layer` values of kcops_kc_tokens per process (30 series each)",
+    )  # fmt: skip
     max_frames_per_s: int = Field(
         2000, ge=10, le=1_000_000, description="frames decoded per second; more are shed (counted)"
+    )
+    max_receive_ms_per_s: int = Field(
+        250, ge=10, le=1000,
+        description="loop time spent receiving per second; past it reading pauses (counted)",
+    )  # fmt: skip
+    max_connections: int = Field(
+        256, ge=1, le=65_536, description="probe stream connections kept; more are refused"
     )
 
 

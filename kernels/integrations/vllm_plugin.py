@@ -19,7 +19,10 @@ table (:mod:`kcops.kernels.paged_kc`).
 vLLM loads the plugin in its API server and engine core too, which never run
 attention: there the publisher stays silent until a first attention call
 (``Publisher.wait_for_attention``), so they add no all-zero series. Each process
-logs one INFO line through vLLM's logger when the probe installs.
+logs one INFO line through vLLM's logger when the probe installs (naming the
+backends wrapped so far), and one the first time it wraps each backend defined
+later (vLLM imports the backend it picked after the plugins ran, so in a worker
+that line is the one naming the backend in use).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from kcops.kernels import wire
 from kcops.kernels.probe import KcInputs, Patch, Probe
 from kcops.kernels.wire import UNKNOWN_LAYER
 
@@ -119,6 +123,8 @@ class _ImplPatch(Patch):
         self.base = base
         self.original_init_subclass = original_init_subclass
         self.wrapped: list[type] = []
+        # Set once the install line is out: classes wrapped after it get a line each.
+        self.announce_wraps = False
 
     def wrap_class(self, probe: Probe, cls: type) -> None:
         forward = cls.__dict__.get("forward")
@@ -126,6 +132,12 @@ class _ImplPatch(Patch):
             return
         cls.forward = wrap_forward(probe, forward)  # type: ignore[attr-defined]
         self.wrapped.append(cls)
+        if self.announce_wraps:
+            _info(
+                f"kcops probe (pid {os.getpid()}, engine {probe.publisher.engine}) wrapped "
+                f"{cls.__name__}.forward: attention through it is counted, checked and "
+                "sampled for K(C)"
+            )
 
     def remove(self) -> None:
         for cls in self.wrapped:
@@ -211,9 +223,16 @@ def _announce(probe: Probe) -> None:
         f"kcops probe installed (pid {pid}) for engine {probe.publisher.engine}: wrapping "
         f"forward of every {base} subclass "
         f"(now: {', '.join(wrapped) or 'none yet'}); K(C) from the paged KV cache on "
-        f"{probe.config.sample_rate:.3g} of calls; frames to {probe.config.socket_path} once "
+        f"{probe.config.sample_rate:.3g} of calls; frames to "
+        f"{wire.stream_socket_path(probe.config.socket_path)} once "
         "attention runs"
     )
+    _info(line)
+    if isinstance(patch, _ImplPatch):
+        patch.announce_wraps = True
+
+
+def _info(line: str) -> None:
     log = _logger()
     if log.hasHandlers() and log.isEnabledFor(logging.INFO):
         log.info("%s", line)

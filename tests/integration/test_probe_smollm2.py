@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import tempfile
 from collections.abc import Iterator
 from typing import Any
@@ -15,6 +14,7 @@ pytest.importorskip("transformers")
 
 import kcops.kernels as kernels  # noqa: E402
 from kcops.kernels import wire  # noqa: E402
+from tests.unit.kernels.conftest import Listener  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -55,8 +55,7 @@ def test_bit_identical_and_frames_per_layer(smollm2_sdpa: tuple[Any, Any]) -> No
         ref_gen = model.generate(ids, max_new_tokens=4, do_sample=False)
     folder = tempfile.mkdtemp(prefix="kcp-", dir="/tmp")
     path = os.path.join(folder, "p.sock")
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    sock.bind(path)
+    lst = Listener(path)  # the agent's stream socket, as the probe finds it
     try:
         probe = kernels.install(
             kernels.ProbeConfig(sample_rate=0.5, socket_path=path, flush_interval_ms=60_000)
@@ -65,18 +64,20 @@ def test_bit_identical_and_frames_per_layer(smollm2_sdpa: tuple[Any, Any]) -> No
             got = model(ids).logits
             gen = model.generate(ids, max_new_tokens=4, do_sample=False)
         probe.flush()
-        frame = wire.decode(sock.recv(65536))
+        (frame,) = lst.frames()
     finally:
-        sock.close()
-        os.unlink(path)
+        lst.close()
+        os.unlink(wire.stream_socket_path(path))
         os.rmdir(folder)
     assert torch.equal(ref, got)
     assert torch.equal(ref_gen, gen)
     passes = 1 + 4  # one forward, then a prefill and 3 decode steps for 4 new tokens
     assert frame.calls_by_layer == {str(i): passes for i in range(layers)}
     assert sum(frame.errors.values()) == 0
-    assert frame.histograms[wire.KC_TOKENS].count > 0
-    assert probe.internal_errors == 0
+    # K(C) by layer: the layers whose calls were sampled (half of them, at random)
+    assert frame.kc_by_layer and set(frame.kc_by_layer) <= {str(i) for i in range(layers)}
+    assert all(h.count > 0 for h in frame.kc_by_layer.values())
+    assert frame.internal_errors == 0 == probe.internal_errors
 
 
 def test_kp_matches_eager_attention_matrix() -> None:

@@ -40,22 +40,32 @@ def test_series_come_from_the_worker_only_with_every_layer(stack: Stack) -> None
 
 def test_kc_tokens_from_vllm(stack: Stack) -> None:
     """K(C) computed inside vLLM from its paged KV cache reaches the agent as
-    ``kcops_kc_tokens{engine="vllm", process="VLLM::Worker"}``: the engine label comes from
-    the plugin, through the frame, so the K(C) panels and ``KcopsKCSurge`` (``sum by
-    (engine)``) see vLLM by name."""
+    ``kcops_kc_tokens{engine="vllm", layer=…, process="VLLM::Worker"}``: the engine label
+    comes from the plugin, through the frame, so the K(C) panels and ``KcopsKCSurge``
+    (``sum by (engine)``) see vLLM by name, and the layer from the call K(C) was sampled in
+    (the probe sends K(C) by layer every 10 s)."""
+
+    def by_layer(name: str) -> dict[str, float]:
+        return {
+            dict(lp)["layer"]: v
+            for (n, lp), v in stack.agent_metrics().items()
+            if n == name and tuple(x for x in lp if x[0] != "layer") == PROBE
+        }
 
     def kc_count() -> float:
-        return stack.agent_metrics().get(("kcops_kc_tokens_count", PROBE), 0.0)
+        return sum(by_layer("kcops_kc_tokens_count").values())
 
     n = wait_for(kc_count, 240, 'kcops_kc_tokens{engine="vllm"} samples', stack.log_tail)
+    counts, sums = by_layer("kcops_kc_tokens_count"), by_layer("kcops_kc_tokens_sum")
+    assert set(counts) <= {str(i) for i in range(LAYERS)}, counts  # vLLM's layer indices
+    assert sum(sums.values()) >= n  # K_p >= 1 token per sampled row
     m = stack.agent_metrics()
-    assert m[("kcops_kc_tokens_sum", PROBE)] >= n  # K_p >= 1 token per sampled row
-    assert m[("kcops_kc_tokens_bucket", tuple(sorted((*PROBE, ("le", "+Inf")))))] >= n
     assert m.get(("kcops_kc_ratio_count", PROBE), 0.0) > 0
-    # every K(C) series the agent has came from vLLM's worker: no unlabelled or other engine
-    kc = {lp for (name, lp) in m if name == "kcops_kc_tokens_count"}
+    # every K(C) series the agent has came from vLLM's worker: no other engine or process
+    kc = {tuple(x for x in lp if x[0] != "layer") for (k, lp) in m if k == "kcops_kc_tokens_count"}
     assert kc == {PROBE}
     # the probe's own measuring never failed: no layout error, nothing raised into vLLM
+    assert m.get(("kcops_probe_internal_errors_total", PROBE)) == 0
     assert "measuring failed" not in stack.log_path.read_text(errors="replace")
 
 
@@ -72,3 +82,7 @@ def test_one_info_line_per_process(stack: Stack) -> None:
     # the line names the engine the probe's frames say (and proves this checkout's plugin ran)
     named = re.findall(r"kcops probe installed \(pid \d+\) for engine vllm:", text)
     assert len(named) == len(found), found
+    # the worker's lines name the backend its attention runs through: at install if vLLM
+    # had imported it, else when the plugin wrapped it (vLLM imports it after the plugins)
+    backend = r"(now: [^)]*CPUAttentionBackendImpl|wrapped CPUAttentionBackendImpl\.forward)"
+    assert re.search(r"kcops probe .*" + backend, text), found

@@ -10,6 +10,7 @@ from kcops.agent.samples import Sample
 from kcops.errors import CollectorUnavailable
 from kcops.kernels import wire
 from kcops.kernels.wire_json import encode_v1
+from kcops.kernels.wire_v3 import encode_v3
 from tests.unit.collectors.helpers import collect, latest, names, runner, value
 from tests.unit.kernels.test_wire import as_v2, with_tag
 
@@ -29,6 +30,19 @@ def frame(
     return wire.encode(f)
 
 
+def frame3(
+    pid: int = 10,
+    process: str = "python",
+    seq: int = 0,
+    instance: str = "a",
+    engine: str = "kcops",
+    **kw,
+) -> bytes:  # type: ignore[no-untyped-def]
+    """The version 3 frame a probe before version 4 sends (to the datagram socket)."""
+    f = wire.Frame(pid=pid, process=process, seq=seq, instance=instance, engine=engine, **kw)
+    return encode_v3(f)
+
+
 def hist(name: str, *values: float) -> wire.Histogram:
     h = wire.Histogram.of(name)
     for v in values:
@@ -43,15 +57,13 @@ def test_deltas_become_cumulative_counters_and_histograms() -> None:
             seq=0,
             calls_by_layer={"0": 3, "1": 2},
             errors={"nan": 1},
-            histograms={wire.KC_TOKENS: hist(wire.KC_TOKENS, 10, 100)},
+            kc_by_layer={"0": hist(wire.KC_TOKENS, 10, 100), "1": hist(wire.KC_TOKENS)},
             topn_mass={16: hist(wire.TOPN_MASS, 0.8)},
+            internal_errors=2,
+            dropped=3,
         )
     )
-    r.feed(
-        frame(
-            seq=1, calls_by_layer={"0": 4}, histograms={wire.KC_TOKENS: hist(wire.KC_TOKENS, 100)}
-        )
-    )
+    r.feed(frame(seq=1, calls_by_layer={"0": 4}, kc_by_layer={"0": hist(wire.KC_TOKENS, 100)}))
     out = collect(r)
     p = PY
     assert value(out, "kcops_attention_calls_total", layer="0", **p) == 7
@@ -60,13 +72,46 @@ def test_deltas_become_cumulative_counters_and_histograms() -> None:
     assert (
         value(out, "kcops_attention_errors_total", kind="inf", **p) == 0
     )  # present from the start
-    assert value(out, "kcops_kc_tokens_bucket", le="16.0", **p) == 1
-    assert value(out, "kcops_kc_tokens_bucket", le="128.0", **p) == 3
-    assert value(out, "kcops_kc_tokens_bucket", le="+Inf", **p) == 3
-    assert value(out, "kcops_kc_tokens_count", **p) == 3
-    assert value(out, "kcops_kc_tokens_sum", **p) == 210
+    kc = {"layer": "0", **p}  # K(C) by layer
+    assert value(out, "kcops_kc_tokens_bucket", le="16.0", **kc) == 1
+    assert value(out, "kcops_kc_tokens_bucket", le="128.0", **kc) == 3
+    assert value(out, "kcops_kc_tokens_bucket", le="+Inf", **kc) == 3
+    assert value(out, "kcops_kc_tokens_count", **kc) == 3
+    assert value(out, "kcops_kc_tokens_sum", **kc) == 210
+    # a layer with no K(C) observed has no series yet (30 of them per layer)
+    assert value(out, "kcops_kc_tokens_count", layer="1", **p) is None
     assert value(out, "kcops_topn_mass_ratio_bucket", n="16", le="0.8", **p) == 1
+    assert value(out, "kcops_probe_internal_errors_total", **p) == 2
+    assert value(out, "kcops_probe_dropped_total", **p) == 3
     assert value(out, "kcops_probe_frames_total", outcome="ok") == 2
+
+
+def test_kc_of_older_frames_is_layer_unknown_and_sums_stay_whole() -> None:
+    """Existing queries (``sum by (engine)``, ``sum by (le)``) see the same sums: the
+    layer label splits the series, never doubles them."""
+    r = ProbeReceiver("/nonexistent/probe.sock")
+    old = {wire.KC_TOKENS: hist(wire.KC_TOKENS, 10, 100)}
+    r.feed(frame3(seq=0, calls_by_layer={"0": 1}, histograms=old))
+    r.feed(encode_v1(wire.Frame(pid=10, process="python", seq=1, histograms=old)))
+    r.feed(frame(seq=2, kc_by_layer={"5": hist(wire.KC_TOKENS, 7)}))
+    out = collect(r)
+    assert value(out, "kcops_kc_tokens_count", layer="unknown", **PY) == 2
+    unknown = {"engine": "unknown", "process": "python"}  # version 1: no engine tag
+    assert value(out, "kcops_kc_tokens_count", layer="unknown", **unknown) == 2
+    assert value(out, "kcops_kc_tokens_count", layer="5", **PY) == 1
+    total = sum(s.value for s in out if s.name == "kcops_kc_tokens_sum")
+    assert total == 2 * 110 + 7
+
+
+def test_kc_layers_are_bounded_per_process() -> None:
+    r = ProbeReceiver("/nonexistent/probe.sock", max_kc_layers=3)
+    kc = {str(i): hist(wire.KC_TOKENS, 8) for i in range(10)}
+    r.feed(frame(calls_by_layer={str(i): 1 for i in range(10)}, kc_by_layer=kc))
+    out = collect(r)
+    layers = {s.key.label_dict()["layer"] for s in out if s.name == "kcops_kc_tokens_count"}
+    assert layers == {"0", "1", "2", "other"}
+    assert value(out, "kcops_kc_tokens_count", layer="other", **PY) == 7
+    assert len([s for s in out if s.name.startswith("kcops_kc_tokens")]) == 4 * 30
 
 
 def test_garbage_and_unknown_versions_are_counted_never_raised() -> None:
@@ -111,15 +156,18 @@ def test_cardinality_is_bounded() -> None:
 
 
 def test_dropped_total_stays_monotonic_across_probe_restarts() -> None:
+    """Before version 4 a probe sent its cumulative count; version 4 sends deltas."""
     r = ProbeReceiver("/nonexistent/probe.sock")
-    r.feed(frame(seq=0, dropped_total=5))
-    r.feed(frame(seq=1, dropped_total=7))
+    r.feed(frame3(seq=0, dropped_total=5))
+    r.feed(frame3(seq=1, dropped_total=7))
     assert value(collect(r), "kcops_probe_dropped_total", **PY) == 7
     # the engine restarted: new pid and instance, the probe counts from 0 again
-    r.feed(frame(pid=11, seq=0, instance="b", dropped_total=2))
-    r.feed(frame(pid=11, seq=1, instance="b", calls_by_layer={"0": 1}, dropped_total=2))
+    r.feed(frame3(pid=11, seq=0, instance="b", dropped_total=2))
+    r.feed(frame3(pid=11, seq=1, instance="b", calls_by_layer={"0": 1}, dropped_total=2))
+    r.feed(frame(pid=12, seq=0, instance="c", dropped=4))  # a version 4 probe: deltas
+    r.feed(frame(pid=12, seq=1, instance="c", dropped=1))
     out = collect(r)
-    assert value(out, "kcops_probe_dropped_total", **PY) == 9
+    assert value(out, "kcops_probe_dropped_total", **PY) == 9 + 5
     assert value(out, "kcops_attention_calls_total", layer="0", **PY) == 1
 
 
@@ -219,7 +267,7 @@ def test_idle_processes_are_forgotten_and_state_stays_bounded() -> None:
     out = collect(r)
     procs = {dict(s.labels).get("process") for s in out if s.name == "kcops_attention_calls_total"}
     assert len(procs) == 8 + 1 and "other" in procs
-    assert len(r._instances) <= 8 * 8
+    assert len(r.sums.instances) <= 8 * 8
     assert (
         value(out, "kcops_attention_calls_total", layer="0", engine="other", process="other")
         == 1000 - 8
@@ -254,10 +302,13 @@ def _engines(out: list[Sample]) -> set[tuple[str, str]]:
 def test_every_probe_series_says_which_engine_sent_it() -> None:
     r = ProbeReceiver("/nonexistent/probe.sock")
     kc = {wire.KC_TOKENS: hist(wire.KC_TOKENS, 40)}
-    r.feed(frame(engine="vllm", process="VLLM::Worker", calls_by_layer={"0": 1}, histograms=kc))
+    by_layer = {"0": hist(wire.KC_TOKENS, 40)}
+    r.feed(
+        frame(engine="vllm", process="VLLM::Worker", calls_by_layer={"0": 1}, kc_by_layer=by_layer)
+    )
     # the same process name from another engine is another series, never summed into it
     r.feed(frame(pid=11, engine="kcops", process="VLLM::Worker", calls_by_layer={"0": 2}))
-    v2 = frame(pid=12, process="old", calls_by_layer={"0": 4}, histograms=kc)
+    v2 = frame3(pid=12, process="old", calls_by_layer={"0": 4}, histograms=kc)
     r.feed(as_v2(v2))  # a probe before version 3: engine unknown
     old = wire.Frame(pid=13, process="older", seq=0, calls_by_layer={"0": 8}, histograms=kc)
     r.feed(encode_v1(old))
@@ -273,13 +324,14 @@ def test_every_probe_series_says_which_engine_sent_it() -> None:
     calls = "kcops_attention_calls_total"
     assert value(out, calls, engine="vllm", layer="0", process="VLLM::Worker") == 1
     assert value(out, calls, engine="kcops", layer="0", process="VLLM::Worker") == 2
-    assert value(out, "kcops_kc_tokens_count", engine="vllm", process="VLLM::Worker") == 1
+    kc_count = "kcops_kc_tokens_count"
+    assert value(out, kc_count, engine="vllm", layer="0", process="VLLM::Worker") == 1
     assert value(out, "kcops_probe_dropped_total", engine="unknown", process="older") == 0
 
 
 def test_a_hostile_engine_tag_is_refused_whole() -> None:
     r = ProbeReceiver("/nonexistent/probe.sock")
-    good = frame(calls_by_layer={"0": 1})
+    good = frame3(calls_by_layer={"0": 1})
     for tag in (b'vllm",x="y', b"V" * 4, b"e" * 17, b"\xff\xfe"):
         r.feed(with_tag(good, tag))
     out = collect(r)

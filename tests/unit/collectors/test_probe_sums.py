@@ -1,5 +1,6 @@
-"""The receiver's shortcut (probe_sums) against the long way (wire.decode + _add), on
-version-3 frames and on the version-2 frames of older probes.
+"""The receiver's shortcut (probe_sums) against the long way (wire.decode + add), on
+version-3 frames and on the version-2 frames of older probes (version 4:
+test_probe_bulk.py).
 
 Both receivers get the same datagrams; their counters, outcomes and samples must agree
 (histogram sums up to float rounding: the shortcut adds them in another order).
@@ -15,7 +16,8 @@ from hypothesis import strategies as st
 from kcops.agent.collectors import probe_sums
 from kcops.agent.collectors.probe import ProbeReceiver
 from kcops.agent.samples import Sample
-from kcops.kernels import wire
+from kcops.kernels import wire, wire_v3
+from kcops.kernels.wire_v3 import encode_v3
 from tests.unit.kernels.test_wire import as_v2
 
 MAX_U32 = 2**32 - 1
@@ -45,10 +47,10 @@ def assert_same(fast: ProbeReceiver, slow: ProbeReceiver) -> None:
 
 
 def test_the_shortcut_reads_the_wire_layout_it_was_written_for() -> None:
-    # Fails when wire's version-2 layout changes: the receiver then decodes every frame
+    # Fails when wire_v3's version-2 layout changes: the receiver then decodes every frame
     # the long way (correct, ~5x slower) until probe_sums is updated to the new layout.
     assert probe_sums.enabled(), (
-        f"wire._FIXED is {wire._FIXED.format}, probe_sums reads {probe_sums.FIXED_FORMAT}"
+        f"wire_v3.FIXED is {wire_v3.FIXED.format}, probe_sums reads {probe_sums.FIXED_FORMAT}"
     )
 
 
@@ -63,7 +65,7 @@ def test_counters_at_the_u32_limit_do_not_carry_into_their_neighbours() -> None:
         histograms={wire.KC_RATIO: h},
         topn_mass={16: wire.Histogram(wire.BUCKETS[wire.TOPN_MASS], [MAX_U32] * 15, 0.5)},
     )
-    data = wire.encode(f)
+    data = encode_v3(f)
     for r in (fast, slow):
         for _ in range(5):
             r.feed(data)
@@ -115,7 +117,7 @@ def frames(draw: st.DrawFn) -> wire.Frame:
 
 
 def encoded(f: wire.Frame, v2: bool) -> bytes:
-    return as_v2(wire.encode(f)) if v2 else wire.encode(f)
+    return as_v2(encode_v3(f)) if v2 else encode_v3(f)
 
 
 @settings(max_examples=150, deadline=None)
@@ -156,6 +158,6 @@ def test_mutated_frames_get_the_same_verdict_both_ways(
 def test_a_burst_of_distinct_processes_leaves_a_bounded_shape_cache() -> None:
     fast, _ = receivers()
     for i in range(1000):
-        fast.feed(wire.encode(wire.Frame(pid=i, process=f"p{i}", seq=0, calls_by_layer={"0": 1})))
+        fast.feed(encode_v3(wire.Frame(pid=i, process=f"p{i}", seq=0, calls_by_layer={"0": 1})))
     assert fast.frames["ok"] == 1000
     assert len(fast._shapes) <= fast._shapes.max_shapes <= 4 * 32

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import tempfile
@@ -57,31 +58,57 @@ def _no_probe_left() -> Iterator[None]:
     kernels.uninstall()
 
 
+class Listener:
+    """The agent's end as a test reads it: the stream socket probes connect to, and what
+    every connection has sent so far (connections read in the order they came)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(wire.stream_socket_path(path))
+        self.sock.listen(64)
+        self.sock.setblocking(False)
+        self.conns: list[tuple[socket.socket, bytearray]] = []
+
+    def frames(self) -> list[wire.Frame]:
+        with contextlib.suppress(BlockingIOError):
+            while True:
+                conn, _ = self.sock.accept()
+                conn.setblocking(False)
+                self.conns.append((conn, bytearray()))
+        out = []
+        for conn, buf in self.conns:
+            with contextlib.suppress(BlockingIOError):
+                while chunk := conn.recv(1 << 16):
+                    buf += chunk
+            while len(buf) >= wire.HEADER.size:
+                end = wire.HEADER.size + wire.HEADER.unpack_from(buf)[2]
+                if end > len(buf):
+                    break
+                out.append(wire.decode(bytes(buf[:end])))
+                del buf[:end]
+        return out
+
+    def close(self) -> None:
+        for conn, _ in self.conns:
+            conn.close()
+        self.sock.close()
+
+
 @pytest.fixture
-def listener() -> Iterator[tuple[str, socket.socket]]:
-    """A Unix datagram socket the probe can send to (short path: AF_UNIX limits length)."""
+def listener() -> Iterator[tuple[str, Listener]]:
+    """The agent's socket path (short: AF_UNIX limits its length) and a listener on it."""
     folder = tempfile.mkdtemp(prefix="kcp-", dir="/tmp")
     path = os.path.join(folder, "p.sock")
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    sock.bind(path)
-    sock.settimeout(5.0)
+    lst = Listener(path)
     try:
-        yield path, sock
+        yield path, lst
     finally:
-        sock.close()
-        os.unlink(path)
+        lst.close()
+        os.unlink(wire.stream_socket_path(path))
         os.rmdir(folder)
 
 
-def drain(sock: socket.socket) -> list[wire.Frame]:
-    """Every frame waiting on ``sock``."""
-    frames = []
-    sock.setblocking(False)
-    try:
-        while True:
-            frames.append(wire.decode(sock.recv(65536)))
-    except BlockingIOError:
-        pass
-    finally:
-        sock.settimeout(5.0)
-    return frames
+def drain(lst: Listener) -> list[wire.Frame]:
+    """Every frame sent to ``lst`` since the last call."""
+    return lst.frames()

@@ -54,12 +54,13 @@ def test_outputs_bit_identical_and_calls_per_layer(attn: str, listener: Any) -> 
     assert frame.errors == {"nan": 0, "inf": 0, "exception": 0}
     assert frame.histograms[wire.CONTEXT_TOKENS].count == 6
     assert frame.histograms[wire.ATTENTION_SECONDS].count == 6
-    # 4 rows per sampled call, batch 1: one K(C) observation per row
-    assert frame.histograms[wire.KC_TOKENS].count == 24
+    # 4 rows per sampled call, batch 1: one K(C) observation per row, by layer
+    assert {k: h.count for k, h in frame.kc_by_layer.items()} == {"0": 8, "1": 8, "2": 8}
+    assert wire.KC_TOKENS not in frame.histograms  # K(C) goes by layer only
     assert frame.histograms[wire.KC_RATIO].count == 24
     assert set(frame.topn_mass) == {16, 32, 64}
     assert frame.topn_mass[16].count == 24
-    assert probe.internal_errors == 0
+    assert probe.internal_errors == 0 and frame.internal_errors == 0
 
 
 def test_frames_are_deltas_with_sequence(listener: Any) -> None:
@@ -78,7 +79,7 @@ def test_frames_are_deltas_with_sequence(listener: Any) -> None:
     assert [f.calls_by_layer for f in frames] == [{"0": 1, "1": 1}, {}, {"0": 1, "1": 1}]
     assert frames[1].is_empty()
     assert len({f.instance for f in frames}) == 1
-    assert frames[0].histograms[wire.KC_TOKENS].count == 0  # nothing sampled
+    assert frames[0].kc_by_layer == {}  # nothing sampled
 
 
 def test_no_listener_never_raises_and_counts_drops() -> None:
@@ -98,8 +99,11 @@ def test_dropped_total_reaches_the_agent_when_it_appears(listener: Any) -> None:
     probe.publisher.socket_path = path
     probe.flush()
     (frame,) = drain(sock)
-    assert frame.dropped_total == 1
+    assert frame.dropped == 1  # the frames dropped since the last one sent
     assert frame.seq == 1  # seq 0 was the dropped frame: the receiver sees the gap
+    probe.flush()
+    (frame,) = drain(sock)
+    assert frame.dropped == 0 and probe.publisher.dropped_total == 1
 
 
 def test_full_socket_buffer_drops_instead_of_blocking(listener: Any) -> None:

@@ -5,6 +5,7 @@ The real vLLM is not installed in make test: see tests marked ``vllm``.
 
 from __future__ import annotations
 
+import logging
 import sys
 import types
 from collections.abc import Iterator
@@ -128,6 +129,38 @@ def test_register_is_idempotent_and_never_raises(
     kernels.uninstall()
     vllm_plugin.register()
     assert kernels.get_probe() is None
+
+
+def test_info_lines_name_the_backends_wrapped(
+    fake_vllm: types.ModuleType, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One line at install naming what is wrapped so far; then one per backend class wrapped
+    later, which in vLLM's worker is the backend it picked (imported after the plugins)."""
+    monkeypatch.setattr(vllm_plugin, "BASE_MODULES", (FAKE,))
+    monkeypatch.setenv("KCOPS_PROBE_INTEGRATIONS", "torch_sdpa")
+    monkeypatch.setenv("KCOPS_PROBE_SOCKET", "/nonexistent/p.sock")
+    monkeypatch.setattr(vllm_plugin, "_announced_pid", None)
+    caplog.set_level(logging.INFO, logger="vllm.plugins.kcops_probe")
+    vllm_plugin.register()
+    vllm_plugin.register()
+    installed = [r.getMessage() for r in caplog.records if "installed" in r.getMessage()]
+    assert len(installed) == 1 and "(now: CPUAttentionBackendImpl)" in installed[0]
+
+    class FlashAttentionImpl(fake_vllm.AttentionImpl):  # type: ignore[name-defined,misc]
+        def forward(self, layer: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+            return query
+
+    class TritonAttentionImpl(FlashAttentionImpl):
+        def forward(self, layer: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+            return query
+
+    wrapped = [r.getMessage() for r in caplog.records if "wrapped" in r.getMessage()]
+    assert len(wrapped) == 2, wrapped
+    assert "wrapped FlashAttentionImpl.forward" in wrapped[0] and "engine vllm" in wrapped[0]
+    assert "wrapped TritonAttentionImpl.forward" in wrapped[1]
+    _call(TritonAttentionImpl(), 2, torch.ones(1, 4))
+    probe = kernels.get_probe()
+    assert probe is not None and probe.aggregator.calls == {"2": 1}
 
 
 def test_register_disabled(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,0 +1,234 @@
+"""What the probe receiver keeps: sums per (engine, process), within cardinality bounds.
+
+Frames carry DELTAS; these are the agent's cumulative sums of them, so they stay
+monotonic across an engine restart. Bounds: past ``max_processes`` distinct
+(engine, process) pairs, frames fold into ``engine="other", process="other"``; past
+``max_layers`` distinct layers of a process, its call counts into ``layer="other"``,
+and past ``max_kc_layers`` its K(C) histograms (``kcops_kc_tokens{layer}``, 30 series
+a layer) likewise. A process that sent nothing for ``idle_s`` is forgotten.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from operator import add
+from typing import TypeVar
+
+from kcops.agent.collectors.probe_bulk import FOLD_AFTER_FRAMES, Pending, Shape
+from kcops.agent.collectors.probe_sums import PendingSums
+from kcops.agent.collectors.probe_sums import Shape as ShapeV3
+from kcops.agent.samples import LabelPairs, Sample, histogram_samples
+from kcops.kernels import wire
+
+OTHER = "other"
+MAX_LABEL = 64  # characters kept of a process or layer name sent by a probe
+K = TypeVar("K", str, int)
+KC_BOUNDS = wire.BUCKETS[wire.KC_TOKENS]
+
+
+class Process:
+    """Sums for one (``engine``, ``process``) label pair, and when its last frame came
+    (monotonic s)."""
+
+    def __init__(self, key: tuple[str, str], now: float) -> None:
+        self.lp: LabelPairs = (("engine", key[0]), ("process", key[1]))
+        self.calls: dict[str, int] = {}
+        self.errors: dict[str, int] = dict.fromkeys(wire.ERROR_KINDS, 0)
+        self.internal = 0
+        self.hist: dict[str, wire.Histogram] = {}
+        self.topn: dict[int, wire.Histogram] = {}
+        self.kc: dict[str, wire.Histogram] = {}  # kcops_kc_tokens by layer
+        self.dropped = 0
+        self.seen = now
+        # Frames summed but not yet folded into the dicts above: version 3 and 2 by
+        # (shape, top-N keys), version 4 by shape.
+        self.pending: dict[tuple[ShapeV3, tuple[int, ...]], PendingSums] = {}
+        self.pending4: dict[Shape, Pending] = {}
+
+
+class ProbeSums:
+    def __init__(
+        self,
+        *,
+        max_processes: int,
+        max_layers: int,
+        max_kc_layers: int,
+        idle_s: float,
+        clock: Callable[[], float],
+    ) -> None:
+        self.max_processes = max_processes
+        self.max_layers = max_layers
+        self.max_kc_layers = max_kc_layers
+        self.idle_s = idle_s
+        self.clock = clock
+        self.procs: dict[tuple[str, str], Process] = {}  # by (engine, process)
+        # (pid, instance) -> its last cumulative dropped_total (before version 4); an LRU.
+        self.instances: OrderedDict[tuple[int, str], int] = OrderedDict()
+
+    def proc_for(self, key: tuple[str, str], now: float) -> Process:
+        p = self.procs.get(key)
+        if p is None:
+            if len(self.procs) >= self.max_processes:
+                self.forget_idle(now)
+            if len(self.procs) >= self.max_processes:
+                key = (OTHER, OTHER)
+                p = self.procs.get(key)
+            if p is None:
+                p = self.procs[key] = Process(key, now)
+        p.seen = now
+        return p
+
+    def forget_idle(self, now: float) -> None:
+        for key in [k for k, p in self.procs.items() if now - p.seen > self.idle_s]:
+            del self.procs[key]
+
+    # -- adding --------------------------------------------------------------
+
+    def add(self, f: wire.Frame) -> None:
+        """A decoded frame, any version."""
+        p = self.proc_for((f.engine, f.process[:MAX_LABEL] or "unknown"), self.clock())
+        self.add_calls(p, f.calls_by_layer.items())
+        for kind, n in f.errors.items():
+            p.errors[kind] = p.errors.get(kind, 0) + n
+        p.internal += f.internal_errors
+        for name, h in f.histograms.items():
+            self.add_plain(p, name, h)
+        for n, h in f.topn_mass.items():
+            self.add_hist(p.topn, n, h)
+        for layer, h in f.kc_by_layer.items():
+            self.add_kc(p, layer, h)
+        p.dropped += f.dropped
+        self.count_dropped(p, f.pid, f.instance, f.dropped_total)
+
+    def add_calls(self, p: Process, items: Iterable[tuple[str, int]]) -> None:
+        calls = p.calls
+        for layer, n in items:
+            layer = layer[:MAX_LABEL]
+            if layer in calls:
+                calls[layer] += n
+            elif len(calls) < self.max_layers:
+                calls[layer] = n
+            else:
+                calls[OTHER] = calls.get(OTHER, 0) + n
+
+    def add_kc(self, p: Process, layer: str, h: wire.Histogram) -> None:
+        """K(C) of one layer. A layer gets its series (30 of them) with its first
+        observation, not before: frames list every layer, most with zeros."""
+        kc = p.kc
+        layer = layer[:MAX_LABEL]
+        acc = kc.get(layer)
+        if acc is None:
+            if not (h.sum or any(h.counts)):
+                return
+            if len(kc) >= self.max_kc_layers:
+                layer, acc = OTHER, kc.get(OTHER)
+        if acc is None:
+            kc[layer] = wire.Histogram(h.bounds, list(h.counts), h.sum)
+        else:
+            acc.merge(h)
+
+    def add_plain(self, p: Process, name: str, h: wire.Histogram) -> None:
+        """A histogram without labels; K(C) of a frame that does not say the layer
+        (before version 4) is K(C) of layer ``unknown``."""
+        if name == wire.KC_TOKENS:
+            self.add_kc(p, wire.UNKNOWN_LAYER, h)
+        else:
+            self.add_hist(p.hist, name, h)
+
+    @staticmethod
+    def add_hist(into: dict[K, wire.Histogram], key: K, h: wire.Histogram) -> None:
+        acc = into.get(key)
+        if acc is None:
+            # A short fixed list (histograms, top-N entries); more is a bad probe.
+            if len(into) < wire.MAX_TOPN:
+                into[key] = wire.Histogram(h.bounds, list(h.counts), h.sum)
+        else:
+            acc.merge(h)
+
+    def count_dropped(self, p: Process, pid: int, instance: str, total: int) -> None:
+        """``dropped_total`` of a frame before version 4: cumulative per probe instance."""
+        instances = self.instances
+        key = (pid, instance)
+        if not total and key not in instances:
+            return  # no change: 0 is where every instance starts
+        last = instances.pop(key, 0)
+        instances[key] = total
+        if total != last:
+            # a smaller value is a new count (the probe restarted its own)
+            p.dropped += total - last if total > last else total
+        while len(instances) > 8 * self.max_processes:
+            instances.popitem(last=False)
+
+    def commit4(self, shape: Shape, a: int, b: int, sums: list[float], frames: int) -> None:
+        """Version 4 frames of one shape, summed in bulk (``probe_bulk``)."""
+        p = self.proc_for(shape.label, self.clock())
+        acc = p.pending4.get(shape)
+        if acc is None:
+            acc = p.pending4[shape] = Pending(shape)
+        acc.a += a
+        acc.b += b
+        acc.sums = list(map(add, acc.sums, sums))
+        acc.frames += frames
+        if acc.frames >= FOLD_AFTER_FRAMES:
+            self.fold(p)
+
+    # -- folding ---------------------------------------------------------------
+
+    def fold(self, p: Process) -> None:
+        """Move the pending sums of ``p`` into its counters and histograms."""
+        pending, p.pending = p.pending, {}
+        for acc in pending.values():
+            shape, counters = acc.shape, acc.counters()
+            self.add_calls(p, zip(shape.names, counters, strict=False))
+            for j, (name, bounds, buckets) in enumerate(shape.slots):
+                h = wire.Histogram(bounds, counters[buckets], acc.sums[j])
+                if j < shape.plain:
+                    self.add_plain(p, name, h)
+                else:
+                    self.add_hist(p.topn, acc.ns[j - shape.plain], h)
+        pending4, p.pending4 = p.pending4, {}
+        for acc4 in pending4.values():
+            self._fold4(p, acc4)
+
+    def _fold4(self, p: Process, acc: Pending) -> None:
+        shape, c, sums = acc.shape, acc.counters(), acc.sums
+        lay, names = shape.layout, shape.names
+        errors = p.errors
+        errors["nan"] += c[0]
+        errors["inf"] += c[1]
+        errors["exception"] += c[2]
+        p.internal += c[3]
+        p.dropped += c[4]
+        self.add_calls(p, zip(names, c[wire.LEADING_LANES :], strict=False))
+        for i, buckets in enumerate(lay.kc):
+            self.add_kc(p, names[i], wire.Histogram(KC_BOUNDS, c[buckets], sums[i]))
+        for j, (name, buckets, at) in enumerate(lay.hists):
+            h = wire.Histogram(wire.BUCKETS[name], c[buckets], sums[at - 1])
+            if j < lay.plain:
+                self.add_plain(p, name, h)
+            else:
+                self.add_hist(p.topn, shape.ns[j - lay.plain], h)
+
+    # -- output ------------------------------------------------------------------
+
+    def samples(self, out: list[Sample]) -> None:
+        for p in self.procs.values():
+            if p.pending or p.pending4:
+                self.fold(p)
+            lp = p.lp
+            eng, proc = lp  # labels stay sorted: engine < kind < layer < n < process
+            for layer, n in p.calls.items():
+                lp3 = (eng, ("layer", layer), proc)
+                out.append(Sample("kcops_attention_calls_total", lp3, float(n)))
+            for kind, n in p.errors.items():
+                lp3 = (eng, ("kind", kind), proc)
+                out.append(Sample("kcops_attention_errors_total", lp3, float(n)))
+            for name, h in p.hist.items():
+                histogram_samples(name, h, lp, out)
+            for layer, h in p.kc.items():
+                histogram_samples(wire.KC_TOKENS, h, (eng, ("layer", layer), proc), out)
+            for n, h in p.topn.items():
+                histogram_samples(wire.TOPN_MASS, h, (eng, ("n", str(n)), proc), out)
+            out.append(Sample("kcops_probe_dropped_total", lp, float(p.dropped)))
+            out.append(Sample("kcops_probe_internal_errors_total", lp, float(p.internal)))
