@@ -17,7 +17,7 @@ from typing import Any
 from aiohttp import web
 
 from kcops.auth import TokenCheck
-from kcops.worker.cache import PrefixCache
+from kcops.worker.cache import PrefixCache, release_freed_memory
 from kcops.worker.control import Control
 from kcops.worker.engine import Engine
 from kcops.worker.faults import Faults
@@ -130,6 +130,13 @@ def build(opts: WorkerOptions, model: Any = None, tokenizer: Any = None) -> Work
         enable_faults=opts.enable_faults,
     )
     holder["state"] = state
+
+    def resize_cache(budget: int | None) -> None:
+        with engine.cache_lock:
+            cache.set_budget(budget or opts.cache_budget_bytes)
+        release_freed_memory()
+
+    faults.resize_cache = resize_cache
     return state
 
 

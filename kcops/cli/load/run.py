@@ -149,6 +149,7 @@ class LocustRun:
     max_tokens: int = 16
     log_path: Path | None = None
     mode_file: Path | None = None
+    env: dict[str, str] = field(default_factory=dict)  # more of the locustfile's settings
     proc: subprocess.Popen[bytes] | None = None
 
     def command(self) -> list[str]:
@@ -163,7 +164,7 @@ class LocustRun:
         if not locust_available():
             raise ConfigError("Locust is not installed: pip install 'kcops[load]'")
         self.csv_prefix.parent.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "KCOPS_LOAD_MAX_TOKENS": str(self.max_tokens)}
+        env = {**os.environ, **self.env, "KCOPS_LOAD_MAX_TOKENS": str(self.max_tokens)}
         if self.mode_file is not None:
             env["KCOPS_LOAD_MODE_FILE"] = str(self.mode_file)
         log = open(self.log_path or os.devnull, "wb")  # noqa: SIM115 (owned by the child)
