@@ -277,6 +277,8 @@ class DemoEnv:
         worker_cmd = [
             kcops_exe(), "serve", "--model", self.model, "--port", self.worker.rsplit(":", 1)[1],
             "--enable-faults", "--long-threshold", "256", "--shadow-fraction", str(SHADOW_FRACTION),
+            # The accuracy drill lowers N to 2, below the shipped floor of 16.
+            "--topn-min", "2",
             "--cache-budget-bytes", str(CACHE_BUDGET_BYTES),
             "--start-delay-file", str(self.start_delay_file),
         ]  # fmt: skip
