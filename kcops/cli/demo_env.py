@@ -51,6 +51,7 @@ DEMO_STARTUP_TIMEOUT_S = 120.0
 LOAD_USERS = 1
 LOAD_ENV = {"KCOPS_LOAD_POOL": "4", "KCOPS_LOAD_LONG_CHARS": "1200-2000"}
 DEMO_COOLDOWN_S = 30.0
+DEMO_TOP_N = 64  # the worker's attention budget N (kcops serve's default)
 # Every long request is shadow-checked: at the demo's rate a smaller share would
 # leave the accuracy drill minutes between checks.
 SHADOW_FRACTION = 1.0
@@ -133,7 +134,6 @@ class DemoEnv:
         self.cgroup: demo_cgroup.MemoryCgroup | None = None
         self.no_cgroup_reason = "not created"
         self.overload: LocustRun | None = None  # the TTFT drill's extra users
-        self.top_n_before: int | None = None  # N before the accuracy drill lowered it
 
     @property
     def headers(self) -> dict[str, str]:
@@ -278,7 +278,7 @@ class DemoEnv:
             kcops_exe(), "serve", "--model", self.model, "--port", self.worker.rsplit(":", 1)[1],
             "--enable-faults", "--long-threshold", "256", "--shadow-fraction", str(SHADOW_FRACTION),
             # The accuracy drill lowers N to 2, below the shipped floor of 16.
-            "--topn-min", "2",
+            "--top-n", str(DEMO_TOP_N), "--topn-min", "2",
             "--cache-budget-bytes", str(CACHE_BUDGET_BYTES),
             "--start-delay-file", str(self.start_delay_file),
         ]  # fmt: skip

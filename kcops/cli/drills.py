@@ -71,7 +71,7 @@ DEMO_PARAMS = {
     "attention_errors_window": "1m",
     "rate_window": "1m",
     "baseline_window": "10m",
-    "p99_ttft_seconds": 5,
+    "p99_ttft_seconds": 8,
     "p99_inter_token_seconds": 2.5,
 }
 # The demo's copy of the rules caps every ``for`` and ``keep_firing_for`` (the
@@ -85,12 +85,12 @@ DRILLS: tuple[Drill, ...] = (
     Drill(
         "KcopsAttentionErrors", "NaN injected into the attention output",
         lambda e: e.fault({"nan": True}), lambda e: e.fault({"nan": False}),
-        fire_within_s=60, estimate_s=60, default=True,
+        fire_within_s=60, estimate_s=30, default=True,
     ),
     # First of the slow drills: its baseline is the mean latency of the last 10m,
     # which every later disturbance (and its recovery) moves.
     Drill(
-        "KcopsLatencyFluctuation", "every request delayed 1 s: mean latency off its baseline",
+        "KcopsLatencyFluctuation", "every request delayed 3 s: mean latency off its baseline",
         lambda e: e.fault({"latency_ms": c.FLUCTUATION_MS}), lambda e: e.fault({"latency_ms": 0}),
         fire_within_s=420, estimate_s=240,
     ),
@@ -111,10 +111,11 @@ DRILLS: tuple[Drill, ...] = (
     Drill(
         "KcopsPrefixCacheHitRateLow", "traffic with no prefix reuse (every prompt starts apart)",
         lambda e: e.set_load_mode("unique"), lambda e: e.set_load_mode("mixed"),
-        fire_within_s=420, estimate_s=220,
+        fire_within_s=420, estimate_s=180,
     ),
     Drill(
-        "KcopsKCSurge", "traffic shifts to longer prompts: more context holds the attention mass",
+        "KcopsKCSurge",
+        "traffic shifts to prompts 4x longer: more context holds the attention mass",
         lambda e: e.set_load_mode("long"), lambda e: e.set_load_mode("mixed"),
         fire_within_s=420, estimate_s=240,
     ),
@@ -133,13 +134,13 @@ DRILLS: tuple[Drill, ...] = (
     ),
     Drill(
         "KcopsDeviceMemoryFullSoon", "the worker's memory climbs steadily to 85% of its limit",
-        c.ramp_device, c.stop_ramp, fire_within_s=600, estimate_s=330,
+        c.ramp_device, c.stop_ramp, fire_within_s=600, estimate_s=480,
         precheck=c.needs_cgroup,
     ),
     Drill(
         "KcopsDeviceMemoryHigh",
         "the KV cache's budget raised past the device; long prompts with no reuse fill it",
-        c.fill_cache, c.restore_cache, fire_within_s=240, estimate_s=330,
+        c.fill_cache, c.restore_cache, fire_within_s=240, estimate_s=360,
         precheck=c.needs_cgroup, relief=c.device_below_threshold,
     ),
     Drill(

@@ -172,7 +172,7 @@ def kc(s: Snapshot) -> Table:
         t.add_row(
             "layers",
             Text.assemble(
-                ("K(C) by layer: not reported by this probe; ", "dim"),
+                ("no K(C) per layer from this probe; ", "dim"),
                 f"calls/s {sparkline(calls, 20)} {len(calls)}",
             ),
         )

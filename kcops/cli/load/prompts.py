@@ -16,10 +16,11 @@ import random
 
 SHORT_CHARS = (120, 400)  # well under the worker's --long-threshold tokens
 HOT_CHARS = 3600  # the hot document: its KV is larger than the demo's memory tier
+LONGER_CHARS = (6000, 8000)  # mode "long": cut from the longest documents
 # mixed: two short prompts for each long one; unique: no prefix reuse; unique-long:
-# long prompts with no reuse (every prompt's KV is new); long: only prompts longer
-# than the mix's longest (K(C) rises); short: short prompts only; hot: one long
-# document for everyone.
+# long prompts with no reuse (every prompt's KV is new); long: only prompts of
+# LONGER_CHARS from the longest documents, past any the mix sends (K(C) rises);
+# short: short prompts only; hot: one long document for everyone.
 MODES = ("mixed", "unique", "unique-long", "long", "short", "hot")
 
 
@@ -61,7 +62,15 @@ def _corpus() -> list[str]:
     return texts[:POOL]
 
 
+def _longest() -> list[str]:
+    import pydoc_data.topics as topics
+
+    texts = sorted((t for t in topics.topics.values() if len(t) > LONGER_CHARS[1]), key=len)
+    return texts[-4:]
+
+
 CORPUS = _corpus()
+LONGEST = _longest()
 MODE_FILE = os.environ.get("KCOPS_LOAD_MODE_FILE", "")
 
 
@@ -87,13 +96,13 @@ def prompt(kind: str, rng: random.Random, mode: str = "mixed") -> str:
         # Everyone asks about the same long document: its cached KV is read back
         # on every request (from the Redis tier when the memory tier is smaller).
         return SYSTEM + CORPUS[0][:HOT_CHARS]
-    if mode in ("long", "short"):
+    if mode == "long":  # the traffic shifts to far longer prompts than the mix's
+        return SYSTEM + rng.choice(LONGEST)[: rng.randint(*LONGER_CHARS)]
+    if mode == "short":
         kind = mode
     elif mode == "unique-long":
         kind = "long"
     lo, hi = SHORT_CHARS if kind == "short" else LONG_CHARS
-    if mode == "long":  # the traffic shifts to longer prompts than the mix's longest
-        lo, hi = hi, HOT_CHARS
     text = SYSTEM + rng.choice(CORPUS)[: rng.randint(lo, hi)]
     if mode in ("unique", "unique-long"):
         # A different first block for every request: the prefix cache cannot hit,

@@ -75,7 +75,7 @@ def test_once_shows_every_section_in_80_by_24(agent_url: str) -> None:
     assert "60.0%" in out  # prefix hits / queries
     assert "N=32" in out and "shadow 97%" in out
     # The real probe labels attention calls by layer, not K(C): top says so.
-    assert "K(C) by layer: not reported by this probe" in out and "calls/s" in out
+    assert "no K(C) per layer from this probe; calls/s" in out and "▅▅▅▅ 4" in out
     # Only active alerts get a row; the inactive ones are a count.
     active = [ln for ln in lines if " pending " in ln or " firing " in ln]
     assert any("KcopsDeviceMemoryHigh" in ln for ln in active)
