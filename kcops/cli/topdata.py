@@ -53,8 +53,10 @@ GAUGES: tuple[tuple[str, str], ...] = (
 # The engine's lifecycle state: the one series of the one-hot kcops_engine_state at 1.
 ENGINE_STATE = "max by (state) (kcops_engine_state) == 1"
 # Per-layer views: K(C) by layer where the probe labels kcops_kc_tokens with its
-# layer (rows without the label are the all-layers histogram, not a layer), and
-# attention calls by layer, which every probe labels.
+# layer (wire version 4), and attention calls by layer, which every probe labels.
+# Not layers: no label or layer="unknown" (an older probe's all-layers histogram)
+# and layer="other" (the layers past the agent's cap, summed).
+NOT_LAYERS = ("unknown", "other")
 KC_BY_LAYER = "histogram_quantile(0.5, sum by (le, layer) (rate(kcops_kc_tokens_bucket[5m])))"
 CALLS_BY_LAYER = "sum by (layer) (rate(kcops_attention_calls_total[1m]))"
 # Sparklines: these few, sampled back in time at the start, then one point per refresh.
@@ -167,9 +169,11 @@ class AgentClient:
         return data
 
 
-def by_label(rows: list[tuple[dict[str, str], float]], label: str) -> list[tuple[str, float]]:
-    """(label value, value) of the rows that carry ``label``, in layer order."""
-    out = [(m[label], v) for m, v in rows if m.get(label)]
+def by_label(
+    rows: list[tuple[dict[str, str], float]], label: str, skip: tuple[str, ...] = ()
+) -> list[tuple[str, float]]:
+    """(label value, value) of the rows that carry ``label`` (not in ``skip``), in layer order."""
+    out = [(m[label], v) for m, v in rows if m.get(label) and m[label] not in skip]
     out.sort(key=lambda kv: _layer_order(kv[0]))
     return out[:MAX_LAYERS_SHOWN]
 
@@ -226,7 +230,7 @@ def snapshot(client: AgentClient, with_history: bool = False, actions_shown: int
         status=status,
         values=values,
         engine_state=states[0] if len(states) == 1 else None,
-        kc_by_layer=by_label(client.vector(KC_BY_LAYER), "layer"),
+        kc_by_layer=by_label(client.vector(KC_BY_LAYER), "layer", NOT_LAYERS),
         calls_by_layer=by_label(client.vector(CALLS_BY_LAYER), "layer"),
         alerts=alerts,
         rules=rules,

@@ -60,7 +60,9 @@ class EngineLike:
             out += _hist(name, BOUNDS, share, n, {})
         for st in ("starting", "ready", "hung", "down"):
             out.append(Sample.of("kcops_engine_state", float(st == self.state), {"state": st}))
-        out += _hist("kcops_kc_tokens", KC_BOUNDS, [0.0, 0.2, 0.5, 0.3, 0.0, 0.0], n, {})
+        # All layers together, as a probe before wire version 4 sends it.
+        whole = {"layer": "unknown"} if self.kc_by_layer else {}
+        out += _hist("kcops_kc_tokens", KC_BOUNDS, [0.0, 0.2, 0.5, 0.3, 0.0, 0.0], n, whole)
         for layer in range(LAYERS):
             lab = {"layer": f"model.layers.{layer}.self_attn"}
             if self.kc_by_layer:
