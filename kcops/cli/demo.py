@@ -131,7 +131,9 @@ def demo_cmd(
         names = ", ".join(d.alert for d in chosen if d.needs is None)
         click.echo(
             f"- drills: {names}; about {duration(drills_mod.estimate_s(chosen))} "
-            f"plus start-up (rule params for the demo: {drills_mod.DEMO_PARAMS})"
+            f"plus start-up (rule params for the demo: {drills_mod.DEMO_PARAMS}; "
+            f"`for` at most {drills_mod.DEMO_MAX_FOR}, `keep_firing_for` at most "
+            f"{drills_mod.DEMO_MAX_KEEP_FIRING_FOR})"
         )
     env_ = DemoEnv(
         work, model, drills_mod.DEMO_PARAMS,
