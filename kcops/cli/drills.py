@@ -113,15 +113,17 @@ DRILLS: tuple[Drill, ...] = (
         lambda e: e.set_load_mode("unique"), lambda e: e.set_load_mode("mixed"),
         fire_within_s=420, estimate_s=180,
     ),
+    # Before the K(C) surge: its long prompts lower shadow agreement too, and the
+    # agreement gauge (the last 32 checks) takes minutes of mixed traffic to recover.
+    Drill(
+        "KcopsAccuracyDrop", "attention budget N lowered to 2 keys: shadow agreement falls",
+        c.lower_budget, c.restore_budget, fire_within_s=600, estimate_s=300,
+    ),
     Drill(
         "KcopsKCSurge",
         "traffic shifts to prompts 4x longer: more context holds the attention mass",
         lambda e: e.set_load_mode("long"), lambda e: e.set_load_mode("mixed"),
         fire_within_s=420, estimate_s=240,
-    ),
-    Drill(
-        "KcopsAccuracyDrop", "attention budget N lowered to 2 keys: shadow agreement falls",
-        c.lower_budget, c.restore_budget, fire_within_s=600, estimate_s=300,
     ),
     Drill(
         "KcopsSegmentTransferSlow",
@@ -134,7 +136,7 @@ DRILLS: tuple[Drill, ...] = (
     ),
     Drill(
         "KcopsDeviceMemoryFullSoon", "the worker's memory climbs steadily to 85% of its limit",
-        c.ramp_device, c.stop_ramp, fire_within_s=600, estimate_s=480,
+        c.ramp_device, c.stop_ramp, fire_within_s=720, estimate_s=480,
         precheck=c.needs_cgroup,
     ),
     Drill(
