@@ -32,7 +32,7 @@ SEGMENT_DELAY_S = 0.15  # added to each Redis request burst: over the 50 ms p99 
 HOT_TIER_BYTES = 8 * 1024**2  # the memory tier while the segment drill runs: < the hot KV
 TOKEN_DELAY_MS = 3000  # added to each decode step: over the demo's 2.5 s p99 threshold
 FLUCTUATION_MS = 3000  # added to each request: more than the demo's mean latency
-OVERLOAD_USERS = 12  # more Locust users than the worker serves without queueing
+OVERLOAD_USERS = 36  # Locust users added: requests queue behind prefills even when idle
 LOW_TOP_N = 2  # keys kept per head: far below what the traffic needs
 START_DELAY_S = DEMO_STARTUP_TIMEOUT_S + 30
 
