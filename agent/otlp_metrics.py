@@ -6,16 +6,22 @@ Histograms keep their buckets (Prometheus's cumulative ``le`` counts become
 OTLP explicit-bucket counts); counters are cumulative monotonic sums.
 
 Where OpenTelemetry has a semantic convention, the series is exported under
-its name and unit (``hw.gpu.*`` for the device, ``gen_ai.server.*`` for the
-serving latencies); everything else keeps its Prometheus family name.
+its name and unit, with the attributes it requires: ``hw.gpu.*`` for a GPU
+(``hw.id``, ``hw.type``), never for a CPU engine's memory cgroup
+(``device="cpu"`` keeps its Prometheus name); ``gen_ai.server.*`` for the
+serving latencies, with ``gen_ai.operation.name``, ``gen_ai.provider.name``
+(and the older ``gen_ai.system``), ``gen_ai.request.model`` where the engine
+names its model, and ``server.address``/``server.port`` of the engine.
+Everything else keeps its Prometheus family name and labels.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
@@ -37,21 +43,53 @@ class SemConv:
     name: str
     unit: str
     extra: tuple[tuple[str, str], ...] = ()
+    rename: tuple[tuple[str, str], ...] = ()  # Prometheus label -> convention attribute
+    gen_ai: bool = False  # a gen_ai.server.* metric: its required attributes are added
 
 
 GPU = (("hw.type", "gpu"),)
+HW_ID = (("device", "hw.id"),)
+# gen_ai.server.*: the engine (the adapter that read it) is the provider; vLLM's
+# model_name label is the model. The agent sees the engine's histograms summed
+# over completions and chat: the operation is text completion.
+GEN_AI = (("engine", "gen_ai.provider.name"), ("model_name", "gen_ai.request.model"))
+OPERATION = "text_completion"
 SEMCONV: dict[str, SemConv] = {
-    "kcops_device_memory_used_bytes": SemConv("hw.gpu.memory.usage", "By", GPU),
-    "kcops_device_memory_total_bytes": SemConv("hw.gpu.memory.limit", "By", GPU),
-    "kcops_gpu_utilization_ratio": SemConv("hw.gpu.utilization", "1", GPU),
-    "kcops_gpu_temperature_celsius": SemConv("hw.temperature", "Cel", GPU),
-    "kcops_gpu_power_watts": SemConv("hw.power", "W", GPU),
-    "kcops_ttft_seconds": SemConv("gen_ai.server.time_to_first_token", "s"),
-    "kcops_inter_token_latency_seconds": SemConv("gen_ai.server.time_per_output_token", "s"),
-    "kcops_request_latency_seconds": SemConv("gen_ai.server.request.duration", "s"),
+    "kcops_device_memory_used_bytes": SemConv("hw.gpu.memory.usage", "By", GPU, HW_ID),
+    "kcops_device_memory_total_bytes": SemConv("hw.gpu.memory.limit", "By", GPU, HW_ID),
+    "kcops_gpu_utilization_ratio": SemConv("hw.gpu.utilization", "1", GPU, HW_ID),
+    "kcops_gpu_temperature_celsius": SemConv("hw.temperature", "Cel", GPU, HW_ID),
+    "kcops_gpu_power_watts": SemConv("hw.power", "W", GPU, HW_ID),
+    "kcops_ttft_seconds": SemConv(
+        "gen_ai.server.time_to_first_token", "s", rename=GEN_AI, gen_ai=True
+    ),
+    "kcops_inter_token_latency_seconds": SemConv(
+        "gen_ai.server.time_per_output_token", "s", rename=GEN_AI, gen_ai=True
+    ),
+    "kcops_request_latency_seconds": SemConv(
+        "gen_ai.server.request.duration", "s", rename=GEN_AI, gen_ai=True
+    ),
 }
-# Prometheus label -> semantic-convention attribute, for the families above.
-ATTR_RENAME = {"device": "hw.id"}
+CPU_DEVICE = "cpu"  # a CPU engine's "device" is its memory cgroup, not a GPU
+
+
+def convention(family: str, labels: Iterable[tuple[str, str]]) -> SemConv | None:
+    """The convention a series is exported under, or None (its Prometheus name)."""
+    conv = SEMCONV.get(family)
+    if conv is not None and conv.extra == GPU and dict(labels).get("device") == CPU_DEVICE:
+        return None
+    return conv
+
+
+def server_attributes(engine_url: str | None) -> dict[str, str]:
+    """``server.address`` and ``server.port`` of the engine's URL ({} without one)."""
+    if not engine_url:
+        return {}
+    parts = urlsplit(engine_url)
+    if not parts.hostname:
+        return {}
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return {"server.address": parts.hostname, "server.port": str(port)}
 
 
 def _unit_of(family: str) -> str:
@@ -61,16 +99,29 @@ def _unit_of(family: str) -> str:
     return ""
 
 
-def _attrs(labels: Iterable[tuple[str, str]], conv: SemConv | None) -> list[KeyValue]:
+def _attrs(
+    labels: Iterable[tuple[str, str]], conv: SemConv | None, server: Mapping[str, str]
+) -> list[KeyValue]:
     pairs = dict(labels)
     if conv is not None:
-        pairs = {ATTR_RENAME.get(k, k): v for k, v in pairs.items()}
+        rename = dict(conv.rename)
+        pairs = {rename.get(k, k): v for k, v in pairs.items()}
         pairs.update(conv.extra)
+        if conv.gen_ai:
+            pairs.setdefault("gen_ai.provider.name", "unknown")
+            pairs["gen_ai.system"] = pairs["gen_ai.provider.name"]  # semconv <= 1.36
+            pairs["gen_ai.operation.name"] = OPERATION
+            if "gen_ai.request.model" in pairs:
+                pairs["gen_ai.response.model"] = pairs["gen_ai.request.model"]
+            pairs.update(server)
+    return [_kv(k, v) for k, v in sorted(pairs.items())]
+
+
+def _kv(key: str, value: str) -> KeyValue:
+    if key == "server.port":  # an int attribute in the convention
+        return KeyValue(key=key, value=AnyValue(int_value=int(value)))
     # protobuf refuses text UTF-8 cannot encode: escape it rather than lose the batch
-    return [
-        KeyValue(key=safe_text(k), value=AnyValue(string_value=safe_text(v)))
-        for k, v in sorted(pairs.items())
-    ]
+    return KeyValue(key=safe_text(key), value=AnyValue(string_value=safe_text(value)))
 
 
 @dataclass
@@ -90,7 +141,12 @@ def _latest(store: Store, now: float, stale_after_s: float) -> dict[SeriesKey, f
 
 
 def _histogram_points(
-    fam: str, series: dict[SeriesKey, float], start_ns: int, now_ns: int, conv: SemConv | None
+    fam: str,
+    series: dict[SeriesKey, float],
+    start_ns: int,
+    now_ns: int,
+    conv: SemConv | None,
+    server: Mapping[str, str],
 ) -> list[pb.HistogramDataPoint]:
     groups: dict[tuple[tuple[str, str], ...], _Hist] = {}
     for key, value in series.items():
@@ -115,7 +171,7 @@ def _histogram_points(
         ]
         points.append(
             pb.HistogramDataPoint(
-                attributes=_attrs(labels, conv),
+                attributes=_attrs(labels, conv, server),
                 start_time_unix_nano=start_ns,
                 time_unix_nano=now_ns,
                 count=int(h.count),
@@ -128,17 +184,51 @@ def _histogram_points(
 
 
 def _number_points(
-    series: dict[SeriesKey, float], start_ns: int, now_ns: int, conv: SemConv | None
+    series: dict[SeriesKey, float],
+    start_ns: int,
+    now_ns: int,
+    conv: SemConv | None,
+    server: Mapping[str, str],
 ) -> list[pb.NumberDataPoint]:
     return [
         pb.NumberDataPoint(
-            attributes=_attrs(key.labels, conv),
+            attributes=_attrs(key.labels, conv, server),
             start_time_unix_nano=start_ns,
             time_unix_nano=now_ns,
             as_double=value,
         )
         for key, value in sorted(series.items())
     ]
+
+
+def _metric(
+    store: Store,
+    fam: str,
+    typ: str,
+    conv: SemConv | None,
+    series: dict[SeriesKey, float],
+    span_ns: tuple[int, int],
+    server: Mapping[str, str],
+) -> pb.Metric:
+    meta_name = fam + "_total" if typ == "counter" else fam
+    meta = store.meta(meta_name) or store.meta(fam)
+    m = pb.Metric(
+        name=conv.name if conv else fam,
+        unit=conv.unit if conv else _unit_of(fam),
+        description=meta.help if meta else "",
+    )
+    start_ns, now_ns = span_ns
+    if typ == "histogram":
+        points = _histogram_points(fam, series, start_ns, now_ns, conv, server)
+        m.histogram.data_points.extend(points)
+        m.histogram.aggregation_temporality = pb.AGGREGATION_TEMPORALITY_CUMULATIVE
+    elif typ == "counter":
+        m.sum.data_points.extend(_number_points(series, start_ns, now_ns, conv, server))
+        m.sum.is_monotonic = True
+        m.sum.aggregation_temporality = pb.AGGREGATION_TEMPORALITY_CUMULATIVE
+    else:
+        m.gauge.data_points.extend(_number_points(series, start_ns, now_ns, conv, server))
+    return m
 
 
 def build_request(
@@ -148,33 +238,24 @@ def build_request(
     started_at: float,
     stale_after_s: float,
     service_name: str,
+    engine_url: str | None = None,
 ) -> ExportMetricsServiceRequest:
     """One OTLP export of every live series in ``store`` at ``now`` (Unix seconds)."""
-    by_family: dict[str, tuple[str, dict[SeriesKey, float]]] = {}
+    # (family, convention name or None) -> (type, series): a family's GPU series and
+    # its CPU-cgroup series go out as two metrics.
+    groups: dict[tuple[str, str | None], tuple[str, SemConv | None, dict[SeriesKey, float]]] = {}
     for key, value in _latest(store, now, stale_after_s).items():
         fam, typ, _ = family_of(store, key.name)
-        by_family.setdefault(fam, (typ, {}))[1][key] = value
+        base = [(k, v) for k, v in key.labels if k != "le"]
+        conv = convention(fam, base)
+        groups.setdefault((fam, conv.name if conv else None), (typ, conv, {}))[2][key] = value
     start_ns, now_ns = int(started_at * 1e9), int(now * 1e9)
+    server = server_attributes(engine_url)
     metrics = []
-    for fam, (typ, series) in sorted(by_family.items()):
-        meta_name = fam + "_total" if typ == "counter" else fam
-        meta = store.meta(meta_name) or store.meta(fam)
-        conv = SEMCONV.get(fam)
-        m = pb.Metric(
-            name=conv.name if conv else fam,
-            unit=conv.unit if conv else _unit_of(fam),
-            description=meta.help if meta else "",
-        )
-        if typ == "histogram":
-            m.histogram.data_points.extend(_histogram_points(fam, series, start_ns, now_ns, conv))
-            m.histogram.aggregation_temporality = pb.AGGREGATION_TEMPORALITY_CUMULATIVE
-        elif typ == "counter":
-            m.sum.data_points.extend(_number_points(series, start_ns, now_ns, conv))
-            m.sum.is_monotonic = True
-            m.sum.aggregation_temporality = pb.AGGREGATION_TEMPORALITY_CUMULATIVE
-        else:
-            m.gauge.data_points.extend(_number_points(series, start_ns, now_ns, conv))
-        metrics.append(m)
+    for (fam, _), (typ, conv, series) in sorted(
+        groups.items(), key=lambda g: (g[0][0], g[0][1] or "")
+    ):
+        metrics.append(_metric(store, fam, typ, conv, series, (start_ns, now_ns), server))
     resource = Resource(
         attributes=[
             KeyValue(key="service.name", value=AnyValue(string_value=service_name)),

@@ -116,6 +116,7 @@ class OtlpMetricsPush:
             started_at=self.started_at,
             stale_after_s=self.ctx.config.store.stale_after_s,
             service_name=self.service_name,
+            engine_url=self.ctx.config.engine.url,
         )
         self._task = asyncio.create_task(self._post(req.SerializeToString()))
 

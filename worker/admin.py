@@ -14,6 +14,7 @@ from typing import Any
 
 from aiohttp import web
 
+from kcops.worker.cache import release_freed_memory
 from kcops.worker.control import BadSetting
 from kcops.worker.faults import BadFault
 from kcops.worker.protocol import (
@@ -38,7 +39,9 @@ async def reset_prefix_cache(request: web.Request) -> web.Response:
 
     def reset() -> int:
         with eng.cache_lock:
-            return eng.cache.evict("all")[0]
+            blocks = eng.cache.evict("all")[0]
+        release_freed_memory()
+        return blocks
 
     blocks = await asyncio.to_thread(reset)
     return web.json_response({"reset": True, "evicted_blocks": blocks})
@@ -55,7 +58,9 @@ async def evict(request: web.Request) -> web.Response:
             blocks, freed = eng.cache.evict(
                 body.policy, fraction=body.fraction, ttl_s=state.cache_ttl_s, now=eng.clock()
             )
-            return before, blocks, freed, cache_view(state)
+            after = cache_view(state)
+        release_freed_memory()  # freed blocks become memory the device sees as free
+        return before, blocks, freed, after
 
     before, blocks, freed, after = await asyncio.to_thread(run)
     return web.json_response(
@@ -98,7 +103,9 @@ async def drain(request: web.Request) -> web.Response:
 async def faults(request: web.Request) -> web.Response:
     state = state_of(request)
     try:
-        result = state.faults.apply(parse_json(await request.read()))
+        # In a thread: a cache resize waits for the cache lock, which the model
+        # thread holds across Redis round trips.
+        result = await asyncio.to_thread(state.faults.apply, parse_json(await request.read()))
     except BadFault as exc:
         raise ApiError(str(exc)) from None
     return web.json_response(result)

@@ -18,7 +18,7 @@ from aiohttp import web
 
 from kcops.auth import TokenCheck
 from kcops.httpedge import JsonErrorRunner
-from kcops.worker.cache import PrefixCache
+from kcops.worker.cache import PrefixCache, release_freed_memory
 from kcops.worker.control import Control
 from kcops.worker.engine import Engine
 from kcops.worker.faults import Faults
@@ -131,6 +131,13 @@ def build(opts: WorkerOptions, model: Any = None, tokenizer: Any = None) -> Work
         enable_faults=opts.enable_faults,
     )
     holder["state"] = state
+
+    def resize_cache(budget: int | None) -> None:
+        with engine.cache_lock:
+            cache.set_budget(budget or opts.cache_budget_bytes)
+        release_freed_memory()
+
+    faults.resize_cache = resize_cache
     return state
 
 

@@ -12,6 +12,9 @@ Time is passed in (``now``, seconds) wherever logic depends on it.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
 import hashlib
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -55,6 +58,32 @@ def block_keys(tokens: Sequence[int], namespace: str, block_size: int = BLOCK_SI
 
 def kv_nbytes(kv: KV) -> int:
     return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in kv)
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    name = ctypes.util.find_library("c")
+    try:
+        fn = ctypes.CDLL(name).malloc_trim if name else None
+    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to call
+        return None
+    if fn is not None:
+        fn.argtypes, fn.restype = [ctypes.c_size_t], ctypes.c_int
+    return fn
+
+
+def release_freed_memory() -> bool:
+    """Hand the heap pages that freed blocks leave back to the OS; True when it could.
+
+    A block's tensors are small (one block of one layer), so they live in
+    malloc's heaps, which keep freed pages: without this an eviction frees
+    nothing the device (the process's resident memory) can see. glibc only.
+    """
+    trim = _malloc_trim()
+    if trim is None:
+        return False
+    trim(0)
+    return True
 
 
 # A second tier: ``load(key)`` returns KV or None; ``store(key, kv)`` keeps a spilled block.
@@ -156,6 +185,21 @@ class PrefixCache:
         self._bytes -= freed
         self.stats.evicted += len(keys)
         return len(keys), freed
+
+    def set_budget(self, budget_bytes: int) -> tuple[int, int]:
+        """A new memory budget (bytes, > 0). Past it, least recently used blocks are
+        dropped, not spilled, as an explicit eviction is. Returns ``(blocks, bytes)`` dropped."""
+        if budget_bytes <= 0:
+            raise ValueError(f"budget_bytes must be > 0, got {budget_bytes}")
+        self.budget_bytes = budget_bytes
+        over: list[str] = []
+        left = self._bytes
+        for key, block in self._blocks.items():  # least recently used first
+            if left <= budget_bytes:
+                break
+            over.append(key)
+            left -= block.nbytes
+        return self._drop(over)
 
     def evict(
         self, policy: str, *, fraction: float = 1.0, ttl_s: float = 0.0, now: float = 0.0

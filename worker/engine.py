@@ -21,6 +21,7 @@ import queue
 import random
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,6 +45,10 @@ from kcops.worker.metrics import WorkerMetrics
 
 log = logging.getLogger("kcops.worker")
 MAX_COHORT = 8
+# The agreement gauge covers the last this many shadow checks: a lifetime ratio
+# would hardly move after a day of traffic, and KcopsAccuracyDrop compares its
+# recent average with its baseline.
+SHADOW_WINDOW = 32
 
 
 @dataclass
@@ -135,6 +140,7 @@ class Engine:
         self.shadow_checks = 0
         self.max_batch_seen = 0  # largest decode batch so far (evidence of batching)
         self.shadow_agree = 0
+        self.shadow_recent: deque[bool] = deque(maxlen=SHADOW_WINDOW)
         self.kv_bytes = 0  # KV held by live cohorts, after the last iteration
         self.kv_bytes_peak = 0
         self._queue: queue.Queue[GenRequest] = queue.Queue()
@@ -172,7 +178,9 @@ class Engine:
 
     @property
     def shadow_agreement(self) -> float | None:
-        return self.shadow_agree / self.shadow_checks if self.shadow_checks else None
+        """Share of the last SHADOW_WINDOW shadow checks that agreed; None before the first."""
+        recent = self.shadow_recent
+        return sum(recent) / len(recent) if recent else None
 
     # -- model thread --------------------------------------------------------
     def _run(self) -> None:
@@ -300,6 +308,7 @@ class Engine:
             choices.append(int(torch.nan_to_num(out.logits[0, -1].float()).argmax()))
         self.shadow_checks += 1
         self.shadow_agree += int(choices[0] == choices[1])
+        self.shadow_recent.append(choices[0] == choices[1])
         self.metrics.shadow_checks.inc()
 
     def _sample(self, logits: torch.Tensor, req: GenRequest) -> int:

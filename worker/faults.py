@@ -11,7 +11,11 @@ in production, never by writing a metric:
   past a memory limit the kernel's OOM killer ends the process;
 - ``memory_ramp_bytes_per_s`` (with ``memory_ramp_to_bytes``): held memory
   that grows steadily, as a leak does, up to a cap;
-- ``hang``: the request loop and ``/health`` stop until cleared (or restarted).
+- ``hang``: the request loop and ``/health`` stop until cleared (or restarted);
+- ``cache_budget_bytes``: the KV cache's memory tier may grow to this many
+  bytes (a budget larger than the device holds, as a misconfigured engine's
+  is); traffic with new prefixes then fills it with real KV blocks, which an
+  eviction frees. 0 puts the configured budget back (blocks past it dropped).
 
 A start delay (``kcops serve --start-delay-file``) is read at start, not here:
 see :func:`start_delay_s`.
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,7 +37,7 @@ RAMP_STEP_BYTES = 4 * 1024**2  # the ramp allocates in steps of at least this mu
 
 KNOWN = (
     "nan", "latency_ms", "token_delay_ms", "hold_memory_bytes",
-    "memory_ramp_bytes_per_s", "memory_ramp_to_bytes", "hang", "clear",
+    "memory_ramp_bytes_per_s", "memory_ramp_to_bytes", "hang", "cache_budget_bytes", "clear",
 )  # fmt: skip
 
 
@@ -99,6 +104,9 @@ class Faults:
     token_delay_ms: float = 0.0
     hang: bool = False
     ramp: Ramp | None = None
+    cache_budget_bytes: int | None = None  # a drill's budget of the KV memory tier
+    # Sets the cache's budget (None: the configured one); wired by the worker's app.
+    resize_cache: Callable[[int | None], None] | None = None
     _held: list[bytearray] = field(default_factory=list)
     unhung: threading.Event = field(default_factory=threading.Event)
 
@@ -120,6 +128,7 @@ class Faults:
             if self.ramp is None
             else {"bytes_per_s": self.ramp.bytes_per_s, "to_bytes": self.ramp.to_bytes},
             "hang": self.hang,
+            "cache_budget_bytes": self.cache_budget_bytes,
         }
 
     def apply(self, body: Any) -> dict[str, Any]:
@@ -128,7 +137,8 @@ class Faults:
             raise BadFault(
                 'expected an object: {"nan": true}, {"latency_ms": N}, {"token_delay_ms": N}, '
                 '{"hold_memory_bytes": N}, {"memory_ramp_bytes_per_s": N, '
-                '"memory_ramp_to_bytes": M}, {"hang": true} or {"clear": true}'
+                '"memory_ramp_to_bytes": M}, {"hang": true}, {"cache_budget_bytes": N} '
+                'or {"clear": true}'
             )
         unknown = set(body) - set(KNOWN)
         if unknown:
@@ -136,6 +146,9 @@ class Faults:
         latency, token_delay = _ms(body, "latency_ms"), _ms(body, "token_delay_ms")
         hold = _bytes(body, "hold_memory_bytes")
         ramp = self._ramp(body)
+        budget = _bytes(body, "cache_budget_bytes")
+        if budget is not None and self.resize_cache is None:
+            raise BadFault("cache_budget_bytes: this worker has no KV cache to resize")
         # Everything is valid: only now change state, so a refused request changes nothing.
         before = self.state()
         if body.get("clear"):
@@ -156,6 +169,8 @@ class Faults:
                 self.unhung.clear()
             else:
                 self.unhung.set()
+        if budget is not None:
+            self._set_cache_budget(budget or None)
         return {"before": before, "after": self.state()}
 
     @staticmethod
@@ -171,6 +186,11 @@ class Faults:
             )
         return Ramp(rate, cap or 0)
 
+    def _set_cache_budget(self, budget: int | None) -> None:
+        self.cache_budget_bytes = budget
+        if self.resize_cache is not None:
+            self.resize_cache(budget)
+
     def tick(self, now: float) -> None:
         """Advance the memory ramp (called by the model loop; ``now`` in seconds)."""
         if self.ramp is not None:
@@ -184,6 +204,8 @@ class Faults:
         self.ramp = None
         self.hang = False
         self.unhung.set()
+        if self.cache_budget_bytes is not None:
+            self._set_cache_budget(None)
 
 
 def start_delay_s(path: Path) -> float:

@@ -56,7 +56,14 @@ def cli() -> None:
 
 
 @cli.command("version", help="Print the kcops version.")
-def version_cmd() -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print it as JSON.")
+def version_cmd(as_json: bool) -> None:
+    if as_json:
+        import json
+        import platform
+
+        click.echo(json.dumps({"version": __version__, "python": platform.python_version()}))
+        return
     click.echo(__version__)
 
 

@@ -89,7 +89,34 @@ def format_record(r: dict[str, Any]) -> str:
             f"{when}  alert {trig.get('alertname')} ({trig.get('source')}): "
             f"{r.get('event')} — {r.get('detail')}"
         )
-    return f"{when}  {json.dumps(r, default=str)}"
+    if kind == "escalation":
+        return (
+            f"{when}  ESCALATION ({r.get('severity', '?')}) {r.get('alertname', '?')}: "
+            f"{r.get('message', '')}"
+        )
+    # A kind this CLI does not know yet: its fields as JSON, times made readable.
+    rest = {k: v for k, v in r.items() if k != "ts"}
+    return f"{when}  {json.dumps(readable_times(rest), default=str)}"
+
+
+TIME_KEYS = ("ts", "t", "at", "since", "until", "started", "ended")
+
+
+def _is_time_key(key: str) -> bool:
+    return key in TIME_KEYS or key.endswith(("_ts", "_at", "_since", "_until"))
+
+
+def readable_times(value: Any, key: str = "") -> Any:
+    """``value`` with every number under a time-like key as local ISO time and "ago"."""
+    if isinstance(value, dict):
+        return {k: readable_times(v, str(k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [readable_times(v, key) for v in value]
+    if _is_time_key(key):
+        t = as_float(value)
+        if t is not None and t > 0:
+            return when(t)
+    return value
 
 
 @click.group("actions", help="Remediation actions: list them, run one, read the audit log.")

@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from kcops.agent.config import Config, load_config, parse_config
-from kcops.cli.common import EXIT_USAGE, DurationParam, handle_errors
+from kcops.cli.common import EXIT_USAGE, DurationParam, echo_json, handle_errors
 from kcops.errors import ConfigError
 
 ADAPTERS = ["auto", "vllm", "sglang", "tgi", "triton", "kcops"]
@@ -101,15 +101,25 @@ def run_cmd(
 
 @agent_group.command("check-config", help="Validate a config file without starting the agent.")
 @click.argument("path", type=click.Path(dir_okay=False))
-def check_config(path: str) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print the verdict and the config as JSON.")
+def check_config(path: str, as_json: bool) -> None:
     try:
         cfg = load_config(Path(path))
     except ConfigError as exc:
-        click.echo(str(exc), err=True)
+        if as_json:
+            echo_json({"path": path, "ok": False, "error": str(exc)})
+        else:
+            click.echo(str(exc), err=True)
         sys.exit(EXIT_USAGE)
     from kcops.agent.config.actions import warnings
 
-    for w in warnings(cfg.actions):
+    found = list(warnings(cfg.actions))
+    if as_json:
+        echo_json(
+            {"path": path, "ok": True, "warnings": found, "config": cfg.model_dump(mode="json")}
+        )
+        return
+    for w in found:
         click.echo(f"warning: {w}", err=True)
     click.echo(f"{path}: ok (listen {cfg.agent.listen}, tick {cfg.agent.tick_s}s)")
 
@@ -117,10 +127,14 @@ def check_config(path: str) -> None:
 @agent_group.command(
     "default-config", help="Print the full default configuration as YAML (every key, annotated)."
 )
-def default_config() -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print it as JSON (no annotations).")
+def default_config(as_json: bool) -> None:
     import yaml
 
     cfg = Config()
+    if as_json:
+        echo_json(cfg.model_dump(mode="json"))
+        return
     click.echo("# kcops agent configuration: every key with its default.")
     click.echo("# Validate an edited copy with `kcops agent check-config FILE`.")
     click.echo(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), nl=False)

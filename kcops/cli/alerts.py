@@ -169,9 +169,14 @@ def export_cmd(
 @alerts_group.command("check", help="Parse a rule file and check it against kcops's PromQL subset.")
 @click.argument("file", type=click.Path(dir_okay=False))
 @param_option
+@click.option("--json", "as_json", is_flag=True, help="Print the rules found as JSON.")
 @handle_errors
-def check_cmd(file: str, params: tuple[str, ...]) -> None:
+def check_cmd(file: str, params: tuple[str, ...], as_json: bool) -> None:
     rs = load_ruleset(file, params)
+    if as_json:
+        rules = [{"name": r.name, "type": r.kind, "group": r.group} for r in rs.rules]
+        echo_json({"file": file, "ok": True, "params": dict(rs.params), "rules": rules})
+        return
     click.echo(f"{file}: OK, {len(rs.rules)} rules ({len(rs.alerts())} alerting)")
 
 

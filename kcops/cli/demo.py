@@ -25,7 +25,7 @@ import click
 
 from kcops.cli import drills as drills_mod
 from kcops.cli.common import EXIT_FAILURE, handle_errors
-from kcops.cli.demo_env import DemoEnv, DemoFailed, kcops_exe, summary
+from kcops.cli.demo_env import LOAD_USERS, DemoEnv, DemoFailed, kcops_exe, summary
 from kcops.cli.load.run import LocustRun, summary_lines
 from kcops.cli.timefmt import duration
 
@@ -34,12 +34,7 @@ CONTEXT_HINT = "see the logs in {work}"
 
 def _start_load(env: DemoEnv) -> LocustRun:
     env.set_load_mode("mixed")
-    run = LocustRun(
-        env.worker, env.work / "locust", users=2, spawn_rate=1, run_time_s=4 * 3600,
-        max_tokens=8, log_path=env.work / "locust.log", mode_file=env.load_mode_file,
-    )  # fmt: skip
-    run.start()
-    return run
+    return env.start_locust("locust", LOAD_USERS)
 
 
 def _drills(env: DemoEnv, chosen: list[drills_mod.Drill]) -> list[drills_mod.DrillResult]:
@@ -81,7 +76,9 @@ def run_demo(env: DemoEnv, chosen: list[drills_mod.Drill], load_seconds: float) 
     env.make_cgroup()
     env.start_agent(env.start_redis())
     load = _start_load(env)
-    click.echo(f"- real load with Locust for {load_seconds:.0f}s (2 users, CPython docs prompts)")
+    click.echo(
+        f"- real load with Locust for {load_seconds:.0f}s ({LOAD_USERS} user, CPython docs prompts)"
+    )
     time.sleep(load_seconds)
     env.limit_device()
     click.echo("- what the agent sees (asked through its query API):")
@@ -101,7 +98,7 @@ def run_demo(env: DemoEnv, chosen: list[drills_mod.Drill], load_seconds: float) 
             click.echo("    " + line)
     _report(env, t0)
     ran = [r for r in results if not r.note.startswith("not run")]
-    return all(r.fired and r.action and r.resolved for r in ran)
+    return all(r.ok for r in ran)
 
 
 @click.command(
@@ -134,9 +131,15 @@ def demo_cmd(
         names = ", ".join(d.alert for d in chosen if d.needs is None)
         click.echo(
             f"- drills: {names}; about {duration(drills_mod.estimate_s(chosen))} "
-            f"plus start-up (rule params for the demo: {drills_mod.DEMO_PARAMS})"
+            f"plus start-up (rule params for the demo: {drills_mod.DEMO_PARAMS}; "
+            f"`for` at most {drills_mod.DEMO_MAX_FOR}, `keep_firing_for` at most "
+            f"{drills_mod.DEMO_MAX_KEEP_FIRING_FOR})"
         )
-    with DemoEnv(work, model, drills_mod.DEMO_PARAMS) as env:
+    env_ = DemoEnv(
+        work, model, drills_mod.DEMO_PARAMS,
+        max_for=drills_mod.DEMO_MAX_FOR, max_keep_firing_for=drills_mod.DEMO_MAX_KEEP_FIRING_FOR,
+    )  # fmt: skip
+    with env_ as env:
         try:
             ok = run_demo(env, chosen, load_seconds)
         except DemoFailed as exc:

@@ -29,12 +29,14 @@ import yaml
 
 from kcops.cli import demo_cgroup
 from kcops.cli.demo_proxy import DelayProxy
+from kcops.cli.load.run import LocustRun
 
-# The demo's worker keeps a small in-memory KV cache (about 530 tokens of SmolLM2),
-# smaller than a long prompt's KV: blocks really spill to the Redis tier and come
-# back from it (the segment-transfer drill needs reloads), and the worker's memory
-# stays steady under load (the memory drills need a known baseline).
-CACHE_BUDGET_BYTES = 24 * 1024**2
+# The demo's worker keeps a 128 MiB in-memory KV cache (about 2,800 tokens of
+# SmolLM2): the steady traffic's documents fit, so their prefixes hit in memory
+# and the worker's memory stays steady (the memory drills need a known baseline);
+# the segment-transfer drill shrinks it below one long document's KV, so that
+# document's blocks spill to the Redis tier and come back from it.
+CACHE_BUDGET_BYTES = 128 * 1024**2
 REDIS_MAXMEMORY = "512mb"  # a cache tier with a bound, as deployed: LRU past it
 # The device the memory drills fill: the worker's cgroup limit, set once the model
 # is loaded to its resident memory plus this much room.
@@ -42,6 +44,17 @@ DEVICE_HEADROOM_BYTES = 1024**3
 # A start that takes longer than this fires KcopsEngineStartSlow (production default
 # 600 s); the start-slow drill delays a start past it.
 DEMO_STARTUP_TIMEOUT_S = 120.0
+# The demo's steady traffic: one user asking about a few documents (high prefix
+# reuse), long prompts just past the worker's long threshold. A shared 2-core CPU
+# serves it without queueing, so the baseline is healthy and each drill's cause is
+# what moves its alert; more users queue behind each prefill (the TTFT drill).
+LOAD_USERS = 1
+LOAD_ENV = {"KCOPS_LOAD_POOL": "4", "KCOPS_LOAD_LONG_CHARS": "1200-2000"}
+DEMO_COOLDOWN_S = 30.0
+DEMO_TOP_N = 64  # the worker's attention budget N (kcops serve's default)
+# Every long request is shadow-checked: at the demo's rate a smaller share would
+# leave the accuracy drill minutes between checks.
+SHADOW_FRACTION = 1.0
 
 
 class DemoFailed(Exception):
@@ -94,10 +107,19 @@ def wait(what: str, timeout_s: float, probe: Callable[[], Any], every_s: float =
 class DemoEnv:
     """The demo's processes and addresses. Use as a context manager: exit stops them all."""
 
-    def __init__(self, work: Path, model: str, rule_params: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        work: Path,
+        model: str,
+        rule_params: dict[str, Any] | None = None,
+        max_for: str | None = None,
+        max_keep_firing_for: str | None = None,
+    ) -> None:
         self.work = work
         self.model = model
         self.rule_params = rule_params or {}
+        self.max_for, self.max_keep_firing_for = max_for, max_keep_firing_for
+        self.redis_url: str | None = None  # the agent's own, direct connection to Redis
         self.state_dir = work / "state"
         self.token = secrets.token_hex(16)
         self.agent = f"http://127.0.0.1:{free_port()}"
@@ -111,6 +133,7 @@ class DemoEnv:
         self.redis_proxy: DelayProxy | None = None
         self.cgroup: demo_cgroup.MemoryCgroup | None = None
         self.no_cgroup_reason = "not created"
+        self.overload: LocustRun | None = None  # the TTFT drill's extra users
 
     @property
     def headers(self) -> dict[str, str]:
@@ -179,6 +202,7 @@ class DemoEnv:
             "redis.log",
         )  # fmt: skip
         # The worker reaches Redis through a proxy the segment-transfer drill can slow.
+        self.redis_url = f"redis://127.0.0.1:{port}/0"
         self.redis_proxy = DelayProxy("127.0.0.1", port).start()
         url = f"redis://127.0.0.1:{self.redis_proxy.port}/0"
         click.echo(f"- redis-server on port {port}, reached by the worker through {url}")
@@ -206,27 +230,62 @@ class DemoEnv:
             f"{limit / 2**20:.0f} MiB"
         )
 
+    def agent_config(self) -> dict[str, Any]:
+        """The demo agent's config: shipped defaults but for what the drills need."""
+        actions: dict[str, Any] = {
+            "notify": {"url": self.start_webhook()},
+            "guards": {
+                # Thirteen drills in forty minutes are thirteen incidents, several
+                # of them paging at once: more than the shipped hourly budgets (20
+                # runs, 6 of one action) and 5-minute cooldowns allow by design.
+                "budget_per_hour": 120,
+                "action_budget_per_hour": 40,
+                "cooldown_s": DEMO_COOLDOWN_S,
+            },
+        }
+        if self.redis_url is not None:
+            # evict_cache cleans the Redis tier too; scale_out raises the fleet's
+            # replica floor under a lease in Redis (there is no cluster to grow here).
+            actions["evict"] = {"redis_url": self.redis_url}
+            actions["scale"] = {"lease": {"backend": "redis"}}
+        rules: dict[str, Any] = {"params": self.rule_params}
+        if self.max_for or self.max_keep_firing_for:
+            rules["file"] = str(self.write_rules())
+        return {
+            "rules": rules,
+            "actions": actions,
+            "engine": {"startup_timeout_s": DEMO_STARTUP_TIMEOUT_S},
+        }
+
+    def write_rules(self) -> Path:
+        """The shipped rule file with ``for``/``keep_firing_for`` capped (``work/rules.yaml``)."""
+        from kcops.agent.duration import parse_duration
+        from kcops.agent.rules.loader import default_rules_path
+
+        data = yaml.safe_load(default_rules_path().read_text())
+        caps = (("for", self.max_for), ("keep_firing_for", self.max_keep_firing_for))
+        for group in data["groups"]:
+            for rule in group["rules"]:
+                for key, cap in caps:
+                    if cap and key in rule and parse_duration(rule[key]) > parse_duration(cap):
+                        rule[key] = cap
+        path = self.work / "rules.yaml"
+        path.write_text(yaml.safe_dump(data, sort_keys=False))
+        return path
+
     def start_agent(self, redis_url: str | None) -> None:
         worker_cmd = [
             kcops_exe(), "serve", "--model", self.model, "--port", self.worker.rsplit(":", 1)[1],
-            "--enable-faults", "--long-threshold", "256", "--shadow-fraction", "0.25",
+            "--enable-faults", "--long-threshold", "256", "--shadow-fraction", str(SHADOW_FRACTION),
+            # The accuracy drill lowers N to 2, below the shipped floor of 16.
+            "--top-n", str(DEMO_TOP_N), "--topn-min", "2",
             "--cache-budget-bytes", str(CACHE_BUDGET_BYTES),
             "--start-delay-file", str(self.start_delay_file),
         ]  # fmt: skip
         if redis_url:
             worker_cmd += ["--redis", redis_url]
         config = self.work / "agent.yaml"
-        cfg = {
-            "rules": {"params": self.rule_params},
-            "actions": {
-                "notify": {"url": self.start_webhook()},
-                # Thirteen drills in an hour are thirteen incidents: more than the
-                # shipped hourly budgets (20 runs, 6 of one action) allow by design.
-                "guards": {"budget_per_hour": 60, "action_budget_per_hour": 20},
-            },
-            "engine": {"startup_timeout_s": DEMO_STARTUP_TIMEOUT_S},
-        }
-        config.write_text(yaml.safe_dump(cfg))
+        config.write_text(yaml.safe_dump(self.agent_config()))
         agent_cmd = [
             kcops_exe(), "agent", "run", "--config", str(config),
             "--listen", self.agent.split("://", 1)[1],
@@ -332,6 +391,18 @@ class DemoEnv:
             if ok and float(rec.get("ts", 0)) >= since:
                 out.append(rec)
         return out
+
+    def start_locust(self, name: str, users: int) -> LocustRun:
+        """Locust users against the worker (stats ``<work>/<name>_stats.csv``), stopped on exit."""
+        run = LocustRun(
+            self.worker, self.work / name, users=users, spawn_rate=max(1, users),
+            run_time_s=4 * 3600, max_tokens=8, log_path=self.work / f"{name}.log",
+            mode_file=self.load_mode_file, env=LOAD_ENV,
+        )  # fmt: skip
+        run.start()
+        assert run.proc is not None
+        self.procs.append(run.proc)
+        return run
 
     def set_load_mode(self, mode: str) -> None:
         """The Locust users read this file: mixed, unique (no reuse), long, short or hot."""

@@ -1,8 +1,9 @@
 """Causes of the drills that take more than one fault request.
 
-Each is real: memory is allocated and touched inside the worker's memory
-cgroup, whose limit the kernel enforces and the agent reads as the device's
-size; the OOM is the kernel's OOM killer acting on that cgroup (its
+Each is real: the KV cache fills with real blocks of real prompts, and memory
+is allocated and touched inside the worker's memory cgroup, whose limit the
+kernel enforces and the agent reads as the device's size; an overload is more
+Locust users; the OOM is the kernel's OOM killer acting on that cgroup (its
 ``oom_kill`` count is the agent's evidence); the Redis tier is slowed by a
 proxy on its TCP connection; a start is delayed before the model loads.
 Amounts are computed from what the agent sees when the drill starts, so the
@@ -11,16 +12,28 @@ drills work whatever the model's size.
 
 from __future__ import annotations
 
+import time
+
 import click
 import httpx
 
-from kcops.cli.demo_env import DEMO_STARTUP_TIMEOUT_S, DemoEnv, DemoFailed, wait
+from kcops.cli.demo_env import DEMO_STARTUP_TIMEOUT_S, DEMO_TOP_N, DemoEnv, DemoFailed, wait
 
-MEMORY_HIGH_TARGET = 0.94  # of the device: over the alert's 0.9, under the kernel's limit
+DEVICE_MEMORY_RATIO = 0.9  # KcopsDeviceMemoryHigh's shipped threshold, which the demo keeps
+
+MEMORY_HIGH_TARGET = 0.91  # of the device, the cache alone: over the alert's 0.9
+FILL_TARGET = 0.93  # while filling (prefills' activations included): under the kernel's limit
+FILL_STEP = 0.7  # each raise of the cache budget covers this share of what is left to fill
+FILL_ROUNDS = 4
+SETTLE_S = 8.0
 RAMP_TOP = 0.85  # the forecast drill's ramp stops short of KcopsDeviceMemoryHigh's 0.9
 RAMP_SECONDS = 240  # reaching RAMP_TOP in 4 min: the 10m trend then says "full in 15m"
-SEGMENT_DELAY_S = 0.08  # added to each Redis request: over the 50 ms p99 threshold
-TOKEN_DELAY_MS = 6000  # added to each decode step: over the demo's 5 s p99 threshold
+SEGMENT_DELAY_S = 0.15  # added to each Redis request burst: over the 50 ms p99 threshold
+HOT_TIER_BYTES = 8 * 1024**2  # the memory tier while the segment drill runs: < the hot KV
+TOKEN_DELAY_MS = 3000  # added to each decode step: over the demo's 2.5 s p99 threshold
+FLUCTUATION_MS = 3000  # added to each request: more than the demo's mean latency
+OVERLOAD_USERS = 36  # Locust users added: requests queue behind prefills even when idle
+LOW_TOP_N = 2  # keys kept per head: far below what the traffic needs
 START_DELAY_S = DEMO_STARTUP_TIMEOUT_S + 30
 
 
@@ -52,13 +65,79 @@ def device_memory(env: DemoEnv) -> tuple[float, float]:
     return got
 
 
-def fill_device(env: DemoEnv) -> None:
+def fill_cache(env: DemoEnv) -> None:
+    """Raise the KV cache's budget past the device and fill it with new prefixes.
+
+    The budget grows in steps as the device fills (a block costs the process more
+    than its tensors' bytes), so memory stops near FILL_TARGET, short of the
+    kernel's limit. The filling traffic then stops: the cache stays full (nothing
+    but an eviction shrinks it) on short prompts that add next to nothing. A
+    prefill's own activations are part of what the device showed while filling:
+    once they are gone, a device under MEMORY_HIGH_TARGET is filled again.
+    """
     used, total = device_memory(env)
-    n = int(MEMORY_HIGH_TARGET * total - used)
-    if n <= 0:
+    if used >= MEMORY_HIGH_TARGET * total:
         raise DemoFailed(f"device already at {used / total:.0%} before the drill")
-    click.echo(f"  holding {n / 2**20:.0f} MiB: {used / total:.0%} -> {MEMORY_HIGH_TARGET:.0%}")
-    env.fault({"hold_memory_bytes": n})
+    cached = env.worker_state()["cache"]["bytes"]
+    budget = int(cached + FILL_STEP * (FILL_TARGET * total - used))
+    env.fault({"cache_budget_bytes": budget})
+    click.echo(
+        f"  KV cache budget {budget / 2**20:.0f} MiB, long prompts with no reuse: "
+        f"device {used / total:.0%} -> {MEMORY_HIGH_TARGET:.0%}"
+    )
+
+    def filled() -> bool:
+        nonlocal budget
+        ratio = _device_ratio(env)
+        if ratio is not None and ratio >= FILL_TARGET:
+            return True
+        cache = env.worker_state()["cache"]
+        if ratio is not None and cache["usage_ratio"] >= 0.97:
+            budget = int(cache["bytes"] + FILL_STEP * (FILL_TARGET - ratio) * total)
+            env.fault({"cache_budget_bytes": budget})
+        return False
+
+    for _ in range(FILL_ROUNDS):
+        env.set_load_mode("unique-long")
+        try:
+            wait("the KV cache filling the device", 600, filled, every_s=2)
+        finally:
+            env.set_load_mode("short")
+        ratio = _settled_ratio(env)
+        if ratio >= MEMORY_HIGH_TARGET:
+            break
+        click.echo(f"  device {ratio:.0%} once the prefills were done: filling on")
+    cache = env.worker_state()["cache"]
+    click.echo(f"  KV cache {cache['blocks']} blocks, {cache['bytes'] / 2**20:.0f} MiB")
+
+
+def _settled_ratio(env: DemoEnv) -> float:
+    """The device's ratio once the last long prefill is done and the agent has read it."""
+    wait("the filling requests finishing", 120, lambda: env.worker_state()["in_flight"] <= 1)
+    deadline = time.monotonic() + SETTLE_S  # the agent samples memory every tick (1 s)
+    ratio = None
+    while time.monotonic() < deadline or ratio is None:
+        ratio = _device_ratio(env)
+        time.sleep(1.0)
+    return ratio
+
+
+def _device_ratio(env: DemoEnv) -> float | None:
+    return env.query(
+        'max(kcops_device_memory_used_bytes{device="cpu"} '
+        '/ kcops_device_memory_total_bytes{device="cpu"})'
+    )
+
+
+def device_below_threshold(env: DemoEnv) -> bool:
+    """The device back under KcopsDeviceMemoryHigh's threshold (the cache's budget still high)."""
+    ratio = _device_ratio(env)
+    return ratio is not None and ratio < DEVICE_MEMORY_RATIO
+
+
+def restore_cache(env: DemoEnv) -> None:
+    env.fault({"cache_budget_bytes": 0})  # the configured budget: blocks past it dropped
+    env.set_load_mode("mixed")
 
 
 def ramp_device(env: DemoEnv) -> None:
@@ -137,9 +216,35 @@ def end_slow_start(env: DemoEnv) -> None:
     wait_new_worker(env)
 
 
+def overload(env: DemoEnv) -> None:
+    env.overload = env.start_locust("overload", OVERLOAD_USERS)
+
+
+def end_overload(env: DemoEnv) -> None:
+    if env.overload is not None:
+        env.overload.stop()
+        env.overload = None
+
+
+def lower_budget(env: DemoEnv) -> None:
+    env.admin("/admin/attention", {"top_n": LOW_TOP_N})
+
+
+def restore_budget(env: DemoEnv) -> None:
+    """N back to the worker's configured budget (the ladder raised it by steps from 2)."""
+    env.admin("/admin/attention", {"top_n": DEMO_TOP_N})
+    click.echo(f"  attention budget N back to {DEMO_TOP_N}")
+
+
 def end_token_delay(env: DemoEnv) -> None:
     env.fault({"token_delay_ms": 0})
     env.set_load_mode("mixed")
+
+
+def hot_from_redis(env: DemoEnv) -> None:
+    """Everyone asks about one long document whose KV is larger than the memory tier."""
+    env.fault({"cache_budget_bytes": HOT_TIER_BYTES})
+    env.set_load_mode("hot")
 
 
 def slow_redis(env: DemoEnv) -> None:
@@ -151,4 +256,5 @@ def fast_redis(env: DemoEnv) -> None:
     assert env.redis_proxy is not None
     click.echo(f"  Redis requests delayed: {env.redis_proxy.bursts_delayed}")
     env.redis_proxy.delay_s = 0.0
+    env.fault({"cache_budget_bytes": 0})
     env.set_load_mode("mixed")

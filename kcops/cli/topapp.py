@@ -8,14 +8,13 @@ token from ``--token-file`` or ``KCOPS_TOKEN``; ``g`` refreshes now, ``q`` quits
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any, ClassVar
 
 from textual import work
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
-from textual.containers import Vertical, VerticalScroll
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Footer, Label, Markdown, OptionList, Static
 
@@ -82,12 +81,19 @@ class Confirm(ModalScreen[bool]):
 
 
 class TopApp(App[None]):
+    # 80×24: head 1, serving | cache and memory 5, attention 3, alerts 1 + up to 6,
+    # last actions 1 + the rest, footer 1. Nothing scrolls off.
     CSS = """
-    Static { padding: 0 1; }
-    .title { color: $accent; text-style: bold; padding: 0 1; }
-    #alerts { height: auto; max-height: 12; }
+    Static { padding: 0; }
+    .title { color: $accent; text-style: bold; height: 1; }
+    #top { height: auto; }
+    #left { width: 41; height: auto; }
+    #right { width: 37; height: auto; margin-left: 2; }
+    #alerts { height: auto; max-height: 6; }
+    #actions { height: 1fr; }
     #picker, #confirm { width: 60; height: auto; border: thick $accent; background: $surface;
                         padding: 1; }
+    #picker OptionList { height: auto; max-height: 12; }
     ActionPicker, Confirm, RunbookScreen { align: center middle; }
     #runbook { width: 100%; height: 1fr; background: $surface; }
     """
@@ -114,14 +120,21 @@ class TopApp(App[None]):
         self.frames = 0
 
     def compose(self) -> ComposeResult:
-        with VerticalScroll():
-            yield Static("connecting…", id="head")
-            for section in ("serving", "memory", "kc"):
-                yield Static("", id=section)
-            yield Label("alerts (r: runbook)", classes="title")
-            yield DataTable(id="alerts", cursor_type="row", zebra_stripes=True)
-            yield Label("last actions (x: run one)", classes="title")
-            yield Static("", id="actions")
+        serving, memory, attention, alerts, actions = topview.SECTIONS
+        yield Static("connecting…", id="head")
+        with Horizontal(id="top"):
+            with Vertical(id="left"):
+                yield Label(f"── {serving}", classes="title")
+                yield Static("", id="serving")
+            with Vertical(id="right"):
+                yield Label(f"── {memory}", classes="title")
+                yield Static("", id="memory")
+        yield Label(f"── {attention}", classes="title")
+        yield Static("", id="kc")
+        yield Label(f"── {alerts}", id="alerts-title", classes="title")
+        yield DataTable(id="alerts", cursor_type="row", show_header=False)
+        yield Label(f"── {actions} (x: run one)", classes="title")
+        yield Static("", id="actions")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -156,6 +169,9 @@ class TopApp(App[None]):
         self.query_one("#serving", Static).update(topview.serving(snap))
         self.query_one("#memory", Static).update(topview.memory(snap))
         self.query_one("#kc", Static).update(topview.kc(snap))
+        self.query_one("#alerts-title", Label).update(
+            "── " + topview.alerts_title(snap, " (r: runbook)")
+        )
         self.query_one("#actions", Static).update(topview.actions(snap))
         self._fill_alerts(snap)
         self.frames += 1
@@ -166,10 +182,6 @@ class TopApp(App[None]):
         table.clear()
         for name, state, span, val in topview.alert_rows(snap):
             table.add_row(name, state, span, val, key=f"{name}/{table.row_count}")
-        active = {a["alertname"] for a in snap.alerts}
-        for r in snap.rules:
-            if r.get("type") == "alerting" and r["name"] not in active:
-                table.add_row(r["name"], "inactive", "", "", key=r["name"])
         if table.row_count:
             table.move_cursor(row=min(row, table.row_count - 1))
 
@@ -217,9 +229,8 @@ class TopApp(App[None]):
     @work(thread=True, group="actions")
     def _run_chosen(self, name: str) -> None:
         try:
-            rec = self.client.run_action(
-                name, self.headers(), reason=f"kcops top at {time.time():.0f}"
-            )
+            # The audit record carries its own time: the reason says who, not when.
+            rec = self.client.run_action(name, self.headers(), reason="kcops top (on-call)")
         except KcopsError as exc:
             rec = {"error": str(exc)}
         self.last_result = rec

@@ -26,6 +26,12 @@ GAUGES: tuple[tuple[str, str], ...] = (
     ("itl_p99", HQ.format(q=0.99, m="kcops_inter_token_latency_seconds")),
     ("latency_p99", HQ.format(q=0.99, m="kcops_request_latency_seconds")),
     ("rps", "sum(rate(kcops_request_latency_seconds_count[1m]))"),
+    # Decoded tokens/s: one inter-token interval per token after each request's first.
+    (
+        "tokens_s",
+        "sum(rate(kcops_inter_token_latency_seconds_count[1m]))"
+        " + sum(rate(kcops_ttft_seconds_count[1m]))",
+    ),
     ("running", "sum(kcops_requests_running)"),
     ("waiting", "sum(kcops_requests_waiting)"),
     ("kv_usage", "max(kcops_kv_cache_usage_ratio)"),
@@ -44,7 +50,13 @@ GAUGES: tuple[tuple[str, str], ...] = (
     ("kappa_p50", HQ.format(q=0.5, m="kcops_kc_ratio")),
     ("attn_errors", "sum(increase(kcops_attention_errors_total[5m]))"),
 )
-# Per-layer views: K(C) by layer where the probe labels it, attention calls by layer.
+# The engine's lifecycle state: the one series of the one-hot kcops_engine_state at 1.
+ENGINE_STATE = "max by (state) (kcops_engine_state) == 1"
+# Per-layer views: K(C) by layer where the probe labels kcops_kc_tokens with its
+# layer (wire version 4), and attention calls by layer, which every probe labels.
+# Not layers: no label or layer="unknown" (an older probe's all-layers histogram)
+# and layer="other" (the layers past the agent's cap, summed).
+NOT_LAYERS = ("unknown", "other")
 KC_BY_LAYER = "histogram_quantile(0.5, sum by (le, layer) (rate(kcops_kc_tokens_bucket[5m])))"
 CALLS_BY_LAYER = "sum by (layer) (rate(kcops_attention_calls_total[1m]))"
 # Sparklines: these few, sampled back in time at the start, then one point per refresh.
@@ -61,6 +73,7 @@ class Snapshot:
     taken_at: float
     status: dict[str, Any]
     values: dict[str, float | None]
+    engine_state: str | None  # starting, ready, hung, down; None when the agent has none
     kc_by_layer: list[tuple[str, float]]
     calls_by_layer: list[tuple[str, float]]
     alerts: list[dict[str, Any]]
@@ -156,8 +169,11 @@ class AgentClient:
         return data
 
 
-def by_label(rows: list[tuple[dict[str, str], float]], label: str) -> list[tuple[str, float]]:
-    out = [(m.get(label, "all"), v) for m, v in rows]
+def by_label(
+    rows: list[tuple[dict[str, str], float]], label: str, skip: tuple[str, ...] = ()
+) -> list[tuple[str, float]]:
+    """(label value, value) of the rows that carry ``label`` (not in ``skip``), in layer order."""
+    out = [(m[label], v) for m, v in rows if m.get(label) and m[label] not in skip]
     out.sort(key=lambda kv: _layer_order(kv[0]))
     return out[:MAX_LAYERS_SHOWN]
 
@@ -178,6 +194,27 @@ def history(
     return {k: [client.scalar(exprs[k], t) for t in times] for k in HISTORY_KEYS}
 
 
+def as_json(s: Snapshot) -> dict[str, Any]:
+    """One frame's data for scripts (``kcops top --once --json``): raw numbers, Unix times."""
+    active = [a for a in s.alerts if a.get("state") in ("pending", "firing")]
+    names = {a["alertname"] for a in active}
+    return {
+        "agent": s.agent_url,
+        "taken_at": s.taken_at,
+        "engine_state": s.engine_state,
+        "values": s.values,
+        "kc_by_layer": dict(s.kc_by_layer),
+        "attention_calls_by_layer": dict(s.calls_by_layer),
+        "alerts": active,
+        "inactive_alerts": sorted(
+            r["name"] for r in s.rules if r.get("type") == "alerting" and r["name"] not in names
+        ),
+        "actions": s.actions,
+        "history": s.history,
+        "errors": s.errors,
+    }
+
+
 def snapshot(client: AgentClient, with_history: bool = False, actions_shown: int = 8) -> Snapshot:
     """Read everything for one frame. Unreachable propagates; a missing route is empty."""
     now = time.time()
@@ -186,12 +223,14 @@ def snapshot(client: AgentClient, with_history: bool = False, actions_shown: int
     alerts = (client.get("/api/v1/alerts") or {}).get("alerts", [])
     rules = (client.get("/api/v1/rules") or {}).get("rules", [])
     hist = client.get("/api/v1/actions/history", {"limit": str(actions_shown)}) or {}
+    states = [m["state"] for m, _ in client.vector(ENGINE_STATE) if m.get("state")]
     snap = Snapshot(
         agent_url=client.url,
         taken_at=now,
         status=status,
         values=values,
-        kc_by_layer=by_label(client.vector(KC_BY_LAYER), "layer"),
+        engine_state=states[0] if len(states) == 1 else None,
+        kc_by_layer=by_label(client.vector(KC_BY_LAYER), "layer", NOT_LAYERS),
         calls_by_layer=by_label(client.vector(CALLS_BY_LAYER), "layer"),
         alerts=alerts,
         rules=rules,

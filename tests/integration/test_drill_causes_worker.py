@@ -118,3 +118,31 @@ def test_memory_ramp_grows_resident_memory(worker: tuple[httpx.Client, DelayProx
     assert me.memory_info().rss - rss0 >= 120 * mib  # touched pages, not a number
     fault(c, {"memory_ramp_bytes_per_s": 0})
     assert c.get("/admin/state").json()["faults"]["hold_memory_bytes"] == 0
+
+
+@pytest.mark.slow
+def test_cache_budget_fault_fills_real_blocks_that_an_eviction_frees(
+    worker: tuple[httpx.Client, DelayProxy],
+) -> None:
+    """The memory drill's cause: a larger KV budget filled by real prompts; evicting frees it."""
+    c, _ = worker
+    me = psutil.Process()  # the worker runs in this process
+    mib = 1024**2
+    fault(c, {"cache_budget_bytes": 512 * mib})
+    rss0 = me.memory_info().rss
+    for i in range(40):  # about 1,700 tokens each, every one a new prefix
+        complete(c, prompt=f"Request {i:04d}. " + "lorem ipsum dolor sit amet " * 250, max_tokens=1)
+    cache = c.get("/admin/state").json()["cache"]
+    assert cache["budget_bytes"] == 512 * mib and cache["bytes"] > 48 * mib, cache
+    full = me.memory_info().rss
+    assert full - rss0 > 0.6 * cache["bytes"]  # real tensors, resident
+    r = c.post("/admin/cache/evict", json={"policy": "lru", "fraction": 0.5}, headers=AUTH)
+    assert r.status_code == 200, r.text
+    freed = r.json()["freed_bytes"]
+    assert freed > 0.4 * cache["bytes"]
+    # The eviction itself gives the memory back: the process's resident memory falls.
+    assert full - me.memory_info().rss > 0.5 * freed
+    fault(c, {"cache_budget_bytes": 0})  # the configured budget (1 byte): blocks past it dropped
+    after = c.get("/admin/state").json()
+    assert after["cache"]["budget_bytes"] == 1 and after["cache"]["blocks"] <= 1
+    assert after["faults"]["cache_budget_bytes"] is None

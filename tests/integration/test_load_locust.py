@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
-from tests.services import free_port, kcops_bin, running, wait_port
+from tests.services import free_port, kcops_bin, running, wait_http, wait_port
 
 # Not importorskip: importing locust monkey-patches this process with gevent.
 pytestmark = pytest.mark.skipif(
@@ -46,8 +48,49 @@ def test_load_prints_locust_p99_ttft_and_error_rate(worker: str, tmp_path: Path)
     assert stats.requests() > 0 and stats.failures() == 0
     text = out.stdout
     assert f"p99 latency   {stats.latency_p99_ms():.0f} ms" in text
-    assert f"TTFT p99      {stats.ttft_p99_ms():.0f} ms" in text
+    by_class = stats.ttft_p99_by_class_ms()
+    assert set(by_class) == {"short", "long"}
+    assert max(by_class.values()) == stats.ttft_p99_ms()
+    ttft = next(ln for ln in text.splitlines() if ln.startswith("TTFT p99"))
+    assert ttft == (
+        f"TTFT p99      {stats.ttft_p99_ms():.0f} ms (worst class: "
+        f"long {by_class['long']:.0f} ms, short {by_class['short']:.0f} ms)"
+    )
     assert f"error rate    0.00% of {stats.requests()} requests" in text
     # Plain (non-streamed) answers name their route: the split is in Locust's table.
     assert any("→" in r["Name"] for r in stats.rows), stats.rows
     assert any(r["Type"] == "TTFT" for r in stats.rows)
+
+
+@pytest.mark.slow
+def test_load_reports_the_agents_alerts_during_the_run(worker: str, tmp_path: Path) -> None:
+    """AGENT set (`make load AGENT=...`): the alerts a real agent saw during the run are printed.
+
+    The agent watches the worker with a prefix-hit floor of 1.0, which no traffic
+    meets (every prompt's last block is computed): the alert is pending under load.
+    """
+    port = free_port()
+    config = tmp_path / "agent.yaml"
+    config.write_text("rules: {params: {cache_hit_ratio: 1.0, rate_window: 30s}}\n")
+    agent_cmd = [
+        kcops_bin(), "agent", "run", "--listen", f"127.0.0.1:{port}", "--config", str(config),
+        "--state-dir", str(tmp_path / "state"), "--engine-url", worker,
+        "--engine-adapter", "kcops", "--mode", "dry-run", "--tick", "0.5",
+    ]  # fmt: skip
+    agent = f"http://127.0.0.1:{port}"
+    with running(agent_cmd, log_path=tmp_path / "agent.log") as proc:
+        wait_http(agent + "/readyz", 60, proc)
+        out = subprocess.run(
+            [kcops_bin(), "load", "--host", worker, "--agent", agent, "--users", "2",
+             "--spawn-rate", "2", "--run-time", "15", "--max-tokens", "2", "--out", str(tmp_path)],
+            capture_output=True, text=True, timeout=240,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stdout + out.stderr
+        seen = httpx.get(agent + "/api/v1/alerts").json()["alerts"]
+    text = out.stdout
+    assert "agent alerts during the run:" in text, text
+    line = re.search(r"^ +\+ *(\d+)s  KcopsPrefixCacheHitRateLow pending$", text, re.M)
+    assert line is not None, text
+    assert int(line.group(1)) <= 15 + 60  # seen during the run (Locust stops within a minute)
+    # What the load printed is what the agent itself reports.
+    assert "KcopsPrefixCacheHitRateLow" in {a["alertname"] for a in seen}

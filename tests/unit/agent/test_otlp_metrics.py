@@ -74,6 +74,20 @@ def receiver() -> Iterator[Receiver]:
         r.server.server_close()
 
 
+SERVING = {"engine": "kcops", "model_name": "smollm2"}
+LAYERS = ("model.layers.0.self_attn", "model.layers.1.self_attn")
+
+
+def _hist(name: str, counts: tuple[int, ...], total: float, labels: dict[str, str]) -> list[Sample]:
+    out = [
+        Sample.of(f"{name}_bucket", n, {**labels, "le": le})
+        for le, n in zip(("0.1", "0.5", "+Inf"), counts, strict=True)
+    ]
+    out.append(Sample.of(f"{name}_count", counts[-1], labels))
+    out.append(Sample.of(f"{name}_sum", total, labels))
+    return out
+
+
 class Fixed:
     """Constant series of each kind, so a push and a scrape taken apart still agree."""
 
@@ -81,20 +95,35 @@ class Fixed:
 
     def collect(self, now: float) -> list[Sample]:
         dev = {"device": "0"}
+        cpu = {"device": "cpu"}
         out = [
             Sample.of("kcops_device_memory_used_bytes", 7.5e9, dev),
             Sample.of("kcops_device_memory_total_bytes", 8e9, dev),
+            # A CPU engine's "device" is its memory cgroup: not a GPU.
+            Sample.of("kcops_device_memory_used_bytes", 1.5e9, cpu),
+            Sample.of("kcops_device_memory_total_bytes", 2e9, cpu),
             Sample.of("kcops_kv_cache_usage_ratio", 0.25),
             Sample.of("kcops_engine_restarts_total", 3),
+            Sample.of("kcops_prefix_cache_hits_total", 640, {"engine": "kcops"}),
+            Sample.of("kcops_prefix_cache_queries_total", 1000, {"engine": "kcops"}),
+            Sample.of("kcops_shadow_agreement_ratio", 0.875, {"engine": "kcops"}),
         ]
-        for le, n in (("0.1", 4), ("0.5", 9), ("+Inf", 10)):
-            out.append(Sample.of("kcops_ttft_seconds_bucket", n, {"le": le}))
-        out += [Sample.of("kcops_ttft_seconds_count", 10), Sample.of("kcops_ttft_seconds_sum", 2.5)]
+        out += [
+            Sample.of("kcops_attention_calls_total", 12 + i, {"layer": n})
+            for i, n in enumerate(LAYERS)
+        ]
+        out += _hist("kcops_ttft_seconds", (4, 9, 10), 2.5, SERVING)
+        out += _hist("kcops_inter_token_latency_seconds", (70, 99, 100), 9.0, SERVING)
+        out += _hist("kcops_request_latency_seconds", (1, 6, 10), 4.0, SERVING)
+        out += _hist("kcops_kc_tokens", (0, 3, 8), 1900.0, {"layer": LAYERS[0]})
         return out
 
 
-def _attrs(point: pb.NumberDataPoint | pb.HistogramDataPoint) -> dict[str, str]:
-    return {kv.key: kv.value.string_value for kv in point.attributes}
+def _attrs(point: pb.NumberDataPoint | pb.HistogramDataPoint) -> dict[str, str | int]:
+    return {
+        kv.key: kv.value.int_value if kv.value.HasField("int_value") else kv.value.string_value
+        for kv in point.attributes
+    }
 
 
 def _by_name(req: ExportMetricsServiceRequest) -> dict[str, pb.Metric]:
@@ -103,52 +132,113 @@ def _by_name(req: ExportMetricsServiceRequest) -> dict[str, pb.Metric]:
     return {m.name: m for m in sm.metrics}
 
 
-@pytest.mark.slow
-def test_pushed_metrics_match_the_scrape(tmp_path: Path, receiver: Receiver) -> None:
+def _points(m: pb.Metric) -> list[pb.NumberDataPoint]:
+    return list(m.gauge.data_points or m.sum.data_points)
+
+
+@pytest.fixture
+def pushed(tmp_path: Path, receiver: Receiver) -> tuple[dict[str, pb.Metric], str, dict[str, str]]:
     otlp = {"endpoint": receiver.url, "metrics_interval_s": 0.2}
-    with agent_in_thread(
-        tmp_path, min_ticks=3, config={"exporters": {"otlp": otlp}}, extra_collectors=[Fixed()]
-    ) as url:
+    config = {"exporters": {"otlp": otlp}, "engine": {"url": "http://127.0.0.1:9/"}}
+    with agent_in_thread(tmp_path, min_ticks=3, config=config, extra_collectors=[Fixed()]) as url:
         # The first push may come before the first collection: wait for one with data.
         reqs = receiver.wait_for(3)
         scraped = httpx.get(url + "/metrics").text
         status = httpx.get(url + "/api/v1/status").json()
-    metrics = _by_name(reqs[-1])
-    res = {kv.key: kv.value.string_value for kv in reqs[-1].resource_metrics[0].resource.attributes}
-    assert res["service.name"] == "kcops-agent"
     assert status["components"]["otlp_metrics"]["healthy"] is True
-    prom = {s.name: s for f in text_string_to_metric_families(scraped) for s in f.samples}
+    res = {kv.key: kv.value.string_value for kv in reqs[-1].resource_metrics[0].resource.attributes}
+    return _by_name(reqs[-1]), scraped, res
+
+
+@pytest.mark.slow
+def test_pushed_metrics_match_the_scrape(
+    pushed: tuple[dict[str, pb.Metric], str, dict[str, str]],
+) -> None:
+    metrics, scraped, res = pushed
+    assert res["service.name"] == "kcops-agent"
+    prom = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(scraped)
+        for s in f.samples
+    }
+
+    def scrape(name: str, **labels: str) -> float:
+        return prom[(name, tuple(sorted(labels.items())))]
 
     used = metrics["hw.gpu.memory.usage"]
     assert used.unit == "By"
-    (p,) = used.gauge.data_points
+    (p,) = used.gauge.data_points  # the GPU only: the CPU cgroup is not a GPU
     assert _attrs(p) == {"hw.id": "0", "hw.type": "gpu"}
-    assert p.as_double == prom["kcops_device_memory_used_bytes"].value == 7.5e9
+    assert p.as_double == scrape("kcops_device_memory_used_bytes", device="0") == 7.5e9
     (p,) = metrics["hw.gpu.memory.limit"].gauge.data_points
-    assert p.as_double == prom["kcops_device_memory_total_bytes"].value
-
-    (p,) = metrics["kcops_kv_cache_usage_ratio"].gauge.data_points
-    assert p.as_double == prom["kcops_kv_cache_usage_ratio"].value == 0.25
+    assert p.as_double == scrape("kcops_device_memory_total_bytes", device="0")
+    for fam in ("kcops_device_memory_used_bytes", "kcops_device_memory_total_bytes"):
+        (p,) = metrics[fam].gauge.data_points
+        assert _attrs(p) == {"device": "cpu"} and p.as_double == scrape(fam, device="cpu")
 
     restarts = metrics["kcops_engine_restarts"].sum
     assert restarts.is_monotonic
     assert restarts.aggregation_temporality == pb.AGGREGATION_TEMPORALITY_CUMULATIVE
-    assert restarts.data_points[0].as_double == prom["kcops_engine_restarts_total"].value == 3
+    assert restarts.data_points[0].as_double == scrape("kcops_engine_restarts_total") == 3
 
-    ttft = metrics["gen_ai.server.time_to_first_token"]
-    assert ttft.unit == "s"
-    (h,) = ttft.histogram.data_points
-    assert list(h.explicit_bounds) == [0.1, 0.5]
-    assert list(h.bucket_counts) == [4, 5, 1]
-    assert h.count == prom["kcops_ttft_seconds_count"].value == 10
-    assert math.isclose(h.sum, prom["kcops_ttft_seconds_sum"].value)
+    # Plain families: the same labels as attributes and the same value as /metrics.
+    for fam, suffix in (
+        ("kcops_kv_cache_usage_ratio", ""), ("kcops_shadow_agreement_ratio", ""),
+        ("kcops_prefix_cache_hits", "_total"), ("kcops_prefix_cache_queries", "_total"),
+        ("kcops_attention_calls", "_total"),
+    ):  # fmt: skip
+        points = _points(metrics[fam])
+        assert points, fam
+        for p in points:
+            assert p.as_double == scrape(fam + suffix, **_attrs(p)), fam  # type: ignore[arg-type]
+    assert len(_points(metrics["kcops_attention_calls"])) == len(LAYERS)
+
+    # Histograms: bounds, per-bucket counts, count and sum, as /metrics has them.
+    serving = {
+        "kcops_ttft_seconds": "gen_ai.server.time_to_first_token",
+        "kcops_inter_token_latency_seconds": "gen_ai.server.time_per_output_token",
+        "kcops_request_latency_seconds": "gen_ai.server.request.duration",
+        "kcops_kc_tokens": "kcops_kc_tokens",
+    }
+    for fam, name in serving.items():
+        labels = SERVING if name.startswith("gen_ai") else {"layer": LAYERS[0]}
+        (h,) = metrics[name].histogram.data_points
+        cumulative = [scrape(f"{fam}_bucket", **labels, le=le) for le in ("0.1", "0.5", "+Inf")]
+        assert list(h.explicit_bounds) == [0.1, 0.5], fam
+        assert list(h.bucket_counts) == [cumulative[0], cumulative[1] - cumulative[0],
+                                         cumulative[2] - cumulative[1]], fam  # fmt: skip
+        assert h.count == scrape(f"{fam}_count", **labels), fam
+        assert math.isclose(h.sum, scrape(f"{fam}_sum", **labels)), fam
+    assert metrics["gen_ai.server.time_to_first_token"].unit == "s"
+
     # Every family the scrape shows went out over OTLP (under its convention name or its own).
-    pushed = set(metrics)
-    for fam in text_string_to_metric_families(scraped):
-        from kcops.agent.otlp_metrics import SEMCONV
+    from kcops.agent.otlp_metrics import SEMCONV
 
-        name = SEMCONV[fam.name].name if fam.name in SEMCONV else fam.name
-        assert name in pushed, fam.name
+    for fam in text_string_to_metric_families(scraped):
+        names = {fam.name} | ({SEMCONV[fam.name].name} if fam.name in SEMCONV else set())
+        assert names & set(metrics), fam.name
+
+
+@pytest.mark.slow
+def test_gen_ai_metrics_carry_the_conventions_required_attributes(
+    pushed: tuple[dict[str, pb.Metric], str, dict[str, str]],
+) -> None:
+    metrics, _, _ = pushed
+    for name in (
+        "gen_ai.server.time_to_first_token",
+        "gen_ai.server.time_per_output_token",
+        "gen_ai.server.request.duration",
+    ):
+        (h,) = metrics[name].histogram.data_points
+        assert _attrs(h) == {
+            "gen_ai.operation.name": "text_completion",  # required
+            "gen_ai.provider.name": "kcops",  # required (semconv 1.37+)
+            "gen_ai.system": "kcops",  # its name up to semconv 1.36
+            "gen_ai.request.model": "smollm2",  # conditionally required: the engine names it
+            "gen_ai.response.model": "smollm2",
+            "server.address": "127.0.0.1",
+            "server.port": 9,  # an int, as the convention types it
+        }, name
 
 
 def test_unreachable_collector_is_counted_not_raised(tmp_path: Path) -> None:

@@ -1,8 +1,11 @@
-"""A collector that writes what a busy engine's scrape and probe would, for CLI tests.
+"""A collector that writes what a busy engine's scrape, health check and probe would.
 
 Counters and histogram buckets grow every tick, as real ones do, so rates and
 quantiles over them have values; device memory sits at 95% of its total (the
-memory alert's condition) so an alert is pending while the test looks.
+memory alert's condition) so an alert is pending while the test looks. The
+series are those the real parts write: the probe's K(C) histogram has no
+``layer`` label (attention calls do), unless ``kc_by_layer`` asks for the
+per-layer K(C) series that ``kcops top`` reads where a probe exports it.
 """
 
 from __future__ import annotations
@@ -31,8 +34,10 @@ def _hist(
 class EngineLike:
     name = "engine_like"
 
-    def __init__(self) -> None:
+    def __init__(self, kc_by_layer: bool = False, state: str = "ready") -> None:
         self.ticks = 0
+        self.kc_by_layer = kc_by_layer
+        self.state = state
 
     def collect(self, now: float) -> list[Sample]:
         self.ticks += 1
@@ -42,7 +47,7 @@ class EngineLike:
             Sample.of("kcops_device_memory_used_bytes", 950 * 2**20, {"device": "0"}),
             Sample.of("kcops_device_memory_total_bytes", 1000 * 2**20, {"device": "0"}),
             Sample.of("kcops_kv_cache_usage_ratio", 0.42),
-            Sample.of("kcops_engine_up", 1.0),
+            Sample.of("kcops_engine_up", 1.0 if self.state == "ready" else 0.0),
             Sample.of("kcops_requests_running", 3.0),
             Sample.of("kcops_requests_waiting", 1.0),
             Sample.of("kcops_attention_topn", 32.0),
@@ -53,10 +58,16 @@ class EngineLike:
         for name in ("kcops_ttft_seconds", "kcops_request_latency_seconds",
                      "kcops_inter_token_latency_seconds"):  # fmt: skip
             out += _hist(name, BOUNDS, share, n, {})
+        for st in ("starting", "ready", "hung", "down"):
+            out.append(Sample.of("kcops_engine_state", float(st == self.state), {"state": st}))
+        # All layers together, as a probe before wire version 4 sends it.
+        whole = {"layer": "unknown"} if self.kc_by_layer else {}
+        out += _hist("kcops_kc_tokens", KC_BOUNDS, [0.0, 0.2, 0.5, 0.3, 0.0, 0.0], n, whole)
         for layer in range(LAYERS):
             lab = {"layer": f"model.layers.{layer}.self_attn"}
-            kc_share = [0.0] * 6
-            kc_share[min(layer + 1, 4)] = 1.0
-            out += _hist("kcops_kc_tokens", KC_BOUNDS, kc_share, n, lab)
+            if self.kc_by_layer:
+                kc_share = [0.0] * 6
+                kc_share[min(layer + 1, 4)] = 1.0
+                out += _hist("kcops_kc_tokens", KC_BOUNDS, kc_share, n, lab)
             out.append(Sample.of("kcops_attention_calls_total", float(n), lab))
         return out

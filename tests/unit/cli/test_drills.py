@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 import pytest
 import yaml
 
+from kcops.alerts import packaged_file
 from kcops.cli import drills as drills_mod
 from kcops.cli.drills import DRILLS, Drill, DrillResult, estimate_s, select, table
 
 
 def test_every_alert_of_the_table_has_a_drill() -> None:
-    from kcops.alerts import packaged_file
-
     rules = yaml.safe_load(packaged_file("rules.yaml").read_text())
     alerts = {r["alert"] for g in rules["groups"] for r in g["rules"] if "alert" in r}
     assert alerts <= {d.alert for d in DRILLS}
@@ -92,3 +93,68 @@ def test_a_quiet_alert_fired_by_its_cause(monkeypatch: pytest.MonkeyPatch) -> No
     res = drills_mod.run_drill(env, _drill(env))  # type: ignore[arg-type]
     assert res.fired and res.action == "notify" and res.note == ""
     assert env.calls == ["prepare", "start", "stop"]
+
+
+def test_actions_text_counts_repeated_steps() -> None:
+    assert drills_mod.actions_text([]) is None
+    assert drills_mod.actions_text(["notify"]) == "notify"
+    assert drills_mod.actions_text(["evict_cache", "evict_cache"]) == "evict_cache x2"
+    assert drills_mod.actions_text(["raise_topn", "fallback_to_base"]) == (
+        "raise_topn, fallback_to_base"
+    )
+
+
+class _ReliefEnv(_Env):
+    """An env whose ladder ran a step, and whose cause the step removes (or not)."""
+
+    def __init__(self, relieved_after: int | None) -> None:
+        super().__init__("inactive")
+        self.polls = 0
+        self.relieved_after = relieved_after
+
+    def relieved(self, _: object) -> bool:
+        self.polls += 1
+        return self.relieved_after is not None and self.polls >= self.relieved_after
+
+
+@pytest.mark.parametrize("relieved_after", [2, None])
+def test_a_drill_with_a_relief_waits_for_the_action_to_remove_the_cause(
+    monkeypatch: pytest.MonkeyPatch, relieved_after: int | None
+) -> None:
+    monkeypatch.setattr(drills_mod, "QUIET_WITHIN_S", 0.3)
+    monkeypatch.setattr(drills_mod, "RELIEF_WITHIN_S", 0.3 if relieved_after is None else 30)
+    env = _ReliefEnv(relieved_after)
+    base = _drill(env)
+    drill = Drill(
+        base.alert, base.cause, base.start, base.stop,
+        fire_within_s=5, estimate_s=1, relief=env.relieved,
+    )  # fmt: skip
+    res = drills_mod.run_drill(env, drill)  # type: ignore[arg-type]
+    assert res.fired and res.action == "notify"
+    if relieved_after is None:
+        assert res.relieved is False and "did not relieve" in res.note
+    else:
+        assert res.relieved is True and res.note == ""
+    res.resolved = True
+    assert res.ok is (relieved_after is not None)
+    assert env.calls == ["start", "stop"]  # relief awaited with the cause applied
+
+
+def test_demo_rules_cap_for_and_keep_firing_for(tmp_path: Path) -> None:
+    from kcops.agent.duration import parse_duration
+    from kcops.agent.rules.loader import load_rules
+    from kcops.cli.demo_env import DemoEnv
+
+    env = DemoEnv(tmp_path, "tiny", drills_mod.DEMO_PARAMS, max_for="2m", max_keep_firing_for="1m")
+    try:
+        path = env.write_rules()
+    finally:
+        env.__exit__()
+    demo = {r.name: r for r in load_rules(path, drills_mod.DEMO_PARAMS).alerts()}
+    ships = load_rules(packaged_file("rules.yaml"), drills_mod.DEMO_PARAMS).alerts()
+    assert set(demo) == {r.name for r in ships}
+    for rule in ships:
+        got = demo[rule.name]
+        assert got.for_s == min(rule.for_s, parse_duration("2m"))
+        assert got.keep_firing_for_s == min(rule.keep_firing_for_s, parse_duration("1m"))
+        assert got.expr == rule.expr and got.labels == rule.labels  # the rule itself unchanged

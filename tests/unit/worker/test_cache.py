@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import psutil
 import pytest
 import torch
 
-from kcops.worker.cache import KV, PrefixCache, block_keys, kv_nbytes
+from kcops.worker.cache import KV, PrefixCache, block_keys, kv_nbytes, release_freed_memory
 from kcops.worker.redis_tier import decode, encode, redact
 
 
@@ -73,6 +74,41 @@ def test_evict_policies() -> None:
     assert c.blocks == 0 and c.bytes == 0
     with pytest.raises(ValueError, match="lru, expired or all"):
         c.evict("random")
+
+
+def test_set_budget_drops_least_recently_used_blocks_without_spilling() -> None:
+    spilled: dict[str, KV] = {}
+    c = PrefixCache(budget_bytes=10**9, block_size=4, spiller=spilled.__setitem__)
+    for i in range(4):
+        c.insert([i] * 4, "ns", kv_for(4), now=float(i))
+    c.lookup([0, 0, 0, 0, 1], "ns", now=5)  # block 0 is now the most recently used
+    assert c.set_budget(2 * BLOCK_BYTES) == (2, 2 * BLOCK_BYTES)
+    assert c.blocks == 2 and c.budget_bytes == 2 * BLOCK_BYTES and not spilled
+    assert c.lookup([0, 0, 0, 0, 1], "ns", now=6)[0] == 4  # kept
+    assert c.lookup([1, 1, 1, 1, 1], "ns", now=6)[0] == 0  # dropped
+    assert c.set_budget(10**9) == (0, 0)
+    with pytest.raises(ValueError, match="> 0"):
+        c.set_budget(0)
+
+
+def test_an_eviction_gives_the_memory_back_to_the_os() -> None:
+    # Blocks shaped as SmolLM2's (3 KV heads, 16 tokens, head dim 64, 30 layers): small
+    # tensors in malloc's heaps, whose freed pages stay resident until trimmed.
+    proc = psutil.Process()
+    blocks = 170
+    c = PrefixCache(budget_bytes=10**10, block_size=16)
+    tokens = list(range(16 * blocks))
+    source = [(torch.rand(3, len(tokens), 64), torch.rand(3, len(tokens), 64)) for _ in range(30)]
+    c.insert(tokens, "ns", source, now=0)
+    del source
+    release_freed_memory()
+    full = proc.memory_info().rss
+    _, freed = c.evict("lru", fraction=0.5)
+    assert freed > 50 * 2**20
+    if not release_freed_memory():
+        pytest.skip("no malloc_trim here (not glibc)")
+    after = proc.memory_info().rss
+    assert full - after > 0.6 * freed, (full, after, freed)
 
 
 def test_redis_encoding_roundtrip_and_redaction() -> None:

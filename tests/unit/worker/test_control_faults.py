@@ -69,6 +69,7 @@ def test_faults_apply_and_clear() -> None:
         "hold_memory_bytes": 1024,
         "memory_ramp": None,
         "hang": False,
+        "cache_budget_bytes": None,
     }
     f.apply({"hang": True})
     assert not f.unhung.is_set()
@@ -80,6 +81,7 @@ def test_faults_apply_and_clear() -> None:
         "hold_memory_bytes": 0,
         "memory_ramp": None,
         "hang": False,
+        "cache_budget_bytes": None,
     }
     assert f.unhung.is_set()
     for bad in ({}, {"latency_ms": -1}, {"hold_memory_bytes": "x"}, {"explode": True}, [1]):
@@ -91,6 +93,22 @@ def test_faults_apply_and_clear() -> None:
         with pytest.raises(BadFault):
             f.apply(bad)
     assert f.state()["nan"] is True
+
+
+def test_cache_budget_fault_resizes_and_clear_puts_it_back() -> None:
+    f = Faults()
+    with pytest.raises(BadFault, match="no KV cache"):
+        f.apply({"cache_budget_bytes": 1024})
+    seen: list[int | None] = []
+    f.resize_cache = seen.append
+    assert f.apply({"cache_budget_bytes": 1 << 30})["after"]["cache_budget_bytes"] == 1 << 30
+    for bad in (-1, 1.5, True):
+        with pytest.raises(BadFault, match="cache_budget_bytes"):
+            f.apply({"cache_budget_bytes": bad})
+    f.apply({"cache_budget_bytes": 0})  # back to the configured budget
+    f.apply({"cache_budget_bytes": 4096})
+    f.apply({"clear": True})
+    assert seen == [1 << 30, None, 4096, None] and f.cache_budget_bytes is None
 
 
 def test_token_delay_validated_and_cleared() -> None:
