@@ -261,8 +261,9 @@ class DemoEnv:
         """The shipped rule file with ``for``/``keep_firing_for`` capped (``work/rules.yaml``)."""
         from kcops.agent.duration import parse_duration
         from kcops.agent.rules.loader import default_rules_path
+        from kcops.agent.yamlload import load_yaml_file
 
-        data = yaml.safe_load(default_rules_path().read_text())
+        data = load_yaml_file(default_rules_path())
         caps = (("for", self.max_for), ("keep_firing_for", self.max_keep_firing_for))
         for group in data["groups"]:
             for rule in group["rules"]:
