@@ -36,7 +36,6 @@ import contextlib
 import logging
 import os
 import socket
-import stat
 import struct
 import time
 from collections.abc import Callable
@@ -45,7 +44,7 @@ from pathlib import Path
 from kcops.agent.collectors import probe_bulk, probe_sums
 from kcops.agent.collectors.probe_bulk import Shape
 from kcops.agent.collectors.probe_state import ProbeSums
-from kcops.agent.collectors.probe_stream import SOCKET_MODE, StreamServer
+from kcops.agent.collectors.probe_stream import SOCKET_MODE, StreamServer, clear_stale_socket
 from kcops.agent.collectors.probe_sums import PendingSums, ShapeCache
 from kcops.agent.samples import Sample
 from kcops.errors import CollectorUnavailable
@@ -165,11 +164,7 @@ class ProbeReceiver:
     def _bind(self) -> socket.socket:
         path = self.socket_path
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            if stat.S_ISSOCK(path.lstat().st_mode):
-                path.unlink()  # a socket left by an earlier agent: the last agent wins
-            else:
-                raise OSError(17, f"{path} exists and is not a socket")
+        clear_stale_socket(path)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         try:
             with contextlib.suppress(OSError):

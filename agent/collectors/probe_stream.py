@@ -38,6 +38,16 @@ SOCKET_MODE = 0o660  # srw-rw----
 BACKLOG = 128
 
 
+def clear_stale_socket(path: Path) -> None:
+    """Remove a socket left at ``path`` by an earlier agent (the last agent wins); refuse
+    (OSError) to remove anything that is not a socket."""
+    with contextlib.suppress(FileNotFoundError):
+        if stat.S_ISSOCK(path.lstat().st_mode):
+            path.unlink()
+        else:
+            raise OSError(17, f"{path} exists and is not a socket")
+
+
 class _Conn:
     __slots__ = ("rest", "sock", "watched")
 
@@ -88,11 +98,7 @@ class StreamServer:
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         """Bind and listen (raises OSError)."""
         path = self.path
-        with contextlib.suppress(FileNotFoundError):
-            if stat.S_ISSOCK(path.lstat().st_mode):
-                path.unlink()  # a socket left by an earlier agent: the last agent wins
-            else:
-                raise OSError(17, f"{path} exists and is not a socket")
+        clear_stale_socket(path)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.bind(str(path))
