@@ -30,7 +30,7 @@ SIGNALS: dict[str, Meta] = {
     "kcops_probe_internal_errors_total": Meta(
         COUNTER, "Failures of the probe's own measuring (never raised into the engine)."
     ),
-    "kcops_probe_connections": Meta(GAUGE, "Probe stream connections open."),
+    "kcops_probe_connections_open": Meta(GAUGE, "Probe stream connections open."),
     "kcops_probe_connections_total": Meta(
         COUNTER, "Probe stream connections, by outcome (accepted, refused, out_of_step)."
     ),

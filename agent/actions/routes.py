@@ -133,7 +133,12 @@ def engine_ready(rem: Remediation) -> Callable[[web.Request], Awaitable[web.Resp
 
     async def handler(_: web.Request) -> web.Response:
         eng = rem.engine
-        body = {"serving": eng.serving(), "state": eng.state.value, "draining": eng.draining}
+        body: dict[str, Any] = {
+            "serving": eng.serving(), "state": eng.state.value, "draining": eng.draining,
+        }  # fmt: skip
+        if not body["serving"]:
+            why = f"draining: {eng.draining}" if eng.draining else f"engine {eng.state.value}"
+            body["error"] = f"not serving ({why})"
         return web.json_response(body, status=200 if body["serving"] else 503)
 
     return handler

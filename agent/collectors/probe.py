@@ -382,7 +382,7 @@ class ProbeReceiver:
             Sample("kcops_probe_connections_total", (("outcome", k),), float(v))
             for k, v in self.stream.connections.items()
         ]
-        out.append(Sample("kcops_probe_connections", (), float(self.stream.open_connections)))
+        out.append(Sample("kcops_probe_connections_open", (), float(self.stream.open_connections)))
         out.append(Sample("kcops_probe_receive_paused_total", (), float(self.budget.pauses)))
         self.sums.samples(out)
         return out

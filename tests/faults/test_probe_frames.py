@@ -370,7 +370,7 @@ def test_burst_from_1000_processes_then_rss_returns(
         ok = 'kcops_probe_frames_total{outcome="ok"}'
         _wait(lambda: _metric(agent, ok) == 1000, 30)  # every frame taken, both sockets
         assert _metric(agent, 'kcops_probe_connections_total{outcome="accepted"}') == 500
-        _wait(lambda: _metric(agent, "kcops_probe_connections") == 0, 30)  # all closed
+        _wait(lambda: _metric(agent, "kcops_probe_connections_open") == 0, 30)  # all closed
         peak = agent.rss_bytes()
         time.sleep(60)
         after, store_grew = agent.rss_bytes(), _store_bytes(agent) - store_before

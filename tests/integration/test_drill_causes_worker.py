@@ -47,7 +47,8 @@ def worker(redis_url: str) -> Iterator[tuple[httpx.Client, DelayProxy]]:
 
 def complete(c: httpx.Client, **kw: Any) -> None:
     body = {"prompt": PROMPT, "max_tokens": 4, "temperature": 0, **kw}
-    assert c.post("/v1/completions", json=body).status_code == 200
+    r = c.post("/v1/completions", json=body)
+    assert r.status_code == 200, r.text
 
 
 def histogram(c: httpx.Client, name: str) -> dict[float, float]:
@@ -130,8 +131,8 @@ def test_cache_budget_fault_fills_real_blocks_that_an_eviction_frees(
     mib = 1024**2
     fault(c, {"cache_budget_bytes": 512 * mib})
     rss0 = me.memory_info().rss
-    for i in range(40):  # about 1,700 tokens each, every one a new prefix
-        complete(c, prompt=f"Request {i:04d}. " + "lorem ipsum dolor sit amet " * 250, max_tokens=1)
+    for i in range(40):  # about 1,900 tokens each (the tiny model takes 2,048), each a new prefix
+        complete(c, prompt=f"Request {i:04d}. " + "lorem ipsum dolor sit amet " * 190, max_tokens=1)
     cache = c.get("/admin/state").json()["cache"]
     assert cache["budget_bytes"] == 512 * mib and cache["bytes"] > 48 * mib, cache
     full = me.memory_info().rss

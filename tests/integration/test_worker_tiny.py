@@ -309,6 +309,7 @@ def test_faults_latency_nan_memory_hang(worker: tuple[WorkerState, httpx.Client]
         "hold_memory_bytes": 0,
         "memory_ramp": None,
         "hang": False,
+        "cache_budget_bytes": None,
     }
     assert c.get("/health").json() == {"status": "ok"}
     complete(c, SHORT, max_tokens=1)

@@ -225,13 +225,17 @@ def test_engine_ready_route_says_no_while_starting_or_draining(tmp_path: Path) -
 
                 assert await ask() == (
                     503,
-                    {"serving": False, "state": "starting", "draining": None},
-                )
+                    {
+                        "serving": False, "state": "starting", "draining": None,
+                        "error": "not serving (engine starting)",
+                    },
+                )  # fmt: skip
                 rem.engine.observe(lc.Health(1.0, True))
                 assert await ask() == (200, {"serving": True, "state": "ready", "draining": None})
                 rem.engine.draining = "restart (test)"
                 code, got = await ask()
                 assert code == 503 and got["draining"] == "restart (test)"
+                assert got["error"] == "not serving (draining: restart (test))"
                 rem.engine.draining = None
                 rem.engine.observe(lc.Health(2.0, False, "connect"))
                 assert (await ask())[1]["state"] == "down"

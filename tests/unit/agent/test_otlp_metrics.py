@@ -32,13 +32,15 @@ class Receiver:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers["Content-Length"]))
-                req = ExportMetricsServiceRequest()
-                req.ParseFromString(body)
+                # The agent's span exporter posts to /v1/traces here too: only metrics
+                # requests are decoded as one.
                 ok = self.path == "/v1/metrics" and (
                     self.headers["Content-Type"] == "application/x-protobuf"
                 )
                 with outer.cond:
                     if ok:
+                        req = ExportMetricsServiceRequest()
+                        req.ParseFromString(body)
                         outer.requests.append(req)
                     outer.cond.notify_all()
                 self.send_response(200 if ok else 400)

@@ -81,3 +81,19 @@ def test_every_exported_family_is_catalogued() -> None:
         "kcops_engine_health_checks_total",
     ):
         family(n)
+
+
+def test_no_two_signals_share_a_family_name() -> None:
+    # A counter's family drops `_total`, a histogram's series add `_bucket`/`_sum`/`_count`:
+    # a gauge named like either would be a second family of one name (the exposition and
+    # OTLP then mix them up; a gauge kcops_probe_connections beside the counter
+    # kcops_probe_connections_total did).
+    seen: dict[str, str] = {}
+    for name, meta in SIGNALS.items():
+        fam = name.removesuffix("_total") if meta.type == "counter" else name
+        names = {fam}
+        if meta.type == "histogram":
+            names |= {fam + s for s in ("_bucket", "_sum", "_count")}
+        for n in names:
+            assert n not in seen, f"{name} and {seen[n]} share the name {n}"
+            seen[n] = name

@@ -64,7 +64,7 @@ def test_a_publisher_reaches_the_receiver_over_the_stream_socket(sock_path: Path
         assert value(out, "kcops_kc_tokens_count", layer="1", **labels) == 6
         assert value(out, "kcops_kc_tokens_count", layer="0", **labels) is None
         assert value(out, "kcops_probe_internal_errors_total", **labels) == 6
-        assert value(out, "kcops_probe_connections") == 1
+        assert value(out, "kcops_probe_connections_open") == 1
         assert value(out, "kcops_probe_connections_total", outcome="accepted") == 1
         assert r.bulked >= 4  # after each shape's first frame, the bulk path
         pub.stop(flush=False)
