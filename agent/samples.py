@@ -21,6 +21,7 @@ STALE_NAN_BITS = 0x7FF0000000000002
 STALE_NAN: float = struct.unpack("<d", struct.pack("<Q", STALE_NAN_BITS))[0]
 
 LabelPairs = tuple[tuple[str, str], ...]
+_new_tuple = tuple.__new__
 
 
 def is_stale(value: float) -> bool:
@@ -91,8 +92,11 @@ def histogram_samples(name: str, h: Histogram, labels: LabelPairs, out: list[Sam
     writes it), ``name_sum`` and ``name_count``. ``labels`` must be sorted."""
     acc = 0
     bucket = name + "_bucket"
+    append = out.append
+    # tuple.__new__ is what Sample(...) runs, without its Python-level __new__: this
+    # loop makes a sample a bucket of every histogram, every tick.
     for lp, c in zip(_le_labels(h.bounds, labels), h.counts, strict=True):
         acc += c
-        out.append(Sample(bucket, lp, float(acc)))
-    out.append(Sample(name + "_sum", labels, h.sum))
-    out.append(Sample(name + "_count", labels, float(acc)))
+        append(_new_tuple(Sample, (bucket, lp, float(acc), None)))
+    append(Sample(name + "_sum", labels, h.sum))
+    append(Sample(name + "_count", labels, float(acc)))

@@ -40,9 +40,10 @@ class _Ring:
     stays close to what is live and appends stay amortised O(1).
     """
 
-    __slots__ = ("head", "ts", "vs")
+    __slots__ = ("head", "key", "ts", "vs")
 
-    def __init__(self) -> None:
+    def __init__(self, key: SeriesKey) -> None:
+        self.key = key  # the store's own key object, handed back by Store.write
         self.ts = array("d")
         self.vs = array("d")
         self.head = 0
@@ -150,7 +151,7 @@ class Store:
             if self.bytes_estimate >= self.max_bytes:
                 self.refused_series += 1
                 return False
-            ring = _Ring()
+            ring = _Ring(key)
             self._series[key] = ring
             self._by_name.setdefault(key.name, set()).add(key)
             self._key_bytes += series_bytes(key)
@@ -168,11 +169,46 @@ class Store:
 
     def add(self, samples: Iterable[Sample], now: float) -> int:
         """Append samples whose ``ts`` is None at ``now``; returns how many landed."""
-        n = 0
+        return self._write(samples, now)[0]
+
+    def write(self, samples: Iterable[Sample], now: float) -> set[SeriesKey]:
+        """Like :meth:`add`, but returns the key of every sample, landed or not: what
+        the collector runner compares with the previous tick for staleness markers."""
+        return self._write(samples, now)[1]
+
+    def _write(self, samples: Iterable[Sample], now: float) -> tuple[int, set[SeriesKey]]:
+        """Append ``samples``: (how many landed, the key of each).
+
+        The hot path of every tick: a sample of a series that exists, newer than its
+        last one, is appended here without building a key (the lookup uses a plain
+        ``(name, labels)`` tuple, equal to the stored key; the key set gets the stored
+        key object itself); anything else goes through :meth:`append`.
+        """
+        series = self._series
+        keys: set[SeriesKey] = set()
+        remember = keys.add
+        landed = 0
         for s in samples:
-            if self.append(SeriesKey(s.name, s.labels), now if s.ts is None else s.ts, s.value):
-                n += 1
-        return n
+            name, labels, value, ts = s
+            t = now if ts is None else ts
+            ring = series.get((name, labels))  # type: ignore[call-overload]  # == its SeriesKey
+            if ring is not None:
+                rts = ring.ts
+                if len(rts) > ring.head and t > rts[-1]:
+                    v = float(value)
+                    rts.append(t)
+                    ring.vs.append(v)
+                    self._slots += 1
+                    remember(ring.key)
+                    landed += 1
+                    continue
+                key = ring.key
+            else:
+                key = SeriesKey(name, labels)
+            remember(key)
+            if self.append(key, t, value):
+                landed += 1
+        return landed, keys
 
     def mark_stale(self, key: SeriesKey, ts: float) -> None:
         """Write Prometheus's staleness marker: the series stops here."""

@@ -108,8 +108,7 @@ class CollectorRunner:
                 log.exception("collector %s raised", c.name)
                 self._fail(c.name, "exception", f"{type(exc).__name__}: {exc}", now)
             else:
-                self.store.add(samples, now)
-                keys = {s.key for s in samples}
+                keys = self.store.write(samples, now)
                 for gone in self._last_keys[c.name] - keys:
                     self.store.mark_stale(gone, now)
                 self._last_keys[c.name] = keys

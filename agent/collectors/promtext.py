@@ -152,6 +152,32 @@ class Parser:
 
     def __init__(self) -> None:
         self._memo: dict[str, ParsedSample] = {}
+        # Sample name -> wanted?, for the previous page's names and ``_picked_for``: a
+        # page repeats its names every scrape, so each is judged once, not once a line.
+        self._picked: dict[str, bool] = {}
+        self._picked_for: frozenset[str] | None = None
+
+    def _select(self, text: str, wanted: Collection[str] | None) -> list[str]:
+        """The sample lines of ``text`` whose family is in ``wanted`` (all when None)."""
+        # Only a frozenset cannot change between two calls: anything else is read afresh.
+        same = isinstance(wanted, frozenset) and wanted is self._picked_for
+        old = self._picked if same else {}
+        self._picked_for = wanted if isinstance(wanted, frozenset) else None
+        picked: dict[str, bool] = {}
+        lines = []
+        for name, line in _iter_lines(text):
+            if line[0] == "#":
+                continue
+            take = picked.get(name)
+            if take is None:
+                take = old.get(name)
+                if take is None:
+                    take = wanted is None or family_base(name) in wanted or name in wanted
+                picked[name] = take
+            if take:
+                lines.append(line)
+        self._picked = picked  # this page's names only: memory stays one page
+        return lines
 
     def parse(self, text: str, wanted: Collection[str] | None = None) -> list[ParsedSample]:
         """Samples of the families in ``wanted`` (base names; None = all).
@@ -161,11 +187,7 @@ class Parser:
         a histogram without its ``+Inf`` bucket.
         """
         _check_ending(text)
-        lines = [
-            line
-            for name, line in _iter_lines(text)
-            if line[0] != "#" and (wanted is None or family_base(name) in wanted or name in wanted)
-        ]
+        lines = self._select(text, wanted)
         memo = self._memo
         out: list[ParsedSample | None] = []
         heads: list[str | None] = []

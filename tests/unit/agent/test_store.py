@@ -186,3 +186,56 @@ def test_over_budget_the_dead_prefix_is_freed_at_once() -> None:
     s.evict(t)
     assert s.bytes_estimate <= s.max_bytes and s.evicted_samples > 0
     assert all(len(k) > 0 for k in map(s.range_arrays, keys, [0.0] * 100, [t] * 100))
+
+
+def _contents(st: Store) -> dict[SeriesKey, list[tuple[float, object]]]:
+    out: dict[SeriesKey, list[tuple[float, object]]] = {}
+    for k in list(st.keys(None)):
+        out[k] = [(t, "stale" if is_stale(v) else v) for t, v in st.range(k, -1e18, 1e18)]
+    return out
+
+
+def test_write_lands_what_append_would_and_returns_every_sample_key() -> None:
+    """``write`` (the runner's path, with its own fast path) against ``append`` one
+    sample at a time: the same contents, counters and byte estimate, through in-order,
+    equal, older and untimed samples, new series past ``max_series``, eviction (rings
+    with a dead prefix) and staleness markers. It returns the key of every sample,
+    dropped ones included, as the store's own SeriesKey objects."""
+    import random
+
+    rng = random.Random(11)
+    fast, ref = Store(retention_s=20, max_series=12), Store(retention_s=20, max_series=12)
+    names = [("m", ()), ("m", (("a", "1"),)), ("h_bucket", (("le", "1"), ("x", "y")))]
+    names += [(f"s{i}", (("k", str(i)),)) for i in range(12)]
+    for now in range(1, 200):
+        samples = []
+        for _ in range(rng.randint(0, 25)):
+            name, labels = rng.choice(names)
+            ts = rng.choice([None, None, None, now - 1.0, float(now), now + 0.5, now - 30.0])
+            samples.append(Sample(name, labels, rng.choice([1.0, 2, True, -0.5]), ts))
+        if rng.random() < 0.1:
+            gone = SeriesKey(*rng.choice(names))
+            fast.mark_stale(gone, now)
+            ref.mark_stale(gone, now)
+        keys = fast.write(samples, float(now))
+        for s in samples:
+            ref.append(s.key, float(now) if s.ts is None else s.ts, s.value)
+        assert keys == {s.key for s in samples}
+        assert all(type(k) is SeriesKey and k.name == k[0] for k in keys)
+        if now % 7 == 0:
+            fast.evict(float(now))
+            ref.evict(float(now))
+        assert _contents(fast) == _contents(ref)
+        assert fast.bytes_estimate == ref.bytes_estimate
+        counters = ("dropped_out_of_order", "dropped_series", "refused_series")
+        assert [getattr(fast, c) for c in counters] == [getattr(ref, c) for c in counters]
+    assert fast.dropped_out_of_order and fast.dropped_series  # both paths were exercised
+
+
+def test_add_counts_only_what_landed() -> None:
+    st = Store(max_series=1)
+    st.add([Sample("m", (), 1.0)], now=10.0)
+    samples = [Sample("m", (), 2.0, ts=5.0), Sample("n", (), 1.0), Sample("m", (), 3.0)]
+    assert st.add(samples, now=11.0) == 1  # older: dropped; a second series: refused
+    assert st.write([Sample("n", (), 1.0)], now=12.0) == {SeriesKey.of("n")}
+    assert "n" not in st.names()

@@ -105,3 +105,23 @@ def test_the_series_memo_parses_every_page_as_a_fresh_parser_does(
         assert [(s.name, s.labels) for s in got] == [(s.name, s.labels) for s in want]
         for a, b in zip(got, want, strict=True):
             assert a.value == b.value or (math.isnan(a.value) and math.isnan(b.value)), text
+
+
+def test_one_parser_selects_as_a_fresh_one_whatever_the_pages_and_wanted() -> None:
+    """The name -> wanted? memo of a Parser: pages whose names change, a frozenset of
+    families swapped for another, and a mutable set changed in place between calls."""
+    text = FIXTURE.read_text()
+    renamed = text.replace("vllm:num_requests_running", "vllm:num_requests_waiting_x")
+    a = frozenset({"vllm:e2e_request_latency_seconds", "vllm:num_requests_running"})
+    b = frozenset({"vllm:prefix_cache_hits", "vllm:num_requests_waiting_x"})
+    mutable = set(a)
+    p = promtext.Parser()
+    for page, wanted in [(text, a), (renamed, a), (renamed, b), (text, b), (text, a)]:
+        assert p.parse(page, wanted) == promtext.parse(page, wanted)
+    assert p.parse(text, mutable) == promtext.parse(text, a)
+    mutable.discard("vllm:num_requests_running")
+    mutable.add("vllm:prefix_cache_hits")
+    assert p.parse(text, mutable) == promtext.parse(text, frozenset(mutable))
+    assert [s.name for s in p.parse(renamed, b)].count("vllm:num_requests_waiting_x") == 1
+    sample_names = {n for n, line in promtext._iter_lines(renamed) if line[0] != "#"}
+    assert set(p._picked) == sample_names  # the memo holds one page of names
