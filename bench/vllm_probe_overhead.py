@@ -8,7 +8,7 @@ Run with the vLLM venv (`make test-vllm` builds it):
 
 vLLM runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, prefix caching off so
 every round does the same work); its plugin is off and the probe is installed and
-removed between rounds, so `off`, `default` (``ProbeConfig()``: 1% of calls sampled for
+removed between rounds, so `off`, `default` (``ProbeConfig()``: 0.3% of calls sampled for
 timing and K(C) from the paged KV cache) and `every` (every call sampled) alternate on
 the same engine; the order of the modes rotates from one pair to the next, so none
 always runs first. Prints, per mode, the tokens/s of the whole run (tokens of all its
