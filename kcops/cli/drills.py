@@ -135,7 +135,7 @@ DRILLS: tuple[Drill, ...] = (
         prepare=c.hot_from_redis,
     ),
     Drill(
-        "KcopsDeviceMemoryFullSoon", "the worker's memory climbs steadily to 85% of its limit",
+        "KcopsDeviceMemoryFullSoon", "the worker's memory climbs steadily to 80% of its limit",
         c.ramp_device, c.stop_ramp, fire_within_s=720, estimate_s=480,
         precheck=c.needs_cgroup,
     ),
