@@ -83,6 +83,22 @@ class Snapshot:
     errors: list[str] = field(default_factory=list)
 
 
+CHUNK_STEPS = 120  # steps of one range query request (the agent bounds each request's work)
+
+
+class QueryRefused(KcopsError):
+    """The agent's evaluation budget refused a query (Prometheus's 422 ``execution`` or
+    503 ``timeout``): the same question in smaller pieces may pass."""
+
+
+def _error_type(resp: httpx.Response) -> str | None:
+    try:
+        body = resp.json()
+    except ValueError:
+        return None
+    return body.get("errorType") if isinstance(body, dict) else None
+
+
 class AgentClient:
     """A small synchronous client of the agent's read API (and the action route)."""
 
@@ -101,7 +117,10 @@ class AgentClient:
         if resp.status_code == 404:
             return None
         if resp.status_code >= 400:
-            raise KcopsError(f"GET {path}: HTTP {resp.status_code}: {resp.text[:200]}")
+            msg = f"GET {path}: HTTP {resp.status_code}: {resp.text[:200]}"
+            if resp.status_code in (422, 503) and _error_type(resp) in ("execution", "timeout"):
+                raise QueryRefused(msg)
+            raise KcopsError(msg)
         return resp.json()
 
     def vector(self, expr: str, at: float | None = None) -> list[tuple[dict[str, str], float]]:
@@ -128,7 +147,33 @@ class AgentClient:
     def matrix(
         self, expr: str, start: float, end: float, step_s: float
     ) -> list[tuple[dict[str, str], dict[float, float]]]:
-        """A range query's series as (labels, {t: value}); NaN and Inf dropped."""
+        """A range query's series as (labels, {t: value}); NaN and Inf dropped.
+
+        Asked in pieces of at most ``CHUNK_STEPS`` steps, and a piece the agent's
+        evaluation budget refuses (its 422 or 503) is asked again in halves: the budget
+        bounds one request, so a long report never needs one expensive request.
+        """
+        total = max(1, round((end - start) / step_s) + 1)
+        merged: dict[tuple[tuple[str, str], ...], tuple[dict[str, str], dict[float, float]]] = {}
+        done, chunk = 0, CHUNK_STEPS
+        while done < total:
+            n = min(chunk, total - done)
+            first = start + done * step_s
+            try:
+                rows = self._matrix(expr, first, first + (n - 1) * step_s, step_s)
+            except QueryRefused:
+                if n == 1:
+                    raise
+                chunk = max(1, n // 2)
+                continue
+            for labels, pts in rows:
+                merged.setdefault(tuple(sorted(labels.items())), (labels, {}))[1].update(pts)
+            done += n
+        return list(merged.values())
+
+    def _matrix(
+        self, expr: str, start: float, end: float, step_s: float
+    ) -> list[tuple[dict[str, str], dict[float, float]]]:
         params = {
             "query": expr,
             "start": f"{start:.3f}",

@@ -15,6 +15,7 @@ from click.testing import CliRunner
 from kcops.cli import cli
 from kcops.cli.report.plots import DPI, HEIGHT_IN, WIDTH_IN
 from kcops.cli.report.timeline import PANELS
+from kcops.errors import KcopsError
 from tests.services import agent_in_thread
 from tests.unit.cli.engine_like import EngineLike
 
@@ -47,6 +48,31 @@ def test_range_query_matches_instant_queries(agent_url: str) -> None:
     assert bad.status_code == 400 and "at most 11000" in bad.json()["error"]
     bad = httpx.get(agent_url + "/api/v1/query_range", params={"query": expr, "start": "nan"})
     assert bad.status_code == 400 and "finite" in bad.json()["error"]
+
+
+def test_matrix_asks_in_pieces_and_halves_a_piece_the_budget_refuses(agent_url: str) -> None:
+    from kcops.cli.topdata import CHUNK_STEPS, AgentClient
+
+    # Each step costs 9,000 subquery steps: 120 of them (one piece) are past the agent's
+    # work budget (4.3M units of 4M), and so is the whole range; in halves they pass.
+    expr = "count_over_time(vector(1)[15m:100ms])"
+    start, step = 1_000_000.0, 1.0
+    whole = httpx.get(
+        agent_url + "/api/v1/query_range",
+        params={"query": expr, "start": start, "end": start + 129, "step": step},
+    )
+    assert whole.status_code == 422 and whole.json()["errorType"] == "execution"
+    client = AgentClient(agent_url, timeout_s=60)
+    try:
+        ((labels, pts),) = client.matrix(expr, start, start + 129, step)
+        assert labels == {} and len(pts) == 130 > CHUNK_STEPS
+        assert sorted(pts) == [start + i for i in range(130)]
+        assert set(pts.values()) == {9001.0}  # both ends of the range
+        # a single step the budget refuses is an error, not an empty answer
+        with pytest.raises(KcopsError, match="HTTP 422"):
+            client.matrix("count_over_time(vector(1)[1h:1ms])", start, start + 10, step)
+    finally:
+        client.http.close()
 
 
 def _png_size(data: bytes) -> tuple[int, int]:
