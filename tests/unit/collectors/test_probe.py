@@ -18,29 +18,24 @@ from tests.unit.kernels.test_wire import as_v2, with_tag
 PY = {"engine": "kcops", "process": "python"}
 
 
-def frame(
+def make_frame(
     pid: int = 10,
     process: str = "python",
     seq: int = 0,
     instance: str = "a",
     engine: str = "kcops",
     **kw,
-) -> bytes:  # type: ignore[no-untyped-def]
-    f = wire.Frame(pid=pid, process=process, seq=seq, instance=instance, engine=engine, **kw)
-    return wire.encode(f)
+) -> wire.Frame:  # type: ignore[no-untyped-def]
+    return wire.Frame(pid=pid, process=process, seq=seq, instance=instance, engine=engine, **kw)
 
 
-def frame3(
-    pid: int = 10,
-    process: str = "python",
-    seq: int = 0,
-    instance: str = "a",
-    engine: str = "kcops",
-    **kw,
-) -> bytes:  # type: ignore[no-untyped-def]
+def frame(*args, **kw) -> bytes:  # type: ignore[no-untyped-def]
+    return wire.encode(make_frame(*args, **kw))
+
+
+def frame3(*args, **kw) -> bytes:  # type: ignore[no-untyped-def]
     """The version 3 frame a probe before version 4 sends (to the datagram socket)."""
-    f = wire.Frame(pid=pid, process=process, seq=seq, instance=instance, engine=engine, **kw)
-    return encode_v3(f)
+    return encode_v3(make_frame(*args, **kw))
 
 
 def hist(name: str, *values: float) -> wire.Histogram:

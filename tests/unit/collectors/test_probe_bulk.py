@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from kcops.agent.collectors import probe_bulk
 from kcops.agent.collectors.probe import ProbeReceiver
 from kcops.kernels import wire
-from tests.unit.collectors.test_probe_sums import as_dict, counts, names
+from tests.unit.collectors.test_probe_sums import as_dict, counts, mutated, names
 
 MAX_U32 = 2**32 - 1
 
@@ -116,14 +116,10 @@ def test_the_bulk_path_sums_what_the_long_way_sums(
 def test_mutated_frames_get_the_same_verdict_both_ways(f: wire.Frame, data: st.DataObject) -> None:
     fast, slow = receivers()
     good = wire.encode(f)
-    bad = bytearray(good)
-    for _ in range(data.draw(st.integers(1, 6))):
-        bad[data.draw(st.integers(0, len(bad) - 1))] = data.draw(st.integers(0, 255))
-    if data.draw(st.booleans()):
-        bad = bad[: data.draw(st.integers(0, len(bad)))]
+    bad = mutated(good, data)
     for r in (fast, slow):
         r.feed(good)  # the shape is cached now: the mutated frame must not ride on it
-        r.feed(bytes(bad))
+        r.feed(bad)
     assert_same(fast, slow)
 
 
