@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from typing import Any
 
 import httpx
@@ -28,10 +29,25 @@ from tests.engines.vllm.harness import (
 
 pytestmark = pytest.mark.vllm
 
-# Long enough to still run when the drain pauses vLLM; the held one finishes well within
-# vLLM's drain (SHUTDOWN_TIMEOUT_S) on a loaded 2-core machine.
-IN_FLIGHT_TOKENS = 200
+# The request in flight must still decode when the drain pauses vLLM, and finish within
+# the agent's drain deadline (actions.restart.drain_deadline_s, 30 s by default): its
+# length is this many seconds of this machine's decode rate, measured first (a fixed 200
+# tokens ended before the pause on a faster CI machine), within what the 2,048-token
+# context leaves after the ~1,500-token prompt.
+IN_FLIGHT_S = 12.0
+IN_FLIGHT_TOKENS = (100, 500)
 HELD_TOKENS = 16
+PROMPT = SYSTEM_PROMPT + "\nTell a long story."
+
+
+def _decode_rate(engine_url: str) -> float:
+    """Tokens per second of one streaming request on this prompt (chunks after the first,
+    over the time they took): what sizes the request in flight."""
+    cal = stream_completion(engine_url, PROMPT, 48)
+    assert cal.first_chunk.wait(120) and cal.error is None, cal.error
+    t0, n0 = time.monotonic(), cal.chunks
+    assert cal.done.wait(120) and cal.error is None, cal.error
+    return max(1.0, (cal.chunks - n0) / max(1e-3, time.monotonic() - t0))
 
 
 def _complete(req: StreamResult, tokens: int) -> None:
@@ -50,9 +66,12 @@ def test_restart_drains_and_cleans_shared_memory(after_soak: Stack) -> None:
     bystander = SHM / f"kcops-vllm-suite-bystander-{os.getpid()}"
     bystander.write_bytes(b"\0" * 4096)  # another process's: new, unused, same user
     try:
-        prompt = SYSTEM_PROMPT + "\nTell a long story."
-        req = stream_completion(stack.engine_url, prompt, IN_FLIGHT_TOKENS)
+        rate = _decode_rate(stack.engine_url)
+        lo, hi = IN_FLIGHT_TOKENS
+        tokens = min(hi, max(lo, round(rate * IN_FLIGHT_S)))
+        req = stream_completion(stack.engine_url, PROMPT, tokens)
         assert req.first_chunk.wait(120) and req.error is None, req.error
+        t_start = time.monotonic()
         answer: dict[str, httpx.Response] = {}
 
         def restart() -> None:
@@ -64,12 +83,16 @@ def test_restart_drains_and_cleans_shared_memory(after_soak: Stack) -> None:
         caller.start()
         # the drain pauses vLLM (dev mode) and waits for the request in flight
         wait_for(lambda: stack.paused() or not caller.is_alive(), 120, "the drain's /pause")
-        assert caller.is_alive() and not req.done.is_set(), "no drain seen while the request ran"
+        seen = (req.chunks, round(time.monotonic() - t_start, 1))
+        assert caller.is_alive() and not req.done.is_set(), (
+            "no drain seen while the request ran",
+            f"{tokens} tokens at {rate:.0f} tokens/s; at the pause: chunks, seconds = {seen}",
+        )
         held = stream_completion(stack.engine_url, SYSTEM_PROMPT + "\nOne more.", HELD_TOKENS)
         caller.join(600)
         assert not caller.is_alive() and "r" in answer
         rec: dict[str, Any] = answer["r"].json()
-        _complete(req, IN_FLIGHT_TOKENS)
+        _complete(req, tokens)
         _complete(held, HELD_TOKENS)
         assert rec["outcome"] == "ok", rec
         result = rec["result"]
