@@ -56,9 +56,18 @@ SKIPPED = outcome_mod.SKIPPED
 _SCOPES = {"notify": "notify", "scale_out": "replicas"}
 
 
-def scope_of(action: str) -> str:
-    """What an action acts on, for one-in-flight and cooldown: the engine unless said."""
-    return _SCOPES.get(action, "engine")
+def scope_of(action: str, trigger: dict[str, Any] | None = None) -> str:
+    """What an action acts on, for one-in-flight and cooldown: the engine unless said.
+
+    A notice is about its alert: ``notify:<alertname>`` when an alert started it, so
+    the notice for one alert is never held back by another's cooldown (the per-hour
+    budget still bounds them all); ``notify`` when asked by hand.
+    """
+    scope = _SCOPES.get(action, "engine")
+    alertname = (trigger or {}).get("alertname")
+    if scope == "notify" and isinstance(alertname, str) and alertname:
+        return f"notify:{alertname}"
+    return scope
 
 
 @dataclass
@@ -213,7 +222,7 @@ class Runner:
             id=f"{self._boot}-{next(self._seq)}",
             action=action,
             params=dict(params or {}),
-            target=scope_of(action),
+            target=scope_of(action, trigger),
             mode=mode,
             t=now,
             trigger=trigger,

@@ -169,6 +169,7 @@ def test_notify_and_pages_reach_the_webhook(tmp_path: Path) -> None:
             steps = (RemediationStep("notify", {"message": "step"}, 5.0),)
             ctx.bus.publish(transition("KcopsLatencyFluctuation", "firing", clock(), steps))
             await settle(rem)
+            await rem.tick(clock.advance(1))  # the step's notice ran: its window starts
             await rem.tick(clock.advance(6))
             if rem._page_tasks:  # wait for the page's webhook call itself, not a clock
                 await asyncio.wait(list(rem._page_tasks), timeout=30)
@@ -182,5 +183,59 @@ def test_notify_and_pages_reach_the_webhook(tmp_path: Path) -> None:
         assert len(pages) == 1 and "KcopsLatencyFluctuation" in pages[0]["message"]
         assert counter(ctx, "page", "sent") == 1
         assert len(audit(rem, "page")) == 1
+
+    asyncio.run(body())
+
+
+def test_a_notice_is_held_back_by_its_own_alerts_cooldown_only(tmp_path: Path) -> None:
+    """Two alerts firing within the notify cooldown each get their notice (the drill run
+    of 2026-12-02 lost one: a notice for another alert 25 s before held it back); the same
+    alert's next incident within the cooldown is held back, and the budget counts all."""
+
+    async def body() -> None:
+        from kcops.agent.events import RemediationStep
+
+        hook = Recorder()
+        url = await hook.start()
+        clock = ManualClock()
+        guards = {"cooldown_s": 300, "action_budget_overrides": {"notify": 3}}
+        ctx, _ = make_ctx(
+            tmp_path, None, clock, mode="enforce", guards=guards, notify={"url": url + "/hook"}
+        )
+        rem = await make_rem(ctx)
+        steps = (RemediationStep("notify", {"message": "look"}, 5.0),)
+        try:
+            for name in ("KcopsPrefixCacheHitRateLow", "KcopsInterTokenLatencyHigh"):
+                ctx.bus.publish(transition(name, "firing", clock(), steps))
+                await settle(rem)
+                await rem.tick(clock.advance(10))
+            # the first alert resolves and fires again, well within its notice's cooldown
+            for state in ("inactive", "firing"):
+                ctx.bus.publish(transition("KcopsPrefixCacheHitRateLow", state, clock(), steps))
+                await settle(rem)
+            await rem.tick(clock.advance(1))
+            run = rem.runner.submit("notify", {"message": "by hand"})  # not any alert's
+            await run.task  # type: ignore[misc]
+            assert run.outcome == "ok"
+            ctx.bus.publish(transition("KcopsSegmentTransferSlow", "firing", clock(), steps))
+            await settle(rem)
+        finally:
+            await rem.stop()
+            await hook.stop()
+        runs = [r for r in audit(rem, "action") if r["action"] == "notify"]
+        by_alert = [((r.get("trigger") or {}).get("alertname"), r["outcome"]) for r in runs]
+        assert by_alert[:3] == [
+            ("KcopsPrefixCacheHitRateLow", "ok"),
+            ("KcopsInterTokenLatencyHigh", "ok"),
+            ("KcopsPrefixCacheHitRateLow", "skipped_cooldown"),
+        ], by_alert
+        assert [r["target"] for r in runs[:2]] == [
+            "notify:KcopsPrefixCacheHitRateLow",
+            "notify:KcopsInterTokenLatencyHigh",
+        ]
+        assert len([b for b in (r[3] for r in hook.requests) if b["message"] == "look"]) == 2
+        # three notices ran (two alerts', one by hand): a third alert finds the hour's
+        # budget of 3 spent
+        assert by_alert[3:] == [(None, "ok"), ("KcopsSegmentTransferSlow", "skipped_budget")]
 
     asyncio.run(body())
