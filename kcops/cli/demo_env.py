@@ -104,6 +104,22 @@ def wait(what: str, timeout_s: float, probe: Callable[[], Any], every_s: float =
         time.sleep(every_s)
 
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+class Stopped(SystemExit):
+    """The demo was told to stop by a signal: exits 128 + its number, as a shell reports."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(128 + signum)
+        self.signum = signum
+
+
+def _stop_on_signal(signum: int, _frame: object) -> None:
+    click.echo(f"\n- {signal.Signals(signum).name}: stopping the demo's processes", err=True)
+    raise Stopped(signum)
+
+
 class DemoEnv:
     """The demo's processes and addresses. Use as a context manager: exit stops them all."""
 
@@ -134,15 +150,32 @@ class DemoEnv:
         self.cgroup: demo_cgroup.MemoryCgroup | None = None
         self.no_cgroup_reason = "not created"
         self.overload: LocustRun | None = None  # the TTFT drill's extra users
+        self._old_handlers: dict[int, Any] = {}
 
     @property
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token}"}
 
     def __enter__(self) -> DemoEnv:
+        # SIGTERM or SIGHUP (a `timeout`, a closed SSH session, CI giving up) stops the
+        # demo like Ctrl-C: the `finally`s and __exit__ run and every child goes too
+        # (each runs in its own session, so no signal reaches them by itself).
+        if threading.current_thread() is threading.main_thread():
+            for sig in STOP_SIGNALS:
+                self._old_handlers[sig] = signal.signal(sig, _stop_on_signal)
         return self
 
     def __exit__(self, *exc: object) -> None:
+        for sig in self._old_handlers:  # stopping now: a second signal must not cut it short
+            signal.signal(sig, signal.SIG_IGN)
+        try:
+            self._stop_all()
+        finally:
+            for sig, old in self._old_handlers.items():
+                signal.signal(sig, old)
+            self._old_handlers.clear()
+
+    def _stop_all(self) -> None:
         if self._webhook is not None:
             self._webhook.shutdown()
             self._webhook.server_close()
