@@ -1,4 +1,4 @@
-"""``GET /api/v1/query``: evaluate a PromQL expression over the agent's store.
+"""``GET|POST /api/v1/query``: evaluate a PromQL expression over the agent's store.
 
 The same evaluator as the rules, answering in Prometheus's HTTP API shape so
 tools that speak to Prometheus (and ``kcops runbook``) can ask the agent
@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import math
 from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qsl
 
 from aiohttp import web
+from multidict import MultiDict, MultiMapping
 
 from kcops.agent.rules.budget import QueryTimeout
 from kcops.agent.rules.evaluator import Evaluator
@@ -86,17 +88,21 @@ class QueryComponent:
 
     def routes(self) -> list[web.RouteDef]:
         async def handler(request: web.Request) -> web.Response:
-            text = request.query.get("query", "").strip()
+            try:
+                params = await query_params(request)
+            except FormError as exc:
+                return error_response("bad_data", str(exc))
+            text = params.get("query", "").strip()
             if not text:
                 return error_response("bad_data", "missing parameter 'query'")
             t = None
-            if "time" in request.query:
-                t = _parse_time(request.query["time"])
+            if "time" in params:
+                t = _parse_time(params["time"])
                 if t is None:
                     return error_response(
                         "bad_data",
                         f"parameter 'time' must be finite Unix seconds, got "
-                        f"{request.query['time'][:40]!r}",
+                        f"{params['time'][:40]!r}",
                     )
             try:
                 data = self.query(text, t)
@@ -104,9 +110,42 @@ class QueryComponent:
                 return failure_response(exc)
             return web.json_response({"status": "success", "data": data})
 
-        from kcops.agent.query_range import range_route  # it imports this module
+        from kcops.agent.query_range import range_routes  # it imports this module
 
-        return [web.get("/api/v1/query", handler), range_route(self.ctx)]
+        return [
+            web.get("/api/v1/query", handler),
+            web.post("/api/v1/query", handler),
+            *range_routes(self.ctx),
+        ]
+
+
+FORM = "application/x-www-form-urlencoded"
+
+
+class FormError(ValueError):
+    """A POST query whose body is not a form."""
+
+
+async def query_params(request: web.Request) -> MultiMapping[str]:
+    """A query's parameters, as Prometheus takes them: in the URL, and for POST also as a
+    form body (Grafana's Prometheus data source posts by default); the body's first.
+    Raises FormError for a POST body that is not a form."""
+    if request.method != "POST" or not request.body_exists:
+        return request.query
+    if request.content_type != FORM:
+        raise FormError(
+            f"a POST query's parameters go in a {FORM} body, not {request.content_type}"
+        )
+    raw = await request.read()  # within the server's body size limit
+    try:
+        pairs = parse_qsl(
+            raw.decode("utf-8"), keep_blank_values=True, errors="strict", max_num_fields=64
+        )
+    except ValueError as exc:  # UnicodeDecodeError is one: bytes or %-escapes
+        raise FormError(f"the {FORM} body cannot be read: {str(exc)[:120]}") from None
+    merged: MultiDict[str] = MultiDict(pairs)
+    merged.extend(request.query)
+    return merged
 
 
 def _parse_time(text: str) -> float | None:

@@ -1,4 +1,4 @@
-"""``GET /api/v1/query_range``: a PromQL expression over a time range, Prometheus's shape.
+"""``GET|POST /api/v1/query_range``: a PromQL expression over a time range, Prometheus's shape.
 
 The same evaluator as ``/api/v1/query``, stepped over ``start..end`` inside
 the agent, so a report of 240 points is one request per line instead of 240.
@@ -14,8 +14,15 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
+from multidict import MultiMapping
 
-from kcops.agent.query import MAX_QUERY_CHARS, error_response, failure_response
+from kcops.agent.query import (
+    MAX_QUERY_CHARS,
+    FormError,
+    error_response,
+    failure_response,
+    query_params,
+)
 from kcops.agent.rules.budget import ITEM_UNITS
 from kcops.agent.rules.evaluator import Evaluator
 from kcops.agent.rules.gofmt import go_float
@@ -32,8 +39,8 @@ class RangeError(ValueError):
     pass
 
 
-def _float_param(request: web.Request, name: str) -> float:
-    raw = request.query.get(name)
+def _float_param(params: MultiMapping[str], name: str) -> float:
+    raw = params.get(name)
     if raw is None:
         raise RangeError(f"missing parameter {name!r}")
     try:
@@ -77,25 +84,26 @@ def evaluate_range(ctx: AgentContext, text: str, start: float, end: float, step:
     }
 
 
-def range_route(ctx: AgentContext) -> web.RouteDef:
-    """The route, served by the query component beside ``/api/v1/query``."""
+def range_routes(ctx: AgentContext) -> list[web.RouteDef]:
+    """The routes (GET and POST), served by the query component beside ``/api/v1/query``."""
 
     async def handler(request: web.Request) -> web.Response:
-        text = request.query.get("query", "").strip()
         try:
+            params = await query_params(request)
+            text = params.get("query", "").strip()
             if not text:
                 raise RangeError("missing parameter 'query'")
             data = evaluate_range(
                 ctx,
                 text,
-                _float_param(request, "start"),
-                _float_param(request, "end"),
-                _float_param(request, "step"),
+                _float_param(params, "start"),
+                _float_param(params, "end"),
+                _float_param(params, "step"),
             )
-        except RangeError as exc:
+        except (RangeError, FormError) as exc:
             return error_response("bad_data", str(exc))
         except Exception as exc:  # never a bare 500: Prometheus's error shape
             return failure_response(exc)
         return web.json_response({"status": "success", "data": data})
 
-    return web.get("/api/v1/query_range", handler)
+    return [web.get("/api/v1/query_range", handler), web.post("/api/v1/query_range", handler)]

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 import httpx
 import pytest
@@ -268,6 +268,18 @@ def _get(path: str, **query: st.SearchStrategy[str]) -> st.SearchStrategy[Req]:
     return q.map(lambda qq: Req("GET", path, query=qq))
 
 
+def _post_form(path: str, **fields: st.SearchStrategy[str]) -> st.SearchStrategy[Req]:
+    """A POST whose parameters are a form body (Grafana's default), or not quite one."""
+    ctype = st.sampled_from(
+        ["application/x-www-form-urlencoded", "application/json", "text/plain", ""]
+    )
+    body = st.fixed_dictionaries({}, optional=fields).map(lambda f: urlencode(f).encode())
+    raw = st.binary(max_size=80)
+    return st.tuples(body | raw, ctype).map(
+        lambda bc: Req("POST", path, body=bc[0], headers={"Content-Type": bc[1]} if bc[1] else {})
+    )
+
+
 AGENT_REQUESTS = st.one_of(
     [
         _get("/healthz"),
@@ -281,6 +293,14 @@ AGENT_REQUESTS = st.one_of(
         _get("/api/v1/actions/history", since=query_values, limit=query_values),
         _get("/api/v1/query", query=_queries, time=query_values),
         _get(
+            "/api/v1/query_range",
+            query=_queries,
+            start=query_values,
+            end=query_values,
+            step=query_values,
+        ),
+        _post_form("/api/v1/query", query=_queries, time=query_values),
+        _post_form(
             "/api/v1/query_range",
             query=_queries,
             start=query_values,
