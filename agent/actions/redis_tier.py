@@ -437,6 +437,20 @@ async def cluster_masters(client: aioredis.Redis) -> list[tuple[str, int]] | Non
     return sorted(masters)
 
 
+def node_client(seed: aioredis.Redis, host: str, port: int) -> aioredis.Redis:
+    """A client of one cluster node, connected as ``seed`` is: its connection class (TLS
+    for ``rediss://``) and every setting of it (credentials, certificates, timeouts) but
+    the address; at most 2 s to connect and per command unless the seed says."""
+    pool = seed.connection_pool
+    kw = {k: v for k, v in pool.connection_kwargs.items() if k not in ("host", "port", "path")}
+    kw["socket_timeout"] = kw.get("socket_timeout") or 2.0
+    kw["socket_connect_timeout"] = kw.get("socket_connect_timeout") or 2.0
+    node_pool = aioredis.ConnectionPool(
+        connection_class=pool.connection_class, host=host, port=port, **kw
+    )
+    return aioredis.Redis.from_pool(node_pool)  # owns the pool: aclose() closes it
+
+
 async def evict_redis(
     client: aioredis.Redis,
     prefix: str,
@@ -471,18 +485,10 @@ async def evict_redis(
             client, prefix, policy, fraction, step=functools.partial(hook, ""), **kw
         )
     report = RedisEvictReport()
-    conn_kw = client.connection_pool.connection_kwargs
     for host, port in masters:
         name = f"{host}:{port}"
         report.nodes.append(name)
-        node = aioredis.Redis(
-            host=host,
-            port=port,
-            password=conn_kw.get("password"),
-            username=conn_kw.get("username"),
-            socket_timeout=conn_kw.get("socket_timeout") or 2.0,
-            socket_connect_timeout=2.0,
-        )
+        node = node_client(client, host, port)
         part = RedisEvictReport()
         try:
             await evict_node(

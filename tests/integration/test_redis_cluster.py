@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 import redis.asyncio as aioredis
 from redis.cluster import RedisCluster
 
@@ -91,6 +92,26 @@ def test_eviction_walks_every_master_and_keeps_everything_else(cluster: Cluster)
     assert out["evicted_keys"] == 600 and out["keys_after"] == 0
     assert prefix_keys(rc) == set()
     assert all(rc.get(k) == b"keep" for k in OTHERS)
+
+
+def test_eviction_on_a_tls_cluster_talks_tls_to_every_master(tmp_path: Path) -> None:
+    """A ``rediss://`` seed: each master is reached with the seed's TLS settings (the
+    walk used to open plain TCP to the masters, and every node failed)."""
+    with redis_cluster(tmp_path, tls=True, replicas=0) as c:
+        assert c.tls is not None
+        url = c.url()
+        assert url.startswith("rediss://")
+        rc = seed(c, 120)
+        out = evict(url)
+        assert out["failed_nodes"] == {}, out
+        assert sorted(int(n.rsplit(":", 1)[1]) for n in out["nodes"]) == c.masters()
+        assert out["evicted_keys"] == 240 and out["keys_after"] == 0
+        assert prefix_keys(rc) == set()
+        assert all(rc.get(k) == b"keep" for k in OTHERS)
+        # the nodes really refuse plain TCP: TLS was needed, not merely allowed
+        plain = redis.Redis(port=c.ports[0], socket_timeout=2)
+        with contextlib.closing(plain), pytest.raises(redis.RedisError):
+            plain.ping()
 
 
 def test_lru_evicts_whole_entries(cluster: Cluster) -> None:
