@@ -280,6 +280,11 @@ def _post_form(path: str, **fields: st.SearchStrategy[str]) -> st.SearchStrategy
     )
 
 
+# The query routes' parameters, fuzzed in the URL (GET) and in a form body (POST).
+_INSTANT = {"query": _queries, "time": query_values}
+_RANGE = {"query": _queries, "start": query_values, "end": query_values, "step": query_values}
+
+
 AGENT_REQUESTS = st.one_of(
     [
         _get("/healthz"),
@@ -291,22 +296,10 @@ AGENT_REQUESTS = st.one_of(
         _get("/api/v1/rules"),
         _get("/api/v1/engine/ready"),
         _get("/api/v1/actions/history", since=query_values, limit=query_values),
-        _get("/api/v1/query", query=_queries, time=query_values),
-        _get(
-            "/api/v1/query_range",
-            query=_queries,
-            start=query_values,
-            end=query_values,
-            step=query_values,
-        ),
-        _post_form("/api/v1/query", query=_queries, time=query_values),
-        _post_form(
-            "/api/v1/query_range",
-            query=_queries,
-            start=query_values,
-            end=query_values,
-            step=query_values,
-        ),
+        _get("/api/v1/query", **_INSTANT),
+        _get("/api/v1/query_range", **_RANGE),
+        _post_form("/api/v1/query", **_INSTANT),
+        _post_form("/api/v1/query_range", **_RANGE),
         _printable.map(lambda a: Req("GET", "/metrics", headers={"Accept": a.strip() or "*/*"})),
         st.tuples(
             st.sampled_from(ACTIONS) | st.text(max_size=12).map(lambda t: t.replace("/", "_")),
