@@ -34,7 +34,9 @@ CONTEXT_HINT = "see the logs in {work}"
 
 def _start_load(env: DemoEnv) -> LocustRun:
     env.set_load_mode("mixed")
-    return env.start_locust("locust", LOAD_USERS)
+    run = env.start_locust("locust", LOAD_USERS)
+    env.load_since = time.time()
+    return run
 
 
 def _drills(env: DemoEnv, chosen: list[drills_mod.Drill]) -> list[drills_mod.DrillResult]:

@@ -55,6 +55,10 @@ DEMO_TOP_N = 64  # the worker's attention budget N (kcops serve's default)
 # Every long request is shadow-checked: at the demo's rate a smaller share would
 # leave the accuracy drill minutes between checks.
 SHADOW_FRACTION = 1.0
+# The worker's probe samples 3% of attention calls, 10x the shipped default: at the
+# demo's few requests a second, 0.3% gave six K(C) values a minute, too few for a
+# 1m mean (the K(C) surge rule's) to tell a shift of the traffic from noise.
+PROBE_SAMPLE_RATE = 0.03
 
 
 class DemoFailed(Exception):
@@ -150,6 +154,7 @@ class DemoEnv:
         self.cgroup: demo_cgroup.MemoryCgroup | None = None
         self.no_cgroup_reason = "not created"
         self.overload: LocustRun | None = None  # the TTFT drill's extra users
+        self.load_since: float | None = None  # when the usual load (mixed) began
         self._old_handlers: dict[int, Any] = {}
 
     @property
@@ -332,6 +337,7 @@ class DemoEnv:
             **os.environ,
             "KCOPS_TOKEN": self.token,
             "KCOPS_PROBE_SOCKET": str(self.work / "probe.sock"),
+            "KCOPS_PROBE_SAMPLE_RATE": str(PROBE_SAMPLE_RATE),
             "PYTHONUNBUFFERED": "1",
         }
         self._spawn(agent_cmd, "agent.log", env)

@@ -45,6 +45,9 @@ class Drill:
     # Where the ladder's action itself must remove the cause (evicting frees the
     # memory that filled the device): true once it has, awaited before ``stop``.
     relief: Callable[[DemoEnv], bool] | None = None
+    # Seconds of the demo's usual load wanted before the cause: a rule that compares
+    # with a baseline window would otherwise compare the cause with itself.
+    history_s: float = 0.0
 
 
 @dataclass
@@ -123,7 +126,7 @@ DRILLS: tuple[Drill, ...] = (
         "KcopsKCSurge",
         "traffic shifts to prompts 4x longer: more context holds the attention mass",
         lambda e: e.set_load_mode("long"), lambda e: e.set_load_mode("mixed"),
-        fire_within_s=420, estimate_s=240,
+        fire_within_s=420, estimate_s=240, history_s=300,
     ),
     Drill(
         "KcopsSegmentTransferSlow",
@@ -222,6 +225,7 @@ def run_drill(env: DemoEnv, drill: Drill) -> DrillResult:
         return res
     click.echo(f"- drill {drill.alert}: {drill.cause}")
     try:
+        _await_history(env, drill)
         if drill.prepare is not None:
             drill.prepare(env)
         # A drill shows its cause firing the alert: an alert already active (a
@@ -247,6 +251,19 @@ def run_drill(env: DemoEnv, drill: Drill) -> DrillResult:
     finally:
         drill.stop(env)
     return res
+
+
+def _await_history(env: DemoEnv, drill: Drill) -> None:
+    """Let the usual load run until the alert's baseline window holds ``history_s`` of it."""
+    if env.load_since is None:
+        return
+    left = env.load_since + drill.history_s - time.time()
+    if left > 0:
+        click.echo(
+            f"  {drill.alert} compares with a baseline: {duration(left)} more of the usual "
+            f"load first ({duration(drill.history_s)} of it before the cause)"
+        )
+        time.sleep(left)
 
 
 def _await_relief(env: DemoEnv, drill: Drill, res: DrillResult, t0: float) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import click
@@ -52,6 +53,8 @@ class _Env:
     def __init__(self, state: str) -> None:
         self.state = state
         self.calls: list[str] = []
+        self.load_since: float | None = None
+        self.started_at: float | None = None
 
     def alert_state(self, alertname: str) -> str:
         return self.state
@@ -69,6 +72,7 @@ class _Env:
 def _drill(env: _Env) -> Drill:
     def start(_: object) -> None:
         env.calls.append("start")
+        env.started_at = time.time()
         env.state = "firing"  # the cause fires the alert
 
     return Drill(
@@ -93,6 +97,27 @@ def test_a_quiet_alert_fired_by_its_cause(monkeypatch: pytest.MonkeyPatch) -> No
     res = drills_mod.run_drill(env, _drill(env))  # type: ignore[arg-type]
     assert res.fired and res.action == "notify" and res.note == ""
     assert env.calls == ["prepare", "start", "stop"]
+
+
+def test_a_drill_against_a_baseline_waits_for_its_history_of_usual_load(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(drills_mod, "QUIET_WITHIN_S", 0.3)
+    env = _Env("inactive")
+    env.load_since = time.time() - 0.2
+    base = _drill(env)
+    drill = Drill(
+        base.alert, base.cause, base.start, base.stop,
+        fire_within_s=5, estimate_s=1, history_s=0.8,
+    )  # fmt: skip
+    res = drills_mod.run_drill(env, drill)  # type: ignore[arg-type]
+    assert res.fired and env.started_at is not None
+    assert env.started_at >= env.load_since + 0.8  # the cause waited for the history
+    assert "compares with a baseline" in capsys.readouterr().out
+    # With that much load behind it already, a drill does not wait.
+    env.state, env.load_since = "inactive", time.time() - 60
+    drills_mod.run_drill(env, drill)  # type: ignore[arg-type]
+    assert "compares with a baseline" not in capsys.readouterr().out
 
 
 def test_actions_text_counts_repeated_steps() -> None:

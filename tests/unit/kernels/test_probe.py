@@ -334,3 +334,30 @@ def test_the_reference_worker_says_kcops(listener: Any, monkeypatch: pytest.Monk
     assert probe is not None
     probe.flush()
     assert [f.engine for f in drain(sock)] == ["kcops"]
+
+
+def test_the_reference_worker_takes_probe_settings_from_the_environment(
+    listener: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`kcops serve` honours KCOPS_PROBE_* as `kcops.kernels.run` and the vLLM plugin do."""
+    from kcops.worker.app import install_probe
+
+    path, _ = listener
+    monkeypatch.setenv("KCOPS_PROBE_SOCKET", path)
+    monkeypatch.setenv("KCOPS_PROBE_SAMPLE_RATE", "0.25")
+    monkeypatch.setenv("KCOPS_PROBE_ROWS", "3")
+    assert install_probe() == "probe installed"
+    probe = kernels.get_probe()
+    assert probe is not None
+    assert (probe.config.sample_rate, probe.config.rows) == (0.25, 3)
+
+
+def test_the_reference_worker_serves_on_when_probe_settings_are_bad(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from kcops.worker.app import install_probe
+
+    monkeypatch.setenv("KCOPS_PROBE_SAMPLE_RATE", "often")
+    status = install_probe()
+    assert status.startswith("probe install failed:") and "KCOPS_PROBE_" in status
+    assert kernels.get_probe() is None
