@@ -66,12 +66,10 @@ def install_probe() -> str:
     if install is None:
         return "probe not installed: kcops.kernels.install() does not exist yet"
     try:
-        from kcops.kernels.config import ProbeConfig
-
         # KCOPS_PROBE_* settings (sample rate, rows, p…) as for `kcops.kernels.run` and the
         # vLLM plugin. Its series say engine="kcops" (the agent's adapter name for this
         # worker), also when a probe was installed before (by `python -m kcops.kernels.run`).
-        install(ProbeConfig.from_env()).set_engine(ENGINE)
+        install(kernels.ProbeConfig.from_env()).set_engine(ENGINE)
     except Exception as exc:  # the probe must never stop the engine
         log.warning("kcops.kernels.install() failed: %s", exc)
         return f"probe install failed: {exc}"
