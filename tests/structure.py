@@ -57,14 +57,18 @@ def _any_uses(tree: ast.AST) -> int:
             isinstance(node, ast.Attribute) and node.attr == "Any"
         ):
             n += 1
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+        elif (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and "Any" in node.value
+            and len(node.value) < 200
+        ):
             # string annotations ("dict[str, Any]") count like written ones
-            if "Any" in node.value and len(node.value) < 200:
-                try:
-                    inner = ast.parse(node.value, mode="eval")
-                except SyntaxError:
-                    continue
-                n += _any_uses(inner)
+            try:
+                inner = ast.parse(node.value, mode="eval")
+            except SyntaxError:
+                continue
+            n += _any_uses(inner)
     return n
 
 
@@ -74,9 +78,7 @@ def _annotation_text(node: ast.expr | None) -> str:
 
 def _untyped_dict(text: str) -> bool:
     compact = text.replace(" ", "")
-    return any(
-        f"{t}[str,Any]" in compact for t in ("dict", "Mapping", "MutableMapping", "Dict")
-    )
+    return any(f"{t}[str,Any]" in compact for t in ("dict", "Mapping", "MutableMapping", "Dict"))
 
 
 def _public_boundary_dicts(tree: ast.Module, rel: str) -> list[str]:
@@ -104,7 +106,7 @@ def _public_boundary_dicts(tree: ast.Module, rel: str) -> list[str]:
 
 def _is_sleep(call: ast.Call) -> bool:
     f = call.func
-    return isinstance(f, ast.Attribute) and f.attr == "sleep" or (
+    return (isinstance(f, ast.Attribute) and f.attr == "sleep") or (
         isinstance(f, ast.Name) and f.id == "sleep"
     )
 
@@ -118,9 +120,7 @@ def _wait_helpers(tree: ast.Module, rel: str) -> list[str]:
         if node.name.startswith("test_") or "wait" not in node.name.lower():
             continue
         loops = [n for n in ast.walk(node) if isinstance(n, ast.While | ast.For)]
-        if any(
-            isinstance(c, ast.Call) and _is_sleep(c) for lp in loops for c in ast.walk(lp)
-        ):
+        if any(isinstance(c, ast.Call) and _is_sleep(c) for lp in loops for c in ast.walk(lp)):
             found.append(f"{rel}:{node.lineno} {node.name}")
     return found
 
@@ -188,11 +188,15 @@ def measure() -> Figures:
 def report(fig: Figures) -> list[str]:
     """Print the figures; return the goals that are missed."""
     missed: list[str] = []
-    print(f"Any outside tests: {fig.any_uses} uses in {fig.code_lines} code lines, "
-          f"{fig.any_per_1000:.1f} per 1,000 (goal < {MAX_ANY_PER_1000:g})")
+    print(
+        f"Any outside tests: {fig.any_uses} uses in {fig.code_lines} code lines, "
+        f"{fig.any_per_1000:.1f} per 1,000 (goal < {MAX_ANY_PER_1000:g})"
+    )
     for folder, (uses, lines) in fig.any_by_folder.items():
-        print(f"  {folder + '/':<12} {uses:>4} in {lines:>6} lines "
-              f"({1000.0 * uses / max(1, lines):.1f} per 1,000)")
+        print(
+            f"  {folder + '/':<12} {uses:>4} in {lines:>6} lines "
+            f"({1000.0 * uses / max(1, lines):.1f} per 1,000)"
+        )
     if fig.any_per_1000 >= MAX_ANY_PER_1000:
         missed.append("Any per 1,000 lines")
     print(f"agent/ modules over {MAX_AGENT_MODULE_LINES} lines: {len(fig.big_agent_modules)}")
@@ -200,8 +204,10 @@ def report(fig: Figures) -> list[str]:
         print(f"  {line}")
     if fig.big_agent_modules:
         missed.append("agent/ module size")
-    print(f"public signatures with dict[str, Any] in {', '.join(BOUNDARY_PACKAGES)}: "
-          f"{len(fig.boundary_dicts)}")
+    print(
+        f"public signatures with dict[str, Any] in {', '.join(BOUNDARY_PACKAGES)}: "
+        f"{len(fig.boundary_dicts)}"
+    )
     for line in fig.boundary_dicts:
         print(f"  {line}")
     if fig.boundary_dicts:
