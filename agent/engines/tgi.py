@@ -3,11 +3,14 @@
 TGI exposes end-to-end request duration, queue size and current batch size;
 it has no time-to-first-token histogram, KV-usage gauge or prefix-cache
 counters, so those canonical series stay absent for TGI.
+
+TGI has no admin route kcops can drive: every action that needs one is refused.
 """
 
 from __future__ import annotations
 
-from kcops.agent.collectors.adapters.base import GAUGE, HISTOGRAM, Adapter, Map
+from kcops.agent.engines.kind import EngineKind
+from kcops.agent.engines.metrics import GAUGE, HISTOGRAM, Adapter, Map
 
 ADAPTER = Adapter(
     name="tgi",
@@ -18,3 +21,5 @@ ADAPTER = Adapter(
     ),
     markers=("tgi_",),
 )
+
+KIND = EngineKind(adapter=ADAPTER, summary="Hugging Face TGI")

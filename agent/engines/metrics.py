@@ -1,4 +1,4 @@
-"""What an engine adapter is: a table from an engine's families to canonical ones.
+"""An engine kind's metric adapter: a table from its ``/metrics`` families to canonical ones.
 
 Each adapter is data, not code: a list of :class:`Map` rows. A row names a
 canonical family (DESIGN §3) and the engine families that can provide it, in
@@ -39,7 +39,7 @@ class Map:
 class Adapter:
     name: str
     maps: tuple[Map, ...]
-    # Base-name prefixes whose presence on a page identifies this engine.
+    # Base-name prefixes whose presence on a page identifies this engine (detection).
     markers: tuple[str, ...] = ()
     # Engine labels renamed so they do not clash with ours (vLLM's `engine` is an index).
     rename_labels: dict[str, str] = field(default_factory=dict)
