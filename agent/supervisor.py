@@ -37,7 +37,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 from aiohttp import web
 
@@ -60,7 +60,17 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("kcops.agent.supervisor")
 
-__all__ = ["GONE_WAIT_S", "Supervisor"]
+__all__ = ["GONE_WAIT_S", "ExitInfo", "Supervisor"]
+
+
+class ExitInfo(TypedDict):
+    """How the child died, as far as is known (an OOM verdict is the process watcher's)."""
+
+    pid: int | None
+    returncode: int
+    signal: str | None
+    by_supervisor: bool  # the supervisor's own SIGKILL
+    t: float
 
 
 class Supervisor:
@@ -102,7 +112,7 @@ class Supervisor:
         self._stopping = False
         self._killing_pid: int | None = None
         self.ready = False
-        self.last_exit_info: dict[str, Any] | None = None
+        self.last_exit_info: ExitInfo | None = None
         self.proc_root = proc_root
         self.shm_root = shm_root
         self.shm_scan_s = shm_scan_s
@@ -196,7 +206,7 @@ class Supervisor:
 
     # -- the restart ---------------------------------------------------------------
 
-    async def restart(self, reason: str = "requested") -> dict[str, Any]:
+    async def restart(self, reason: str = "requested") -> dict[str, object]:
         """Graceful restart; returns before/after pids. Raises RuntimeError after a crash loop."""
         async with self._lock:
             why = self.backing_off()
@@ -357,7 +367,7 @@ class Supervisor:
             await self._wait_gone(self.proc.pid, GONE_WAIT_S)
         self._reap_shm()
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> dict[str, object]:
         pid = self.pid()
         healthy = pid is not None and not self.gave_up
         summary = (

@@ -68,14 +68,16 @@ async def drain(
             log.warning("stop admitting failed: %s", exc)
             report["error"] = f"{type(exc).__name__}: {exc}"[:300]
     if how is None and n > 0:
-        report.update(how="sigterm", in_flight_left=await running_requests(engine, store))
+        report["how"] = "sigterm"
+        report["in_flight_left"] = await running_requests(engine, store)
         return
     report["how"] = how or "wait_idle"
     running = await running_requests(engine, store)
     while running and time.monotonic() - t0 < deadline_s:
         await asyncio.sleep(0.2)
         running = await running_requests(engine, store)
-    report.update(drained=None if running is None else running == 0, in_flight_left=running)
+    report["drained"] = None if running is None else running == 0
+    report["in_flight_left"] = running
 
 
 async def resume(engine: Engine | None, report: DrainReport) -> bool:

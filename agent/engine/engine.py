@@ -17,6 +17,7 @@ is loading or not identified yet).
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from kcops.agent.engine import lifecycle as lc
 from kcops.agent.engine.lifecycle import EngineState, Lifecycle
@@ -28,6 +29,8 @@ from kcops.errors import ActionRejected
 # What an admin route answers: its JSON, its text (first 300 chars), or None when empty.
 Answer = dict[str, object] | list[object] | str | int | float | bool | None
 JsonBody = dict[str, object]
+# An admin route's JSON object as the actions read it (by key: agent/actions).
+Report = dict[str, Any]
 
 log = logging.getLogger("kcops.agent.engine")
 
@@ -243,7 +246,7 @@ class Engine:
             return resp.text[:300]
         return got
 
-    async def state_doc(self) -> dict[str, object]:
+    async def state_doc(self) -> Report:
         await self.resolve()
         self.require("state")
         path = self._kind().routes.state
@@ -253,9 +256,7 @@ class Engine:
             raise EngineFailed(f"GET {path}: not a JSON object: {str(out)[:200]}")
         return out
 
-    async def evict(
-        self, policy: str, fraction: float, *, drop_running: bool = False
-    ) -> dict[str, object]:
+    async def evict(self, policy: str, fraction: float, *, drop_running: bool = False) -> Report:
         """Evict with ``policy``; raises EngineFailed when the engine says it did not."""
         name = await self.resolve()
         self.require("evict", policy=policy)
@@ -278,7 +279,7 @@ class Engine:
             )
         return {"policy": "all", "route": route.path, "response": out}
 
-    async def set_route(self, mode: str) -> dict[str, object]:
+    async def set_route(self, mode: str) -> Report:
         await self.resolve()
         self.require("route")
         path = self._kind().routes.route
@@ -286,7 +287,7 @@ class Engine:
         out = await self.call("POST", path, {"mode": mode})
         return out if isinstance(out, dict) else {"response": out}
 
-    async def set_topn(self, top_n: int) -> dict[str, object]:
+    async def set_topn(self, top_n: int) -> Report:
         await self.resolve()
         self.require("topn")
         path = self._kind().routes.topn
