@@ -157,12 +157,6 @@ class Supervisor:
             self.engine.observe(lc.Spawned(self.started_at))
         log.info("engine started: pid %d: %s", self.proc.pid, " ".join(self.command))
 
-    def _group_alive(self, pgid: int) -> bool:
-        return group_alive(pgid, self.proc_root)
-
-    async def _wait_gone(self, pgid: int, timeout_s: float) -> bool:
-        return await wait_gone(pgid, timeout_s, self.proc_root)
-
     def _scan_shm(self, pgid: int, force: bool = False) -> None:
         """Note the shared memory the group holds now (every few seconds unless ``force``)."""
         now_s = time.monotonic()
@@ -197,7 +191,7 @@ class Supervisor:
         return removed
 
     async def _reap_when_gone(self, pgid: int, ledger: shm.Ledger) -> None:
-        await self._wait_gone(pgid, GONE_WAIT_S)
+        await wait_gone(pgid, GONE_WAIT_S, self.proc_root)
         self._reap_shm(ledger)
 
     def _serving_again(self) -> None:
@@ -328,7 +322,7 @@ class Supervisor:
             self.engine.observe(lc.Exited(now))
         if self.proc is not None:
             pgid = self.proc.pid
-            if self._group_alive(pgid):
+            if group_alive(pgid, self.proc_root):
                 self._scan_shm(pgid, force=True)
                 with contextlib.suppress(OSError):
                     os.killpg(pgid, signal.SIGKILL)  # leftovers of a dead root
@@ -364,7 +358,7 @@ class Supervisor:
         if self._reaper is not None:
             await asyncio.wait([self._reaper], timeout=GONE_WAIT_S + 1)
         if self.proc is not None:
-            await self._wait_gone(self.proc.pid, GONE_WAIT_S)
+            await wait_gone(self.proc.pid, GONE_WAIT_S, self.proc_root)
         self._reap_shm()
 
     def status(self) -> dict[str, object]:
