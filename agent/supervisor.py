@@ -97,6 +97,10 @@ class Supervisor:
         self.clock = clock
         self.store = store
         self.engine = engine
+        if engine is not None and engine.kind is None:  # adapter auto: the command may say
+            found = engine.registry.detect_command(self.command)
+            if found is not None:
+                engine.learn(found.name)
         self.page = page or (lambda message, **kw: log.error("PAGE: %s", message))
         self.env = env
         self.proc: asyncio.subprocess.Process | None = None

@@ -42,5 +42,6 @@ KIND = EngineKind(
         state="/admin/state",
     ),
     probe="/admin/state",
+    programs=("kcops",),
     summary="the reference worker (kcops serve)",
 )

@@ -3,8 +3,9 @@
 An :class:`EngineKind` holds its metric adapter (``/metrics`` families to
 canonical ones, and the prefixes that identify it on a page), its admin routes
 (cache eviction, route control, top-N, drain, pause, admin state), how
-``adapter: auto`` recognises it before its ``/metrics`` has been read (one
-``GET`` that answers 200 only on this engine) and its lifecycle quirks (how
+``adapter: auto`` recognises it before its ``/metrics`` has been read (the
+command line the agent supervises, or one ``GET`` that answers 200 only on
+this engine) and its lifecycle quirks (how
 long it drains by itself after SIGTERM). One module per kind under
 :mod:`kcops.agent.engines` builds one; the registry
 (:mod:`kcops.agent.engines.registry`) is where the agent finds them.
@@ -96,6 +97,16 @@ class Routes:
     pause: PauseRoutes | None = None
 
 
+def _python_module(argv: Sequence[str]) -> str | None:
+    """M of ``python [options] -m M …``: only among the interpreter's own options."""
+    for i, arg in enumerate(argv[1:], start=1):
+        if arg == "-m":
+            return argv[i + 1] if i + 1 < len(argv) else None
+        if not arg.startswith("-"):
+            return None
+    return None
+
+
 # argv -> seconds the engine drains by itself after SIGTERM, None when that argv does not say.
 SigtermDrain = Callable[[Sequence[str]], int | None]
 
@@ -108,12 +119,26 @@ class EngineKind:
     routes: Routes = field(default_factory=Routes)
     # GET path that answers 200 on this engine: adapter auto, before /metrics told.
     probe: str | None = None
+    # Programs that are this engine on a command line the agent supervises (`-- CMD`):
+    # an executable's base name, or a module run by `python -m` (or a submodule of it).
+    programs: tuple[str, ...] = ()
     sigterm_drain_s: SigtermDrain | None = None
     summary: str = ""
 
     @property
     def name(self) -> str:
         return self.adapter.name
+
+    def runs_in(self, argv: Sequence[str]) -> bool:
+        """True when ``argv`` starts one of this kind's programs (detection by command line)."""
+        if not argv or not self.programs:
+            return False
+        if argv[0].rsplit("/", 1)[-1] in self.programs:
+            return True
+        module = _python_module(argv)
+        return module is not None and any(
+            module == p or module.startswith(p + ".") for p in self.programs
+        )
 
     @property
     def capabilities(self) -> Capabilities:

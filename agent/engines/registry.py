@@ -73,6 +73,14 @@ class EngineRegistry:
                 return k
         return None
 
+    def detect_command(self, argv: Sequence[str]) -> EngineKind | None:
+        """The first kind whose program ``argv`` runs (``vllm serve …``,
+        ``python -m sglang.launch_server …``), or None (a wrapper script, say)."""
+        for k in self._kinds:
+            if k.runs_in(argv):
+                return k
+        return None
+
     def markers(self) -> tuple[str, ...]:
         """Every kind's marker prefixes (what detection looks for), in order."""
         return tuple(m for k in self._kinds for m in k.adapter.markers)

@@ -37,5 +37,6 @@ KIND = EngineKind(
     adapter=ADAPTER,
     routes=Routes(evict=EvictRoute("/flush_cache")),
     probe="/get_server_info",
+    programs=("sglang",),
     summary="SGLang",
 )

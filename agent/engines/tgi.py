@@ -22,4 +22,6 @@ ADAPTER = Adapter(
     markers=("tgi_",),
 )
 
-KIND = EngineKind(adapter=ADAPTER, summary="Hugging Face TGI")
+KIND = EngineKind(
+    adapter=ADAPTER, programs=("text-generation-launcher",), summary="Hugging Face TGI"
+)

@@ -28,4 +28,4 @@ ADAPTER = Adapter(
     markers=("nv_inference_",),
 )
 
-KIND = EngineKind(adapter=ADAPTER, summary="NVIDIA Triton")
+KIND = EngineKind(adapter=ADAPTER, programs=("tritonserver",), summary="NVIDIA Triton")

@@ -100,6 +100,7 @@ KIND = EngineKind(
         ),
     ),
     probe="/version",
+    programs=("vllm",),
     sigterm_drain_s=shutdown_timeout_s,
     summary="vLLM (v1 engine)",
 )

@@ -179,8 +179,10 @@ def test_actions_reach_the_new_kinds_admin_routes_and_report_the_answer() -> Non
     ]
 
 
-def test_the_new_kinds_shutdown_drain_is_read_from_its_command_line() -> None:
+def test_the_new_kinds_command_line_says_what_it_is_and_how_long_it_drains() -> None:
     argv = ["toyserve", "--model", "m", "--toy-grace", "7"]
+    assert registry().detect_command(argv) is toy_kind.KIND
+    assert default_registry().detect_command(argv) is None
     assert engine_drain_s(argv, None, registry=registry()) == 7
     assert engine_drain_s(argv, None) == 0  # the built-in kinds do not read --toy-grace
     # vLLM's --shutdown-timeout is still read beside it.

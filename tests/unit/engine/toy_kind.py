@@ -3,7 +3,8 @@
 It is what a module under ``agent/engines/`` holds for a real engine: the
 metric adapter (its families to canonical ones, and the prefix that identifies
 it on a page), the admin routes kcops may call, the probe ``adapter: auto``
-asks before ``/metrics`` has told, and a lifecycle quirk (``--toy-grace N``:
+asks before ``/metrics`` has told, the program that is this engine on a
+supervised command line, and a lifecycle quirk (``--toy-grace N``:
 it drains for N seconds by itself on SIGTERM). Registering it is one call,
 :meth:`kcops.agent.engines.EngineRegistry.register` (tests/unit/engine/test_new_kind.py).
 """
@@ -40,6 +41,7 @@ KIND = EngineKind(
     ),
     routes=Routes(evict=EvictRoute("/toy/flush"), drain="/toy/admission"),
     probe="/toy/whoami",
+    programs=("toyserve",),
     sigterm_drain_s=toy_grace_s,
     summary="a throwaway engine for the registry's end-to-end test",
 )
