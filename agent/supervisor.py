@@ -3,12 +3,13 @@
 The child runs in its own session (process group) so signals reach every
 process it forks. A requested restart is graceful:
 
-1. drain (:meth:`Supervisor._drain`): stop admitting where the engine can (the
+1. drain (:mod:`kcops.agent.engine.drain`): stop admitting where the engine can (the
    kcops worker's ``/admin/drain``, vLLM's ``/pause`` in dev mode) and wait
    until nothing runs or the drain deadline; an engine that drains by itself on
    SIGTERM (vLLM ``--shutdown-timeout N``, N > 0) is left to do so; any other
    engine is given until it is idle or the deadline, while it still admits;
-2. SIGTERM to the whole group, SIGKILL after the grace period:
+2. SIGTERM to the root, then the whole group, SIGKILL after the grace period
+   (:mod:`kcops.agent.engine.terminate`):
    ``actions.restart.grace_s`` plus the engine's own drain time ``N``
    (:mod:`kcops.agent.engine.shutdown`), so kcops never cuts vLLM's drain short;
 3. once every member of the group is gone, remove the POSIX shared memory that
@@ -36,34 +37,40 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 from aiohttp import web
 
 from kcops.agent.config.actions import RestartSection
-from kcops.agent.engine import Engine, proctree, series, shm
+from kcops.agent.engine import Engine, proctree, shm
+from kcops.agent.engine import drain as dr
 from kcops.agent.engine import lifecycle as lc
 from kcops.agent.engine.shutdown import engine_drain_s
+from kcops.agent.engine.terminate import (
+    GONE_WAIT_S,
+    die_with_parent,
+    group_alive,
+    terminate,
+    wait_gone,
+)
 from kcops.agent.samples import Sample, SeriesKey
+
+if TYPE_CHECKING:
+    from kcops.agent.store import Store
 
 log = logging.getLogger("kcops.agent.supervisor")
 
-PR_SET_PDEATHSIG = 1
-# After SIGKILL (or a crash), how long to wait for every member of the group to be
-# gone before the shared memory is reaped: a dying process still maps its segments.
-GONE_WAIT_S = 10.0
+__all__ = ["GONE_WAIT_S", "ExitInfo", "Supervisor"]
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec: SIGTERM when the agent dies, even by SIGKILL.
+class ExitInfo(TypedDict):
+    """How the child died, as far as is known (an OOM verdict is the process watcher's)."""
 
-    The engine runs in its own session (so restarts can signal its whole
-    group); without this an agent killed hard would leave it orphaned.
-    """
-    import ctypes
-
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    pid: int | None
+    returncode: int
+    signal: str | None
+    by_supervisor: bool  # the supervisor's own SIGKILL
+    t: float
 
 
 class Supervisor:
@@ -75,7 +82,7 @@ class Supervisor:
         cfg: RestartSection,
         *,
         clock: Callable[[], float],
-        store: Any = None,
+        store: Store | None = None,
         engine: Engine | None = None,
         page: Callable[..., None] | None = None,
         env: dict[str, str] | None = None,
@@ -90,6 +97,10 @@ class Supervisor:
         self.clock = clock
         self.store = store
         self.engine = engine
+        if engine is not None and engine.kind is None:  # adapter auto: the command may say
+            found = engine.registry.detect_command(self.command)
+            if found is not None:
+                engine.learn(found.name)
         self.page = page or (lambda message, **kw: log.error("PAGE: %s", message))
         self.env = env
         self.proc: asyncio.subprocess.Process | None = None
@@ -105,7 +116,7 @@ class Supervisor:
         self._stopping = False
         self._killing_pid: int | None = None
         self.ready = False
-        self.last_exit_info: dict[str, Any] | None = None
+        self.last_exit_info: ExitInfo | None = None
         self.proc_root = proc_root
         self.shm_root = shm_root
         self.shm_scan_s = shm_scan_s
@@ -140,7 +151,7 @@ class Supervisor:
             *self.command,
             start_new_session=True,
             env={**os.environ, **(self.env or {})},
-            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+            preexec_fn=die_with_parent if sys.platform == "linux" else None,
         )
         self._waiter = asyncio.get_running_loop().create_task(self.proc.wait())
         self.started_at = self.clock()
@@ -149,26 +160,6 @@ class Supervisor:
         if self.engine is not None:
             self.engine.observe(lc.Spawned(self.started_at))
         log.info("engine started: pid %d: %s", self.proc.pid, " ".join(self.command))
-
-    def _group_alive(self, pgid: int) -> bool:
-        """True while a member of the group is alive (zombies do not count)."""
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return bool(proctree.group_pids(pgid, self.proc_root))
-
-    async def _wait_gone(self, pgid: int, timeout_s: float) -> bool:
-        """Wait until no member of the group is alive; False at the deadline."""
-        deadline = time.monotonic() + timeout_s
-        while self._group_alive(pgid):
-            if time.monotonic() >= deadline:
-                log.warning("engine process group %d still alive after %.0fs", pgid, timeout_s)
-                return False
-            await asyncio.sleep(0.05)
-        return True
 
     def _scan_shm(self, pgid: int, force: bool = False) -> None:
         """Note the shared memory the group holds now (every few seconds unless ``force``)."""
@@ -181,40 +172,21 @@ class Supervisor:
         return engine_drain_s(self.command, self.pid(), self.proc_root)
 
     async def _terminate(self, grace_s: float) -> bool:
-        """SIGTERM the engine's main process, SIGKILL its whole group after ``grace_s``.
-        True when SIGKILL was needed.
-
-        SIGTERM goes to the root only, as a container runtime sends it: vLLM's API
-        server then stops its engine core, which stops its workers, in order (a
-        worker that gets SIGTERM itself exits at once, and the engine core could no
-        longer finish the requests it drains). Members still alive once the root is
-        gone get SIGTERM then (nobody else will tell them). Waits for the whole
-        group, not only the root: a worker that outlives its parent still holds
-        memory and shared segments.
-        """
+        """Stop the running tree (:func:`~kcops.agent.engine.terminate.terminate`), noting
+        the shared memory it holds before each signal. True when SIGKILL was needed."""
         if self.proc is None or self._waiter is None or self.proc.returncode is not None:
             return False
         pgid = self.proc.pid
-        self._scan_shm(pgid, force=True)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pgid, signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        await asyncio.wait([self._waiter], timeout=grace_s)
-        if self._waiter.done() and self._group_alive(pgid):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pgid, signal.SIGTERM)
-        while self._group_alive(pgid) and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        if not self._group_alive(pgid):
-            await asyncio.wait([self._waiter], timeout=GONE_WAIT_S)
-            return False
-        self._scan_shm(pgid, force=True)
-        self._killing_pid = pgid
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, signal.SIGKILL)
-        await asyncio.wait([self._waiter], timeout=GONE_WAIT_S)
-        await self._wait_gone(pgid, GONE_WAIT_S)
-        return True
+        killed = await terminate(
+            pgid,
+            self._waiter,
+            grace_s,
+            proc_root=self.proc_root,
+            before_signal=lambda g: self._scan_shm(g, force=True),
+        )
+        if killed:
+            self._killing_pid = pgid
+        return killed
 
     def _reap_shm(self, ledger: shm.Ledger | None = None) -> list[str]:
         """Remove the shared memory a dead tree held and left (call once it is gone)."""
@@ -223,66 +195,8 @@ class Supervisor:
         return removed
 
     async def _reap_when_gone(self, pgid: int, ledger: shm.Ledger) -> None:
-        await self._wait_gone(pgid, GONE_WAIT_S)
+        await wait_gone(pgid, GONE_WAIT_S, self.proc_root)
         self._reap_shm(ledger)
-
-    async def _running_requests(self) -> int | None:
-        if self.engine is None:
-            return None
-        try:
-            got = await self.engine.in_flight()
-        except Exception:
-            got = None
-        if got is None and self.store is not None:
-            value = series.read(self.store, self.engine.adapter, {"kcops_requests_running": sum})
-            running = value.get("requests_running")
-            got = int(running) if running is not None else None
-        return got
-
-    async def _drain(self, drain: dict[str, Any]) -> None:
-        """Stop admitting where the engine can, then wait until nothing runs or the
-        drain deadline. Fills ``drain`` as it goes, so an abandoned restart knows
-        what to undo; ``how`` says what was done:
-
-        - ``drain`` / ``pause``: the engine stopped admitting (kcops worker, vLLM dev mode);
-        - ``sigterm``: it cannot stop admitting but drains by itself on SIGTERM (vLLM
-          ``--shutdown-timeout N``, N > 0): nothing to wait for here;
-        - ``wait_idle``: neither: wait for an idle moment, while it still admits.
-        """
-        deadline_s = self.cfg.drain_deadline_s
-        t0 = time.monotonic()
-        n = drain["engine_drain_s"]
-        how = None
-        if self.engine is not None:
-            # Noted before it is asked: an abandoned restart resumes even when it was
-            # cancelled while the engine was still answering.
-            how = drain["how"] = await self.engine.admission_control()
-            try:
-                await self.engine.stop_admitting(deadline_s)
-            except Exception as exc:
-                log.warning("stop admitting failed: %s", exc)
-                drain["error"] = f"{type(exc).__name__}: {exc}"[:300]
-        if how is None and n > 0:
-            drain.update(how="sigterm", in_flight_left=await self._running_requests())
-            return
-        drain["how"] = how or "wait_idle"
-        running = await self._running_requests()
-        while running and time.monotonic() - t0 < deadline_s:
-            await asyncio.sleep(0.2)
-            running = await self._running_requests()
-        drain.update(drained=None if running is None else running == 0, in_flight_left=running)
-
-    async def _resume(self, drain: dict[str, Any]) -> bool:
-        """Admit again (after a pause or drain); True when the engine was asked to."""
-        how = drain.get("how")
-        if self.engine is None or how not in ("drain", "pause"):
-            return False
-        try:
-            await self.engine.resume_admitting(how)
-        except Exception as exc:
-            log.warning("resume admitting failed: %s", exc)
-            return False
-        return True
 
     def _serving_again(self) -> None:
         if self.engine is not None:
@@ -290,7 +204,7 @@ class Supervisor:
 
     # -- the restart ---------------------------------------------------------------
 
-    async def restart(self, reason: str = "requested") -> dict[str, Any]:
+    async def restart(self, reason: str = "requested") -> dict[str, object]:
         """Graceful restart; returns before/after pids. Raises RuntimeError after a crash loop."""
         async with self._lock:
             why = self.backing_off()
@@ -299,19 +213,19 @@ class Supervisor:
             old = self.pid()
             t0 = time.monotonic()
             n = self.engine_drain_s()
-            drain: dict[str, Any] = {"how": None, "engine_drain_s": n}
+            drain: dr.DrainReport = {"how": None, "engine_drain_s": n}
             if self.engine is not None:
                 self.engine.draining = f"restart ({reason})"
             try:
                 if old is not None:
-                    await self._drain(drain)
+                    await dr.drain(self.engine, self.store, self.cfg.drain_deadline_s, drain)
                     # vLLM holds requests that came during a pause and aborts them at
                     # SIGTERM; when it drains by itself, let them in first: SIGTERM stops
                     # admitting, and they get its N seconds to finish.
                     if n > 0 and drain["how"] == "pause":
-                        drain["resumed_before_sigterm"] = await self._resume(drain)
+                        drain["resumed_before_sigterm"] = await dr.resume(self.engine, drain)
             except BaseException:
-                await self._resume(drain)  # abandoned before the kill: admit again
+                await dr.resume(self.engine, drain)  # abandoned before the kill: admit again
                 self._serving_again()
                 raise
             try:
@@ -412,7 +326,7 @@ class Supervisor:
             self.engine.observe(lc.Exited(now))
         if self.proc is not None:
             pgid = self.proc.pid
-            if self._group_alive(pgid):
+            if group_alive(pgid, self.proc_root):
                 self._scan_shm(pgid, force=True)
                 with contextlib.suppress(OSError):
                     os.killpg(pgid, signal.SIGKILL)  # leftovers of a dead root
@@ -448,10 +362,10 @@ class Supervisor:
         if self._reaper is not None:
             await asyncio.wait([self._reaper], timeout=GONE_WAIT_S + 1)
         if self.proc is not None:
-            await self._wait_gone(self.proc.pid, GONE_WAIT_S)
+            await wait_gone(self.proc.pid, GONE_WAIT_S, self.proc_root)
         self._reap_shm()
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> dict[str, object]:
         pid = self.pid()
         healthy = pid is not None and not self.gave_up
         summary = (

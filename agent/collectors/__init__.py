@@ -50,11 +50,21 @@ def build(
     pid_knowable = (
         pids.configured
         or bool(eng.command)
-        or (eng.url is not None and eng.adapter in ("auto", "kcops"))
+        or (eng.url is not None and _reports_pid(eng.adapter, engine))
     )
     out += _local(ctx, watch, pid_knowable, engine)
     out += _http(ctx, pids, engine)
     return out
+
+
+def _reports_pid(adapter: str, engine: Engine | None) -> bool:
+    """True when the engine kind may report its pid (an admin state route), or may be one."""
+    from kcops.agent.engines import AUTO, default_registry
+
+    if adapter == AUTO:
+        return True
+    registry = engine.registry if engine is not None else default_registry()
+    return registry.get(adapter).routes.state is not None
 
 
 def _local(

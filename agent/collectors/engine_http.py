@@ -71,7 +71,8 @@ class EngineClient:
         # Which parts to fetch; set by the collectors that use them.
         self.want_health = False
         self.want_metrics = False
-        self.want_state = False  # set by the scrape collector when the engine is the kcops worker
+        # Set by the scrape collector when the engine kind has an admin state route (kcops).
+        self.want_state = False
         self._task: asyncio.Future[Poll] | None = None
         self._task_now: float | None = None
         self._state_next_at = 0.0

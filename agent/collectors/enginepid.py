@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 log = logging.getLogger("kcops.agent.collectors.enginepid")
 
@@ -73,7 +72,7 @@ class EnginePid:
             return None
         return int(text)
 
-    def _warn_once(self, key: str, msg: str, *args: Any) -> None:
+    def _warn_once(self, key: str, msg: str, *args: object) -> None:
         if key not in self._warned:
             self._warned.add(key)
             log.warning(msg, *args)

@@ -1,19 +1,19 @@
-"""The engine's ``/metrics``, mapped through an adapter to canonical series.
+"""The engine's ``/metrics``, mapped through its kind's adapter to canonical series.
 
 Each tick: fetch (shared poll, timeout shorter than the tick), pick the
-adapter (configured, or detected once from the family names on the page),
-pre-filter and parse the families the adapter reads, and return them under
-DESIGN §3 names with label ``engine=<adapter>``. Raw counter values are
+engine kind (configured, or detected once from the family names on the page
+by the engine registry), pre-filter and parse the families its adapter reads,
+and return them under DESIGN §3 names with label ``engine=<kind>``. Raw counter values are
 passed on as the engine exposes them: a reset after an engine restart is
 handled by the rule engine's rate/increase, like Prometheus does.
 """
 
 from __future__ import annotations
 
-from kcops.agent.collectors import adapters, promtext
-from kcops.agent.collectors.adapters import Adapter
+from kcops.agent.collectors import promtext
 from kcops.agent.collectors.engine_http import EngineClient
 from kcops.agent.engine import Engine
+from kcops.agent.engines import AUTO, Adapter, EngineKind, EngineRegistry, default_registry
 from kcops.agent.samples import Sample
 from kcops.errors import CollectorUnavailable
 
@@ -22,28 +22,40 @@ class EngineScrapeCollector:
     name = "engine_scrape"
 
     def __init__(
-        self, client: EngineClient, adapter: str = "auto", engine: Engine | None = None
+        self,
+        client: EngineClient,
+        adapter: str = AUTO,
+        engine: Engine | None = None,
+        registry: EngineRegistry | None = None,
     ) -> None:
         self.client = client
         self.engine = engine
+        # The engine's registry when there is an engine: both must know the same kinds.
+        self.registry = registry or (engine.registry if engine is not None else default_registry())
         client.want_metrics = True
         self.configured = adapter
-        self.adapter: Adapter | None = None if adapter == "auto" else adapters.get(adapter)
+        self.kind: EngineKind | None = None
         self._wanted: frozenset[str] = frozenset()
         self._parser = promtext.Parser()
         self._last_body = b""
         self._last_samples: list[Sample] = []
-        if self.adapter is not None:
-            self._use(self.adapter)
+        if adapter != AUTO:
+            self._use(self.registry.get(adapter))
+
+    @property
+    def adapter(self) -> Adapter | None:
+        """The metric adapter in use; None until the kind is known."""
+        return self.kind.adapter if self.kind is not None else None
 
     async def stop(self) -> None:
         await self.client.stop()
 
-    def _use(self, adapter: Adapter) -> None:
-        self.adapter = adapter
+    def _use(self, kind: EngineKind) -> None:
+        self.kind = kind
         self._parser = promtext.Parser()
-        self._wanted = adapter.wanted()
-        self.client.want_state = adapter.name == "kcops"
+        self._wanted = kind.adapter.wanted()
+        # A kind with an admin state document reports the engine's pid there.
+        self.client.want_state = kind.routes.state is not None
 
     async def collect(self, now: float) -> list[Sample]:
         poll = await self.client.poll(now)
@@ -64,22 +76,23 @@ class EngineScrapeCollector:
             text = body.decode("utf-8")
         except UnicodeDecodeError:
             raise promtext.ExpositionError("engine /metrics is not UTF-8 text") from None
-        if self.adapter is None and self.engine is not None and self.engine.adapter:
-            self._use(adapters.get(self.engine.adapter))  # resolved once, by the engine
-        if self.adapter is None:
-            found = adapters.detect(promtext.metric_names(text))
+        if self.kind is None and self.engine is not None and self.engine.kind is not None:
+            self._use(self.engine.kind)  # resolved once, by the engine
+        if self.kind is None:
+            found = self.registry.detect(promtext.metric_names(text))
             if found is None:
+                markers = ", ".join(self.registry.markers()) or "known"
                 raise CollectorUnavailable(
-                    "cannot tell the engine from its /metrics (no vllm:, sglang:, tgi_, "
-                    "nv_inference_ or kcops_worker_ families); set engine.adapter",
+                    f"cannot tell the engine from its /metrics (no {markers} families); "
+                    "set engine.adapter",
                     reason="unknown_engine",
                 )
             self._use(found)
             if self.engine is not None:
                 self.engine.learn(found.name)
-        assert self.adapter is not None
+        assert self.kind is not None
         if body == self._last_body:  # an idle engine serves the same page: parse once
             return list(self._last_samples)
-        samples = self.adapter.map(self._parser.parse(text, self._wanted))
+        samples = self.kind.adapter.map(self._parser.parse(text, self._wanted))
         self._last_body, self._last_samples = body, samples
         return list(samples)

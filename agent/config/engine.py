@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
 
 from pydantic import Field, field_validator
 
 from kcops.agent.config.base import Section
 from kcops.agent.duration import Duration
-
-Adapter = Literal["auto", "vllm", "sglang", "tgi", "triton", "kcops"]
+from kcops.agent.engines import AUTO, default_registry
 
 
 class EngineSection(Section):
     url: str | None = Field(None, description="engine base URL, e.g. http://127.0.0.1:8000")
-    adapter: Adapter = "auto"
+    adapter: str = Field(
+        AUTO, description="engine kind (auto: detected from /metrics or its probe route)"
+    )
     health_path: str = "/health"
     metrics_path: str = "/metrics"
     state_path: str = Field(
@@ -46,6 +46,14 @@ class EngineSection(Section):
         if not v.startswith(("http://", "https://")):
             raise ValueError("must start with http:// or https://, e.g. http://127.0.0.1:8000")
         return v.rstrip("/")
+
+    @field_validator("adapter")
+    @classmethod
+    def _adapter(cls, v: str) -> str:
+        allowed = default_registry().choices()
+        if v not in allowed:
+            raise ValueError(f"unknown engine kind {v!r}; allowed: {', '.join(allowed)}")
+        return v
 
     @field_validator("health_path", "metrics_path", "state_path")
     @classmethod

@@ -1,11 +1,12 @@
-"""The engine as one object: adapter, admin routes, capabilities and lifecycle.
+"""The engine as one object: its kind, admin routes, capabilities and lifecycle.
 
 One :class:`Engine` per configured engine, built once by the app and handed to
-the collectors (which feed it what they learn: the adapter detected from
+the collectors (which feed it what they learn: the kind detected from
 ``/metrics``, the health answer of each tick) and to remediation (which asks
-it before every action). It resolves the adapter once (``auto``: from the
-metrics page, else by probing admin routes), keeps one shared HTTP client,
-and turns each capability into data (:mod:`kcops.agent.engine.capabilities`).
+it before every action). It resolves the kind once (``auto``: from the
+metrics page, else by the registry's probes), keeps one shared HTTP client,
+and reads routes and capabilities from the kind
+(:class:`~kcops.agent.engines.kind.EngineKind`): nothing here names an engine.
 
 Refusals are :class:`~kcops.errors.ActionRejected` with a reason code
 the runner records in the audit log: ``not_configured`` (no ``engine.url``),
@@ -18,20 +19,20 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from kcops.agent.engine import capabilities as caps
 from kcops.agent.engine import lifecycle as lc
-from kcops.agent.engine.capabilities import Capabilities
 from kcops.agent.engine.lifecycle import EngineState, Lifecycle
+from kcops.agent.engines import AUTO, Capabilities, EngineKind, EngineRegistry, default_registry
+from kcops.agent.engines.kind import WHAT
 from kcops.agent.httpclient import HttpClient, HttpError, HttpTimeout
 from kcops.errors import ActionRejected
 
-log = logging.getLogger("kcops.agent.engine")
+# What an admin route answers: its JSON, its text (first 300 chars), or None when empty.
+Answer = dict[str, object] | list[object] | str | int | float | bool | None
+JsonBody = dict[str, object]
+# An admin route's JSON object as the actions read it (by key: agent/actions).
+Report = dict[str, Any]
 
-# Probed in this order when adapter is auto and /metrics has not told us yet.
-PROBES = (("kcops", "/admin/state"), ("sglang", "/get_server_info"), ("vllm", "/version"))
-RESET_ROUTES = {"vllm": "/reset_prefix_cache", "sglang": "/flush_cache"}
-# vLLM serves /pause, /resume and /is_paused only with VLLM_SERVER_DEV_MODE=1.
-VLLM_DEV_PROBE = "/is_paused"
+log = logging.getLogger("kcops.agent.engine")
 
 
 class EngineFailed(RuntimeError):
@@ -51,10 +52,12 @@ class Engine:
         http: HttpClient | None = None,
         now: float = 0.0,
         startup_timeout_s: float = 600.0,
+        registry: EngineRegistry | None = None,
     ) -> None:
         self.url = url.rstrip("/") if url else None
+        self.registry = registry or default_registry()
         self.configured = adapter
-        self.adapter: str | None = None if adapter == "auto" else adapter
+        self.kind: EngineKind | None = None if adapter == AUTO else self.registry.get(adapter)
         self.timeout_s = timeout_s
         self.startup_timeout_s = startup_timeout_s
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -83,46 +86,57 @@ class Engine:
 
     # -- identity and capabilities ---------------------------------------------
 
+    @property
+    def adapter(self) -> str | None:
+        """The kind's name (label ``engine`` of its series); None until it is known."""
+        return self.kind.name if self.kind is not None else None
+
     def learn(self, adapter: str) -> None:
-        """The adapter detected elsewhere (the scrape collector, from /metrics)."""
-        if self.adapter is None:
-            self.adapter = adapter
+        """The kind detected elsewhere (the scrape collector, from /metrics)."""
+        if self.kind is None:
+            self.kind = self.registry.get(adapter)
             log.info("engine at %s is %s", self.url, adapter)
 
     @property
     def capabilities(self) -> Capabilities | None:
-        """What the engine can do; None until the adapter is known."""
-        if self.adapter is None:
+        """What the engine can do; None until the kind is known."""
+        if self.kind is None:
             return None
-        return self._caps if self._caps is not None else caps.of(self.adapter)
+        return self._caps if self._caps is not None else self.kind.capabilities
+
+    @property
+    def identified(self) -> bool:
+        """True once the kind is known and its run-time extras (pause) were probed."""
+        return self.kind is not None and self._probed_dev_mode
 
     async def resolve(self) -> str:
-        """The adapter name, found once (probing admin routes when still unknown)."""
+        """The kind's name, found once (asking the registry's probes when still unknown)."""
         base = self.need_url()
-        if self.adapter is None:
-            for name, path in PROBES:
+        if self.kind is None:
+            for kind, path in self.registry.probes():
                 try:
                     resp = await self.http.get(base + path, timeout_s=self.timeout_s)
                 except HttpError:
                     continue
                 if resp.status_code == 200:
-                    self.learn(name)
+                    self.learn(kind.name)
                     break
             else:
                 raise ActionRejected(
                     f"cannot tell which engine answers at {base} yet; set engine.adapter",
                     "starting",
                 )
-        assert self.adapter is not None
+        assert self.kind is not None
         if not self._probed_dev_mode:
-            await self._probe_extras(base)
-        return self.adapter
+            await self._probe_extras(base, self.kind)
+        return self.kind.name
 
-    async def _probe_extras(self, base: str) -> None:
-        table = caps.of(self.adapter or "")
-        if self.adapter == "vllm":
+    async def _probe_extras(self, base: str, kind: EngineKind) -> None:
+        table = kind.capabilities
+        pause = kind.routes.pause
+        if pause is not None:  # served only in some modes (vLLM: dev mode)
             try:
-                resp = await self.http.get(base + VLLM_DEV_PROBE, timeout_s=self.timeout_s)
+                resp = await self.http.get(base + pause.probe, timeout_s=self.timeout_s)
                 table = table.with_pause(resp.status_code == 200)
             except HttpError:
                 return  # not answering yet: probe again next time
@@ -131,8 +145,12 @@ class Engine:
 
     @property
     def capabilities_probed(self) -> bool:
-        """True once the engine-specific extras (vLLM dev mode) were probed."""
+        """True once the kind's run-time extras (vLLM dev mode) were probed."""
         return self._probed_dev_mode
+
+    def _kind(self) -> EngineKind:
+        assert self.kind is not None, "resolve() first"
+        return self.kind
 
     def need_url(self) -> str:
         if not self.url:
@@ -168,7 +186,7 @@ class Engine:
                 )
             return
         if not getattr(have, what):
-            raise ActionRejected(f"{name} has no {caps.WHAT.get(what, what)}", "unsupported")
+            raise ActionRejected(f"{name} has no {WHAT.get(what, what)}", "unsupported")
 
     # -- lifecycle --------------------------------------------------------------
 
@@ -200,10 +218,10 @@ class Engine:
         self,
         method: str,
         path: str,
-        body: Any = None,
+        body: JsonBody | None = None,
         params: dict[str, str] | None = None,
         timeout_s: float | None = None,
-    ) -> Any:
+    ) -> Answer:
         """One admin call; HTTP 400 raises ActionRejected, other >= 400 EngineFailed."""
         base = self.need_url()
         resp = await self.http.request(
@@ -223,54 +241,58 @@ class Engine:
         if not resp.content:
             return None
         try:
-            return resp.json()
+            got: Answer = resp.json()
         except ValueError:
             return resp.text[:300]
+        return got
 
-    async def state_doc(self) -> dict[str, Any]:
+    async def state_doc(self) -> Report:
         await self.resolve()
         self.require("state")
-        out = await self.call("GET", "/admin/state")
+        path = self._kind().routes.state
+        assert path is not None  # require("state") checked it
+        out = await self.call("GET", path)
         if not isinstance(out, dict):
-            raise EngineFailed(f"GET /admin/state: not a JSON object: {str(out)[:200]}")
+            raise EngineFailed(f"GET {path}: not a JSON object: {str(out)[:200]}")
         return out
 
-    async def evict(
-        self, policy: str, fraction: float, *, drop_running: bool = False
-    ) -> dict[str, Any]:
+    async def evict(self, policy: str, fraction: float, *, drop_running: bool = False) -> Report:
         """Evict with ``policy``; raises EngineFailed when the engine says it did not."""
-        adapter = await self.resolve()
+        name = await self.resolve()
         self.require("evict", policy=policy)
-        if adapter == "kcops":
-            out = await self.call(
-                "POST", "/admin/cache/evict", {"policy": policy, "fraction": fraction}
-            )
+        route = self._kind().routes.evict
+        assert route is not None  # require("evict") checked it
+        if route.policy_body:
+            out = await self.call("POST", route.path, {"policy": policy, "fraction": fraction})
             return out if isinstance(out, dict) else {"response": out}
-        route = RESET_ROUTES[adapter]
         params = None
-        if adapter == "vllm":
+        if route.drop_running_param is not None:
             have = self.capabilities
             drop = drop_running and have is not None and have.drop_running
-            params = {"reset_running_requests": "true" if drop else "false"}
-        out = await self.call("POST", route, params=params)
+            params = {route.drop_running_param: "true" if drop else "false"}
+        out = await self.call("POST", route.path, params=params)
         # vLLM 0.32 answers 200 {"success": false} when blocks are still in use.
         if isinstance(out, dict) and out.get("success") is False:
             raise EngineFailed(
-                f"{adapter} {route} answered success=false: the cache was not reset "
+                f"{name} {route.path} answered success=false: the cache was not reset "
                 "(blocks still held by running requests)"
             )
-        return {"policy": "all", "route": route, "response": out}
+        return {"policy": "all", "route": route.path, "response": out}
 
-    async def set_route(self, mode: str) -> dict[str, Any]:
+    async def set_route(self, mode: str) -> Report:
         await self.resolve()
         self.require("route")
-        out = await self.call("POST", "/admin/route", {"mode": mode})
+        path = self._kind().routes.route
+        assert path is not None
+        out = await self.call("POST", path, {"mode": mode})
         return out if isinstance(out, dict) else {"response": out}
 
-    async def set_topn(self, top_n: int) -> dict[str, Any]:
+    async def set_topn(self, top_n: int) -> Report:
         await self.resolve()
         self.require("topn")
-        out = await self.call("POST", "/admin/attention", {"top_n": top_n})
+        path = self._kind().routes.topn
+        assert path is not None
+        out = await self.call("POST", path, {"top_n": top_n})
         return out if isinstance(out, dict) else {"response": out}
 
     async def admission_control(self) -> str | None:
@@ -295,20 +317,30 @@ class Engine:
         requests finished: it is the drain itself, so it gets the drain deadline.
         """
         how = await self.admission_control()
-        if how == "drain":
-            await self.call("POST", "/admin/drain", {"admit": False})
-        elif how == "pause":
+        routes = self._kind().routes if how is not None else None
+        if how == "drain" and routes is not None and routes.drain is not None:
+            await self.call("POST", routes.drain, {"admit": False})
+        elif how == "pause" and routes is not None and routes.pause is not None:
+            p = routes.pause
             try:
-                await self.call("POST", "/pause", params={"mode": "wait"}, timeout_s=deadline_s)
+                await self.call("POST", p.pause, params=dict(p.pause_params), timeout_s=deadline_s)
             except HttpTimeout:
-                log.warning("vllm /pause: running requests not done within %.0fs", deadline_s)
+                log.warning(
+                    "%s %s: running requests not done within %.0fs",
+                    self.adapter,
+                    p.pause,
+                    deadline_s,
+                )
         return how
 
     async def resume_admitting(self, how: str | None) -> None:
-        if how == "drain":
-            await self.call("POST", "/admin/drain", {"admit": True})
-        elif how == "pause":
-            await self.call("POST", "/resume")
+        routes = self.kind.routes if self.kind is not None else None
+        if routes is None:
+            return
+        if how == "drain" and routes.drain is not None:
+            await self.call("POST", routes.drain, {"admit": True})
+        elif how == "pause" and routes.pause is not None:
+            await self.call("POST", routes.pause.resume)
 
     async def in_flight(self) -> int | None:
         """Requests in flight by the admin state, where there is one; else None."""

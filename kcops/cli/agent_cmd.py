@@ -11,10 +11,12 @@ from typing import Any
 import click
 
 from kcops.agent.config import Config, load_config, parse_config
+from kcops.agent.engines import default_registry
 from kcops.cli.common import EXIT_USAGE, DurationParam, echo_json, handle_errors
 from kcops.errors import ConfigError
 
-ADAPTERS = ["auto", "vllm", "sglang", "tgi", "triton", "kcops"]
+# auto and every engine kind the registry knows.
+ADAPTERS = list(default_registry().choices())
 
 
 def apply_overrides(cfg: Config, overrides: dict[str, Any]) -> Config:

@@ -100,7 +100,7 @@ TIMEOUTS = [
 
 @pytest.mark.parametrize(("argv", "want"), [c[1:] for c in TIMEOUTS], ids=[c[0] for c in TIMEOUTS])
 def test_shutdown_timeout_from_the_command_line(argv: list[str], want: int | None) -> None:
-    from kcops.agent.engine.shutdown import shutdown_timeout_s
+    from kcops.agent.engines.vllm import shutdown_timeout_s
 
     assert shutdown_timeout_s(argv) == want
 

@@ -5,8 +5,9 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kcops.agent.collectors import adapters, promtext
-from kcops.agent.collectors.adapters.vllm import ADAPTER as VLLM
+from kcops.agent.collectors import promtext
+from kcops.agent.engines import default_registry
+from kcops.agent.engines.vllm import ADAPTER as VLLM
 from kcops.agent.samples import SeriesKey
 from tests.unit.collectors.helpers import by_key, names, value
 
@@ -101,15 +102,15 @@ def test_current_name_wins_over_deprecated_when_both_exist() -> None:
 
 def test_detect() -> None:
     vllm_text = (FIXTURES / "vllm_metrics.txt").read_text()
-    assert adapters.detect(promtext.metric_names(vllm_text)).name == "vllm"
+    assert default_registry().detect(promtext.metric_names(vllm_text)).name == "vllm"
     kc = vllm_text + "# TYPE kcops_worker_attention_topn gauge\nkcops_worker_attention_topn 64\n"
-    assert adapters.detect(promtext.metric_names(kc)).name == "kcops"
-    assert adapters.detect({"sglang:num_queue_reqs"}).name == "sglang"
-    assert adapters.detect({"tgi_queue_size"}).name == "tgi"
-    assert adapters.detect({"nv_inference_pending_request_count"}).name == "triton"
-    assert adapters.detect({"python_gc_objects_collected"}) is None
+    assert default_registry().detect(promtext.metric_names(kc)).name == "kcops"
+    assert default_registry().detect({"sglang:num_queue_reqs"}).name == "sglang"
+    assert default_registry().detect({"tgi_queue_size"}).name == "tgi"
+    assert default_registry().detect({"nv_inference_pending_request_count"}).name == "triton"
+    assert default_registry().detect({"python_gc_objects_collected"}) is None
     with pytest.raises(ValueError, match="allowed"):
-        adapters.get("ollama")
+        default_registry().get("ollama")
 
 
 def test_kcops_worker_names_map_to_canonical() -> None:
@@ -131,7 +132,7 @@ kcops_worker_kv_bytes{model_name="tiny"} 1.2288e+06
 # TYPE vllm:num_requests_running gauge
 vllm:num_requests_running{model_name="tiny"} 1.0
 """
-    a = adapters.get("kcops")
+    a = default_registry().get("kcops").adapter
     out = a.map(promtext.parse(text, a.wanted()))
     assert value(out, "kcops_segment_transfer_seconds_bucket", engine="kcops", le="0.01") == 3
     assert value(out, "kcops_segment_transfer_seconds_count", engine="kcops") == 4
@@ -153,7 +154,7 @@ sglang:cached_tokens_total{model_name="m"} 10.0
 # TYPE sglang:prompt_tokens_total counter
 sglang:prompt_tokens_total{model_name="m"} 30.0
 """
-    a = adapters.get("sglang")
+    a = default_registry().get("sglang").adapter
     out = a.map(promtext.parse(sg, a.wanted()))
     assert value(out, "kcops_requests_waiting", engine="sglang", model_name="m") == 3
     assert value(out, "kcops_kv_cache_usage_ratio", engine="sglang", model_name="m") == 0.4
@@ -168,7 +169,7 @@ tgi_request_duration_bucket{le="+Inf"} 2
 tgi_request_duration_sum 1.2
 tgi_request_duration_count 2
 """
-    a = adapters.get("tgi")
+    a = default_registry().get("tgi").adapter
     out = a.map(promtext.parse(tgi, a.wanted()))
     assert value(out, "kcops_request_latency_seconds_bucket", engine="tgi", le="0.5") == 1
     assert value(out, "kcops_requests_waiting", engine="tgi") == 2
@@ -190,7 +191,7 @@ nv_inference_first_response_histogram_ms_count{model="m",version="1"} 6
 # TYPE nv_inference_pending_request_count gauge
 nv_inference_pending_request_count{model="m",version="1"} 4
 """
-    a = adapters.get("triton")
+    a = default_registry().get("triton").adapter
     out = a.map(promtext.parse(text, a.wanted()))
     lab = {"engine": "triton", "model": "m", "version": "1"}
     assert value(out, "kcops_ttft_seconds_bucket", le="0.1", **lab) == 2

@@ -6,13 +6,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kcops.agent.collectors import adapters, promtext
+from kcops.agent.collectors import promtext
 from kcops.agent.collectors.cpumem import CpuDeviceMemoryCollector
 from kcops.agent.collectors.enginepid import EnginePid
 from kcops.agent.collectors.nvml import Nvml, NvmlCollector
 from kcops.agent.collectors.probe import ProbeReceiver
 from kcops.agent.collectors.process import EngineEventsCollector, ProcessCollector
 from kcops.agent.collectors.procwatch import EngineWatch
+from kcops.agent.engines import default_registry
 from kcops.agent.samples import Sample
 from kcops.agent.signals import SIGNALS
 from kcops.kernels import wire
@@ -67,7 +68,7 @@ def test_every_exported_family_is_catalogued() -> None:
     )
     r.feed(wire.encode(f))
     check(collect(r))
-    for name, a in adapters.ADAPTERS.items():
+    for name, a in ((k.name, k.adapter) for k in default_registry()):
         # every canonical family an adapter can produce
         for m in a.maps:
             suffix = {"gauge": "", "counter": "_total", "histogram": "_bucket"}[m.kind]

@@ -11,7 +11,8 @@ import httpx
 import pytest
 import torch
 
-from kcops.agent.collectors import adapters, promtext
+from kcops.agent.collectors import promtext
+from kcops.agent.engines import default_registry
 from kcops.kernels.kvkeep import KeptLayer, compress_request, split_budget
 from kcops.worker.app import Background, WorkerOptions, build
 from kcops.worker.engine import Event, GenRequest
@@ -124,7 +125,7 @@ def test_lowering_n_through_the_admin_api_shows_in_the_agents_kv_series() -> Non
     )
     state = build(opts)
     per_key = key_bytes(state)
-    adapter = adapters.get("kcops")
+    adapter = default_registry().get("kcops").adapter
     auth = {"Authorization": "Bearer secret"}
 
     def kv_series(c: httpx.Client) -> float:

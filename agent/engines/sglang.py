@@ -1,14 +1,18 @@
-"""SGLang ``/metrics`` (sglang/srt/metrics/collector.py).
+"""SGLang: ``/metrics`` (sglang/srt/metrics/collector.py), ``POST /flush_cache``.
 
 SGLang counts prefix-cache reuse as cached prompt tokens: queries are
 ``sglang:prompt_tokens_total`` and hits ``sglang:cached_tokens_total``, the
 same token units vLLM's prefix-cache counters use. ``sglang:token_usage`` is
 the KV pool's used share (0..1).
+
+``POST /flush_cache`` drops the whole radix cache. Detected by
+``GET /get_server_info`` (asked before vLLM's ``/version``).
 """
 
 from __future__ import annotations
 
-from kcops.agent.collectors.adapters.base import COUNTER, GAUGE, HISTOGRAM, Adapter, Map
+from kcops.agent.engines.kind import EngineKind, EvictRoute, Routes
+from kcops.agent.engines.metrics import COUNTER, GAUGE, HISTOGRAM, Adapter, Map
 
 ADAPTER = Adapter(
     name="sglang",
@@ -27,4 +31,12 @@ ADAPTER = Adapter(
         Map("kcops_prefix_cache_hits", COUNTER, ("sglang:cached_tokens",)),
     ),
     markers=("sglang:",),
+)
+
+KIND = EngineKind(
+    adapter=ADAPTER,
+    routes=Routes(evict=EvictRoute("/flush_cache")),
+    probe="/get_server_info",
+    programs=("sglang",),
+    summary="SGLang",
 )

@@ -5,11 +5,14 @@ are enabled (``--metrics-config histogram_latencies=true``), time to first
 response in milliseconds — converted here to seconds (``le`` and ``_sum``).
 Latency otherwise exists only as cumulative microsecond counters, which are
 not a histogram, so ``kcops_request_latency_seconds`` stays absent.
+
+Triton has no admin route kcops can drive: every action that needs one is refused.
 """
 
 from __future__ import annotations
 
-from kcops.agent.collectors.adapters.base import GAUGE, HISTOGRAM, Adapter, Map
+from kcops.agent.engines.kind import EngineKind
+from kcops.agent.engines.metrics import GAUGE, HISTOGRAM, Adapter, Map
 
 ADAPTER = Adapter(
     name="triton",
@@ -24,3 +27,5 @@ ADAPTER = Adapter(
     ),
     markers=("nv_inference_",),
 )
+
+KIND = EngineKind(adapter=ADAPTER, programs=("tritonserver",), summary="NVIDIA Triton")

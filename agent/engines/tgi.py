@@ -3,11 +3,14 @@
 TGI exposes end-to-end request duration, queue size and current batch size;
 it has no time-to-first-token histogram, KV-usage gauge or prefix-cache
 counters, so those canonical series stay absent for TGI.
+
+TGI has no admin route kcops can drive: every action that needs one is refused.
 """
 
 from __future__ import annotations
 
-from kcops.agent.collectors.adapters.base import GAUGE, HISTOGRAM, Adapter, Map
+from kcops.agent.engines.kind import EngineKind
+from kcops.agent.engines.metrics import GAUGE, HISTOGRAM, Adapter, Map
 
 ADAPTER = Adapter(
     name="tgi",
@@ -17,4 +20,8 @@ ADAPTER = Adapter(
         Map("kcops_requests_running", GAUGE, ("tgi_batch_current_size",)),
     ),
     markers=("tgi_",),
+)
+
+KIND = EngineKind(
+    adapter=ADAPTER, programs=("text-generation-launcher",), summary="Hugging Face TGI"
 )

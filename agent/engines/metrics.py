@@ -1,4 +1,4 @@
-"""What an engine adapter is: a table from an engine's families to canonical ones.
+"""An engine kind's metric adapter: a table from its ``/metrics`` families to canonical ones.
 
 Each adapter is data, not code: a list of :class:`Map` rows. A row names a
 canonical family (DESIGN §3) and the engine families that can provide it, in
@@ -10,12 +10,12 @@ converts units (``scale``: Triton reports milliseconds).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from prometheus_client.utils import floatToGoString
 
-from kcops.agent.collectors.promtext import ParsedSample
 from kcops.agent.samples import Sample
 
 GAUGE = "gauge"
@@ -23,6 +23,18 @@ COUNTER = "counter"
 HISTOGRAM = "histogram"
 
 _SUFFIX = {GAUGE: ("",), COUNTER: ("_total",), HISTOGRAM: ("_bucket", "_sum", "_count")}
+
+
+class ParsedSample(Protocol):
+    """One sample as the scrape's parser gives it (``promtext.ParsedSample``); engine
+    kinds do not depend on the collectors that read them."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def labels(self) -> Mapping[str, str]: ...
+    @property
+    def value(self) -> float: ...
 
 
 @dataclass(frozen=True)
@@ -39,7 +51,7 @@ class Map:
 class Adapter:
     name: str
     maps: tuple[Map, ...]
-    # Base-name prefixes whose presence on a page identifies this engine.
+    # Base-name prefixes whose presence on a page identifies this engine (detection).
     markers: tuple[str, ...] = ()
     # Engine labels renamed so they do not clash with ours (vLLM's `engine` is an index).
     rename_labels: dict[str, str] = field(default_factory=dict)
@@ -51,7 +63,7 @@ class Adapter:
     def detects(self, names: Iterable[str]) -> bool:
         return any(n.startswith(p) for n in names for p in self.markers)
 
-    def map(self, parsed: list[ParsedSample]) -> list[Sample]:
+    def map(self, parsed: Sequence[ParsedSample]) -> list[Sample]:
         """Canonical samples (label ``engine`` = adapter name) from parsed engine samples."""
         by_name: dict[str, list[ParsedSample]] = {}
         for s in parsed:
@@ -68,7 +80,7 @@ class Adapter:
                     break
         return out
 
-    def _convert(self, m: Map, suffix: str, rows: list[ParsedSample]) -> list[Sample]:
+    def _convert(self, m: Map, suffix: str, rows: Sequence[ParsedSample]) -> list[Sample]:
         out = []
         name = m.target + suffix
         for s in rows:

@@ -1,0 +1,102 @@
+"""Stopping the engine's whole process group: SIGTERM to its root, SIGKILL after a grace.
+
+The supervisor starts the engine in its own session, so the group id is the
+root's pid (:mod:`kcops.agent.engine.proctree`). A group is gone only when no
+member is alive (zombies do not count): a worker that outlives its parent
+still holds memory and shared segments, so the shared memory reaper and the
+respawn wait for the whole group, not only the root.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from kcops.agent.engine import proctree
+
+log = logging.getLogger("kcops.agent.supervisor")
+
+PR_SET_PDEATHSIG = 1
+# After SIGKILL (or a crash), how long to wait for every member of the group to be
+# gone before the shared memory is reaped: a dying process still maps its segments.
+GONE_WAIT_S = 10.0
+
+
+def die_with_parent() -> None:
+    """In the child, before exec: SIGTERM when the agent dies, even by SIGKILL.
+
+    The engine runs in its own session (so restarts can signal its whole
+    group); without this an agent killed hard would leave it orphaned.
+    """
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def group_alive(pgid: int, proc_root: Path = proctree.PROC) -> bool:
+    """True while a member of the group is alive (zombies do not count)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return bool(proctree.group_pids(pgid, proc_root))
+
+
+async def wait_gone(pgid: int, timeout_s: float, proc_root: Path = proctree.PROC) -> bool:
+    """Wait until no member of the group is alive; False at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while group_alive(pgid, proc_root):
+        if time.monotonic() >= deadline:
+            log.warning("engine process group %d still alive after %.0fs", pgid, timeout_s)
+            return False
+        await asyncio.sleep(0.05)
+    return True
+
+
+async def terminate(
+    pgid: int,
+    waiter: asyncio.Task[int],
+    grace_s: float,
+    *,
+    proc_root: Path = proctree.PROC,
+    before_signal: Callable[[int], None] = lambda pgid: None,
+) -> bool:
+    """SIGTERM the group's root ``pgid``, SIGKILL the whole group after ``grace_s``.
+    True when SIGKILL was needed. ``waiter`` is the root's ``wait()``;
+    ``before_signal(pgid)`` runs just before each signal (the shared memory scan).
+
+    SIGTERM goes to the root only, as a container runtime sends it: vLLM's API
+    server then stops its engine core, which stops its workers, in order (a
+    worker that gets SIGTERM itself exits at once, and the engine core could no
+    longer finish the requests it drains). Members still alive once the root is
+    gone get SIGTERM then (nobody else will tell them). Waits for the whole
+    group, not only the root.
+    """
+    before_signal(pgid)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    await asyncio.wait([waiter], timeout=grace_s)
+    if waiter.done() and group_alive(pgid, proc_root):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGTERM)
+    while group_alive(pgid, proc_root) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    if not group_alive(pgid, proc_root):
+        await asyncio.wait([waiter], timeout=GONE_WAIT_S)
+        return False
+    before_signal(pgid)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+    await asyncio.wait([waiter], timeout=GONE_WAIT_S)
+    await wait_gone(pgid, GONE_WAIT_S, proc_root)
+    return True
