@@ -41,6 +41,8 @@ lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/vulture agent kernels worker dashboards alerts kcops/cli kcops/*.py --min-confidence 80
+	@# The layers (setup.cfg's [importlinter]): CLI on top, no cycles, kernels below, agent torch-free.
+	$(VENV)/bin/lint-imports
 
 # kcops/agent etc. are symlinks to the top-level folders, so mypy reads the
 # real layout from the repository root with no generated tree.
@@ -106,7 +108,7 @@ clean:
 # Regenerate deploy/'s generated objects (PrometheusRule, dashboard ConfigMaps);
 # tests/unit/deploy/test_generated.py fails when the committed files drift.
 deploy-gen: install
-	$(PY) -m kcops.agent.deploy_export --root .
+	$(PY) -m kcops.cli.deploy_export --root .
 
 # 10 minutes of steady light load on a real agent; fails if RSS grows > 5% from minute 2 to 10.
 soak: install

@@ -17,11 +17,12 @@ from collections.abc import Iterator
 from typing import Protocol
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import Metric
 
 from kcops.agent.clock import Clock
+from kcops.agent.samples import LabelPairs, SeriesKey
 from kcops.agent.store import Store
+from kcops.exposition import negotiate
 
 _HIST_SUFFIXES = ("_bucket", "_sum", "_count")
 
@@ -57,17 +58,44 @@ class StoreExporter:
     def collect(self) -> Iterator[Metric]:
         now = self.clock()
         families: dict[str, Metric] = {}
+        held: dict[str, list[tuple[SeriesKey, float]]] = {}
         for key in sorted(self.store.keys()):
             latest = self.store.latest(key, at=now, lookback_s=self.stale_after_s)
             if latest is None:
                 continue
             fam_name, typ, help_ = family_of(self.store, key.name)
-            fam = families.get(fam_name)
-            if fam is None:
-                fam = families[fam_name] = Metric(fam_name, help_ or fam_name, typ)
-            value = latest[1]
-            fam.add_sample(key.name, key.label_dict(), _finite_or_nan(value))
-        yield from families.values()
+            if fam_name not in families:
+                families[fam_name] = Metric(fam_name, help_ or fam_name, typ)
+                held[fam_name] = []
+            held[fam_name].append((key, _finite_or_nan(latest[1])))
+        for fam_name in sorted(families):
+            fam = families[fam_name]
+            for key, value in sorted(held[fam_name], key=lambda kv: sample_order(fam_name, kv[0])):
+                fam.add_sample(key.name, key.label_dict(), value)
+            yield fam
+
+
+_SUFFIX_RANK = {"_bucket": 0, "_count": 1, "_sum": 2}
+_ORDER_LABELS = ("le", "quantile")
+
+
+def sample_order(family: str, key: SeriesKey) -> tuple[LabelPairs, int, float, str]:
+    """Where a sample goes in its family's exposition.
+
+    OpenMetrics wants each label set's samples together, and a histogram's buckets
+    in numeric ``le`` order with ``+Inf`` last (a summary's quantiles likewise);
+    the strings' order puts ``le="+Inf"`` first and ``le="10"`` before ``le="2"``."""
+    group = tuple(p for p in key.labels if p[0] not in _ORDER_LABELS)
+    rank = _SUFFIX_RANK.get(key.name[len(family) :], 0)
+    bound = next((v for k, v in key.labels if k in _ORDER_LABELS), "")
+    return group, rank, _number(bound), key.name
+
+
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        return math.inf
 
 
 def _finite_or_nan(v: float) -> float:
@@ -121,7 +149,7 @@ def render(registry: CollectorRegistry, accept: str | None) -> tuple[bytes, str]
 
     The page is encoded whole, so one unencodable label would fail it: then it is
     rendered again with such text escaped (the cost of that scrape only)."""
-    encoder, content_type = choose_encoder(accept or "")
+    encoder, content_type = negotiate(accept)
     try:
         return encoder(registry), content_type
     except UnicodeEncodeError:

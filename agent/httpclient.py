@@ -1,4 +1,8 @@
-"""The agent's HTTP client for its engine: aiohttp's, which the control API loads anyway.
+"""The agent's HTTP client: aiohttp's, which the control API loads anyway.
+
+The agent's own HTTP is this one stack: the engine poll and admin calls, and the
+notify/page webhook (:mod:`kcops.agent.actions.notify`). OTLP goes through the
+OpenTelemetry SDK's exporters (:mod:`kcops.agent.telemetry`), which bring their own.
 
 One :class:`HttpClient` per engine, shared by the per-tick poll
 (:mod:`kcops.agent.collectors.engine_http`) and the admin calls
@@ -86,8 +90,10 @@ def _error(url: str, exc: BaseException, timeout_s: float) -> HttpError:
 class HttpClient:
     """A small aiohttp client: ``request`` returns the whole (bounded) body or raises HttpError."""
 
-    def __init__(self, timeout_s: float = 5.0) -> None:
+    def __init__(self, timeout_s: float = 5.0, *, trust_env: bool = False) -> None:
         self.timeout_s = timeout_s
+        # The engine is next door: no proxy. A webhook may be outside: HTTP(S)_PROXY apply.
+        self.trust_env = trust_env
         self._session: aiohttp.ClientSession | None = None
 
     def _get_session(self) -> aiohttp.ClientSession:
@@ -95,7 +101,7 @@ class HttpClient:
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=MAX_CONNECTIONS),
                 timeout=aiohttp.ClientTimeout(total=self.timeout_s),
-                trust_env=False,
+                trust_env=self.trust_env,
                 auto_decompress=True,
             )
         return self._session
@@ -110,7 +116,7 @@ class HttpClient:
         method: str,
         url: str,
         *,
-        json: Any = None,
+        json: object = None,
         params: Mapping[str, str] | None = None,
         headers: Mapping[str, str] | None = None,
         timeout_s: float | None = None,

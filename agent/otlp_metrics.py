@@ -1,7 +1,9 @@
-"""The agent's series as OTLP metrics, pushed over OTLP/HTTP (protobuf).
+"""The agent's series as OpenTelemetry SDK ``MetricsData``, for the SDK's OTLP exporter.
 
 Built from the store directly, as ``/metrics`` is, so both show the same
-values: each series' newest sample unless older than ``stale_after_s``.
+values: each series' newest sample unless older than ``stale_after_s``. The SDK's
+``OTLPMetricExporter`` encodes and sends them (:mod:`kcops.agent.telemetry`); the
+values are not kept twice in an SDK meter.
 Histograms keep their buckets (Prometheus's cumulative ``le`` counts become
 OTLP explicit-bucket counts); counters are cumulative monotonic sums.
 
@@ -23,12 +25,20 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
-    ExportMetricsServiceRequest,
+from opentelemetry.sdk.metrics.export import (
+    AggregationTemporality,
+    Gauge,
+    Histogram,
+    HistogramDataPoint,
+    Metric,
+    MetricsData,
+    NumberDataPoint,
+    ResourceMetrics,
+    ScopeMetrics,
+    Sum,
 )
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationScope, KeyValue
-from opentelemetry.proto.metrics.v1 import metrics_pb2 as pb
-from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from kcops import __version__
 from kcops.agent.exporter import family_of, safe_text
@@ -101,7 +111,7 @@ def _unit_of(family: str) -> str:
 
 def _attrs(
     labels: Iterable[tuple[str, str]], conv: SemConv | None, server: Mapping[str, str]
-) -> list[KeyValue]:
+) -> dict[str, str | int]:
     pairs = dict(labels)
     if conv is not None:
         rename = dict(conv.rename)
@@ -114,14 +124,14 @@ def _attrs(
             if "gen_ai.request.model" in pairs:
                 pairs["gen_ai.response.model"] = pairs["gen_ai.request.model"]
             pairs.update(server)
-    return [_kv(k, v) for k, v in sorted(pairs.items())]
+    return dict(_kv(k, v) for k, v in sorted(pairs.items()))
 
 
-def _kv(key: str, value: str) -> KeyValue:
+def _kv(key: str, value: str) -> tuple[str, str | int]:
     if key == "server.port":  # an int attribute in the convention
-        return KeyValue(key=key, value=AnyValue(int_value=int(value)))
+        return key, int(value)
     # protobuf refuses text UTF-8 cannot encode: escape it rather than lose the batch
-    return KeyValue(key=safe_text(key), value=AnyValue(string_value=safe_text(value)))
+    return safe_text(key), safe_text(value)
 
 
 @dataclass
@@ -147,7 +157,7 @@ def _histogram_points(
     now_ns: int,
     conv: SemConv | None,
     server: Mapping[str, str],
-) -> list[pb.HistogramDataPoint]:
+) -> list[HistogramDataPoint]:
     groups: dict[tuple[tuple[str, str], ...], _Hist] = {}
     for key, value in series.items():
         base = tuple((k, v) for k, v in key.labels if k != "le")
@@ -170,7 +180,7 @@ def _histogram_points(
             int(max(0.0, b - a)) for a, b in itertools.pairwise(cumulative)
         ]
         points.append(
-            pb.HistogramDataPoint(
+            HistogramDataPoint(
                 attributes=_attrs(labels, conv, server),
                 start_time_unix_nano=start_ns,
                 time_unix_nano=now_ns,
@@ -178,6 +188,9 @@ def _histogram_points(
                 sum=h.total if math.isfinite(h.total) else 0.0,
                 explicit_bounds=finite,
                 bucket_counts=counts,
+                # A Prometheus histogram has neither: None leaves the fields unset on the wire.
+                min=None,  # type: ignore[arg-type]
+                max=None,  # type: ignore[arg-type]
             )
         )
     return points
@@ -189,13 +202,13 @@ def _number_points(
     now_ns: int,
     conv: SemConv | None,
     server: Mapping[str, str],
-) -> list[pb.NumberDataPoint]:
+) -> list[NumberDataPoint]:
     return [
-        pb.NumberDataPoint(
+        NumberDataPoint(
             attributes=_attrs(key.labels, conv, server),
             start_time_unix_nano=start_ns,
             time_unix_nano=now_ns,
-            as_double=value,
+            value=float(value),  # a double on the wire, as /metrics has it
         )
         for key, value in sorted(series.items())
     ]
@@ -209,38 +222,43 @@ def _metric(
     series: dict[SeriesKey, float],
     span_ns: tuple[int, int],
     server: Mapping[str, str],
-) -> pb.Metric:
+) -> Metric:
     meta_name = fam + "_total" if typ == "counter" else fam
     meta = store.meta(meta_name) or store.meta(fam)
-    m = pb.Metric(
-        name=conv.name if conv else fam,
-        unit=conv.unit if conv else _unit_of(fam),
-        description=meta.help if meta else "",
-    )
     start_ns, now_ns = span_ns
+    data: Histogram | Sum | Gauge
     if typ == "histogram":
-        points = _histogram_points(fam, series, start_ns, now_ns, conv, server)
-        m.histogram.data_points.extend(points)
-        m.histogram.aggregation_temporality = pb.AGGREGATION_TEMPORALITY_CUMULATIVE
+        data = Histogram(
+            data_points=_histogram_points(fam, series, start_ns, now_ns, conv, server),
+            aggregation_temporality=AggregationTemporality.CUMULATIVE,
+        )
     elif typ == "counter":
-        m.sum.data_points.extend(_number_points(series, start_ns, now_ns, conv, server))
-        m.sum.is_monotonic = True
-        m.sum.aggregation_temporality = pb.AGGREGATION_TEMPORALITY_CUMULATIVE
+        data = Sum(
+            data_points=_number_points(series, start_ns, now_ns, conv, server),
+            aggregation_temporality=AggregationTemporality.CUMULATIVE,
+            is_monotonic=True,
+        )
     else:
-        m.gauge.data_points.extend(_number_points(series, start_ns, now_ns, conv, server))
-    return m
+        data = Gauge(data_points=_number_points(series, start_ns, now_ns, conv, server))
+    return Metric(
+        name=conv.name if conv else fam,
+        description=meta.help if meta else "",
+        unit=conv.unit if conv else _unit_of(fam),
+        data=data,
+    )
 
 
-def build_request(
+def build_metrics_data(
     store: Store,
     now: float,
     *,
     started_at: float,
     stale_after_s: float,
-    service_name: str,
+    resource: Resource,
     engine_url: str | None = None,
-) -> ExportMetricsServiceRequest:
-    """One OTLP export of every live series in ``store`` at ``now`` (Unix seconds)."""
+) -> MetricsData:
+    """One OTLP export of every live series in ``store`` at ``now`` (Unix seconds), under
+    ``resource`` (the agent's one Resource, its spans' too)."""
     # (family, convention name or None) -> (type, series): a family's GPU series and
     # its CPU-cgroup series go out as two metrics.
     groups: dict[tuple[str, str | None], tuple[str, SemConv | None, dict[SeriesKey, float]]] = {}
@@ -256,17 +274,13 @@ def build_request(
         groups.items(), key=lambda g: (g[0][0], g[0][1] or "")
     ):
         metrics.append(_metric(store, fam, typ, conv, series, (start_ns, now_ns), server))
-    resource = Resource(
-        attributes=[
-            KeyValue(key="service.name", value=AnyValue(string_value=service_name)),
-            KeyValue(key="service.version", value=AnyValue(string_value=__version__)),
-        ]
-    )
     scope = InstrumentationScope(name="kcops.agent", version=__version__)
-    return ExportMetricsServiceRequest(
+    return MetricsData(
         resource_metrics=[
-            pb.ResourceMetrics(
-                resource=resource, scope_metrics=[pb.ScopeMetrics(scope=scope, metrics=metrics)]
+            ResourceMetrics(
+                resource=resource,
+                scope_metrics=[ScopeMetrics(scope=scope, metrics=metrics, schema_url="")],
+                schema_url=resource.schema_url,
             )
         ]
     )

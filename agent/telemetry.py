@@ -1,15 +1,26 @@
 """OpenTelemetry for the agent: action traces and its series as metrics, over OTLP/HTTP.
 
-The tracer provider is one the app owns, not the global one. Metrics are not
-kept twice in an SDK meter: :class:`OtlpMetricsPush` reads the store each
-``metrics_interval_s`` and posts one protobuf ``ExportMetricsServiceRequest``
-(see :mod:`kcops.agent.otlp_metrics`), so OTLP and ``/metrics`` agree.
+Both signals go through the SDK's own OTLP/HTTP exporters (``OTLPSpanExporter``,
+``OTLPMetricExporter``: their encoding, retries with backoff, timeout, compression and
+``OTEL_EXPORTER_OTLP_*`` settings) under ONE :class:`Resource`, which the SDK builds
+from the standard environment (``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_SERVICE_NAME``);
+``exporters.otlp.service_name`` names the service when the environment does not.
+
+The tracer provider is one the app owns, not the global one. Metrics are not kept
+twice in an SDK meter: :class:`OtlpMetricsPush` reads the store each
+``metrics_interval_s`` into the SDK's ``MetricsData`` (:mod:`kcops.agent.otlp_metrics`)
+and hands it to the exporter's ``export()``, so OTLP and ``/metrics`` agree. The SDK's
+exporters post with ``requests`` (the SDK's own stack, in a worker thread); the agent's
+own HTTP is aiohttp's. The SDK, its exporters and protobuf are imported only when an
+endpoint is configured: an agent that does not export does not pay their RSS.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+import os
 from typing import TYPE_CHECKING, Any, Protocol
 
 from opentelemetry.trace import NoOpTracerProvider, Tracer
@@ -18,8 +29,10 @@ from kcops import __version__
 from kcops.agent.config.exporters import OtlpSection
 
 if TYPE_CHECKING:
-    import httpx
     from aiohttp import web
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+    from opentelemetry.sdk.metrics.export import MetricsData
+    from opentelemetry.sdk.resources import Resource
 
     from kcops.agent.component import AgentContext, Component
 
@@ -50,32 +63,60 @@ class Untraced(NoOpTracerProvider):
         pass
 
 
+RESOURCE_ENV = ("OTEL_RESOURCE_ATTRIBUTES", "OTEL_SERVICE_NAME")
+
+
+def otel_resource(service_name: str) -> Resource:
+    """The agent's one Resource, shared by its spans and its metrics (the same object).
+
+    ``Resource.create`` merges the SDK's defaults (``telemetry.sdk.*``), the detectors of
+    ``OTEL_EXPERIMENTAL_RESOURCE_DETECTORS`` and the environment (``OTEL_RESOURCE_ATTRIBUTES``,
+    ``OTEL_SERVICE_NAME``); ``service_name`` is used when the environment names no service."""
+    return _resource(service_name, *(os.environ.get(k) for k in RESOURCE_ENV))
+
+
+@functools.cache
+def _resource(service_name: str, *_env: str | None) -> Resource:
+    from opentelemetry.sdk.resources import (
+        SERVICE_NAME,
+        SERVICE_VERSION,
+        OTELResourceDetector,
+        Resource,
+    )
+
+    attributes: dict[str, str] = {SERVICE_VERSION: __version__}
+    if not OTELResourceDetector().detect().attributes.get(SERVICE_NAME):
+        attributes[SERVICE_NAME] = service_name
+    return Resource.create(attributes)
+
+
+def signal_url(cfg: OtlpSection, signal: str) -> str:
+    """``<endpoint>/v1/<signal>``: the OTLP/HTTP path of one signal under the configured base."""
+    assert cfg.endpoint, "only with an endpoint"
+    return cfg.endpoint.rstrip("/") + "/v1/" + signal
+
+
 def build_tracer_provider(cfg: OtlpSection) -> Tracing:
     """A provider exporting over OTLP/HTTP when ``cfg.endpoint`` is set, else a no-op one."""
     if not cfg.endpoint:
         return Untraced()
-    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-    provider = TracerProvider(
-        resource=Resource.create({"service.name": cfg.service_name, "service.version": __version__})
-    )
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-    exporter = OTLPSpanExporter(
-        endpoint=cfg.endpoint.rstrip("/") + "/v1/traces", timeout=int(cfg.timeout_s)
-    )
+    provider = TracerProvider(resource=otel_resource(cfg.service_name))
+    exporter = OTLPSpanExporter(endpoint=signal_url(cfg, "traces"), timeout=cfg.timeout_s)
     provider.add_span_processor(BatchSpanProcessor(exporter))
     return provider
 
 
 class OtlpMetricsPush:
-    """A component posting the store's series to ``<endpoint>/v1/metrics`` on a fixed period.
+    """A component exporting the store's series to ``<endpoint>/v1/metrics`` on a fixed period.
 
-    One export in flight at a time: a slow collector skips periods rather than
-    piling requests up. Failures are counted and logged (1st, 2nd, 4th, ...),
-    never raised into the tick.
+    One export in flight at a time (in a worker thread: the SDK's exporter blocks, and
+    retries within its timeout): a slow collector skips periods rather than piling
+    requests up. Failures are counted and logged (1st, 2nd, 4th, ...), never raised
+    into the tick.
     """
 
     name = "otlp_metrics"
@@ -84,7 +125,7 @@ class OtlpMetricsPush:
         cfg = ctx.config.exporters.otlp
         assert cfg.endpoint, "built only with an endpoint"
         self.ctx = ctx
-        self.url = cfg.endpoint.rstrip("/") + "/v1/metrics"
+        self.url = signal_url(cfg, "metrics")
         self.interval_s = cfg.metrics_interval_s
         self.timeout_s = cfg.timeout_s
         self.service_name = cfg.service_name
@@ -94,12 +135,13 @@ class OtlpMetricsPush:
         self.failed = 0
         self.last_error: str | None = None
         self._task: asyncio.Task[None] | None = None
-        self._http: httpx.AsyncClient | None = None
+        self._exporter: OTLPMetricExporter | None = None
 
     async def start(self) -> None:
-        import httpx  # only an agent that exports pays its import (~7 MiB of RSS)
+        # Only an agent that exports pays the exporter's import (protobuf, requests).
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 
-        self._http = httpx.AsyncClient(timeout=self.timeout_s)
+        self._exporter = OTLPMetricExporter(endpoint=self.url, timeout=self.timeout_s)
 
     async def tick(self, now: float) -> None:
         if self.last_push is not None and now - self.last_push < self.interval_s:
@@ -107,32 +149,27 @@ class OtlpMetricsPush:
         if self._task is not None and not self._task.done():
             return
         self.last_push = now
-        # protobuf and the OTLP messages cost ~6 MiB at import: only an exporting agent pays.
-        from kcops.agent.otlp_metrics import build_request
+        from kcops.agent.otlp_metrics import build_metrics_data
 
-        req = build_request(
+        data = build_metrics_data(
             self.ctx.store,
             now,
             started_at=self.started_at,
             stale_after_s=self.ctx.config.store.stale_after_s,
-            service_name=self.service_name,
+            resource=otel_resource(self.service_name),
             engine_url=self.ctx.config.engine.url,
         )
-        self._task = asyncio.create_task(self._post(req.SerializeToString()))
+        self._task = asyncio.create_task(self._export(data))
 
-    async def _post(self, body: bytes) -> None:
-        import httpx
+    async def _export(self, data: MetricsData) -> None:
+        from opentelemetry.sdk.metrics.export import MetricExportResult
 
-        assert self._http is not None
-        try:
-            resp = await self._http.post(
-                self.url, content=body, headers={"Content-Type": "application/x-protobuf"}
-            )
-            if resp.status_code >= 300:
-                raise RuntimeError(f"HTTP {resp.status_code}: {resp.text[:200]}")
-        except (httpx.HTTPError, RuntimeError) as exc:
+        assert self._exporter is not None
+        timeout_ms = self.timeout_s * 1000
+        result = await asyncio.to_thread(self._exporter.export, data, timeout_millis=timeout_ms)
+        if result is not MetricExportResult.SUCCESS:
             self.failed += 1
-            self.last_error = f"{self.url}: {exc}"
+            self.last_error = f"{self.url}: export failed (the exporter's log says why)"
             if self.failed & (self.failed - 1) == 0:
                 log.warning("OTLP metrics export #%d failed: %s", self.failed, self.last_error)
             return
@@ -142,8 +179,8 @@ class OtlpMetricsPush:
     async def stop(self) -> None:
         if self._task is not None and not self._task.done():
             await asyncio.wait([self._task], timeout=self.timeout_s)
-        if self._http is not None:
-            await self._http.aclose()
+        if self._exporter is not None:
+            await asyncio.to_thread(self._exporter.shutdown)
 
     def status(self) -> dict[str, Any]:
         return {

@@ -1,4 +1,8 @@
-"""Drive ``kc sweep``: load the model and corpus, run every context, write the tables."""
+"""Drive ``kc sweep``: read the corpus, run every context on the model given, write the tables.
+
+The model comes loaded, with :func:`kcops.kernels.topn.register`'s attention, from the
+caller (``kc sweep`` loads it through :mod:`kcops.worker.models`): the kernels sit below
+the worker and import none of it."""
 
 from __future__ import annotations
 
@@ -6,11 +10,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from kcops.kernels.sweep import Row, SweepError, chunks, corpus_text, recommend, sweep_context
+from kcops.kernels.sweep import Row, chunks, corpus_text, recommend, sweep_context
 from kcops.kernels.sweepio import append_row, load_done, markdown, write_tables
-from kcops.kernels.topn import register
 
 
 def run_sweep(
@@ -24,24 +25,14 @@ def run_sweep(
     eval_tokens: int,
     tolerance: float,
     out: Path | None,
-    threads: int | None = None,
-    model: Any = None,
-    tok: Any = None,
+    model: Any,
+    tok: Any,
     progress: bool = True,
 ) -> dict[str, Any]:
     """The ``--json`` document: ``rows`` (full attention's included), ``recommendation``,
-    ``markdown``. ``model``/``tok`` may be passed in (tests)."""
+    ``markdown``. ``model_name`` names the model in the resumable rows' settings."""
     from tqdm import tqdm
 
-    if threads is not None:
-        torch.set_num_threads(threads)
-    if model is None:
-        from kcops.worker.models import context_tokens, load_model
-
-        model, tok = load_model(model_name, progress=progress, attn_implementation=register())
-        limit = context_tokens(model)
-        if max(contexts) > limit:
-            raise SweepError(f"--context {max(contexts)}: {model_name} allows at most {limit}")
     settings = {
         "model": model_name,
         "corpus": corpus,

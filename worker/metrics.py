@@ -12,9 +12,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from kcops.exposition import negotiate
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0)
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0)
@@ -143,5 +145,8 @@ class WorkerMetrics:
     def routed(self, path: str) -> None:
         self._routed.labels(self.model_name, path).inc()
 
-    def exposition(self) -> bytes:
-        return generate_latest(self.registry)
+    def exposition(self, accept: str | None = None) -> tuple[bytes, str]:
+        """The page and its content type, negotiated from the Accept header as vLLM's
+        (prometheus-client's) endpoint does: OpenMetrics when asked, else text 0.0.4."""
+        encoder, content_type = negotiate(accept)
+        return encoder(self.registry), content_type

@@ -92,8 +92,8 @@ async def version(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    body = state_of(request).metrics.exposition()
-    return web.Response(body=body, content_type="text/plain", charset="utf-8")
+    body, content_type = state_of(request).metrics.exposition(request.headers.get("Accept"))
+    return web.Response(body=body, headers={"Content-Type": content_type})
 
 
 async def faults_route(request: web.Request) -> web.StreamResponse:

@@ -8,6 +8,7 @@ from pydantic import Field
 
 from kcops.agent.actions.base import ActionContext, ActionResult, ActionSpec, Check, Params
 from kcops.agent.config.actions import NotifySection
+from kcops.agent.httpclient import HttpClient
 from kcops.errors import ActionRejected
 
 
@@ -17,13 +18,15 @@ class NotifyParams(Params):
 
 
 async def send(cfg: NotifySection, payload: dict[str, Any]) -> int:
-    """POST ``payload`` as JSON; returns the HTTP status. Raises on transport errors."""
+    """POST ``payload`` as JSON; returns the HTTP status. Raises on transport errors
+    (:class:`~kcops.agent.httpclient.HttpError`) and on an HTTP error status."""
     if not cfg.url:
         raise ActionRejected("actions.notify.url is not configured", "not_configured")
-    import httpx  # ~7 MiB of RSS at import: paid on the first notification, not at start
-
-    async with httpx.AsyncClient(timeout=cfg.timeout_s) as client:
-        resp = await client.post(cfg.url, json=payload, headers=cfg.headers)
+    client = HttpClient(cfg.timeout_s, trust_env=True)
+    try:
+        resp = await client.request("POST", cfg.url, json=payload, headers=cfg.headers)
+    finally:
+        await client.aclose()
     if resp.status_code >= 400:
         raise RuntimeError(f"notify webhook answered HTTP {resp.status_code}: {resp.text[:200]}")
     return resp.status_code

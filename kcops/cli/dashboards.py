@@ -86,7 +86,7 @@ def export_cmd(
     rules_file: str | None,
     params: tuple[str, ...],
 ) -> None:
-    from kcops.agent.deploy_export import dashboard_configmaps
+    from kcops.cli.deploy_export import dashboard_configmaps
 
     key, sep, value = label.partition("=")
     if not sep or not key:

@@ -311,8 +311,19 @@ def sweep_cmd(
             param_hint="--eval-tokens",
         )
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from kcops.kernels.sweeprun import run_sweep
+    import torch
 
+    from kcops.kernels.sweep import SweepError
+    from kcops.kernels.sweeprun import run_sweep
+    from kcops.kernels.topn import register
+    from kcops.worker.models import context_tokens, load_model
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+    model, tok = load_model(model_name, progress=True, attn_implementation=register())
+    limit = context_tokens(model)
+    if max(contexts) > limit:
+        raise SweepError(f"--context {max(contexts)}: {model_name} allows at most {limit}")
     doc = run_sweep(
         model_name=model_name,
         corpus=corpus,
@@ -323,7 +334,8 @@ def sweep_cmd(
         eval_tokens=eval_tokens,
         tolerance=tolerance,
         out=Path(out_dir) if out_dir else None,
-        threads=threads,
+        model=model,
+        tok=tok,
     )
     if as_json:
         json.dump(doc, sys.stdout)

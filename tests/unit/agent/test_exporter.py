@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as om_families
 from prometheus_client.parser import text_string_to_metric_families
 
 from kcops.agent.clock import ManualClock
@@ -77,3 +78,24 @@ def test_unknown_family_is_untyped() -> None:
     st.add([Sample.of("my_custom_metric", 5)], now=clock())
     body, _ = render(build_registry(st, clock, 30), None)
     assert b"# TYPE my_custom_metric untyped" in body
+
+
+def test_histogram_buckets_in_numeric_order_per_label_set() -> None:
+    """OpenMetrics wants each label set's buckets together, ``le`` ascending, ``+Inf`` last:
+    the strings' order (``+Inf`` < ``0.5`` < ``10`` < ``2``) is refused by its parser."""
+    st, clock = make()
+    rows: list[Sample] = []
+    for engine, n in (("b", 4), ("a", 3)):
+        lab = {"engine": engine}
+        for le, v in (("+Inf", n), ("10", n), ("2", n - 1), ("0.5", 1)):
+            rows.append(Sample.of("kcops_request_latency_seconds_bucket", v, {**lab, "le": le}))
+        rows.append(Sample.of("kcops_request_latency_seconds_sum", 7.5, lab))
+        rows.append(Sample.of("kcops_request_latency_seconds_count", n, lab))
+    st.add(rows, now=clock())
+    body, _ = render(build_registry(st, clock, 30), "application/openmetrics-text; version=1.0.0")
+    fams = {f.name: f for f in om_families(body.decode())}
+    hist = fams["kcops_request_latency_seconds"]
+    les = [(s.labels["engine"], s.labels["le"]) for s in hist.samples if s.name.endswith("_bucket")]
+    assert les == [(e, le) for e in "ab" for le in ("0.5", "2", "10", "+Inf")]
+    text, _ = render(build_registry(st, clock, 30), None)
+    assert text.index(b'le="10"') < text.index(b'le="+Inf"')

@@ -1,11 +1,14 @@
-"""OTLP metrics: a real OTLP/HTTP receiver decodes what the agent pushes; values match /metrics."""
+"""OTLP: a real OTLP/HTTP receiver decodes what the agent's SDK exporters send.
+
+Metrics match /metrics; metrics and spans carry one Resource, built from the OTEL_* environment.
+"""
 
 from __future__ import annotations
 
 import math
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -14,34 +17,39 @@ import pytest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 from opentelemetry.proto.metrics.v1 import metrics_pb2 as pb
 from prometheus_client.parser import text_string_to_metric_families
 
+from kcops import __version__
 from kcops.agent.samples import Sample
 from tests.services import agent_in_thread
 
 
 class Receiver:
-    """An OTLP/HTTP metrics endpoint: decodes each ExportMetricsServiceRequest it is sent."""
+    """An OTLP/HTTP endpoint: decodes each metrics and traces export request it is sent."""
 
     def __init__(self) -> None:
         self.requests: list[ExportMetricsServiceRequest] = []
+        self.traces: list[ExportTraceServiceRequest] = []
         self.cond = threading.Condition()
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers["Content-Length"]))
-                # The agent's span exporter posts to /v1/traces here too: only metrics
-                # requests are decoded as one.
-                ok = self.path == "/v1/metrics" and (
-                    self.headers["Content-Type"] == "application/x-protobuf"
-                )
+                protobuf = self.headers["Content-Type"] == "application/x-protobuf"
+                ok = protobuf and self.path in ("/v1/metrics", "/v1/traces")
                 with outer.cond:
-                    if ok:
+                    if ok and self.path == "/v1/metrics":
                         req = ExportMetricsServiceRequest()
                         req.ParseFromString(body)
                         outer.requests.append(req)
+                    elif ok:
+                        spans = ExportTraceServiceRequest()
+                        spans.ParseFromString(body)
+                        outer.traces.append(spans)
                     outer.cond.notify_all()
                 self.send_response(200 if ok else 400)
                 self.send_header("Content-Length", "0")
@@ -63,6 +71,12 @@ class Receiver:
                     raise AssertionError(f"{len(self.requests)} OTLP requests in {timeout_s}s")
                 self.cond.wait(left)
             return list(self.requests)
+
+    def wait_for_traces(self, timeout_s: float = 30) -> list[ExportTraceServiceRequest]:
+        with self.cond:
+            if not self.cond.wait_for(lambda: self.traces, timeout_s):
+                raise AssertionError(f"no OTLP traces request in {timeout_s}s")
+            return list(self.traces)
 
 
 @pytest.fixture
@@ -138,26 +152,68 @@ def _points(m: pb.Metric) -> list[pb.NumberDataPoint]:
     return list(m.gauge.data_points or m.sum.data_points)
 
 
+Resources = tuple[dict[str, str], dict[str, str]]
+ENV_RESOURCE = {"deployment.environment.name": "ci", "service.namespace": "kcops-test"}
+
+
+def _resource(attributes: Iterable[KeyValue]) -> dict[str, str]:
+    return {kv.key: kv.value.string_value for kv in attributes}
+
+
 @pytest.fixture
-def pushed(tmp_path: Path, receiver: Receiver) -> tuple[dict[str, pb.Metric], str, dict[str, str]]:
+def pushed(
+    tmp_path: Path, receiver: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> tuple[dict[str, pb.Metric], str, Resources]:
+    # The standard variables: the SDK builds the one Resource from them; spans batched briefly.
+    monkeypatch.setenv(
+        "OTEL_RESOURCE_ATTRIBUTES", ",".join(f"{k}={v}" for k, v in ENV_RESOURCE.items())
+    )
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
     otlp = {"endpoint": receiver.url, "metrics_interval_s": 0.2}
     config = {"exporters": {"otlp": otlp}, "engine": {"url": "http://127.0.0.1:9/"}}
     with agent_in_thread(tmp_path, min_ticks=3, config=config, extra_collectors=[Fixed()]) as url:
         # The first push may come before the first collection: wait for one with data.
         reqs = receiver.wait_for(3)
+        traces = receiver.wait_for_traces()  # the rules' evaluation spans
         scraped = httpx.get(url + "/metrics").text
         status = httpx.get(url + "/api/v1/status").json()
     assert status["components"]["otlp_metrics"]["healthy"] is True
-    res = {kv.key: kv.value.string_value for kv in reqs[-1].resource_metrics[0].resource.attributes}
-    return _by_name(reqs[-1]), scraped, res
+    res = _resource(reqs[-1].resource_metrics[0].resource.attributes)
+    span_res = _resource(traces[0].resource_spans[0].resource.attributes)
+    return _by_name(reqs[-1]), scraped, (res, span_res)
+
+
+@pytest.mark.slow
+def test_metrics_and_spans_carry_one_resource_from_the_environment(
+    pushed: tuple[dict[str, pb.Metric], str, Resources],
+) -> None:
+    _, _, (res, span_res) = pushed
+    assert res == span_res
+    assert res["service.name"] == "kcops-agent"  # the config's: the environment names none
+    assert {k: res[k] for k in ENV_RESOURCE} == ENV_RESOURCE
+    assert res["service.version"] == __version__
+    assert res["telemetry.sdk.language"] == "python"  # built by the SDK's Resource.create
+
+
+def test_the_environment_names_the_service_over_the_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kcops.agent.telemetry import otel_resource
+
+    monkeypatch.delenv("OTEL_SERVICE_NAME", raising=False)
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "service.namespace=a")
+    plain = otel_resource("from-config")
+    assert plain.attributes["service.name"] == "from-config"
+    assert otel_resource("from-config") is plain  # one Resource: spans and metrics share it
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "from-env")
+    named = otel_resource("from-config")
+    assert named.attributes["service.name"] == "from-env"
+    assert named.attributes["service.namespace"] == "a"
 
 
 @pytest.mark.slow
 def test_pushed_metrics_match_the_scrape(
-    pushed: tuple[dict[str, pb.Metric], str, dict[str, str]],
+    pushed: tuple[dict[str, pb.Metric], str, Resources],
 ) -> None:
-    metrics, scraped, res = pushed
-    assert res["service.name"] == "kcops-agent"
+    metrics, scraped, _ = pushed
     prom = {
         (s.name, tuple(sorted(s.labels.items()))): s.value
         for f in text_string_to_metric_families(scraped)
@@ -223,7 +279,7 @@ def test_pushed_metrics_match_the_scrape(
 
 @pytest.mark.slow
 def test_gen_ai_metrics_carry_the_conventions_required_attributes(
-    pushed: tuple[dict[str, pb.Metric], str, dict[str, str]],
+    pushed: tuple[dict[str, pb.Metric], str, Resources],
 ) -> None:
     metrics, _, _ = pushed
     for name in (

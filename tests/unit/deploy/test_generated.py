@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 import yaml
 
-from kcops.agent.deploy_export import render_generated
 from kcops.cli.dashboards import SIDECAR_LABEL, dashboard_files
+from kcops.cli.deploy_export import render_generated
 from tests.services import need_binary
 from tests.unit.deploy.conftest import OVERLAYS, REPO, find
 
