@@ -67,7 +67,7 @@ def test_bit_identical_and_frames_per_layer(smollm2_sdpa: tuple[Any, Any]) -> No
         (frame,) = lst.frames()
     finally:
         lst.close()
-        os.unlink(wire.stream_socket_path(path))
+        os.unlink(path)
         os.rmdir(folder)
     assert torch.equal(ref, got)
     assert torch.equal(ref_gen, gen)
