@@ -13,7 +13,6 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import kcops.kernels as kernels  # noqa: E402
-from kcops.kernels import wire  # noqa: E402
 from tests.unit.kernels.conftest import Listener  # noqa: E402
 
 pytestmark = pytest.mark.slow
