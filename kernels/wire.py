@@ -197,7 +197,7 @@ class Frame:
 
 
 def excerpt(value: object, limit: int = 40) -> str:
-    """A short ``repr`` of ``value`` for an error message: never a whole datagram."""
+    """A short ``repr`` of ``value`` for an error message: never a whole frame."""
     text = repr(value) if not isinstance(value, str) else repr(value[: limit + 1])
     return text if len(text) <= limit else text[:limit] + "..."
 

@@ -111,7 +111,7 @@ def test_dropped_total_reaches_the_agent_when_it_appears(listener: tuple[str, Li
 def test_full_socket_buffer_drops_instead_of_blocking(listener: tuple[str, Listener]) -> None:
     path, _sock = listener
     probe = kernels.install(cfg(socket_path=path))
-    # nobody reads: the receive queue fills up and sendto would block
+    # nobody reads: the connection's queue fills up and a send would block
     for _ in range(5000):
         probe.flush()
         if probe.publisher.dropped_total:
