@@ -249,7 +249,12 @@ def _burst(agent: RealAgent, processes: int) -> None:
     for i in range(processes):
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as c:
             c.settimeout(5.0)
-            c.connect(str(agent.probe_socket))  # waits while the agent's backlog is full
+            for _ in range(5000):  # the agent's backlog is full: EAGAIN until it accepts
+                try:
+                    c.connect(str(agent.probe_socket))
+                    break
+                except BlockingIOError:
+                    time.sleep(0.001)
             c.sendall(wire.encode(_burst_frame(i)))
 
 
