@@ -270,7 +270,7 @@ def test_frames_carry_the_engine_configured_then_set(listener: tuple[str, Listen
     probe.set_engine("vllm")  # an integration that knows where it runs
     probe.flush()
     assert [f.engine for f in drain(sock)] == ["sglang", "vllm"]
-    with pytest.raises(wire.WireError, match="engine"):
+    with pytest.raises(wire.BadField, match="engine"):
         probe.set_engine("Not An Engine")
     assert probe.publisher.engine == "vllm"
 

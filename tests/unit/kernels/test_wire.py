@@ -336,7 +336,7 @@ def test_encode_clips_labels_and_refuses_what_decode_would() -> None:
     assert got.process == "p" * wire.MAX_LABEL_CHARS
     assert got.calls_by_layer == {"x" * wire.MAX_LABEL_CHARS: 3}
     f.histograms[wire.KC_RATIO].sum = float("nan")
-    with pytest.raises(wire.WireError, match="sum"):
+    with pytest.raises(wire.BadField, match="histogram sum"):
         wire.encode(f)
     f = sample_frame()
     f.calls_by_layer = {"0": 2**32}
