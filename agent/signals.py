@@ -27,6 +27,9 @@ SIGNALS: dict[str, Meta] = {
     "kcops_context_tokens": Meta(HISTOGRAM, "Context length of attention calls."),
     "kcops_probe_dropped_total": Meta(COUNTER, "Probe records dropped instead of blocking."),
     "kcops_probe_frames_total": Meta(COUNTER, "Probe frames received by the agent, by outcome."),
+    "kcops_probe_frames_refused_total": Meta(
+        COUNTER, "Probe frames the agent refused, by the reason of the decode error's type."
+    ),
     "kcops_probe_internal_errors_total": Meta(
         COUNTER, "Failures of the probe's own measuring (never raised into the engine)."
     ),

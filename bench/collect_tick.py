@@ -7,10 +7,9 @@ Setup (all on 127.0.0.1, nothing mocked below the collector interface except NVM
 - engine: a real HTTP server (another thread) serving a ~330-series vLLM exposition
   (tests/fixtures/vllm_metrics.txt) in which a quarter of the sample lines change
   from one scrape to the next (a busy engine), fetched and mapped each tick, plus /health;
-- probe: 10,000 frames a second sent by another process, received on the agent's loop:
-  version 1 (JSON) and version 3 (binary, the last release's) as datagrams to the
-  datagram socket, version 4 over the stream socket through the probe's own
-  ``StreamSender`` (every ``--kc-every``-th frame with K(C) by layer, as the probe sends);
+- probe: 10,000 frames a second sent by another process over the agent's stream socket
+  through the probe's own ``StreamSender`` (every ``--kc-every``-th frame with K(C) by
+  layer, as the probe sends), received on the agent's loop;
 - process, engine events and CPU device memory of a real child process tree.
 
 Measured with ``time.thread_time()`` on the loop thread, which does all receiving (no
@@ -18,10 +17,10 @@ other thread of the agent receives anything; the CPU of the process's other thre
 the fake engine's HTTP server and asyncio's executor, is printed beside it), and
 ``time.perf_counter()`` (wall time of ``CollectorRunner.tick``). Prints medians.
 
-Side by side in one run: the same load with each version, and the decode cost of one
-frame of each (``time.thread_time``, best of 15 repeats).
+Also the decode cost of one frame, with and without K(C) by layer (``time.thread_time``,
+best of 15 repeats).
 
-Run: .venv/bin/python bench/collect_tick.py [--frames-per-s 10000] [--ticks 10] [--versions 1,3,4]
+Run: .venv/bin/python bench/collect_tick.py [--frames-per-s 10000] [--ticks 10]
 """
 
 from __future__ import annotations
@@ -55,8 +54,6 @@ from kcops.agent.collectors.scrape import EngineScrapeCollector  # noqa: E402
 from kcops.agent.signals import register_all  # noqa: E402
 from kcops.agent.store import Store  # noqa: E402
 from kcops.kernels import wire  # noqa: E402
-from kcops.kernels.wire_json import encode_v1  # noqa: E402
-from kcops.kernels.wire_v3 import encode_v3  # noqa: E402
 from tests.unit.collectors.fake_pynvml import FakeNvmlModule, ProcessInfo  # noqa: E402
 
 EXPOSITION = (REPO / "tests" / "fixtures" / "vllm_metrics.txt").read_bytes()
@@ -80,50 +77,34 @@ def _variants(n: int = 16, share: float = 0.25) -> list[bytes]:
 PAGES = _variants()
 
 SENDER = r"""
-import socket, sys, time
+import sys, time
 sys.path.insert(0, {repo!r})
 from kcops.kernels import wire
 from kcops.kernels.sender import Sent, StreamSender
-from kcops.kernels.wire_json import encode_v1
-from kcops.kernels.wire_v3 import encode_v3
 path, per_s, seconds, layers = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
-version, kc_every = int(sys.argv[5]), int(sys.argv[6])
-encode = {{1: encode_v1, 2: lambda f: encode_v3(f, tagged=False), 3: encode_v3,
-          4: wire.encode}}[version]
+kc_every = int(sys.argv[5])
 def frame(seq):
     f = wire.Frame(pid=4242, process="engine", seq=seq, instance="bench",
                    calls_by_layer={{str(i): 3 for i in range(layers)}})
     if layers > 1:
         for name in wire.PLAIN_HISTOGRAMS:
-            if version == 4 and name == wire.KC_TOKENS:
-                continue  # version 4 sends K(C) by layer
+            if name == wire.KC_TOKENS:
+                continue  # K(C) goes by layer
             h = wire.Histogram.of(name); h.observe(0.3); h.observe(100); f.histograms[name] = h
         for n in (16, 32, 64):
             h = wire.Histogram.of(wire.TOPN_MASS); h.observe(0.9); f.topn_mass[n] = h
-        if version == 4 and seq % kc_every == kc_every - 1:
+        if seq % kc_every == kc_every - 1:
             for i in range(layers):
                 h = wire.Histogram.of(wire.KC_TOKENS); h.observe(100); f.kc_by_layer[str(i)] = h
             f.kc_by_layer["0"].observe(0.3)
-    return encode(f)
+    return wire.encode(f)
 frames = [frame(i) for i in range(100)]
-if version == 4:  # what the probe does: one connection, non-blocking, drop when full
-    sender = StreamSender(wire.stream_socket_path(path))
-    def send(data):
-        return sender.send(data) is not Sent.DROPPED
-else:
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    s.setblocking(False)  # like the probe: a full receive buffer drops the frame
-    def send(data):
-        try:
-            s.sendto(data, path)
-            return True
-        except (BlockingIOError, ConnectionRefusedError, FileNotFoundError):
-            return False
+sender = StreamSender(path)  # what the probe does: one connection, non-blocking, drop when full
 start = time.monotonic(); sent = dropped = 0
 while time.monotonic() - start < seconds:
     due = int((time.monotonic() - start) * per_s)
     while sent + dropped < due:
-        if send(frames[(sent + dropped) % 100]):
+        if sender.send(frames[(sent + dropped) % 100]) is not Sent.DROPPED:
             sent += 1
         else:
             dropped += 1
@@ -174,16 +155,13 @@ def bench_frame(layers: int, kc_layers: bool = False) -> wire.Frame:
 
 
 def decode_us(layers: int) -> dict[str, float]:
-    """CPU microseconds to decode one frame of each version (``wire.decode``; the receiver's
-    bulk paths skip most of it for frames of a shape seen before)."""
+    """CPU microseconds to decode one frame (``wire.decode``; the receiver's bulk path
+    skips most of it for frames of a shape seen before)."""
     import timeit
 
-    f = bench_frame(layers)
     datas = {
-        "v1 JSON": encode_v1(f),
-        "v3 binary": encode_v3(f),
-        "v4": wire.encode(f),
-        "v4 + K(C) by layer": wire.encode(bench_frame(layers, kc_layers=True)),
+        "a frame": wire.encode(bench_frame(layers)),
+        "with K(C) by layer": wire.encode(bench_frame(layers, kc_layers=True)),
     }
     out = {}
     for name, data in datas.items():
@@ -209,7 +187,6 @@ async def run(
     ticks: int,
     layers: int,
     max_frames_per_s: int,
-    version: int,
     kc_every: int,
     max_receive_ms: float,
 ) -> dict[str, float]:
@@ -252,7 +229,6 @@ async def run(
                 str(frames_per_s),
                 str(ticks + 0.5),
                 str(layers),
-                str(version),
                 str(kc_every),
             ],
             stdout=subprocess.PIPE,
@@ -309,16 +285,6 @@ async def run(
         srv.shutdown()
 
 
-# Version 3 is what earlier runs called "v2": the binary frames of the last release (a
-# version 2 body behind the engine tag); version 2 itself costs the same.
-NAMES = {
-    1: "v1 JSON, datagrams",
-    2: "v2 binary, datagrams",
-    3: "v3 binary, datagrams",
-    4: "v4, stream socket",
-}
-
-
 def at_rate_ms(r: dict[str, float], frames_per_s: int) -> float:
     """Loop CPU a second at the offered rate: the tick plus the measured cost a frame
     received times the frames offered (equal to the measured figure when none dropped)."""
@@ -328,10 +294,10 @@ def at_rate_ms(r: dict[str, float], frames_per_s: int) -> float:
     return r["tick_cpu_ms"] + per_frame_ms * frames_per_s
 
 
-def report(r: dict[str, float], args: argparse.Namespace, version: int) -> None:
-    kc = f", K(C) by layer in every {args.kc_every}th frame" if version == 4 else ""
+def report(r: dict[str, float], args: argparse.Namespace) -> None:
+    kc = f", K(C) by layer in every {args.kc_every}th frame"
     print(
-        f"collect_tick ({NAMES[version]}): 8 fake GPUs, {r['series']:.0f} series in store, "
+        f"collect_tick (stream socket): 8 fake GPUs, {r['series']:.0f} series in store, "
         f"vLLM exposition {len(EXPOSITION)} bytes, probe {args.frames_per_s} frames/s "
         f"({r['frame_bytes']:.0f} B mean, {args.layers} layers{kc}), {args.ticks} ticks"
     )
@@ -381,10 +347,9 @@ def main() -> None:
         default=1000.0,
         help="the receiver's time budget (agent default 250; default here: the whole second)",
     )
-    ap.add_argument("--versions", default="1,3,4", help="frame versions to run, in order")
     ap.add_argument(
         "--kc-every", type=int, default=10,
-        help="v4: K(C) by layer in every Nth frame (the probe's default: 10 s at 1 s flushes)",
+        help="K(C) by layer in every Nth frame (the probe's default: 10 s at 1 s flushes)",
     )  # fmt: skip
     args = ap.parse_args()
     costs = decode_us(args.layers)
@@ -392,19 +357,13 @@ def main() -> None:
         f"decode one frame ({args.layers} layers, 7 histograms; wire.decode): "
         + ", ".join(f"{k} {v:.1f} us" for k, v in costs.items())
     )
-    loop = {}
-    for version in (int(v) for v in args.versions.split(",")):
-        r = asyncio.run(
-            run(
-                args.frames_per_s, args.ticks, args.layers, args.max_frames_per_s, version,
-                args.kc_every, args.max_receive_ms_per_s,
-            )
-        )  # fmt: skip
-        report(r, args, version)
-        loop[version] = at_rate_ms(r, args.frames_per_s)
-    if 4 in loop:
-        ratios = ", ".join(f"{NAMES[v]} / v4 = {loop[v] / loop[4]:.1f}x" for v in loop if v != 4)
-        print(f"loop CPU per second at the offered rate: {ratios}")
+    r = asyncio.run(
+        run(
+            args.frames_per_s, args.ticks, args.layers, args.max_frames_per_s, args.kc_every,
+            args.max_receive_ms_per_s,
+        )
+    )  # fmt: skip
+    report(r, args)
 
 
 if __name__ == "__main__":

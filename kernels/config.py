@@ -34,8 +34,8 @@ class ProbeConfig:
     - ``kc_layers_interval_ms``: how often K(C) by layer goes with it (in the frame of
       every ``round(kc_layers_interval_ms / flush_interval_ms)``-th flush, at least every
       flush): a histogram per layer makes a frame several times larger.
-    - ``socket_path``: the agent's socket (``kcops.kernels.wire.default_socket_path``);
-      the probe connects to its stream socket beside it (``wire.stream_socket_path``).
+    - ``socket_path``: the agent's stream socket, where the probe connects
+      (``kcops.kernels.wire.default_socket_path``).
     - ``integrations``: which engines to patch (``transformers``, ``torch_sdpa``, ``vllm``).
     - ``nvtx``: push an NVTX range per call.
     - ``check_every_call``: NaN/Inf check on every call (True) or only on sampled calls.

@@ -34,8 +34,8 @@ def _process_name() -> str:
 class Publisher:
     """Flushes ``aggregator`` to the agent at ``socket_path`` every ``interval_s``.
 
-    ``socket_path`` names the agent's socket (:func:`wire.default_socket_path`); frames go
-    to the stream socket beside it (:func:`wire.stream_socket_path`). ``before_flush``
+    ``socket_path`` names the agent's stream socket (:func:`wire.default_socket_path`).
+    ``before_flush``
     runs on the publisher thread first (the probe resolves deferred GPU readings there).
     K(C) by layer goes with every ``kc_every``-th frame. With ``wait_for_attention``
     nothing is sent until the process has run an attention call: an engine's API server
@@ -153,7 +153,7 @@ class Publisher:
         return sent
 
     def _connection(self) -> StreamSender:
-        path = wire.stream_socket_path(self.socket_path)
+        path = self.socket_path
         if self._sender is None or self._sender.path != path:
             if self._sender is not None:
                 self._sender.close()

@@ -1,6 +1,6 @@
-"""Summing version-4 probe frames in bulk: how the agent reads thousands a second.
+"""Summing probe frames in bulk: how the agent reads thousands a second.
 
-A version 4 frame opens with its key (``wire``: header, key length, then pid, the
+A frame opens with its key (``wire``: header, key length, then pid, the
 counts that fix its shape, the top-N keys, engine, process, instance and layer
 names), which a probe repeats byte for byte in every frame; the numbers follow. So
 the first frame of each key goes through ``wire.decode``, which checks everything,
@@ -35,7 +35,6 @@ from functools import lru_cache
 
 from kcops.kernels import wire
 
-V4_PREFIX = wire.MAGIC + wire.VERSION.to_bytes(2, "big")
 KEY_AT = wire.HEADER.size + wire.KEY_LENGTH.size  # where a frame's key starts
 MAX_CACHED_KEY_BYTES = 1 << 20  # all cached shape keys together
 FOLD_AFTER_FRAMES = 1 << 24  # far below the 2**32 frames a lane pair holds

@@ -10,14 +10,11 @@ a layer) likewise. A process that sent nothing for ``idle_s`` is forgotten.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from operator import add
 from typing import TypeVar
 
 from kcops.agent.collectors.probe_bulk import FOLD_AFTER_FRAMES, Pending, Shape
-from kcops.agent.collectors.probe_sums import PendingSums
-from kcops.agent.collectors.probe_sums import Shape as ShapeV3
 from kcops.agent.samples import LabelPairs, Sample, histogram_samples
 from kcops.kernels import wire
 
@@ -41,10 +38,8 @@ class Process:
         self.kc: dict[str, wire.Histogram] = {}  # kcops_kc_tokens by layer
         self.dropped = 0
         self.seen = now
-        # Frames summed but not yet folded into the dicts above: version 3 and 2 by
-        # (shape, top-N keys), version 4 by shape.
-        self.pending: dict[tuple[ShapeV3, tuple[int, ...]], PendingSums] = {}
-        self.pending4: dict[Shape, Pending] = {}
+        # Frames summed in bulk but not yet folded into the dicts above, by shape.
+        self.pending: dict[Shape, Pending] = {}
 
 
 class ProbeSums:
@@ -63,8 +58,6 @@ class ProbeSums:
         self.idle_s = idle_s
         self.clock = clock
         self.procs: dict[tuple[str, str], Process] = {}  # by (engine, process)
-        # (pid, instance) -> its last cumulative dropped_total (before version 4); an LRU.
-        self.instances: OrderedDict[tuple[int, str], int] = OrderedDict()
 
     def proc_for(self, key: tuple[str, str], now: float) -> Process:
         p = self.procs.get(key)
@@ -86,7 +79,7 @@ class ProbeSums:
     # -- adding --------------------------------------------------------------
 
     def add(self, f: wire.Frame) -> None:
-        """A decoded frame, any version."""
+        """A decoded frame."""
         p = self.proc_for((f.engine, f.process[:MAX_LABEL] or "unknown"), self.clock())
         self.add_calls(p, f.calls_by_layer.items())
         for kind, n in f.errors.items():
@@ -99,7 +92,6 @@ class ProbeSums:
         for layer, h in f.kc_by_layer.items():
             self.add_kc(p, layer, h)
         p.dropped += f.dropped
-        self.count_dropped(p, f.pid, f.instance, f.dropped_total)
 
     def add_calls(self, p: Process, items: Iterable[tuple[str, int]]) -> None:
         calls = p.calls
@@ -129,8 +121,8 @@ class ProbeSums:
             acc.merge(h)
 
     def add_plain(self, p: Process, name: str, h: wire.Histogram) -> None:
-        """A histogram without labels; K(C) of a frame that does not say the layer
-        (before version 4) is K(C) of layer ``unknown``."""
+        """A histogram without labels; K(C) sent without its layer (mask bit 1, which
+        the probe does not set) is K(C) of layer ``unknown``."""
         if name == wire.KC_TOKENS:
             self.add_kc(p, wire.UNKNOWN_LAYER, h)
         else:
@@ -146,26 +138,12 @@ class ProbeSums:
         else:
             acc.merge(h)
 
-    def count_dropped(self, p: Process, pid: int, instance: str, total: int) -> None:
-        """``dropped_total`` of a frame before version 4: cumulative per probe instance."""
-        instances = self.instances
-        key = (pid, instance)
-        if not total and key not in instances:
-            return  # no change: 0 is where every instance starts
-        last = instances.pop(key, 0)
-        instances[key] = total
-        if total != last:
-            # a smaller value is a new count (the probe restarted its own)
-            p.dropped += total - last if total > last else total
-        while len(instances) > 8 * self.max_processes:
-            instances.popitem(last=False)
-
-    def commit4(self, shape: Shape, a: int, b: int, sums: list[float], frames: int) -> None:
-        """Version 4 frames of one shape, summed in bulk (``probe_bulk``)."""
+    def commit(self, shape: Shape, a: int, b: int, sums: list[float], frames: int) -> None:
+        """Frames of one shape, summed in bulk (``probe_bulk``)."""
         p = self.proc_for(shape.label, self.clock())
-        acc = p.pending4.get(shape)
+        acc = p.pending.get(shape)
         if acc is None:
-            acc = p.pending4[shape] = Pending(shape)
+            acc = p.pending[shape] = Pending(shape)
         acc.a += a
         acc.b += b
         acc.sums = list(map(add, acc.sums, sums))
@@ -179,19 +157,9 @@ class ProbeSums:
         """Move the pending sums of ``p`` into its counters and histograms."""
         pending, p.pending = p.pending, {}
         for acc in pending.values():
-            shape, counters = acc.shape, acc.counters()
-            self.add_calls(p, zip(shape.names, counters, strict=False))
-            for j, (name, bounds, buckets) in enumerate(shape.slots):
-                h = wire.Histogram(bounds, counters[buckets], acc.sums[j])
-                if j < shape.plain:
-                    self.add_plain(p, name, h)
-                else:
-                    self.add_hist(p.topn, acc.ns[j - shape.plain], h)
-        pending4, p.pending4 = p.pending4, {}
-        for acc4 in pending4.values():
-            self._fold4(p, acc4)
+            self._fold(p, acc)
 
-    def _fold4(self, p: Process, acc: Pending) -> None:
+    def _fold(self, p: Process, acc: Pending) -> None:
         shape, c, sums = acc.shape, acc.counters(), acc.sums
         lay, names = shape.layout, shape.names
         errors = p.errors
@@ -214,7 +182,7 @@ class ProbeSums:
 
     def samples(self, out: list[Sample]) -> None:
         for p in self.procs.values():
-            if p.pending or p.pending4:
+            if p.pending:
                 self.fold(p)
             lp = p.lp
             eng, proc = lp  # labels stay sorted: engine < kind < layer < n < process

@@ -1,13 +1,13 @@
-"""The probe receiver's stream socket: version 4 probes connect and write frames.
+"""The probe receiver's stream socket: probes connect and write frames.
 
-A Unix datagram socket queues only ``net.unix.max_dgram_qlen`` datagrams (often 10),
-so its reader must wake for about every tenth frame: at 10,000 frames a second that
-was ~1,000 wake-ups and 10,000 ``recv`` calls a second, most of the receiver's CPU
-(docs/benchmarks.md). A stream connection queues up to its sender's ``SO_SNDBUF``
-bytes, so this server does not read on every arrival: when a connection becomes
-readable it stops watching it and reads every connection together ``interval_s``
-later, each in a few large ``recv_into`` calls, then watches them again. An idle
-agent thus costs nothing, and a busy one about ``1 / interval_s`` wake-ups a second.
+Why a stream: a Unix datagram socket queues only ``net.unix.max_dgram_qlen`` datagrams
+(often 10), so its reader must wake for about every tenth frame: at 10,000 frames a
+second that was ~1,000 wake-ups and 10,000 ``recv`` calls a second, most of the
+receiver's CPU (docs/benchmarks.md). A stream connection queues up to its sender's
+``SO_SNDBUF`` bytes, so this server does not read on every arrival: when a connection
+becomes readable it stops watching it and reads every connection together
+``interval_s`` later, each in a few large ``recv_into`` calls, then watches them again.
+An idle agent thus costs nothing, and a busy one about ``1 / interval_s`` wake-ups a second.
 
 Frames keep their boundaries by their headers (``wire``); the consumer gets each
 read's bytes (with the unfinished frame of the last read in front) and says how far

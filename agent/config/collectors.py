@@ -20,8 +20,8 @@ class ProbeSection(Section):
     enabled: StrictBool = Field(True, description="listen for the in-engine probe's frames")
     socket_path: Path | None = Field(
         None,
-        description="datagram socket of probes before version 4; version 4 probes connect to "
-        "the stream socket <socket_path>.stream; default kcops.kernels.wire.default_socket_path()",
+        description="the stream socket probes connect to; "
+        "default kcops.kernels.wire.default_socket_path()",
     )
     max_processes: int = Field(
         32, ge=1, le=1024, description="distinct engine processes tracked (label `process`)"

@@ -36,7 +36,6 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from kcops.kernels import wire
 from kcops.kernels.probe import KcInputs, Patch, Probe
 from kcops.kernels.wire import UNKNOWN_LAYER
 
@@ -223,8 +222,7 @@ def _announce(probe: Probe) -> None:
         f"kcops probe installed (pid {pid}) for engine {probe.publisher.engine}: wrapping "
         f"forward of every {base} subclass "
         f"(now: {', '.join(wrapped) or 'none yet'}); K(C) from the paged KV cache on "
-        f"{probe.config.sample_rate:.3g} of calls; frames to "
-        f"{wire.stream_socket_path(probe.config.socket_path)} once "
+        f"{probe.config.sample_rate:.3g} of calls; frames to {probe.config.socket_path} once "
         "attention runs"
     )
     _info(line)

@@ -39,7 +39,8 @@ def main() -> int:
         Path(tempfile.mkdtemp(prefix="kcops-soak-")),
         extra={"store": {"retention_s": args.retention_s}},
     )
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(str(agent.probe_socket))
     rss: dict[int, int] = {}
     seq = 0
     start = time.monotonic()
@@ -49,7 +50,7 @@ def main() -> int:
                 f = sample_frame()
                 f.pid, f.process, f.seq, f.instance = 100 + p, f"engine-{p}", seq, f"i{p}"
                 f.calls_by_layer = {str(i): 3 for i in range(30)}
-                sock.sendto(wire.encode(f), str(agent.probe_socket))
+                sock.sendall(wire.encode(f))
             seq += 1
             httpx.get(agent.url + "/metrics", timeout=5)
             httpx.get(agent.url + "/api/v1/status", timeout=5)

@@ -141,17 +141,24 @@ collectors:
                 handler.mode = "ok"
                 wait_until(lambda: scrape(agent_url).get(("kcops_engine_up", ())) == 1)
 
-                with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
-                    for junk in (b"junk", b"KCPF\x00\x07\x00\x00\x00\x00", b"\x00" * 5000):
-                        s.sendto(junk, str(sock_path))
-                    s.sendto(
-                        wire.encode(wire.Frame(pid=1, process="p", seq=0, calls_by_layer={"0": 2})),
-                        str(sock_path),
-                    )
-                key = ("kcops_probe_frames_total", (("outcome", "malformed"),))
-                wait_until(lambda: scrape(agent_url).get(key, 0) == 2)
+                good = wire.encode(wire.Frame(pid=1, process="p", seq=0, calls_by_layer={"0": 2}))
+                # cut short, another version, no header at all: a connection each
+                for junk in (b"junk", b"KCPF\x00\x07\x00\x00\x00\x00", b"\x00" * 5000, good):
+                    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                        s.connect(str(sock_path))
+                        s.sendall(junk)
+                bad = ("kcops_probe_frames_total", (("outcome", "malformed"),))
+                ok = ("kcops_probe_frames_total", (("outcome", "ok"),))
+
+                def all_counted() -> bool:
+                    m = scrape(agent_url)
+                    return m.get(bad) == 2 and m.get(ok) == 1
+
+                wait_until(all_counted)
                 m = scrape(agent_url)
                 assert m[("kcops_probe_frames_total", (("outcome", "unknown_version"),))] == 1
+                for reason in ("truncated", "bad_version", "bad_magic"):
+                    assert m[("kcops_probe_frames_refused_total", (("reason", reason),))] == 1
                 calls = (("engine", "unknown"), ("layer", "0"), ("process", "p"))  # a bare probe
                 assert m[("kcops_attention_calls_total", calls)] == 2
 

@@ -13,7 +13,6 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import kcops.kernels as kernels  # noqa: E402
-from kcops.kernels import wire  # noqa: E402
 from tests.unit.kernels.conftest import Listener  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -67,7 +66,7 @@ def test_bit_identical_and_frames_per_layer(smollm2_sdpa: tuple[Any, Any]) -> No
         (frame,) = lst.frames()
     finally:
         lst.close()
-        os.unlink(wire.stream_socket_path(path))
+        os.unlink(path)
         os.rmdir(folder)
     assert torch.equal(ref, got)
     assert torch.equal(ref_gen, gen)

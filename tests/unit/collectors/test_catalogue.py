@@ -67,6 +67,7 @@ def test_every_exported_family_is_catalogued() -> None:
         topn_mass={16: wire.Histogram.of(wire.TOPN_MASS)},
     )
     r.feed(wire.encode(f))
+    r.feed(b"not a frame")  # kcops_probe_frames_refused_total{reason="bad_magic"}
     check(collect(r))
     for name, a in ((k.name, k.adapter) for k in default_registry()):
         # every canonical family an adapter can produce

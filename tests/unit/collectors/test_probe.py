@@ -2,17 +2,14 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import struct
 from pathlib import Path
 
 from kcops.agent.collectors.probe import ProbeReceiver
 from kcops.agent.samples import Sample
 from kcops.errors import CollectorUnavailable
 from kcops.kernels import wire
-from kcops.kernels.wire_json import encode_v1
-from kcops.kernels.wire_v3 import encode_v3
 from tests.unit.collectors.helpers import collect, latest, names, runner, value
-from tests.unit.kernels.test_wire import as_v2, with_tag
+from tests.unit.kernels.test_wire import with_tag
 
 # What the probe of the reference worker sends: its engine, its process name.
 PY = {"engine": "kcops", "process": "python"}
@@ -31,11 +28,6 @@ def make_frame(
 
 def frame(*args, **kw) -> bytes:  # type: ignore[no-untyped-def]
     return wire.encode(make_frame(*args, **kw))
-
-
-def frame3(*args, **kw) -> bytes:  # type: ignore[no-untyped-def]
-    """The version 3 frame a probe before version 4 sends (to the datagram socket)."""
-    return encode_v3(make_frame(*args, **kw))
 
 
 def hist(name: str, *values: float) -> wire.Histogram:
@@ -81,17 +73,17 @@ def test_deltas_become_cumulative_counters_and_histograms() -> None:
     assert value(out, "kcops_probe_frames_total", outcome="ok") == 2
 
 
-def test_kc_of_older_frames_is_layer_unknown_and_sums_stay_whole() -> None:
+def test_kc_without_its_layer_is_layer_unknown_and_sums_stay_whole() -> None:
     """Existing queries (``sum by (engine)``, ``sum by (le)``) see the same sums: the
     layer label splits the series, never doubles them."""
     r = ProbeReceiver("/nonexistent/probe.sock")
-    old = {wire.KC_TOKENS: hist(wire.KC_TOKENS, 10, 100)}
-    r.feed(frame3(seq=0, calls_by_layer={"0": 1}, histograms=old))
-    r.feed(encode_v1(wire.Frame(pid=10, process="python", seq=1, histograms=old)))
+    plain = {wire.KC_TOKENS: hist(wire.KC_TOKENS, 10, 100)}  # mask bit 1: no layer said
+    r.feed(frame(seq=0, calls_by_layer={"0": 1}, histograms=plain))
+    r.feed(frame(seq=1, engine="unknown", histograms=plain))
     r.feed(frame(seq=2, kc_by_layer={"5": hist(wire.KC_TOKENS, 7)}))
     out = collect(r)
     assert value(out, "kcops_kc_tokens_count", layer="unknown", **PY) == 2
-    unknown = {"engine": "unknown", "process": "python"}  # version 1: no engine tag
+    unknown = {"engine": "unknown", "process": "python"}
     assert value(out, "kcops_kc_tokens_count", layer="unknown", **unknown) == 2
     assert value(out, "kcops_kc_tokens_count", layer="5", **PY) == 1
     total = sum(s.value for s in out if s.name == "kcops_kc_tokens_sum")
@@ -109,25 +101,27 @@ def test_kc_layers_are_bounded_per_process() -> None:
     assert len([s for s in out if s.name.startswith("kcops_kc_tokens")]) == 4 * 30
 
 
-def test_garbage_and_unknown_versions_are_counted_never_raised() -> None:
+def test_garbage_and_unknown_versions_are_counted_by_type_never_raised() -> None:
     r = ProbeReceiver("/nonexistent/probe.sock")
     good = frame(calls_by_layer={"0": 1})
-    r.feed(b"")
-    r.feed(b"\x00" * 3)
-    r.feed(b"hello world, not a frame")
+    r.feed(b"")  # truncated
+    r.feed(b"\x00" * 3)  # truncated
+    r.feed(b"hello world, not a frame")  # bad_magic
     r.feed(good[:-5])  # truncated
     payload = b'{"pid": 1}'
-    r.feed(wire.HEADER.pack(wire.MAGIC, 99, len(payload)) + payload)
-    bad_json = b"{nope"
-    r.feed(wire.HEADER.pack(wire.MAGIC, wire.VERSION_JSON, len(bad_json)) + bad_json)
-    body = b'{"pid": -1, "seq": 0}'
-    r.feed(wire.HEADER.pack(wire.MAGIC, wire.VERSION_JSON, len(body)) + body)
-    r.feed(struct.pack(">4sHI", b"KCPF", wire.VERSION_JSON, 2) + b"[]")
+    r.feed(wire.HEADER.pack(wire.MAGIC, 99, len(payload)) + payload)  # bad_version
+    for old in (1, 2, 3):  # versions read before 1.0: now unknown too
+        r.feed(wire.HEADER.pack(wire.MAGIC, old, len(payload)) + payload)
+    r.feed(wire.HEADER.pack(wire.MAGIC, 4, 60_000) + bytes(60_000))  # too_large
+    r.feed(good.replace(b"kcops", b"KCOPS"))  # bad_field
     r.feed(good)
     out = collect(r)
-    assert value(out, "kcops_probe_frames_total", outcome="malformed") == 7
-    assert value(out, "kcops_probe_frames_total", outcome="unknown_version") == 1
+    assert value(out, "kcops_probe_frames_total", outcome="malformed") == 6
+    assert value(out, "kcops_probe_frames_total", outcome="unknown_version") == 4
     assert value(out, "kcops_probe_frames_total", outcome="ok") == 1
+    refused = {"truncated": 3, "bad_magic": 1, "bad_version": 4, "too_large": 1, "bad_field": 1}
+    for reason, n in refused.items():
+        assert value(out, "kcops_probe_frames_refused_total", reason=reason) == n, reason
     assert value(out, "kcops_attention_calls_total", layer="0", **PY) == 1
 
 
@@ -150,38 +144,39 @@ def test_cardinality_is_bounded() -> None:
     )
 
 
-def test_dropped_total_stays_monotonic_across_probe_restarts() -> None:
-    """Before version 4 a probe sent its cumulative count; version 4 sends deltas."""
+def test_dropped_frames_are_summed_across_probe_restarts() -> None:
+    """A probe sends the frames it dropped since its last frame (deltas): the sum stays
+    monotonic when the engine restarts and its probe counts from 0 again."""
     r = ProbeReceiver("/nonexistent/probe.sock")
-    r.feed(frame3(seq=0, dropped_total=5))
-    r.feed(frame3(seq=1, dropped_total=7))
+    r.feed(frame(seq=0, dropped=5))
+    r.feed(frame(seq=1, dropped=2))
     assert value(collect(r), "kcops_probe_dropped_total", **PY) == 7
-    # the engine restarted: new pid and instance, the probe counts from 0 again
-    r.feed(frame3(pid=11, seq=0, instance="b", dropped_total=2))
-    r.feed(frame3(pid=11, seq=1, instance="b", calls_by_layer={"0": 1}, dropped_total=2))
-    r.feed(frame(pid=12, seq=0, instance="c", dropped=4))  # a version 4 probe: deltas
-    r.feed(frame(pid=12, seq=1, instance="c", dropped=1))
+    r.feed(frame(pid=12, seq=0, instance="c", dropped=4))  # restarted: new pid and instance
+    r.feed(frame(pid=12, seq=1, instance="c", calls_by_layer={"0": 1}, dropped=1))
     out = collect(r)
-    assert value(out, "kcops_probe_dropped_total", **PY) == 9 + 5
+    assert value(out, "kcops_probe_dropped_total", **PY) == 7 + 5
     assert value(out, "kcops_attention_calls_total", layer="0", **PY) == 1
 
 
-def test_receives_over_a_real_unix_datagram_socket(tmp_path: Path) -> None:
+def test_receives_over_a_real_unix_stream_socket(tmp_path: Path) -> None:
     path = tmp_path / "run" / "probe.sock"
-    r = ProbeReceiver(path)
+    r = ProbeReceiver(path, drain_interval_s=0.001)
     rr, store = runner(r)
 
     async def main() -> None:
         await rr.start()
         assert path.is_socket()
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
-            s.sendto(frame(calls_by_layer={"3": 5}), str(path))
-            s.sendto(b"garbage", str(path))
-            s.sendto(frame(seq=1, calls_by_layer={"3": 1}), str(path))
-        # The loop's reader drains the socket: wait until it has seen both good frames.
-        deadline = asyncio.get_running_loop().time() + 10
-        while r.frames["ok"] < 2:
-            assert asyncio.get_running_loop().time() < deadline, f"frames: {dict(r.frames)}"
+        loop = asyncio.get_running_loop()
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.connect(str(path))
+            s.sendall(frame(calls_by_layer={"3": 5}) + frame(seq=1, calls_by_layer={"3": 1}))
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.connect(str(path))
+            s.sendall(b"garbage, out of step")
+        # The loop's timer drains the connections: wait until it has seen all three.
+        deadline = loop.time() + 10
+        while r.frames["ok"] < 2 or r.frames["malformed"] < 1:
+            assert loop.time() < deadline, f"frames: {dict(r.frames)}"
             await asyncio.sleep(0.01)
         await rr.tick(5.0)
         await rr.stop()
@@ -189,12 +184,13 @@ def test_receives_over_a_real_unix_datagram_socket(tmp_path: Path) -> None:
     asyncio.run(main())
     assert latest(store, "kcops_attention_calls_total", layer="3", **PY) == 6
     assert latest(store, "kcops_probe_frames_total", outcome="malformed") == 1
+    assert latest(store, "kcops_probe_frames_refused_total", reason="bad_magic") == 1
     assert not path.exists()
 
 
 def test_stale_socket_is_replaced_and_a_bad_path_is_reported(tmp_path: Path) -> None:
     path = tmp_path / "probe.sock"
-    old = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    old = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)  # a stale socket of any kind
     old.bind(str(path))
     old.close()
     r = ProbeReceiver(path)
@@ -262,7 +258,7 @@ def test_idle_processes_are_forgotten_and_state_stays_bounded() -> None:
     out = collect(r)
     procs = {dict(s.labels).get("process") for s in out if s.name == "kcops_attention_calls_total"}
     assert len(procs) == 8 + 1 and "other" in procs
-    assert len(r.sums.instances) <= 8 * 8
+    assert len(r._shapes) <= 4 * 8  # the shapes of 1,000 processes: a bounded cache
     assert (
         value(out, "kcops_attention_calls_total", layer="0", engine="other", process="other")
         == 1000 - 8
@@ -303,10 +299,7 @@ def test_every_probe_series_says_which_engine_sent_it() -> None:
     )
     # the same process name from another engine is another series, never summed into it
     r.feed(frame(pid=11, engine="kcops", process="VLLM::Worker", calls_by_layer={"0": 2}))
-    v2 = frame3(pid=12, process="old", calls_by_layer={"0": 4}, histograms=kc)
-    r.feed(as_v2(v2))  # a probe before version 3: engine unknown
-    old = wire.Frame(pid=13, process="older", seq=0, calls_by_layer={"0": 8}, histograms=kc)
-    r.feed(encode_v1(old))
+    r.feed(frame(pid=12, engine="unknown", process="old", calls_by_layer={"0": 4}, histograms=kc))
     out = collect(r)
     for s in out:
         if s.name.startswith(("kcops_attention", "kcops_kc", "kcops_probe_dropped")):
@@ -314,25 +307,25 @@ def test_every_probe_series_says_which_engine_sent_it() -> None:
     assert _engines(out) == {
         ("vllm", "VLLM::Worker"),
         ("unknown", "old"),
-        ("unknown", "older"),
     }
     calls = "kcops_attention_calls_total"
     assert value(out, calls, engine="vllm", layer="0", process="VLLM::Worker") == 1
     assert value(out, calls, engine="kcops", layer="0", process="VLLM::Worker") == 2
     kc_count = "kcops_kc_tokens_count"
     assert value(out, kc_count, engine="vllm", layer="0", process="VLLM::Worker") == 1
-    assert value(out, "kcops_probe_dropped_total", engine="unknown", process="older") == 0
+    assert value(out, "kcops_probe_dropped_total", engine="unknown", process="old") == 0
 
 
 def test_a_hostile_engine_tag_is_refused_whole() -> None:
     r = ProbeReceiver("/nonexistent/probe.sock")
-    good = frame3(calls_by_layer={"0": 1})
+    good = frame(calls_by_layer={"0": 1})
     for tag in (b'vllm",x="y', b"V" * 4, b"e" * 17, b"\xff\xfe"):
         r.feed(with_tag(good, tag))
     out = collect(r)
     assert value(out, "kcops_probe_frames_total", outcome="malformed") == 4
+    assert value(out, "kcops_probe_frames_refused_total", reason="bad_field") == 4
     assert not [s for s in out if s.name == "kcops_attention_calls_total"]
-    assert r.last_error is not None and "engine tag" in r.last_error
+    assert r.last_error is not None and r.last_error.startswith("engine")
 
 
 def test_engines_count_toward_the_cardinality_bound() -> None:

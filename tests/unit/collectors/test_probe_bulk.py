@@ -1,5 +1,5 @@
-"""The receiver's bulk path for version 4 frames (probe_bulk) against the long way
-(wire.decode + add), fed datagrams and streams cut at every kind of place.
+"""The receiver's bulk path (probe_bulk) against the long way (wire.decode + add), fed
+single frames and streams cut at every kind of place.
 
 Both receivers get the same bytes; their outcomes and samples must agree (histogram sums
 up to float rounding: the bulk path adds them in another order).
@@ -15,10 +15,30 @@ from hypothesis import strategies as st
 
 from kcops.agent.collectors import probe_bulk
 from kcops.agent.collectors.probe import ProbeReceiver
+from kcops.agent.samples import Sample
 from kcops.kernels import wire
-from tests.unit.collectors.test_probe_sums import as_dict, counts, mutated, names
 
 MAX_U32 = 2**32 - 1
+names = st.text(
+    st.characters(codec="utf-8", exclude_characters="\x00"),
+    min_size=1,
+    max_size=wire.MAX_LABEL_CHARS,
+)
+counts = st.integers(0, MAX_U32)
+
+
+def as_dict(samples: list[Sample]) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {(s.name, tuple(sorted(s.labels))): s.value for s in samples}
+
+
+def mutated(good: bytes, data: st.DataObject) -> bytes:
+    """``good`` with 1 to 6 bytes overwritten and, half the time, cut short."""
+    bad = bytearray(good)
+    for _ in range(data.draw(st.integers(1, 6))):
+        bad[data.draw(st.integers(0, len(bad) - 1))] = data.draw(st.integers(0, 255))
+    if data.draw(st.booleans()):
+        bad = bad[: data.draw(st.integers(0, len(bad)))]
+    return bytes(bad)
 
 
 def receivers() -> tuple[ProbeReceiver, ProbeReceiver]:
@@ -29,7 +49,7 @@ def receivers() -> tuple[ProbeReceiver, ProbeReceiver]:
 
 
 def assert_same(fast: ProbeReceiver, slow: ProbeReceiver) -> None:
-    assert fast.frames == slow.frames
+    assert fast.frames == slow.frames and fast.refused == slow.refused
     a, b = as_dict(fast.collect(0.0)), as_dict(slow.collect(0.0))
     assert a.keys() == b.keys()
     for key, v in a.items():
@@ -104,7 +124,7 @@ def test_the_bulk_path_sums_what_the_long_way_sums(
     assert feed_stream(slow, stream, []) == 0
     assert_same(fast, slow)
     assert slow.bulked == 0
-    # and as datagrams, one frame each
+    # and one frame at a time
     for d in encoded:
         fast.feed(d)
         slow.feed(d)
@@ -171,8 +191,10 @@ def test_a_stream_out_of_step_is_refused_and_says_so() -> None:
     good = wire.encode(wire.Frame(pid=1, process="p", seq=0, calls_by_layer={"0": 1}))
     assert feed_stream(r, good * 2 + b"garbage that is no header" + good, []) == -1
     assert r.frames["ok"] == 2 and r.frames["malformed"] == 1
+    assert r.refused == {"bad_magic": 1}
     too_long = wire.HEADER.pack(wire.MAGIC, wire.VERSION, wire.MAX_FRAME_BYTES)
     assert feed_stream(r, good + too_long, []) == -1
+    assert r.refused == {"bad_magic": 1, "too_large": 1}
 
 
 def test_a_burst_of_distinct_processes_leaves_a_bounded_shape_cache() -> None:
@@ -180,7 +202,7 @@ def test_a_burst_of_distinct_processes_leaves_a_bounded_shape_cache() -> None:
     for i in range(1000):
         fast.feed(wire.encode(wire.Frame(pid=i, process=f"p{i}", seq=0, calls_by_layer={"0": 1})))
     assert fast.frames["ok"] == 1000
-    assert len(fast._shapes4) <= fast._shapes4.max_shapes <= 4 * 32
+    assert len(fast._shapes) <= fast._shapes.max_shapes <= 4 * 32
 
 
 def test_the_lane_split_reads_back_every_lane() -> None:

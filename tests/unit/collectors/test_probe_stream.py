@@ -1,6 +1,6 @@
-"""The receiver over real sockets: probes connect to the stream socket (version 4), older
-probes send datagrams; connections are bounded, a stream out of step is closed, and once
-a second's time budget is spent the receiver stops reading until the next second."""
+"""The receiver over a real socket: probes connect to its stream socket; connections are
+bounded, a stream out of step is closed, and once a second's time budget is spent the
+receiver stops reading until the next second."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ from kcops.errors import CollectorUnavailable
 from kcops.kernels import wire
 from kcops.kernels.aggregate import Aggregator
 from kcops.kernels.publisher import Publisher
-from kcops.kernels.wire_json import encode_v1
 from tests.unit.collectors.helpers import collect, value
 
 PY = {"engine": "unknown", "process": "p"}
@@ -47,7 +46,7 @@ def test_a_publisher_reaches_the_receiver_over_the_stream_socket(sock_path: Path
 
     async def main() -> None:
         await r.start()
-        assert sock_path.is_socket() and r.stream_path.is_socket()
+        assert sock_path.is_socket()
         agg = Aggregator((16,))
         pub = Publisher(agg, str(sock_path), 60.0, kc_every=2)
         for _ in range(6):
@@ -72,7 +71,7 @@ def test_a_publisher_reaches_the_receiver_over_the_stream_socket(sock_path: Path
         await r.stop()
 
     asyncio.run(main())
-    assert not sock_path.exists() and not Path(wire.stream_socket_path(str(sock_path))).exists()
+    assert not sock_path.exists()
 
 
 def _comm() -> str:
@@ -88,7 +87,7 @@ def test_connections_past_the_limit_are_refused_and_counted(sock_path: Path) -> 
         clients = []
         for _ in range(4):
             c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            c.connect(str(r.stream_path))
+            c.connect(str(r.socket_path))
             clients.append(c)
         await until(lambda: r.stream.connections["refused"] == 2)
         for i, c in enumerate(clients[:2]):
@@ -108,15 +107,16 @@ def test_a_stream_out_of_step_is_closed_and_the_rest_still_counts(sock_path: Pat
     async def main() -> None:
         await r.start()
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as bad:
-            bad.connect(str(r.stream_path))
+            bad.connect(str(r.socket_path))
             bad.sendall(_frame(0, calls_by_layer={"0": 1}) + b"not a header at all")
             await until(lambda: r.stream.connections["out_of_step"] == 1)
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as cut:
-            cut.connect(str(r.stream_path))
+            cut.connect(str(r.socket_path))
             whole = _frame(1, calls_by_layer={"0": 1})
             cut.sendall(whole + whole[:20])  # then the probe dies mid-frame
         await until(lambda: r.frames["ok"] == 2 and r.frames["malformed"] == 2)
         await until(lambda: r.stream.open_connections == 0)
+        assert r.refused == {"bad_magic": 1, "truncated": 1}
         out = collect(r)
         assert value(out, "kcops_attention_calls_total", layer="0", **PY) == 2
         await r.stop()
@@ -136,25 +136,30 @@ def test_budget_counts_frames_and_time_per_second() -> None:
     assert b.paused_s() is None and b.allowance() == 3
 
 
-def test_expensive_frames_are_bounded_by_time_not_just_count(sock_path: Path) -> None:
-    """A 4,096-layer JSON frame costs ~2 ms to decode: frames per second alone bound
-    nothing. Here each frame 'costs' 10 ms of a fake timer; with 45 ms a second allowed,
-    the receiver stops reading after five and reads the rest the next second."""
+def test_expensive_reads_are_bounded_by_time_not_just_count(sock_path: Path) -> None:
+    """A 4,096-layer frame costs far more to decode than a small one: frames per second
+    alone bound nothing. Here each read 'costs' 10 ms of a fake timer; with 45 ms a second
+    allowed, the receiver stops reading after five and reads the rest the next second."""
     now = [100.5]
     ticks = [0.0]
 
     def timer() -> float:
-        ticks[0] += 0.01  # read before and after each frame: 10 ms a frame
+        ticks[0] += 0.01  # read before and after each read's frames: 10 ms a read
         return ticks[0]
 
-    r = ProbeReceiver(sock_path, max_receive_ms_per_s=45, clock=lambda: now[0], timer=timer)
-    big = encode_v1(wire.Frame(pid=1, process="p", seq=0, calls_by_layer={"0": 1}))
+    r = ProbeReceiver(
+        sock_path, max_receive_ms_per_s=45, clock=lambda: now[0], timer=timer,
+        drain_interval_s=0.005,
+    )  # fmt: skip
 
     async def main() -> None:
         await r.start()
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
-            for _ in range(8):
-                s.sendto(big, str(sock_path))
+        clients = []
+        for i in range(8):  # one frame on each of 8 connections: 8 reads
+            c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            c.connect(str(sock_path))
+            c.sendall(_frame(i, calls_by_layer={"0": 1}))
+            clients.append(c)
         await until(lambda: r.budget.pauses == 1)
         await asyncio.sleep(0.05)  # the loop stays free: nothing more is read this second
         assert r.frames["ok"] == 5
@@ -162,6 +167,8 @@ def test_expensive_frames_are_bounded_by_time_not_just_count(sock_path: Path) ->
         await until(lambda: r.frames["ok"] == 8)
         out = collect(r)
         assert value(out, "kcops_probe_receive_paused_total") == 1
+        for c in clients:
+            c.close()
         await r.stop()
 
     asyncio.run(main())
@@ -183,7 +190,7 @@ def test_the_stream_pauses_on_the_budget_too(sock_path: Path) -> None:
     async def main() -> None:
         await r.start()
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as c:
-            c.connect(str(r.stream_path))
+            c.connect(str(r.socket_path))
             c.sendall(_frame(0, calls_by_layer={"0": 1}))
             await until(lambda: r.frames["ok"] == 1)
             c.sendall(_frame(1, calls_by_layer={"0": 1}))
@@ -197,11 +204,9 @@ def test_the_stream_pauses_on_the_budget_too(sock_path: Path) -> None:
     asyncio.run(main())
 
 
-def test_a_stream_path_past_the_unix_limit_is_reported_by_name() -> None:
-    """The stream socket's name is 7 characters longer than the datagram socket's: a path
-    that fits only the latter must be reported, naming the one that failed."""
+def test_a_path_past_the_unix_limit_is_reported_by_name() -> None:
     with tempfile.TemporaryDirectory(prefix="kcl-", dir="/tmp") as d:
-        path = Path(d) / ("p" * (104 - len(d) - 1))  # 104 bytes: the datagram path fits
+        path = Path(d) / ("p" * (110 - len(d)))  # past the 108 bytes of sun_path
         r = ProbeReceiver(path)
 
         async def main() -> None:
@@ -209,12 +214,12 @@ def test_a_stream_path_past_the_unix_limit_is_reported_by_name() -> None:
             await r.stop()
 
         asyncio.run(main())
-        assert r._start_error is not None and ".stream" in r._start_error
-        with pytest.raises(CollectorUnavailable, match="stream"):
+        assert r._start_error is not None and str(path) in r._start_error
+        with pytest.raises(CollectorUnavailable, match="cannot listen"):
             r.collect(0.0)
 
 
-def test_both_sockets_are_group_read_write_whatever_the_umask(sock_path: Path) -> None:
+def test_the_socket_is_group_read_write_whatever_the_umask(sock_path: Path) -> None:
     # In the pod the engine runs as another UID in the agent's group (docs/deploy.md).
     import os
     import stat
@@ -228,8 +233,8 @@ def test_both_sockets_are_group_read_write_whatever_the_umask(sock_path: Path) -
         finally:
             os.umask(old)
         try:
-            for p in (sock_path, r.stream_path):
-                assert stat.S_IMODE(p.stat().st_mode) == 0o660, (p, oct(p.stat().st_mode))
+            mode = stat.S_IMODE(sock_path.stat().st_mode)
+            assert mode == 0o660, oct(mode)
         finally:
             await r.stop()
 

@@ -65,7 +65,7 @@ class Listener:
     def __init__(self, path: str) -> None:
         self.path = path
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.bind(wire.stream_socket_path(path))
+        self.sock.bind(path)
         self.sock.listen(64)
         self.sock.setblocking(False)
         self.conns: list[tuple[socket.socket, bytearray]] = []
@@ -82,7 +82,7 @@ class Listener:
                 while chunk := conn.recv(1 << 16):
                     buf += chunk
             while len(buf) >= wire.HEADER.size:
-                end = wire.HEADER.size + wire.HEADER.unpack_from(buf)[2]
+                end = wire.HEADER.size + wire.header(bytes(buf))[1]
                 if end > len(buf):
                     break
                 out.append(wire.decode(bytes(buf[:end])))
@@ -105,7 +105,7 @@ def listener() -> Iterator[tuple[str, Listener]]:
         yield path, lst
     finally:
         lst.close()
-        os.unlink(wire.stream_socket_path(path))
+        os.unlink(path)
         os.rmdir(folder)
 
 

@@ -12,7 +12,7 @@ import torch
 
 import kcops.kernels as kernels
 from kcops.kernels import wire
-from tests.unit.kernels.conftest import drain, text_ids, tiny_llama
+from tests.unit.kernels.conftest import Listener, drain, text_ids, tiny_llama
 from tests.unit.kernels.test_kc import brute_force
 
 pytestmark = pytest.mark.gpu
@@ -24,7 +24,7 @@ def _cfg(**kw: Any) -> kernels.ProbeConfig:
     return kernels.ProbeConfig(**base)
 
 
-def test_cuda_timing_is_deferred_to_flush(listener: Any) -> None:
+def test_cuda_timing_is_deferred_to_flush(listener: tuple[str, Listener]) -> None:
     path, sock = listener
     model = tiny_llama("sdpa").cuda()
     ids = text_ids(64).cuda()
@@ -42,7 +42,7 @@ def test_cuda_timing_is_deferred_to_flush(listener: Any) -> None:
     assert frame.calls_by_layer == {"0": 1, "1": 1}
 
 
-def test_device_nan_flag_counts_each_bad_call(listener: Any) -> None:
+def test_device_nan_flag_counts_each_bad_call(listener: tuple[str, Listener]) -> None:
     path, sock = listener
     probe = kernels.install(_cfg(socket_path=path, integrations=("torch_sdpa",)))
     q = torch.randn(1, 2, 8, 16, device="cuda")

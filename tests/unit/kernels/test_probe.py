@@ -13,7 +13,7 @@ import torch
 
 import kcops.kernels as kernels
 from kcops.kernels import wire
-from tests.unit.kernels.conftest import drain, text_ids, tiny_llama
+from tests.unit.kernels.conftest import Listener, drain, text_ids, tiny_llama
 
 
 def cfg(**kw: Any) -> kernels.ProbeConfig:
@@ -34,7 +34,9 @@ def test_import_is_inert() -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
-def test_outputs_bit_identical_and_calls_per_layer(attn: str, listener: Any) -> None:
+def test_outputs_bit_identical_and_calls_per_layer(
+    attn: str, listener: tuple[str, Listener]
+) -> None:
     path, sock = listener
     model = tiny_llama(attn, layers=3)
     ids = text_ids(64, 300)
@@ -63,7 +65,7 @@ def test_outputs_bit_identical_and_calls_per_layer(attn: str, listener: Any) -> 
     assert probe.internal_errors == 0 and frame.internal_errors == 0
 
 
-def test_frames_are_deltas_with_sequence(listener: Any) -> None:
+def test_frames_are_deltas_with_sequence(listener: tuple[str, Listener]) -> None:
     path, sock = listener
     model = tiny_llama("sdpa")
     probe = kernels.install(cfg(sample_rate=0.0, socket_path=path))
@@ -92,7 +94,7 @@ def test_no_listener_never_raises_and_counts_drops() -> None:
     assert probe.publisher.dropped_total == 2
 
 
-def test_dropped_total_reaches_the_agent_when_it_appears(listener: Any) -> None:
+def test_dropped_total_reaches_the_agent_when_it_appears(listener: tuple[str, Listener]) -> None:
     path, sock = listener
     probe = kernels.install(cfg(socket_path=path + ".absent"))
     probe.flush()
@@ -106,10 +108,10 @@ def test_dropped_total_reaches_the_agent_when_it_appears(listener: Any) -> None:
     assert frame.dropped == 0 and probe.publisher.dropped_total == 1
 
 
-def test_full_socket_buffer_drops_instead_of_blocking(listener: Any) -> None:
+def test_full_socket_buffer_drops_instead_of_blocking(listener: tuple[str, Listener]) -> None:
     path, _sock = listener
     probe = kernels.install(cfg(socket_path=path))
-    # nobody reads: the receive queue fills up and sendto would block
+    # nobody reads: the connection's queue fills up and a send would block
     for _ in range(5000):
         probe.flush()
         if probe.publisher.dropped_total:
@@ -261,14 +263,14 @@ def test_config_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
         kernels.ProbeConfig.from_env()
 
 
-def test_frames_carry_the_engine_configured_then_set(listener: Any) -> None:
+def test_frames_carry_the_engine_configured_then_set(listener: tuple[str, Listener]) -> None:
     path, sock = listener
     probe = kernels.install(cfg(socket_path=path, engine="sglang", integrations=()))
     probe.flush()
     probe.set_engine("vllm")  # an integration that knows where it runs
     probe.flush()
     assert [f.engine for f in drain(sock)] == ["sglang", "vllm"]
-    with pytest.raises(wire.WireError, match="engine"):
+    with pytest.raises(wire.BadField, match="engine"):
         probe.set_engine("Not An Engine")
     assert probe.publisher.engine == "vllm"
 
@@ -301,7 +303,7 @@ def test_error_check_kinds(values: list[float], expected: dict[str, int]) -> Non
     assert {k: agg.errors[k] for k in ("nan", "inf")} == expected
 
 
-def test_forked_child_publishes_with_its_own_identity(listener: Any) -> None:
+def test_forked_child_publishes_with_its_own_identity(listener: tuple[str, Listener]) -> None:
     path, sock = listener
     probe = kernels.install(cfg(socket_path=path, integrations=("torch_sdpa",)))
     probe.flush()
@@ -324,7 +326,9 @@ def test_forked_child_publishes_with_its_own_identity(listener: Any) -> None:
     assert child.calls_by_layer == {wire.UNKNOWN_LAYER: 1}
 
 
-def test_the_reference_worker_says_kcops(listener: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_reference_worker_says_kcops(
+    listener: tuple[str, Listener], monkeypatch: pytest.MonkeyPatch
+) -> None:
     from kcops.worker.app import install_probe
 
     path, sock = listener
@@ -337,7 +341,7 @@ def test_the_reference_worker_says_kcops(listener: Any, monkeypatch: pytest.Monk
 
 
 def test_the_reference_worker_takes_probe_settings_from_the_environment(
-    listener: Any, monkeypatch: pytest.MonkeyPatch
+    listener: tuple[str, Listener], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`kcops serve` honours KCOPS_PROBE_* as `kcops.kernels.run` and the vLLM plugin do."""
     from kcops.worker.app import install_probe

@@ -4,12 +4,11 @@ worker after start), and silence in processes that never ran attention."""
 from __future__ import annotations
 
 import ctypes
-from typing import Any
 
 from kcops.kernels import wire
 from kcops.kernels.aggregate import Aggregator
 from kcops.kernels.publisher import Publisher
-from tests.unit.kernels.conftest import drain
+from tests.unit.kernels.conftest import Listener, drain
 
 PR_SET_NAME = 15
 
@@ -24,7 +23,7 @@ def _comm() -> str:
         return fh.read().strip()
 
 
-def test_process_name_is_read_when_the_frame_is_sent(listener: Any) -> None:
+def test_process_name_is_read_when_the_frame_is_sent(listener: tuple[str, Listener]) -> None:
     path, sock = listener
     agg = Aggregator((16,))
     pub = Publisher(agg, path, 60.0)
@@ -41,7 +40,7 @@ def test_process_name_is_read_when_the_frame_is_sent(listener: Any) -> None:
     assert first.process == before and second.process == "VLLM::Worker"
 
 
-def test_wait_for_attention_sends_nothing_until_a_call(listener: Any) -> None:
+def test_wait_for_attention_sends_nothing_until_a_call(listener: tuple[str, Listener]) -> None:
     path, sock = listener
     agg = Aggregator((16,))
     pub = Publisher(agg, path, 60.0)

@@ -21,7 +21,7 @@ from kcops.kernels.sender import Sent, StreamSender
 @pytest.fixture
 def path() -> Iterator[str]:
     with tempfile.TemporaryDirectory(prefix="kcs-", dir="/tmp") as d:
-        yield os.path.join(d, "p.sock.stream")
+        yield os.path.join(d, "p.sock")
 
 
 def _listen(path: str) -> socket.socket:
