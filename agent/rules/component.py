@@ -99,7 +99,8 @@ class RulesComponent:
             span.set_attribute("kcops.transitions", len(transitions))
         for tr in transitions:
             self.ctx.bus.publish(tr)
-        await self._save(in_thread=True)
+        if evaluated:
+            await self._save(in_thread=True)
 
     async def stop(self) -> None:
         await self._save(in_thread=False)
