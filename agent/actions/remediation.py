@@ -45,6 +45,7 @@ from kcops.errors import ActionRejected
 
 if TYPE_CHECKING:
     from kcops.agent.rules.loader import RuleSet
+    from kcops.agent.rules.views import ActiveAlert
 
 log = logging.getLogger("kcops.agent.actions")
 
@@ -54,7 +55,7 @@ class AlertsView(Protocol):
 
     def is_firing(self, alertname: str, labels: Mapping[str, str] | None = None) -> bool: ...
 
-    def active(self) -> list[dict[str, Any]]: ...
+    def active(self) -> list[ActiveAlert]: ...
 
     def rule_names(self) -> list[str]: ...
 

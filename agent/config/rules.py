@@ -7,6 +7,7 @@ from pathlib import Path
 from pydantic import Field, StrictBool
 
 from kcops.agent.config.base import Section
+from kcops.agent.duration import Duration
 from kcops.agent.rules.rulefile import ParamValue
 
 
@@ -19,5 +20,22 @@ class RulesSection(Section):
             "overrides of the rule file's params (thresholds, windows), e.g. "
             "{p99_ttft_seconds: 0.3}; a finite number or a string; an unknown name is "
             "refused at load"
+        ),
+    )
+    for_grace_period_s: Duration = Field(
+        10.0,
+        ge=0,
+        description=(
+            "after a restart, an alert whose `for` is restored has at least this much of it "
+            "left (Prometheus's --rules.alert.for-grace-period); rules with a shorter `for` "
+            "are not restored"
+        ),
+    )
+    for_outage_tolerance_s: Duration = Field(
+        3600.0,
+        ge=0,
+        description=(
+            "the `for` state of an alert last seen longer ago than this is not restored "
+            "(Prometheus's --rules.alert.for-outage-tolerance)"
         ),
     )

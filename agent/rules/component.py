@@ -1,22 +1,51 @@
-"""The rules component: evaluates the alert table every agent tick.
+"""The rules component: runs each rule group on its own grid, driven by the agent's tick.
 
 Remediation reads alert states through it (an ``AlertsView``). Serves ``GET /api/v1/alerts``
-(active alerts and their state) and ``GET /api/v1/rules`` (rules, last
-evaluation, errors); both are open reads.
+(active alerts and their state) and ``GET /api/v1/rules`` (groups, rules, last
+evaluation, errors); both are open reads. Alert ``for`` state is kept in the
+state dir and restored after a restart (:mod:`kcops.agent.rules.forstate`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from kcops.agent.rules.engine import RuleEngine
+from kcops.agent.rules.forstate import FILE_NAME, ForStateKeeper
+from kcops.agent.rules.group import Group, build_groups
 from kcops.agent.rules.loader import RuleSet
+from kcops.agent.rules.views import ActiveAlert, GroupInfo
+from kcops.agent.samples import SeriesKey
 
 if TYPE_CHECKING:
     from kcops.agent.component import AgentContext
+
+# Evaluations of a group before its alerts' `for` state is restored: Prometheus waits for
+# the second, so recording rules and the data they read have caught up.
+RESTORE_AFTER_EVALUATIONS = 2
+GROUP_METRICS = (
+    ("kcops_rule_group_interval_seconds", "gauge", "The interval of a rule group."),
+    (
+        "kcops_rule_group_last_evaluation_timestamp_seconds",
+        "gauge",
+        "The timestamp (its slot on the group's grid) of the last rule group evaluation.",
+    ),
+    (
+        "kcops_rule_group_iterations_total",
+        "counter",
+        "Scheduled rule group evaluations, whether executed or missed.",
+    ),
+    (
+        "kcops_rule_group_iterations_missed_total",
+        "counter",
+        "Rule group evaluations missed because a tick came late.",
+    ),
+)
 
 
 class RulesComponent:
@@ -26,20 +55,71 @@ class RulesComponent:
         self.ctx = ctx
         self.ruleset = ruleset
         self.engine = RuleEngine(ruleset, ctx.store)
+        self.groups: list[Group] = build_groups(
+            ruleset.groups, ruleset.source, ctx.config.agent.tick_s
+        )
+        section = ctx.config.rules
+        self.for_state = ForStateKeeper(
+            ctx.state_dir / FILE_NAME,
+            self.engine,
+            section.for_grace_period_s,
+            section.for_outage_tolerance_s,
+        )
+        self._evaluations: dict[str, int] = {g.name: 0 for g in self.groups}
+        self._durations: dict[str, float] = {g.name: 0.0 for g in self.groups}
+        for name, kind, help_text in GROUP_METRICS:
+            ctx.store.set_meta(name, kind, help_text)
 
     async def start(self) -> None:
         return None
 
     async def tick(self, now: float) -> None:
         with self.ctx.tracer.start_as_current_span("rules.evaluate") as span:
-            transitions = self.engine.evaluate(now)
+            transitions = []
+            t0 = time.perf_counter()
+            evaluated = 0
+            for g in self.groups:
+                slot = g.due(now)
+                if slot is None:
+                    continue
+                evaluated += 1
+                g0 = time.perf_counter()
+                transitions += self.engine.evaluate_group(g.rules, slot, g.limit)
+                self._durations[g.name] = time.perf_counter() - g0
+                self._evaluations[g.name] += 1
+                if not g.restored and self._evaluations[g.name] >= RESTORE_AFTER_EVALUATIONS:
+                    self.for_state.restore(g, now)
+                self.for_state.record(g, slot)
+                self._write_group_series(g, slot)
+            if evaluated:
+                self.engine.last_eval = now
+                self.engine.last_duration_s = time.perf_counter() - t0
             span.set_attribute("kcops.rules", len(self.ruleset.rules))
+            span.set_attribute("kcops.groups", evaluated)
             span.set_attribute("kcops.transitions", len(transitions))
         for tr in transitions:
             self.ctx.bus.publish(tr)
+        if evaluated:
+            await self._save(in_thread=True)
 
     async def stop(self) -> None:
-        return None
+        await self._save(in_thread=False)
+
+    async def _save(self, *, in_thread: bool) -> None:
+        payload = self.for_state.payload()
+        if payload is None:
+            return
+        if in_thread:
+            await asyncio.to_thread(self.for_state.write, payload)
+        else:
+            self.for_state.write(payload)
+
+    def _write_group_series(self, g: Group, slot: float) -> None:
+        labels = {"rule_group": g.name}
+        store = self.ctx.store
+        values = (g.interval_s, slot, float(g.iterations), float(g.missed))
+        for (name, _, _), v in zip(GROUP_METRICS, values, strict=True):
+            store.append(SeriesKey.of(name, labels), slot, v)
 
     # -- the service other components use -----------------------------------------
 
@@ -47,16 +127,34 @@ class RulesComponent:
         """True when an instance of ``alertname`` whose labels include ``labels`` is firing."""
         return self.engine.is_firing(alertname, labels)
 
-    def active(self) -> list[dict[str, Any]]:
+    def active(self) -> list[ActiveAlert]:
         """Pending and firing instances (alertname, labels, state, active_since, value, ...)."""
         return self.engine.active()
 
     def rule_names(self) -> list[str]:
         return [r.name for r in self.ruleset.rules]
 
+    def groups_info(self) -> list[GroupInfo]:
+        return [
+            GroupInfo(
+                name=g.name,
+                interval_s=g.interval_s,
+                on_tick=g.on_tick,
+                offset_s=g.offset_s,
+                limit=g.limit,
+                rules=[r.name for r in g.rules],
+                last_evaluation=g.last_slot if self._evaluations[g.name] else None,
+                evaluation_seconds=self._durations[g.name],
+                iterations_total=g.iterations,
+                iterations_missed_total=g.missed,
+                restored=g.restored,
+            )
+            for g in self.groups
+        ]
+
     # -- component protocol --------------------------------------------------------
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> dict[str, object]:
         errors = {n: h.error for n, h in self.engine.health.items() if h.error}
         active = self.engine.active()
         firing = sum(1 for a in active if a["state"] == "firing")
@@ -71,6 +169,7 @@ class RulesComponent:
             "last_evaluation": self.engine.last_eval,
             "evaluation_seconds": round(self.engine.last_duration_s, 6),
             "errors": errors,
+            "for_state_restored": self.for_state.restored_total,
         }
 
     def routes(self) -> list[web.RouteDef]:
@@ -86,6 +185,7 @@ class RulesComponent:
                     "params": dict(self.ruleset.params),
                     "last_evaluation": self.engine.last_eval,
                     "evaluation_seconds": self.engine.last_duration_s,
+                    "groups": self.groups_info(),
                     "rules": self.engine.rules_info(),
                 }
             )

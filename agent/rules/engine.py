@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from kcops.agent.events import AlertTransition
 from kcops.agent.rules.alerting import Instance, Result, step
@@ -19,6 +18,7 @@ from kcops.agent.rules.evaluator import DEFAULT_STEP_S, Evaluator
 from kcops.agent.rules.gofmt import go_float
 from kcops.agent.rules.loader import AlertRule, RecordingRule, Rule, RuleSet
 from kcops.agent.rules.model import NAME, Elem, EvalError, Labels, Vector, labels_of
+from kcops.agent.rules.views import ActiveAlert, RuleInfo, StepInfo
 from kcops.agent.samples import SeriesKey
 from kcops.agent.store import Store
 
@@ -77,19 +77,36 @@ class RuleEngine:
     # -- evaluation --------------------------------------------------------------
 
     def evaluate(self, now: float) -> list[AlertTransition]:
-        """Evaluate every rule at ``now`` (Unix s), in file order; returns the transitions.
+        """Evaluate every group at ``now`` (Unix s), in file order; returns the transitions.
+
+        What ``promtool test rules`` and ``kcops alerts replay`` do at each
+        step: every group, whatever its interval (the agent runs each group
+        on its own grid instead, :mod:`kcops.agent.rules.group`)."""
+        t0 = time.perf_counter()
+        transitions: list[AlertTransition] = []
+        for group in self.ruleset.groups:
+            transitions += self.evaluate_group(group.rules, now, group.limit or 0)
+        self.last_eval = now
+        self.last_duration_s = time.perf_counter() - t0
+        return transitions
+
+    def evaluate_group(
+        self, rules: Sequence[Rule], now: float, limit: int = 0
+    ) -> list[AlertTransition]:
+        """Evaluate one group's rules at ``now``, in order; returns the transitions.
 
         A rule whose evaluation raises anything is marked failed (``health``,
         ``kcops_rule_evaluation_failures_total``) and the next rule still runs:
         one bad rule must never silence the others, whatever the bug is.
+        ``limit`` (> 0) is the group's: a rule producing more series or alerts
+        fails that evaluation, as in Prometheus.
         """
-        t0 = time.perf_counter()
         transitions: list[AlertTransition] = []
-        for rule in self.ruleset.rules:
+        for rule in rules:
             h = self.health[rule.name]
             r0 = time.perf_counter()
             try:
-                transitions += self._evaluate_rule(rule, now, h)
+                transitions += self._evaluate_rule(rule, now, h, limit)
                 h.error = None
             except Exception as exc:
                 h.error = _error_text(exc)
@@ -99,11 +116,11 @@ class RuleEngine:
             if self.write_series:
                 key = SeriesKey.of(FAILURES, {"rule_group": rule.group, "rule": rule.name})
                 self.store.append(key, now, float(h.errors_total))
-        self.last_eval = now
-        self.last_duration_s = time.perf_counter() - t0
         return transitions
 
-    def _evaluate_rule(self, rule: Rule, now: float, h: RuleHealth) -> list[AlertTransition]:
+    def _evaluate_rule(
+        self, rule: Rule, now: float, h: RuleHealth, limit: int
+    ) -> list[AlertTransition]:
         # A fresh budget per rule: one expensive rule fails alone (budget.py).
         value = self.evaluator.run(rule.node, now)
         if not isinstance(value, list):
@@ -112,8 +129,8 @@ class RuleEngine:
             else:
                 raise EvalError("rule expression must return an instant vector")
         if isinstance(rule, AlertRule):
-            return self._alert(rule, value, now, h)
-        self._record(rule, value, now, h)
+            return self._alert(rule, value, now, h, limit)
+        self._record(rule, value, now, h, limit)
         return []
 
     def _expand(self, rule: AlertRule, value: Vector) -> list[Result]:
@@ -139,10 +156,15 @@ class RuleEngine:
         return results
 
     def _alert(
-        self, rule: AlertRule, value: Vector, now: float, h: RuleHealth
+        self, rule: AlertRule, value: Vector, now: float, h: RuleHealth, limit: int
     ) -> list[AlertTransition]:
         results = self._expand(rule, value)
         new_state, transitions = step(rule, self.states[rule.name], results, now)
+        if 0 < limit < len(new_state):
+            # Prometheus (rules/alerting.go): the rule's alerts are all dropped, without
+            # resolving them, and the evaluation fails; no ALERTS samples are written.
+            self.states[rule.name] = {}
+            raise EvalError(f"exceeded limit of {limit} with {len(new_state)} alerts")
         self.states[rule.name] = new_state
         if self.write_series:
             self._write_alert_series(rule, new_state, now, h)
@@ -166,18 +188,25 @@ class RuleEngine:
             self.store.mark_stale(key, now)
         h.series = written
 
-    def _record(self, rule: RecordingRule, value: Vector, now: float, h: RuleHealth) -> None:
-        written: set[SeriesKey] = set()
+    def _record(
+        self, rule: RecordingRule, value: Vector, now: float, h: RuleHealth, limit: int
+    ) -> None:
+        out: dict[SeriesKey, float] = {}
         for labels, v in value:
             lab = {k: val for k, val in labels if k != NAME}
             lab.update(rule.labels)
             key = SeriesKey(rule.name, labels_of(lab))
-            if key in written:
+            if key in out:
                 raise EvalError(
                     "vector contains metrics with the same labelset after applying rule labels"
                 )
+            out[key] = v
+        if 0 < limit < len(out):
+            # Prometheus (rules/recording.go): nothing of this evaluation is written.
+            raise EvalError(f"exceeded limit of {limit} with {len(out)} series")
+        for key, v in out.items():
             self.store.append(key, now, v)
-            written.add(key)
+        written = set(out)
         for key in h.series - written:
             self.store.mark_stale(key, now)
         h.series = written
@@ -194,58 +223,52 @@ class RuleEngine:
                 return True
         return False
 
-    def active(self) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
+    def active(self) -> list[ActiveAlert]:
+        out: list[ActiveAlert] = []
         for name, insts in self.states.items():
             for inst in insts.values():
                 out.append(
-                    {
-                        "alertname": name,
-                        "labels": dict(inst.labels),
-                        "state": inst.state,
-                        "active_since": inst.active_at,
-                        "fired_at": inst.fired_at,
-                        # JSON has no NaN/Inf: a number when finite, and the
-                        # value as Prometheus prints it in any case.
-                        "value": inst.value if math.isfinite(inst.value) else None,
-                        "value_string": go_float(inst.value),
-                        "annotations": dict(inst.annotations),
-                    }
+                    ActiveAlert(
+                        alertname=name,
+                        labels=dict(inst.labels),
+                        state=inst.state,
+                        active_since=inst.active_at,
+                        fired_at=inst.fired_at,
+                        value=inst.value if math.isfinite(inst.value) else None,
+                        value_string=go_float(inst.value),
+                        annotations=dict(inst.annotations),
+                    )
                 )
         out.sort(key=lambda a: (a["alertname"], sorted(a["labels"].items())))
         return out
 
-    def rules_info(self) -> list[dict[str, Any]]:
+    def rules_info(self) -> list[RuleInfo]:
         out = []
         for r in self.ruleset.rules:
             h = self.health[r.name]
-            info: dict[str, Any] = {
-                "name": r.name,
-                "type": r.kind,
-                "group": r.group,
-                "expr": r.expr,
-                "last_evaluation": h.last_eval,
-                "evaluation_seconds": h.duration_s,
-                "health": "unknown" if h.last_eval is None else ("err" if h.error else "ok"),
-                "last_error": h.error,
-                "errors_total": h.errors_total,
-            }
+            info = RuleInfo(
+                name=r.name,
+                type=r.kind,
+                group=r.group,
+                expr=r.expr,
+                last_evaluation=h.last_eval,
+                evaluation_seconds=h.duration_s,
+                health="unknown" if h.last_eval is None else ("err" if h.error else "ok"),
+                last_error=h.error,
+                errors_total=h.errors_total,
+            )
             if isinstance(r, AlertRule):
                 insts = self.states[r.name].values()
-                info.update(
-                    {
-                        "for_s": r.for_s,
-                        "keep_firing_for_s": r.keep_firing_for_s,
-                        "labels": {k: t.source for k, t in r.labels.items()},
-                        "annotations": {k: t.source for k, t in r.annotations.items()},
-                        "remediation": [
-                            {"action": s.action, "params": dict(s.params), "verify_s": s.verify_s}
-                            for s in r.remediation
-                        ],
-                        "state": _rule_state(list(insts)),
-                        "active": len(insts),
-                    }
-                )
+                info["for_s"] = r.for_s
+                info["keep_firing_for_s"] = r.keep_firing_for_s
+                info["labels"] = {k: t.source for k, t in r.labels.items()}
+                info["annotations"] = {k: t.source for k, t in r.annotations.items()}
+                info["remediation"] = [
+                    StepInfo(action=s.action, params=dict(s.params), verify_s=s.verify_s)
+                    for s in r.remediation
+                ]
+                info["state"] = _rule_state(list(insts))
+                info["active"] = len(insts)
             out.append(info)
         return out
 

@@ -2,15 +2,16 @@
 
 The kcops extensions (``params``, ``remediation``) are dropped and every
 ``${param}`` is already substituted, so ``promtool check rules`` accepts it.
+A group's ``interval`` and ``limit`` are kept as the file gives them.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import NotRequired, TypedDict
 
 import yaml
 
-from kcops.agent.rules.loader import RuleSet
+from kcops.agent.rules.loader import PromRule, RuleSet
 
 PROMETHEUS = "prometheus"
 OPERATOR = "prometheus-operator"
@@ -32,26 +33,40 @@ class _Dumper(yaml.SafeDumper):
 _Dumper.add_representer(_Literal, _literal)
 
 
-def _rule_dict(raw: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key in ("alert", "record", "expr", "for", "keep_firing_for", "labels", "annotations"):
-        if key not in raw:
-            continue
-        v = raw[key]
-        if key == "expr":
-            text = str(v).strip()
-            v = _Literal(text + "\n") if "\n" in text else text
-        out[key] = v
+class PromGroup(TypedDict):
+    name: str
+    interval: NotRequired[str]
+    limit: NotRequired[int]
+    rules: list[PromRule]
+
+
+class PromRuleFile(TypedDict):
+    groups: list[PromGroup]
+
+
+_RULE_KEYS = ("alert", "record", "expr", "for", "keep_firing_for", "labels", "annotations")
+
+
+def _rule_dict(raw: PromRule) -> PromRule:
+    """The rule's keys in Prometheus's documented order, a multi-line ``expr`` as a block."""
+    out = PromRule()
+    for key in _RULE_KEYS:
+        if key in raw:
+            out[key] = raw[key]  # type: ignore[literal-required]
+    if "expr" in out:
+        text = out["expr"].strip()
+        out["expr"] = _Literal(text + "\n") if "\n" in text else text
     return out
 
 
-def prometheus_rules(ruleset: RuleSet) -> dict[str, Any]:
+def prometheus_rules(ruleset: RuleSet) -> PromRuleFile:
     groups = []
     for g in ruleset.groups:
-        gd: dict[str, Any] = {"name": g.name}
+        gd = PromGroup(name=g.name, rules=[_rule_dict(r.raw) for r in g.rules])
         if g.interval is not None:
             gd["interval"] = g.interval
-        gd["rules"] = [_rule_dict(r.raw) for r in g.rules]
+        if g.limit is not None:
+            gd["limit"] = g.limit
         groups.append(gd)
     return {"groups": groups}
 
@@ -64,11 +79,19 @@ def export_rules(
     labels: dict[str, str] | None = None,
 ) -> str:
     """YAML text of the rule set in ``fmt`` (prometheus | prometheus-operator)."""
-    spec = prometheus_rules(ruleset)
+    # Key order as Prometheus documents it: name, interval, limit, rules.
+    order = ("name", "interval", "limit", "rules")
+    spec = {
+        "groups": [
+            {k: g[k] for k in order if k in g}  # type: ignore[literal-required]
+            for g in prometheus_rules(ruleset)["groups"]
+        ]
+    }
+    doc: dict[str, object]
     if fmt == PROMETHEUS:
-        doc: dict[str, Any] = spec
+        doc = dict(spec)
     elif fmt == OPERATOR:
-        meta: dict[str, Any] = {
+        meta: dict[str, object] = {
             "name": name,
             "labels": labels or {"app.kubernetes.io/name": "kcops"},
         }

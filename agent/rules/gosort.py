@@ -15,9 +15,10 @@ Everything works on a Python list and ``less(a, b)``, the element form of Go's
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TypeVar
 
-Less = Callable[[Any, Any], bool]
+T = TypeVar("T")
+Less = Callable[[T, T], bool]
 _MAX_INSERTION = 12
 _SHORTEST_NINTHER = 50
 _MAX_SWAPS = 4 * 3
@@ -28,7 +29,7 @@ _INCREASING, _DECREASING, _UNKNOWN = 1, 2, 0
 # -- container/heap ------------------------------------------------------------
 
 
-def _up(h: list[Any], j: int, less: Less) -> None:
+def _up(h: list[T], j: int, less: Less[T]) -> None:
     while j > 0:
         i = (j - 1) // 2
         if not less(h[j], h[i]):
@@ -37,7 +38,7 @@ def _up(h: list[Any], j: int, less: Less) -> None:
         j = i
 
 
-def _down(h: list[Any], i0: int, n: int, less: Less) -> bool:
+def _down(h: list[T], i0: int, n: int, less: Less[T]) -> bool:
     i = i0
     while True:
         j1 = 2 * i + 1
@@ -54,13 +55,13 @@ def _down(h: list[Any], i0: int, n: int, less: Less) -> bool:
     return i > i0
 
 
-def heap_push(h: list[Any], x: Any, less: Less) -> None:
+def heap_push(h: list[T], x: T, less: Less[T]) -> None:
     """``heap.Push``: append, then sift up."""
     h.append(x)
     _up(h, len(h) - 1, less)
 
 
-def heap_pop(h: list[Any], less: Less) -> Any:
+def heap_pop(h: list[T], less: Less[T]) -> T:
     """``heap.Pop``: the least element, after moving the last one to the root."""
     n = len(h) - 1
     h[0], h[n] = h[n], h[0]
@@ -71,14 +72,14 @@ def heap_pop(h: list[Any], less: Less) -> Any:
 # -- sort.Sort (pdqsort) ---------------------------------------------------------
 
 
-def go_sort(data: list[Any], less: Less) -> None:
+def go_sort(data: list[T], less: Less[T]) -> None:
     """``sort.Sort(data)`` in place, with ``less`` as ``data.Less``."""
     n = len(data)
     if n > 1:
         _pdqsort(data, 0, n, n.bit_length(), less)
 
 
-def _insertion_sort(d: list[Any], a: int, b: int, less: Less) -> None:
+def _insertion_sort(d: list[T], a: int, b: int, less: Less[T]) -> None:
     for i in range(a + 1, b):
         j = i
         while j > a and less(d[j], d[j - 1]):
@@ -86,7 +87,7 @@ def _insertion_sort(d: list[Any], a: int, b: int, less: Less) -> None:
             j -= 1
 
 
-def _sift_down(d: list[Any], lo: int, hi: int, first: int, less: Less) -> None:
+def _sift_down(d: list[T], lo: int, hi: int, first: int, less: Less[T]) -> None:
     root = lo
     while True:
         child = 2 * root + 1
@@ -100,7 +101,7 @@ def _sift_down(d: list[Any], lo: int, hi: int, first: int, less: Less) -> None:
         root = child
 
 
-def _heap_sort(d: list[Any], a: int, b: int, less: Less) -> None:
+def _heap_sort(d: list[T], a: int, b: int, less: Less[T]) -> None:
     first, hi = a, b - a
     for i in range((hi - 1) // 2, -1, -1):
         _sift_down(d, i, hi, first, less)
@@ -109,7 +110,7 @@ def _heap_sort(d: list[Any], a: int, b: int, less: Less) -> None:
         _sift_down(d, 0, i, first, less)
 
 
-def _pdqsort(d: list[Any], a: int, b: int, limit: int, less: Less) -> None:
+def _pdqsort(d: list[T], a: int, b: int, limit: int, less: Less[T]) -> None:
     balanced, partitioned = True, True
     while True:
         length = b - a
@@ -150,7 +151,7 @@ def _pdqsort(d: list[Any], a: int, b: int, limit: int, less: Less) -> None:
             b = mid
 
 
-def _partition(d: list[Any], a: int, b: int, pivot: int, less: Less) -> tuple[int, bool]:
+def _partition(d: list[T], a: int, b: int, pivot: int, less: Less[T]) -> tuple[int, bool]:
     d[a], d[pivot] = d[pivot], d[a]
     i, j = a + 1, b - 1
     while i <= j and less(d[i], d[a]):
@@ -175,7 +176,7 @@ def _partition(d: list[Any], a: int, b: int, pivot: int, less: Less) -> tuple[in
     return j, False
 
 
-def _partition_equal(d: list[Any], a: int, b: int, pivot: int, less: Less) -> int:
+def _partition_equal(d: list[T], a: int, b: int, pivot: int, less: Less[T]) -> int:
     d[a], d[pivot] = d[pivot], d[a]
     i, j = a + 1, b - 1
     while True:
@@ -189,7 +190,7 @@ def _partition_equal(d: list[Any], a: int, b: int, pivot: int, less: Less) -> in
         i, j = i + 1, j - 1
 
 
-def _partial_insertion_sort(d: list[Any], a: int, b: int, less: Less) -> bool:
+def _partial_insertion_sort(d: list[T], a: int, b: int, less: Less[T]) -> bool:
     max_steps, shortest_shifting = 5, 50
     i = a + 1
     for _ in range(max_steps):
@@ -213,7 +214,7 @@ def _partial_insertion_sort(d: list[Any], a: int, b: int, less: Less) -> bool:
     return False
 
 
-def _break_patterns(d: list[Any], a: int, b: int) -> None:
+def _break_patterns(d: list[T], a: int, b: int) -> None:
     length = b - a
     if length < 8:
         return
@@ -231,7 +232,7 @@ def _break_patterns(d: list[Any], a: int, b: int) -> None:
         d[idx], d[a + other] = d[a + other], d[idx]
 
 
-def _choose_pivot(d: list[Any], a: int, b: int, less: Less) -> tuple[int, int]:
+def _choose_pivot(d: list[T], a: int, b: int, less: Less[T]) -> tuple[int, int]:
     n = b - a
     swaps = [0]
     i, j, k = a + n // 4 * 1, a + n // 4 * 2, a + n // 4 * 3
@@ -248,21 +249,21 @@ def _choose_pivot(d: list[Any], a: int, b: int, less: Less) -> tuple[int, int]:
     return j, _UNKNOWN
 
 
-def _order2(d: list[Any], a: int, b: int, swaps: list[int], less: Less) -> tuple[int, int]:
+def _order2(d: list[T], a: int, b: int, swaps: list[int], less: Less[T]) -> tuple[int, int]:
     if less(d[b], d[a]):
         swaps[0] += 1
         return b, a
     return a, b
 
 
-def _median(d: list[Any], a: int, b: int, c: int, swaps: list[int], less: Less) -> int:
+def _median(d: list[T], a: int, b: int, c: int, swaps: list[int], less: Less[T]) -> int:
     a, b = _order2(d, a, b, swaps, less)
     b, c = _order2(d, b, c, swaps, less)
     a, b = _order2(d, a, b, swaps, less)
     return b
 
 
-def _reverse_range(d: list[Any], a: int, b: int) -> None:
+def _reverse_range(d: list[T], a: int, b: int) -> None:
     i, j = a, b - 1
     while i < j:
         d[i], d[j] = d[j], d[i]

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from pydantic import TypeAdapter, ValidationError
 
@@ -43,7 +43,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AlertRule",
-    "Group",
+    "GroupSpec",
+    "PromRule",
     "RecordingRule",
     "Rule",
     "RuleSet",
@@ -53,6 +54,23 @@ __all__ = [
     "parse_duration",
     "ruleset_from_config",
 ]
+
+
+# A rule as Prometheus reads it (kcops keys out, params in): what the export writes.
+# The functional form, because `for` is a Python keyword.
+PromRule = TypedDict(
+    "PromRule",
+    {
+        "alert": str,
+        "record": str,
+        "expr": str,
+        "for": str,
+        "keep_firing_for": str,
+        "labels": dict[str, str],
+        "annotations": dict[str, str],
+    },
+    total=False,
+)
 
 
 @dataclass(frozen=True)
@@ -66,7 +84,7 @@ class AlertRule:
     annotations: Mapping[str, Template]
     remediation: tuple[RemediationStep, ...]
     group: str
-    raw: Mapping[str, Any] = field(repr=False, compare=False)  # Prometheus-only keys
+    raw: PromRule = field(repr=False, compare=False)  # Prometheus-only keys
 
     @property
     def kind(self) -> str:
@@ -80,7 +98,7 @@ class RecordingRule:
     node: Any = field(repr=False, compare=False)
     labels: Mapping[str, str]
     group: str
-    raw: Mapping[str, Any] = field(repr=False, compare=False)
+    raw: PromRule = field(repr=False, compare=False)
 
     @property
     def kind(self) -> str:
@@ -91,17 +109,33 @@ Rule = AlertRule | RecordingRule
 
 
 @dataclass(frozen=True)
-class Group:
+class GroupSpec:
+    """A group as the file has it; :class:`kcops.agent.rules.group.Group` runs it.
+
+    ``interval`` and ``limit`` are kept as written (None: not given) for the
+    export; ``interval_s`` is None when the group takes the default interval
+    (no ``interval``, or ``0s`` as Prometheus reads it), ``limit`` 0 or None
+    means no limit.
+    """
+
     name: str
     interval: str | None
     rules: tuple[Rule, ...]
+    limit: int | None = None
+
+    @property
+    def interval_s(self) -> float | None:
+        if self.interval is None:
+            return None
+        seconds = parse_duration(self.interval)
+        return seconds if seconds > 0 else None
 
 
 @dataclass(frozen=True)
 class RuleSet:
     source: str
-    groups: tuple[Group, ...]
-    params: Mapping[str, Any]
+    groups: tuple[GroupSpec, ...]
+    params: Mapping[str, int | float | str]
 
     @property
     def rules(self) -> list[Rule]:
@@ -146,7 +180,7 @@ def _where(data: Mapping[str, Any]) -> Any:
 
 
 def _params(
-    raw: Any, overrides: Mapping[str, Any] | None, source: str
+    raw: object, overrides: Mapping[str, object] | None, source: str
 ) -> dict[str, int | float | str]:
     """The file's params with the overrides (config ``rules.params``, ``--param``) applied."""
     try:
@@ -190,19 +224,26 @@ def _templates(raw: Mapping[str, str] | None, what: str, where: str) -> dict[str
     return out
 
 
-def _prometheus_keys(raw: Mapping[str, Any], rule: RuleModel) -> dict[str, Any]:
+def _prometheus_keys(raw: Mapping[str, object], rule: RuleModel) -> PromRule:
     """The rule as Prometheus reads it: kcops keys out, params in, an alert's ``for`` and
-    ``keep_firing_for`` always given (``0s`` when the file has none)."""
-    values = {
-        "alert": rule.alert,
-        "record": rule.record,
-        "expr": rule.expr,
-        "for": rule.for_,
-        "keep_firing_for": rule.keep_firing_for,
-        "labels": rule.labels,
-        "annotations": rule.annotations,
-    }
-    out = {k: values[k] for k in raw if k in values}
+    ``keep_firing_for`` always given (``0s`` when the file has none). Keys keep the
+    file's order."""
+    out = PromRule()
+    for key in raw:
+        if key == "alert" and rule.alert is not None:
+            out["alert"] = rule.alert
+        elif key == "record" and rule.record is not None:
+            out["record"] = rule.record
+        elif key == "expr":
+            out["expr"] = rule.expr
+        elif key == "for" and rule.for_ is not None:
+            out["for"] = rule.for_
+        elif key == "keep_firing_for" and rule.keep_firing_for is not None:
+            out["keep_firing_for"] = rule.keep_firing_for
+        elif key == "labels" and rule.labels is not None:
+            out["labels"] = dict(rule.labels)
+        elif key == "annotations" and rule.annotations is not None:
+            out["annotations"] = dict(rule.annotations)
     if rule.alert is not None:
         out["for"] = rule.for_ or "0s"
         out["keep_firing_for"] = rule.keep_firing_for or "0s"
@@ -210,7 +251,7 @@ def _prometheus_keys(raw: Mapping[str, Any], rule: RuleModel) -> dict[str, Any]:
 
 
 def _rule(
-    rule: RuleModel, raw: Mapping[str, Any], group: str, source: str, default_verify_s: float
+    rule: RuleModel, raw: Mapping[str, object], group: str, source: str, default_verify_s: float
 ) -> Rule:
     where = f"{source}: rule {excerpt(rule.name)}"
     try:
@@ -244,7 +285,7 @@ def _rule(
     )
 
 
-def _unique(groups: list[Group], source: str) -> None:
+def _unique(groups: list[GroupSpec], source: str) -> None:
     seen_groups: set[str] = set()
     names: set[str] = set()
     for grp in groups:
@@ -266,7 +307,7 @@ def _unique(groups: list[Group], source: str) -> None:
 def load_rules_data(
     data: Any,
     source: str = "<rules>",
-    overrides: Mapping[str, Any] | None = None,
+    overrides: Mapping[str, object] | None = None,
     default_verify_s: float = DEFAULT_VERIFY_S,
 ) -> RuleSet:
     """Validate and compile a rule document (as loaded from YAML); RuleError if it is bad.
@@ -288,14 +329,14 @@ def load_rules_data(
             _rule(r, raw_r, g.name, source, default_verify_s)
             for r, raw_r in zip(g.rules or (), raw_rules, strict=True)
         )
-        groups.append(Group(g.name, g.interval, rules))
+        groups.append(GroupSpec(g.name, g.interval, rules, g.limit))
     _unique(groups, source)
     return RuleSet(source, tuple(groups), params)
 
 
 def load_rules(
     path: str | Path,
-    overrides: Mapping[str, Any] | None = None,
+    overrides: Mapping[str, object] | None = None,
     default_verify_s: float = DEFAULT_VERIFY_S,
 ) -> RuleSet:
     """Read (through the bounded YAML loader) and load one rule file."""

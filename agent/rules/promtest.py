@@ -15,7 +15,6 @@ import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import promql_parser as pp
 
@@ -248,7 +247,7 @@ def _norm_dicts(
 
 
 def resolve_rules(
-    test: PromtoolFile, rules_path: str | Path | None, overrides: Mapping[str, Any] | None = None
+    test: PromtoolFile, rules_path: str | Path | None, overrides: Mapping[str, object] | None = None
 ) -> RuleSet:
     if rules_path is not None:
         return load_rules(rules_path, overrides)

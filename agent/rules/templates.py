@@ -18,7 +18,7 @@ from kcops.agent.rules.gofmt import go_g4, go_sprintf, go_value
 from kcops.agent.rules.model import RuleError
 
 
-def _num(v: Any) -> float:
+def _num(v: object) -> float:
     if isinstance(v, str):
         try:
             return float(v)
@@ -29,7 +29,7 @@ def _num(v: Any) -> float:
     raise TemplateRuntimeError(f"can't convert {type(v).__name__} to float")
 
 
-def humanize(v: Any) -> str:
+def humanize(v: object) -> str:
     x = _num(v)
     if x == 0 or math.isnan(x) or math.isinf(x):
         return go_g4(x)
@@ -50,14 +50,14 @@ def _scaled(x: float, base: int, prefixes: tuple[str, ...], down: bool = False) 
     return go_g4(x) + prefix
 
 
-def humanize1024(v: Any) -> str:
+def humanize1024(v: object) -> str:
     x = _num(v)
     if abs(x) <= 1 or math.isnan(x) or math.isinf(x):
         return go_g4(x)
     return _scaled(x, 1024, ("ki", "Mi", "Gi", "Ti", "Pi", "Ei", "Zi", "Yi"))
 
 
-def humanize_duration(v: Any) -> str:
+def humanize_duration(v: object) -> str:
     x = _num(v)
     if math.isnan(x) or math.isinf(x):
         return go_g4(x)
@@ -89,7 +89,7 @@ def humanize_duration(v: Any) -> str:
     return f"{go_g4(x)}{prefix}s"
 
 
-def humanize_percentage(v: Any) -> str:
+def humanize_percentage(v: object) -> str:
     return go_g4(_num(v) * 100) + "%"
 
 
@@ -279,8 +279,8 @@ def _tokenize(body: str) -> list[tuple[str, str]]:
 # -- evaluation ----------------------------------------------------------------
 
 
-def _eval_pipeline(node: Node, data: dict[str, Any]) -> Any:
-    result: Any = None
+def _eval_pipeline(node: Node, data: dict[str, object]) -> object:
+    result: object = None
     have = False
     for _, args in node[1]:
         head = args[0]
@@ -297,7 +297,7 @@ def _eval_pipeline(node: Node, data: dict[str, Any]) -> Any:
     return result
 
 
-def _eval_arg(node: Node, data: dict[str, Any]) -> Any:
+def _eval_arg(node: Node, data: dict[str, object]) -> object:
     kind = node[0]
     if kind == "lit":
         return node[1]
@@ -305,7 +305,7 @@ def _eval_arg(node: Node, data: dict[str, Any]) -> Any:
         return _eval_pipeline(node, data)
     if kind == "fn":
         return FUNCS[node[1]]()
-    cur: Any = data
+    cur: object = data
     for name in node[1]:
         if isinstance(cur, dict):
             cur = cur.get(name, "")

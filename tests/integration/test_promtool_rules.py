@@ -99,3 +99,82 @@ def test_a_wrong_expectation_fails_both(tmp_path: Path) -> None:
     result = CliRunner().invoke(alerts_group, ["replay", "--assert", str(local)])
     assert result.exit_code == 1
     assert "KcopsDeviceMemoryHigh" in result.output
+
+
+GROUPS_RULES = {
+    "groups": [
+        {
+            # promtool (and kcops's replay, as promtool) evaluates every group at every
+            # evaluation_interval step, whatever its interval; the agent honours it.
+            "name": "every-30s",
+            "interval": "30s",
+            "rules": [{"alert": "Any", "expr": "x > 0", "for": "1m"}],
+        },
+        {
+            "name": "limited",
+            "limit": 2,
+            "rules": [
+                {"record": "r:x", "expr": "x * 2"},
+                {"alert": "TwoAtMost", "expr": "x > 0", "labels": {"severity": "page"}},
+            ],
+        },
+    ]
+}
+
+
+def _groups_case(tmp_path: Path, n_series: int) -> Path:
+    import yaml
+
+    from kcops.agent.rules.export import export_rules
+    from kcops.agent.rules.loader import load_rules_data
+
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(export_rules(load_rules_data(GROUPS_RULES, "groups.yaml")))
+    series = [{"series": f'x{{i="{i}"}}', "values": "1x10"} for i in range(n_series)]
+    expected = [{"exp_labels": {"i": str(i), "severity": "page"}} for i in range(n_series)]
+    test = {
+        "rule_files": ["rules.yaml"],
+        "evaluation_interval": "30s",
+        "tests": [
+            {
+                "interval": "30s",
+                "input_series": series,
+                "alert_rule_test": [
+                    {"eval_time": "30s", "alertname": "Any", "exp_alerts": []},
+                    {
+                        "eval_time": "1m",
+                        "alertname": "Any",
+                        "exp_alerts": [{"exp_labels": {"i": str(i)}} for i in range(n_series)],
+                    },
+                    {"eval_time": "1m", "alertname": "TwoAtMost", "exp_alerts": expected},
+                ],
+            }
+        ],
+    }
+    path = tmp_path / "groups_test.yaml"
+    path.write_text(yaml.safe_dump(test))
+    return path
+
+
+@needs_promtool
+@pytest.mark.parametrize(
+    ("n_series", "error"), [(2, None), (3, "exceeded limit of 2 with 3 alerts")]
+)
+def test_group_interval_and_limit_judged_by_promtool(
+    tmp_path: Path, n_series: int, error: str | None
+) -> None:
+    """A group's ``limit`` under promtool and under replay: within it both pass; one series
+    over it, both fail the rule's evaluation with Prometheus's message."""
+    test = _groups_case(tmp_path, n_series)
+    assert "limit: 2" in (tmp_path / "rules.yaml").read_text()  # the export keeps it
+    proc = subprocess.run(
+        ["promtool", "test", "rules", test.name], capture_output=True, text=True, cwd=tmp_path
+    )
+    result = CliRunner().invoke(alerts_group, ["replay", "--assert", str(test)])
+    if error is None:
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert result.exit_code == 0, result.output
+        return
+    assert proc.returncode != 0 and error in proc.stdout + proc.stderr
+    assert result.exit_code == 1 and error in result.output
+    assert "rule: TwoAtMost" in proc.stdout + proc.stderr and "rule: TwoAtMost" in result.output

@@ -1,0 +1,226 @@
+"""Alert ``for`` state kept across agent restarts, as Prometheus keeps ``ALERTS_FOR_STATE``.
+
+Prometheus writes, for every pending or firing alert, a sample of
+``ALERTS_FOR_STATE`` whose value is the alert's ``ActiveAt``; after a restart
+each group, once it has been evaluated twice, restores ``ActiveAt`` of the
+alerts that are active again from the newest such sample
+(rules/group.go ``RestoreForState``). kcops's store lives in memory, so the
+same record (per alert instance: ``active_at`` and ``seen_at``, the time of
+the newest sample) is kept in ``<state_dir>/alerts_for_state.json``.
+
+The restore rule, exactly Prometheus's, with ``hold`` the rule's ``for``,
+``down_at`` the last time the alert was seen and ``ts`` the restore time:
+
+- a rule whose ``for`` is shorter than the grace period is not restored (its
+  alerts wait their ``for`` again, which is shorter than the grace anyway);
+- an alert last seen before ``ts - outage_tolerance`` is not restored;
+- ``remaining = hold - (down_at - active_at)``; when ``remaining <= 0`` (it
+  was firing) ``active_at`` is kept, so it fires again at the next evaluation;
+  when ``remaining < grace`` it is moved so that exactly ``grace`` remains
+  (``active_at = ts + grace - hold``); otherwise it is moved forward by the
+  time the agent was down (``active_at + (ts - down_at)``), so ``remaining``
+  is what is left.
+
+The file is written atomically (temp file, fsync, rename), bounded (at most
+:data:`MAX_ENTRIES` alerts, :data:`MAX_FILE_BYTES` read), and a file that
+cannot be read back is moved aside (``.corrupt``) with a warning: the agent
+starts with no ``for`` state, never fails to start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from kcops.agent.rules.engine import RuleEngine
+from kcops.agent.rules.group import Group
+from kcops.agent.rules.model import Labels, labels_of
+
+log = logging.getLogger("kcops.agent.rules")
+
+FILE_NAME = "alerts_for_state.json"
+MAX_ENTRIES = 10_000
+MAX_FILE_BYTES = 8 << 20
+
+
+@dataclass(frozen=True)
+class ForState:
+    """One alert's ``ALERTS_FOR_STATE``: its ``active_at`` and when it was last seen."""
+
+    active_at: float
+    seen_at: float
+
+
+Saved = dict[str, dict[Labels, ForState]]
+
+
+def restored_active_at(
+    active_at: float, down_at: float, ts: float, hold_s: float, grace_s: float
+) -> float:
+    """The ``active_at`` an alert gets back at ``ts`` (Prometheus's ``RestoreForState``)."""
+    remaining = hold_s - (down_at - active_at)
+    if remaining <= 0:
+        return active_at  # it was firing: it fires again at the next evaluation
+    if remaining < grace_s:
+        return ts + grace_s - hold_s  # at least the grace period is left
+    return active_at + (ts - down_at)  # the time it was down does not count
+
+
+Finite = Annotated[float, Field(allow_inf_nan=False)]
+
+
+class _Entry(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    rule: Annotated[str, Field(max_length=256)]
+    labels: Annotated[dict[str, Annotated[str, Field(max_length=2048)]], Field(max_length=65)]
+    active_at: Finite
+    seen_at: Finite
+
+
+class _File(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    version: Literal[1]
+    alerts: Annotated[list[_Entry], Field(max_length=MAX_ENTRIES)]
+
+
+def _tmp(path: Path) -> Path:
+    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
+
+
+def read_saved(path: Path) -> Saved:
+    """The saved state; {} when there is none, and (with a warning) when it is corrupt."""
+    with contextlib.suppress(OSError):
+        for tmp in path.parent.glob(f".{path.name}.*.tmp"):
+            with contextlib.suppress(OSError):
+                tmp.unlink()  # left by a process killed between write and rename
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_FILE_BYTES + 1)
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        log.warning("alert for-state %s cannot be read (%s); not restored", path, exc.strerror)
+        return {}
+    try:
+        if len(raw) > MAX_FILE_BYTES:
+            raise ValueError(f"larger than {MAX_FILE_BYTES} bytes")
+        doc = _File.model_validate_json(raw)
+    except (ValueError, ValidationError) as exc:
+        aside = path.with_suffix(path.suffix + ".corrupt")
+        with contextlib.suppress(OSError):
+            os.replace(path, aside)
+        why = " ".join(str(exc).split())[:200]
+        log.warning(
+            "alert for-state %s is corrupt (%s); moved to %s, not restored", path, why, aside
+        )
+        return {}
+    out: Saved = {}
+    for e in doc.alerts:
+        out.setdefault(e.rule, {})[labels_of(e.labels)] = ForState(e.active_at, e.seen_at)
+    return out
+
+
+def encode_saved(saved: Saved) -> bytes:
+    alerts = [
+        {"rule": rule, "labels": dict(labels), "active_at": st.active_at, "seen_at": st.seen_at}
+        for rule, insts in sorted(saved.items())
+        for labels, st in sorted(insts.items())
+    ][:MAX_ENTRIES]
+    return json.dumps({"version": 1, "alerts": alerts}, separators=(",", ":")).encode()
+
+
+def write_saved(path: Path, payload: bytes) -> None:
+    """``payload`` as the whole of ``path``, or (on any failure) the old file and no temp."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _tmp(path)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, payload)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
+class ForStateKeeper:
+    """Keeps the ``for`` state of the rule set's alerts, restores it once per group.
+
+    Until a group is restored its rules' saved entries stay as loaded (as
+    Prometheus writes no ``ALERTS_FOR_STATE`` before the restore)."""
+
+    def __init__(
+        self, path: Path, engine: RuleEngine, grace_s: float, outage_tolerance_s: float
+    ) -> None:
+        self.path = path
+        self.engine = engine
+        self.grace_s = grace_s
+        self.outage_tolerance_s = outage_tolerance_s
+        names = {r.name for r in engine.ruleset.alerts()}
+        self.saved: Saved = {k: v for k, v in read_saved(path).items() if k in names}
+        self._written: bytes | None = None
+        self.restored_total = 0
+
+    def restore(self, group: Group, ts: float) -> int:
+        """Restore ``active_at`` of the group's active alerts at ``ts``; how many were."""
+        n = 0
+        for rule in group.alerts:
+            if rule.for_s < self.grace_s:
+                continue
+            saved = self.saved.get(rule.name, {})
+            state = self.engine.states[rule.name]
+            for labels, inst in list(state.items()):
+                st = saved.get(labels)
+                if st is None or st.seen_at < ts - self.outage_tolerance_s:
+                    continue
+                at = restored_active_at(st.active_at, st.seen_at, ts, rule.for_s, self.grace_s)
+                if math.isfinite(at):
+                    state[labels] = replace(inst, active_at=at)
+                    n += 1
+        group.restored = True
+        self.restored_total += n
+        if n:
+            log.info("restored the 'for' state of %d alert(s) of group %s", n, group.name)
+        return n
+
+    def record(self, group: Group, now: float) -> None:
+        """Take the group's active alerts as they are after its evaluation at ``now``."""
+        if not group.restored:
+            return
+        for rule in group.alerts:
+            if self.engine.health[rule.name].error:
+                continue  # a failed evaluation writes nothing (Prometheus: no sample)
+            insts = self.engine.states[rule.name]
+            if insts:
+                self.saved[rule.name] = {
+                    labels: ForState(inst.active_at, now) for labels, inst in insts.items()
+                }
+            else:
+                self.saved.pop(rule.name, None)
+
+    def payload(self) -> bytes | None:
+        """The file's new content, or None when it has not changed since the last write."""
+        data = encode_saved(self.saved)
+        return None if data == self._written else data
+
+    def write(self, payload: bytes) -> None:
+        try:
+            write_saved(self.path, payload)
+        except OSError as exc:
+            log.warning("cannot save alert for-state %s: %s", self.path, exc.strerror or exc)
+            return
+        self._written = payload
