@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from kcops.agent.yamlload import excerpt
+from kcops.agent.actions.outcome import Refusal
 from kcops.errors import ActionRejected
 
 if TYPE_CHECKING:
@@ -128,7 +129,7 @@ class ActionSpec:
                 for e in exc.errors()[:5]
             )
             raise ActionRejected(
-                f"{self.name}: invalid parameters: {problems}", "invalid"
+                f"{self.name}: invalid parameters: {problems}", Refusal.INVALID
             ) from None
 
     def describe(self) -> dict[str, Any]:
@@ -156,7 +157,7 @@ class Registry:
             return self._specs[name]
         except KeyError:
             raise ActionRejected(
-                f"unknown action {name!r}; known: {', '.join(sorted(self._specs))}", "unknown"
+                f"unknown action {name!r}; known: {', '.join(sorted(self._specs))}", Refusal.UNKNOWN
             ) from None
 
     def __contains__(self, name: object) -> bool:

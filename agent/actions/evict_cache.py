@@ -16,6 +16,7 @@ from pydantic import Field
 
 from kcops.agent.actions.base import ActionContext, ActionResult, ActionSpec, Check, Params
 from kcops.agent.engine import series
+from kcops.agent.actions.outcome import Refusal
 from kcops.errors import ActionRejected
 
 # How long to wait for a scrape after the eviction, for "after" (a few ticks).
@@ -40,7 +41,7 @@ def applicable(check: Check, p: EvictParams) -> None:
     if not use_engine and not use_redis:
         raise ActionRejected(
             "evict_cache: nothing to evict from (no engine.url, no actions.evict.redis_url)",
-            "not_configured",
+            Refusal.NOT_CONFIGURED,
         )
     if use_engine:
         check.engine.require("evict", policy=p.policy)

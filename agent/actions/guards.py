@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kcops.agent.config.actions import GuardsSection
+from kcops.agent.actions.outcome import Refusal
 from kcops.errors import ActionRejected
 
 HOUR_S = 3600.0
@@ -75,7 +76,7 @@ class Guards:
         if target in self.in_flight:
             raise ActionRejected(
                 f"{action}: another action ({self.in_flight[target]}) is in flight on {target}",
-                "busy",
+                Refusal.BUSY,
             )
         if force:
             return []
@@ -84,7 +85,7 @@ class Guards:
         own = owner is not None and self.cooldown_owner.get(key) == owner
         if until is not None and until > now and not own:
             raise ActionRejected(
-                f"{action} on {target} is cooling down for {until - now:.0f}s more", "cooldown"
+                f"{action} on {target} is cooling down for {until - now:.0f}s more", Refusal.COOLDOWN
             )
         opened: list[str] = []
         for scope in (action, GLOBAL):
@@ -160,5 +161,5 @@ class BreakerOpen(ActionRejected):
     """The hourly budget is spent. ``opened`` lists the breakers this check opened."""
 
     def __init__(self, message: str, opened: list[str]) -> None:
-        super().__init__(message, "budget")
+        super().__init__(message, Refusal.BUDGET)
         self.opened = opened

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from kcops.agent.actions.outcome import Refusal
 from kcops.errors import ActionRejected
 
 ANN = "kcops.io/"  # annotation prefix of the fleet state on the HPA
@@ -45,7 +46,7 @@ class Grant:
         """Refuse to act on a lease that has run out on our own clock."""
         if time.monotonic() - self.taken_mono >= self.duration_s:
             raise ActionRejected(
-                f"lease token {self.token} of {self.holder} expired before the write", "fenced"
+                f"lease token {self.token} of {self.holder} expired before the write", Refusal.FENCED
             )
 
 
@@ -80,7 +81,7 @@ class Fleet(Protocol):
 
 
 def _busy(name: str, holder: str) -> ActionRejected:
-    return ActionRejected(f"fleet lease {name} is held by {holder}", "busy")
+    return ActionRejected(f"fleet lease {name} is held by {holder}", Refusal.BUSY)
 
 
 # -- Redis -------------------------------------------------------------------------
@@ -201,13 +202,13 @@ class RedisFleet:
             s(w.done_at),
         )
         res = res.decode() if isinstance(res, bytes) else str(res)
-        if res == "cooldown":
-            raise ActionRejected(f"fleet {self.name} scaled within the cooldown", "cooldown")
+        if res == "cooldown":  # the script's answer
+            raise ActionRejected(f"fleet {self.name} scaled within the cooldown", Refusal.COOLDOWN)
         if res != "ok":
             raise ActionRejected(
                 f"fleet {self.name}: write with token {grant.token} refused ({res}): "
                 "the lease passed to another agent",
-                "fenced",
+                Refusal.FENCED,
             )
 
     async def close(self) -> None:
@@ -302,16 +303,16 @@ class KubeFleet:
                 f"create lease {ns}/{self.name}", coord.create_namespaced_lease, ns, body
             )
         except ActionRejected as exc:
-            if exc.reason != "forbidden":
+            if exc.reason != Refusal.FORBIDDEN:
                 raise
             raise ActionRejected(
                 f"fleet lease {ns}/{self.name} does not exist and this agent may not create "
                 f"it: apply deploy/ (base/lease.yaml) again ({exc})",
-                "forbidden",
+                Refusal.FORBIDDEN,
             ) from None
         return Grant(holder, token, self.duration_s, time.monotonic())
 
-    async def _write(self, what: str, fn: Any, *args: Any, conflict: str = "busy") -> Any:
+    async def _write(self, what: str, fn: Any, *args: Any, conflict: Refusal = Refusal.BUSY) -> Any:
         from kcops.agent.actions.kube import KubeError
 
         try:
@@ -377,10 +378,10 @@ class KubeFleet:
         if grant.token <= state.fence:
             raise ActionRejected(
                 f"HPA {self.hpa} was written by token {state.fence} >= ours {grant.token}",
-                "fenced",
+                Refusal.FENCED,
             )
         if w.done_at is not None and state.done_at is not None and now - state.done_at < cooldown_s:
-            raise ActionRejected(f"fleet {self.hpa} scaled within the cooldown", "cooldown")
+            raise ActionRejected(f"fleet {self.hpa} scaled within the cooldown", Refusal.COOLDOWN)
         grant.check()
         ann: dict[str, str | None] = {
             ANN + "fence": str(grant.token),
@@ -401,7 +402,7 @@ class KubeFleet:
             self.hpa,
             ns,
             body,
-            conflict="fenced",
+            conflict=Refusal.FENCED,
         )
 
     async def close(self) -> None:

@@ -8,6 +8,7 @@ from pydantic import Field
 
 from kcops.agent.actions.base import ActionContext, ActionResult, ActionSpec, Check, Params
 from kcops.agent.config.actions import NotifySection
+from kcops.agent.actions.outcome import Refusal
 from kcops.errors import ActionRejected
 
 
@@ -19,7 +20,7 @@ class NotifyParams(Params):
 async def send(cfg: NotifySection, payload: dict[str, Any]) -> int:
     """POST ``payload`` as JSON; returns the HTTP status. Raises on transport errors."""
     if not cfg.url:
-        raise ActionRejected("actions.notify.url is not configured", "not_configured")
+        raise ActionRejected("actions.notify.url is not configured", Refusal.NOT_CONFIGURED)
     import httpx  # ~7 MiB of RSS at import: paid on the first notification, not at start
 
     async with httpx.AsyncClient(timeout=cfg.timeout_s) as client:
@@ -31,7 +32,7 @@ async def send(cfg: NotifySection, payload: dict[str, Any]) -> int:
 
 def has_url(check: Check, _: Params) -> None:
     if not check.config.actions.notify.url:
-        raise ActionRejected("actions.notify.url is not configured", "not_configured")
+        raise ActionRejected("actions.notify.url is not configured", Refusal.NOT_CONFIGURED)
 
 
 async def notify(ctx: ActionContext, p: NotifyParams) -> ActionResult:

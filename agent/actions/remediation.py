@@ -32,7 +32,7 @@ from kcops.agent.actions.base import Registry, SupervisorHandle
 from kcops.agent.actions.fallback_to_base import hold_of
 from kcops.agent.actions.guards import Guards
 from kcops.agent.actions.notify import send as send_notify
-from kcops.agent.actions.outcome import Outcome
+from kcops.agent.actions.outcome import Outcome, Refusal
 from kcops.agent.actions.registry import default_registry
 from kcops.agent.actions.runner import Run, Runner
 from kcops.agent.actions.scale_out import HoldKeeper, Replicas
@@ -478,7 +478,7 @@ class Remediation:
                 now=now,
                 trigger=lad.trigger,
                 ladder=lad.ref(),
-                refuse=ActionRejected(why, "not_this_pod") if why else None,
+                refuse=ActionRejected(why, Refusal.NOT_THIS_POD) if why else None,
             )
             lad.run_id = run.id
             if not run.done:

@@ -40,6 +40,7 @@ from kcops.agent.actions.outcome import Outcome
 from kcops.agent.clock import Clock
 from kcops.agent.config import Config
 from kcops.agent.engine import Engine
+from kcops.agent.actions.outcome import Refusal
 from kcops.errors import ActionRejected
 
 if TYPE_CHECKING:
@@ -306,12 +307,12 @@ class Runner:
         """Parameters, mode, applicability, then guards; None when refused (recorded)."""
         try:
             if run.forced and not (isinstance(run.reason, str) and run.reason.strip()):
-                raise ActionRejected("force needs a reason", "invalid")
+                raise ActionRejected("force needs a reason", Refusal.INVALID)
             spec = self.registry.get(run.action)
             parsed = spec.parse(run.params)
             run.params = parsed.model_dump(mode="json")
             if run.mode == "off":
-                raise ActionRejected("remediation mode is off", "off")
+                raise ActionRejected("remediation mode is off", Refusal.OFF)
             if refuse is not None:
                 raise refuse
             # Applicability before guards: a step that cannot act here spends nothing.
