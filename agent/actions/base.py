@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from kcops.agent.yamlload import excerpt
 from kcops.agent.actions.outcome import Refusal
+from kcops.agent.yamlload import excerpt
 from kcops.errors import ActionRejected
 
 if TYPE_CHECKING:

@@ -15,8 +15,8 @@ from typing import Any, Literal
 from pydantic import Field
 
 from kcops.agent.actions.base import ActionContext, ActionResult, ActionSpec, Check, Params
-from kcops.agent.engine import series
 from kcops.agent.actions.outcome import Refusal
+from kcops.agent.engine import series
 from kcops.errors import ActionRejected
 
 # How long to wait for a scrape after the eviction, for "after" (a few ticks).

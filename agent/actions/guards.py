@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from kcops.agent.config.actions import GuardsSection
 from kcops.agent.actions.outcome import Refusal
+from kcops.agent.config.actions import GuardsSection
 from kcops.errors import ActionRejected
 
 HOUR_S = 3600.0
@@ -85,7 +85,8 @@ class Guards:
         own = owner is not None and self.cooldown_owner.get(key) == owner
         if until is not None and until > now and not own:
             raise ActionRejected(
-                f"{action} on {target} is cooling down for {until - now:.0f}s more", Refusal.COOLDOWN
+                f"{action} on {target} is cooling down for {until - now:.0f}s more",
+                Refusal.COOLDOWN,
             )
         opened: list[str] = []
         for scope in (action, GLOBAL):

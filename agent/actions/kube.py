@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kcops.agent.config.actions import KubernetesSection
 from kcops.agent.actions.outcome import Refusal
+from kcops.agent.config.actions import KubernetesSection
 from kcops.errors import ActionRejected
 
 NS_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
@@ -58,7 +58,8 @@ class _Token:
                 self.stamp = stamp
         except OSError as exc:
             raise ActionRejected(
-                f"cannot read service account token {self.path}: {exc.strerror}", Refusal.UNSUPPORTED
+                f"cannot read service account token {self.path}: {exc.strerror}",
+                Refusal.UNSUPPORTED,
             ) from None
         if not self.value:
             raise ActionRejected(f"service account token {self.path} is empty", Refusal.UNSUPPORTED)

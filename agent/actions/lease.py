@@ -46,7 +46,8 @@ class Grant:
         """Refuse to act on a lease that has run out on our own clock."""
         if time.monotonic() - self.taken_mono >= self.duration_s:
             raise ActionRejected(
-                f"lease token {self.token} of {self.holder} expired before the write", Refusal.FENCED
+                f"lease token {self.token} of {self.holder} expired before the write",
+                Refusal.FENCED,
             )
 
 

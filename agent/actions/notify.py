@@ -7,8 +7,8 @@ from typing import Any, Literal
 from pydantic import Field
 
 from kcops.agent.actions.base import ActionContext, ActionResult, ActionSpec, Check, Params
-from kcops.agent.config.actions import NotifySection
 from kcops.agent.actions.outcome import Refusal
+from kcops.agent.config.actions import NotifySection
 from kcops.errors import ActionRejected
 
 

@@ -18,8 +18,8 @@ from kcops.agent.actions import (
     scale_out,
 )
 from kcops.agent.actions.base import Check, Params, Registry
-from kcops.agent.actions.prechecks import kube_token
 from kcops.agent.actions.outcome import Refusal
+from kcops.agent.actions.prechecks import kube_token
 from kcops.errors import ActionRejected
 
 

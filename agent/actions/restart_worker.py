@@ -29,11 +29,11 @@ from kcops.agent.actions.base import (
     Params,
 )
 from kcops.agent.actions.kube import KubeClient
+from kcops.agent.actions.outcome import Refusal
 from kcops.agent.actions.prechecks import kube_token
 from kcops.agent.engine import lifecycle as lc
 from kcops.agent.engine import proctree
 from kcops.agent.engine.shutdown import engine_drain_s
-from kcops.agent.actions.outcome import Refusal
 from kcops.errors import ActionRejected
 
 
@@ -94,7 +94,9 @@ def _mode(check: Check) -> str:
     if mode == "off":
         raise ActionRejected("restart_worker: actions.restart.mode is off", Refusal.NOT_CONFIGURED)
     if mode == "supervisor" and check.supervisor is None:
-        raise ActionRejected("restart mode supervisor, but no engine command (--)", Refusal.NO_TARGET)
+        raise ActionRejected(
+            "restart mode supervisor, but no engine command (--)", Refusal.NO_TARGET
+        )
     if mode == "signal" and not (check.config.engine.pid or check.config.engine.pidfile):
         raise ActionRejected(
             "restart mode signal needs engine.pid or engine.pidfile", Refusal.NOT_CONFIGURED

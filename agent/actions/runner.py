@@ -36,11 +36,10 @@ from kcops.agent.actions.base import (
     SupervisorHandle,
 )
 from kcops.agent.actions.guards import BreakerOpen, Guards
-from kcops.agent.actions.outcome import Outcome
+from kcops.agent.actions.outcome import Outcome, Refusal
 from kcops.agent.clock import Clock
 from kcops.agent.config import Config
 from kcops.agent.engine import Engine
-from kcops.agent.actions.outcome import Refusal
 from kcops.errors import ActionRejected
 
 if TYPE_CHECKING:

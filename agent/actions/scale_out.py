@@ -29,8 +29,8 @@ from pydantic import Field
 
 from kcops.agent.actions.base import ActionContext, ActionResult, ActionSpec, Params
 from kcops.agent.actions.lease import Fleet, FleetState, FleetWrite, Grant
-from kcops.agent.config import Config
 from kcops.agent.actions.outcome import Refusal
+from kcops.agent.config import Config
 from kcops.errors import ActionRejected
 
 log = logging.getLogger("kcops.agent.actions")
