@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Mapping
+from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, JsonValue
 
 from kcops.agent.actions.base import ActionContext, ActionResult, ActionSpec, Check, Params
 from kcops.agent.actions.outcome import Refusal
@@ -17,7 +18,7 @@ class NotifyParams(Params):
     severity: Literal["info", "ticket", "warning", "page"] = "info"
 
 
-async def send(cfg: NotifySection, payload: dict[str, Any]) -> int:
+async def send(cfg: NotifySection, payload: Mapping[str, JsonValue]) -> int:
     """POST ``payload`` as JSON; returns the HTTP status. Raises on transport errors."""
     if not cfg.url:
         raise ActionRejected("actions.notify.url is not configured", Refusal.NOT_CONFIGURED)
