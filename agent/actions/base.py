@@ -12,9 +12,10 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, JsonValue, ValidationError
 
 from kcops.agent.actions.outcome import Refusal
+from kcops.agent.actions.records import JSONObject
 from kcops.agent.yamlload import excerpt
 from kcops.errors import ActionRejected
 
@@ -34,7 +35,7 @@ class SupervisorHandle(Protocol):
         """Why the supervisor owns the engine's next start now (crash backoff), or None."""
         ...
 
-    async def restart(self, reason: str = "requested") -> dict[str, Any]: ...
+    async def restart(self, reason: str = "requested") -> JSONObject: ...
 
 
 class Params(BaseModel):
@@ -84,11 +85,11 @@ class ActionResult:
     """What a run did. ``before``/``after`` are what the engine reported."""
 
     detail: str = ""
-    before: Any = None
-    after: Any = None
-    data: dict[str, Any] = field(default_factory=dict)
+    before: JsonValue = None
+    after: JsonValue = None
+    data: JSONObject = field(default_factory=dict)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         return {"detail": self.detail, "before": self.before, "after": self.after, **self.data}
 
 
@@ -118,7 +119,7 @@ class ActionSpec:
     # False: run by kcops itself or by hand, never named by a rule's ladder.
     ladder: bool = True
 
-    def parse(self, raw: Mapping[str, Any] | None) -> Params:
+    def parse(self, raw: Mapping[str, JsonValue] | None) -> Params:
         """Validate raw parameters; a bad value raises ActionRejected(reason="invalid")."""
         try:
             return self.params.model_validate(dict(raw or {}))
@@ -132,7 +133,7 @@ class ActionSpec:
                 f"{self.name}: invalid parameters: {problems}", Refusal.INVALID
             ) from None
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> JSONObject:
         return {
             "name": self.name,
             "help": self.help,

@@ -171,7 +171,7 @@ class KubeClient:
 
     # -- the calls remediation makes ------------------------------------------
 
-    async def evict_own_pod(self) -> dict[str, Any]:
+    async def evict_own_pod(self) -> dict[str, str]:
         """Evict this agent's pod (``create pods/eviction``): the Deployment replaces
         it, and the PodDisruptionBudget decides whether it may go now."""
         from kubernetes_asyncio import client

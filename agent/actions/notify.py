@@ -9,6 +9,7 @@ from pydantic import Field, JsonValue
 
 from kcops.agent.actions.base import ActionContext, ActionResult, ActionSpec, Check, Params
 from kcops.agent.actions.outcome import Refusal
+from kcops.agent.actions.records import JSONObject
 from kcops.agent.config.actions import NotifySection
 from kcops.errors import ActionRejected
 
@@ -37,7 +38,7 @@ def has_url(check: Check, _: Params) -> None:
 
 
 async def notify(ctx: ActionContext, p: NotifyParams) -> ActionResult:
-    payload = {
+    payload: JSONObject = {
         "source": "kcops",
         "severity": p.severity,
         "message": p.message,

@@ -129,7 +129,7 @@ async def restart_worker(ctx: ActionContext, p: NoParams) -> ActionResult:
         assert ctx.supervisor is not None
         out = await ctx.supervisor.restart(reason="restart_worker")
         return ActionResult(
-            detail=out.get("detail", "restarted"),
+            detail=str(out.get("detail", "restarted")),
             before=out["before"],
             after=out["after"],
             data={k: out[k] for k in ("drain", "killed", "shm_removed") if k in out},
@@ -137,7 +137,7 @@ async def restart_worker(ctx: ActionContext, p: NoParams) -> ActionResult:
     if mode == "signal":
         return await _signal_restart(ctx)
     info = await KubeClient(ctx.config.actions.kubernetes).evict_own_pod()
-    return ActionResult(detail=f"evicted pod {info['namespace']}/{info['pod']}", data=info)
+    return ActionResult(detail=f"evicted pod {info['namespace']}/{info['pod']}", data=dict(info))
 
 
 SPEC = ActionSpec(
