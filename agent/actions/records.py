@@ -12,7 +12,14 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from pydantic import BaseModel, ConfigDict, JsonValue, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    JsonValue,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    model_serializer,
+)
 
 from kcops.agent.events import AlertTransition
 
@@ -23,9 +30,17 @@ class _Model(BaseModel):
     # Old and newer agents' records may carry fields this one does not name.
     model_config = ConfigDict(extra="allow")
 
+    @model_serializer(mode="wrap")
+    def _as_set(self, handler: SerializerFunctionWrapHandler) -> JSONObject:
+        # Only the fields that were set, wherever the model is dumped (audit log, state
+        # file, status): a trigger keeps the keys its source gave it.
+        out: JSONObject = handler(self)
+        keep = self.model_fields_set | set(self.model_extra or {})
+        return {k: v for k, v in out.items() if k in keep}
+
     def as_json(self) -> JSONObject:
         """The fields that were set, as JSON values (what goes on disk and over HTTP)."""
-        return self.model_dump(mode="json", exclude_unset=True)
+        return self.model_dump(mode="json")
 
 
 class Trigger(_Model):
