@@ -208,7 +208,7 @@ def parse_record(raw: JSONObject) -> AuditRecord:
     model = KINDS.get(kind) if isinstance(kind, str) else None
     if model is not None:
         try:
-            rec = model.model_validate(raw)
+            rec = model.model_validate({k: v for k, v in raw.items() if k != "kind"})
         except ValidationError:
             pass
         else:
