@@ -29,7 +29,7 @@ from kcops.agent.actions.ladder import Ladder
 from kcops.agent.actions.paging import Pager
 from kcops.agent.actions.persist import Persist, RemediationStatus
 from kcops.agent.actions.publish import samples
-from kcops.agent.actions.records import JSONObject
+from kcops.agent.actions.records import FleetRecord, JSONObject
 from kcops.agent.actions.registry import default_registry
 from kcops.agent.actions.remediation_state import RemediationState, RestoreState
 from kcops.agent.actions.restore import Restores
@@ -258,8 +258,6 @@ class Remediation:
         self.runner.counts[key] = self.runner.counts.get(key, 0) + 1
 
     def _hold_released(self, floor: int, now: float) -> None:
-        from kcops.agent.actions.records import FleetRecord
-
         self.replicas.desired = floor
         self.persist.touch()
         self.audit.append(FleetRecord(ts=now, event="hold_released", min_replicas=floor))
