@@ -9,20 +9,38 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
+
+from pydantic import JsonValue
 
 AlertStateName = Literal["inactive", "pending", "firing"]
 # The verify window of a ladder step that names none (``actions.guards.default_verify_s``).
 DEFAULT_VERIFY_S = 60.0
 
 
+AlertSource = Literal["local", "alertmanager"]
+
+
 @dataclass(frozen=True)
-class RemediationStep:
-    """One rung of an alert's escalation ladder (the rule's ``remediation:`` block)."""
+class Step:
+    """One rung of an alert's escalation ladder (the rule's ``remediation:`` block).
+
+    The one form of a step from the rule loader to the action's parameters: the
+    ladder holds these, the state file stores them (validated as they are), and
+    the runner hands ``params`` to the action's parameter model.
+    """
 
     action: str
-    params: Mapping[str, Any] = field(default_factory=dict)
+    params: Mapping[str, JsonValue] = field(default_factory=dict)
     verify_s: float = DEFAULT_VERIFY_S
+
+    def __post_init__(self) -> None:
+        if not self.verify_s >= 0:
+            raise ValueError(f"verify_s must be >= 0, got {self.verify_s}")
+
+
+# The older name, still used by the rule loader.
+RemediationStep = Step
 
 
 @dataclass(frozen=True)
@@ -39,23 +57,12 @@ class AlertTransition:
     t: float
     value: float | None = None
     annotations: Mapping[str, str] = field(default_factory=dict)
-    remediation: tuple[RemediationStep, ...] = ()
-    source: Literal["local", "alertmanager"] = "local"
+    remediation: tuple[Step, ...] = ()
+    source: AlertSource = "local"
 
     @property
     def resolved(self) -> bool:
         return self.previous == "firing" and self.state == "inactive"
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "t": self.t,
-            "alertname": self.alertname,
-            "labels": dict(self.labels),
-            "previous": self.previous,
-            "state": self.state,
-            "value": self.value,
-            "source": self.source,
-        }
 
 
 Subscriber = Callable[[AlertTransition], None]

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
 from aiohttp import web
+from pydantic import JsonValue, TypeAdapter
 
 from kcops.agent.config.actions import RestartSection
 from kcops.agent.engine import Engine, proctree, shm
@@ -57,6 +58,9 @@ from kcops.agent.samples import Sample, SeriesKey
 
 if TYPE_CHECKING:
     from kcops.agent.store import Store
+
+# A restart report is JSON all the way down: it becomes the action's audit record.
+_REPORT: TypeAdapter[dict[str, JsonValue]] = TypeAdapter(dict[str, JsonValue])
 
 log = logging.getLogger("kcops.agent.supervisor")
 
@@ -204,7 +208,7 @@ class Supervisor:
 
     # -- the restart ---------------------------------------------------------------
 
-    async def restart(self, reason: str = "requested") -> dict[str, object]:
+    async def restart(self, reason: str = "requested") -> dict[str, JsonValue]:
         """Graceful restart; returns before/after pids. Raises RuntimeError after a crash loop."""
         async with self._lock:
             why = self.backing_off()
@@ -240,16 +244,18 @@ class Supervisor:
             if killed:
                 detail += " (SIGKILL after grace)"
             log.warning(detail)
-            return {
-                "detail": detail,
-                "before": {"pid": old},
-                "after": {"pid": self.pid()},
-                "drain": drain if old is not None else None,
-                "killed": killed,
-                "grace_s": self.cfg.grace_s + n,
-                "shm_removed": removed,
-                "seconds": round(time.monotonic() - t0, 3),
-            }
+            return _REPORT.validate_python(
+                {
+                    "detail": detail,
+                    "before": {"pid": old},
+                    "after": {"pid": self.pid()},
+                    "drain": drain if old is not None else None,
+                    "killed": killed,
+                    "grace_s": self.cfg.grace_s + n,
+                    "shm_removed": removed,
+                    "seconds": round(time.monotonic() - t0, 3),
+                }
+            )
 
     def starting(self, now: float) -> bool:
         """True while the child has not been healthy since it started, within the grace."""

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -235,14 +236,14 @@ class Addressed:
     def forget(self, alertname: str) -> None:
         self.where.pop(alertname, None)
 
-    def here(self, alertname: str, instances: dict[str, str]) -> bool:
+    def here(self, alertname: str, instances: Mapping[str, str]) -> bool:
         """Whether a ladder with these instances is about this agent: one of them is
         local (this agent's own rules fire) or an Alertmanager one naming it."""
         marks = self.where.get(alertname, {})
         return any(src == "local" or marks.get(fp) == HERE for fp, src in instances.items())
 
     def refusal(
-        self, alertname: str, instances: dict[str, str], scope: str, lease_backend: str
+        self, alertname: str, instances: Mapping[str, str], scope: str, lease_backend: str
     ) -> str | None:
         if self.here(alertname, instances):
             return None
@@ -254,10 +255,6 @@ class Addressed:
     def to_json(self) -> dict[str, dict[str, str]]:
         return {k: dict(v) for k, v in self.where.items() if v}
 
-    def load(self, data: Any) -> None:
-        if isinstance(data, dict):
-            self.where = {
-                str(k): {str(fp): str(w) for fp, w in v.items()}
-                for k, v in data.items()
-                if isinstance(v, dict)
-            }
+    def load(self, data: Mapping[str, Mapping[str, str]]) -> None:
+        """From the validated state file."""
+        self.where = {str(k): dict(v) for k, v in data.items()}

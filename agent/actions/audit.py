@@ -26,7 +26,10 @@ import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+
+from pydantic import BaseModel
+
+from kcops.agent.actions.records import AuditRecord, JSONObject, parse_record
 
 log = logging.getLogger("kcops.agent.actions")
 
@@ -83,9 +86,14 @@ class AuditLog:
             self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         return self._fd
 
-    def append(self, record: dict[str, Any]) -> None:
-        """Write one record now; on an event loop its fsync follows in a thread (see module)."""
-        line = json.dumps(record, sort_keys=True, default=str, separators=(",", ":")) + "\n"
+    def append(self, record: AuditRecord | JSONObject) -> None:
+        """Write one record now; on an event loop its fsync follows in a thread (see module).
+
+        The agent writes the models of :mod:`~kcops.agent.actions.records`; a plain JSON
+        object is written as it is.
+        """
+        obj = record.as_json() if isinstance(record, BaseModel) else record
+        line = json.dumps(obj, sort_keys=True, default=str, separators=(",", ":")) + "\n"
         fd = self._open()
         os.write(fd, line.encode())  # O_APPEND and one write: a record is never interleaved
         self._written += 1
@@ -122,8 +130,9 @@ class AuditLog:
             self._fd = None
 
 
-def read_audit(path: Path, since: float | None = None) -> Iterator[dict[str, Any]]:
-    """Records with ``ts >= since``; a torn or corrupt line (crash mid-write) is skipped."""
+def read_audit(path: Path, since: float | None = None) -> Iterator[JSONObject]:
+    """Records with ``ts >= since``, as stored; a torn or corrupt line (crash mid-write)
+    is skipped. :func:`read_records` gives them as models."""
     try:
         fh = open(path, "rb")  # noqa: SIM115 - closed below
     except FileNotFoundError:
@@ -138,3 +147,9 @@ def read_audit(path: Path, since: float | None = None) -> Iterator[dict[str, Any
             if ts is None or (since is not None and ts < since):
                 continue
             yield rec
+
+
+def read_records(path: Path, since: float | None = None) -> Iterator[AuditRecord]:
+    """:func:`read_audit`'s records as the models of their kinds (``parse_record``)."""
+    for raw in read_audit(path, since):
+        yield parse_record(raw)

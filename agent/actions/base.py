@@ -12,8 +12,10 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, JsonValue, ValidationError
 
+from kcops.agent.actions.outcome import Refusal
+from kcops.agent.actions.records import JSONObject
 from kcops.agent.yamlload import excerpt
 from kcops.errors import ActionRejected
 
@@ -33,7 +35,7 @@ class SupervisorHandle(Protocol):
         """Why the supervisor owns the engine's next start now (crash backoff), or None."""
         ...
 
-    async def restart(self, reason: str = "requested") -> dict[str, Any]: ...
+    async def restart(self, reason: str = "requested") -> JSONObject: ...
 
 
 class Params(BaseModel):
@@ -83,11 +85,11 @@ class ActionResult:
     """What a run did. ``before``/``after`` are what the engine reported."""
 
     detail: str = ""
-    before: Any = None
-    after: Any = None
-    data: dict[str, Any] = field(default_factory=dict)
+    before: JsonValue = None
+    after: JsonValue = None
+    data: JSONObject = field(default_factory=dict)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         return {"detail": self.detail, "before": self.before, "after": self.after, **self.data}
 
 
@@ -117,7 +119,7 @@ class ActionSpec:
     # False: run by kcops itself or by hand, never named by a rule's ladder.
     ladder: bool = True
 
-    def parse(self, raw: Mapping[str, Any] | None) -> Params:
+    def parse(self, raw: Mapping[str, JsonValue] | None) -> Params:
         """Validate raw parameters; a bad value raises ActionRejected(reason="invalid")."""
         try:
             return self.params.model_validate(dict(raw or {}))
@@ -128,10 +130,10 @@ class ActionSpec:
                 for e in exc.errors()[:5]
             )
             raise ActionRejected(
-                f"{self.name}: invalid parameters: {problems}", "invalid"
+                f"{self.name}: invalid parameters: {problems}", Refusal.INVALID
             ) from None
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> JSONObject:
         return {
             "name": self.name,
             "help": self.help,
@@ -156,7 +158,7 @@ class Registry:
             return self._specs[name]
         except KeyError:
             raise ActionRejected(
-                f"unknown action {name!r}; known: {', '.join(sorted(self._specs))}", "unknown"
+                f"unknown action {name!r}; known: {', '.join(sorted(self._specs))}", Refusal.UNKNOWN
             ) from None
 
     def __contains__(self, name: object) -> bool:

@@ -15,6 +15,8 @@ from typing import Any, Literal
 from pydantic import Field
 
 from kcops.agent.actions.base import ActionContext, ActionResult, ActionSpec, Check, Params
+from kcops.agent.actions.outcome import Refusal
+from kcops.agent.actions.records import JSONObject
 from kcops.agent.engine import series
 from kcops.errors import ActionRejected
 
@@ -40,7 +42,7 @@ def applicable(check: Check, p: EvictParams) -> None:
     if not use_engine and not use_redis:
         raise ActionRejected(
             "evict_cache: nothing to evict from (no engine.url, no actions.evict.redis_url)",
-            "not_configured",
+            Refusal.NOT_CONFIGURED,
         )
     if use_engine:
         check.engine.require("evict", policy=p.policy)
@@ -83,9 +85,9 @@ def _describe(eng: dict[str, Any] | None, redis_keys: int | None) -> str:
 
 async def evict_cache(ctx: ActionContext, p: EvictParams) -> ActionResult:
     cfg = ctx.config.actions.evict
-    data: dict[str, object] = {}
-    before: dict[str, object] = {}
-    after: dict[str, object] = {}
+    data: JSONObject = {}
+    before: JSONObject = {}
+    after: JSONObject = {}
     eng = None
     if p.engine and ctx.config.engine.url:
         eng = await _evict_engine(ctx, p)

@@ -6,6 +6,8 @@ fallback has stayed resolved for ``actions.fallback.hold_s``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from pydantic import Field
 
 from kcops.agent.actions.base import (
@@ -27,7 +29,7 @@ class FallbackParams(Params):
     )
 
 
-def hold_of(params: dict[str, object], default_s: float) -> float:
+def hold_of(params: Mapping[str, object], default_s: float) -> float:
     value = params.get("hold_s")
     return float(value) if isinstance(value, int | float) else default_s
 

@@ -8,12 +8,39 @@ runs. Everything but the in-flight set is persisted with the agent's state.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field
+from typing_extensions import TypedDict
+
+from kcops.agent.actions.outcome import Refusal
 from kcops.agent.config.actions import GuardsSection
 from kcops.errors import ActionRejected
 
 HOUR_S = 3600.0
+MAX_ENTRIES = 100_000  # any map or list of a state file; far above what an agent holds
+
+
+class GuardsState(BaseModel):
+    """The guards as the state file keeps them."""
+
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+    runs: list[tuple[float, str]] = Field(default_factory=list, max_length=MAX_ENTRIES)
+    cooldown_until: dict[str, float] = Field(default_factory=dict, max_length=MAX_ENTRIES)
+    breaker_open: dict[str, float] = Field(default_factory=dict, max_length=MAX_ENTRIES)
+    cooldown_owner: dict[str, str] = Field(default_factory=dict, max_length=MAX_ENTRIES)
+
+
+class GuardsSummary(TypedDict):
+    """What ``GET /api/v1/actions`` and the status show of the guards."""
+
+    runs_last_hour: int
+    budget_per_hour: int
+    cooldowns: dict[str, float]
+    breakers_open: list[str]
+    in_flight: dict[str, str]
+
+
 GLOBAL = "*"
 
 
@@ -75,7 +102,7 @@ class Guards:
         if target in self.in_flight:
             raise ActionRejected(
                 f"{action}: another action ({self.in_flight[target]}) is in flight on {target}",
-                "busy",
+                Refusal.BUSY,
             )
         if force:
             return []
@@ -84,7 +111,8 @@ class Guards:
         own = owner is not None and self.cooldown_owner.get(key) == owner
         if until is not None and until > now and not own:
             raise ActionRejected(
-                f"{action} on {target} is cooling down for {until - now:.0f}s more", "cooldown"
+                f"{action} on {target} is cooling down for {until - now:.0f}s more",
+                Refusal.COOLDOWN,
             )
         opened: list[str] = []
         for scope in (action, GLOBAL):
@@ -131,21 +159,21 @@ class Guards:
 
     # -- persistence ------------------------------------------------------------
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "runs": [[t, a] for t, a in self.runs],
-            "cooldown_until": dict(self.cooldown_until),
-            "breaker_open": dict(self.breaker_open),
-            "cooldown_owner": dict(self.cooldown_owner),
-        }
+    def to_state(self) -> GuardsState:
+        return GuardsState(
+            runs=list(self.runs),
+            cooldown_until=dict(self.cooldown_until),
+            breaker_open=dict(self.breaker_open),
+            cooldown_owner=dict(self.cooldown_owner),
+        )
 
-    def load(self, data: dict[str, Any]) -> None:
-        self.runs = [(float(t), str(a)) for t, a in data.get("runs", [])]
-        self.cooldown_until = {str(k): float(v) for k, v in data.get("cooldown_until", {}).items()}
-        self.breaker_open = {str(k): float(v) for k, v in data.get("breaker_open", {}).items()}
-        self.cooldown_owner = {str(k): str(v) for k, v in data.get("cooldown_owner", {}).items()}
+    def load(self, st: GuardsState) -> None:
+        self.runs = list(st.runs)
+        self.cooldown_until = dict(st.cooldown_until)
+        self.breaker_open = dict(st.breaker_open)
+        self.cooldown_owner = dict(st.cooldown_owner)
 
-    def summary(self, now: float) -> dict[str, Any]:
+    def summary(self, now: float) -> GuardsSummary:
         self._prune(now)
         return {
             "runs_last_hour": len(self.runs),
@@ -160,5 +188,5 @@ class BreakerOpen(ActionRejected):
     """The hourly budget is spent. ``opened`` lists the breakers this check opened."""
 
     def __init__(self, message: str, opened: list[str]) -> None:
-        super().__init__(message, "budget")
+        super().__init__(message, Refusal.BUDGET)
         self.opened = opened

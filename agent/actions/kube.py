@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kcops.agent.actions.outcome import Refusal
 from kcops.agent.config.actions import KubernetesSection
 from kcops.errors import ActionRejected
 
@@ -57,10 +58,11 @@ class _Token:
                 self.stamp = stamp
         except OSError as exc:
             raise ActionRejected(
-                f"cannot read service account token {self.path}: {exc.strerror}", "unsupported"
+                f"cannot read service account token {self.path}: {exc.strerror}",
+                Refusal.UNSUPPORTED,
             ) from None
         if not self.value:
-            raise ActionRejected(f"service account token {self.path} is empty", "unsupported")
+            raise ActionRejected(f"service account token {self.path} is empty", Refusal.UNSUPPORTED)
         return self.value
 
 
@@ -86,14 +88,14 @@ class KubeClient:
         except OSError:
             raise ActionRejected(
                 "actions.kubernetes.namespace not set and no service account namespace file",
-                "unsupported",
+                Refusal.UNSUPPORTED,
             ) from None
 
     def pod_name(self) -> str:
         name = self.cfg.pod_name or os.environ.get("POD_NAME") or os.environ.get("HOSTNAME")
         if not name:
             raise ActionRejected(
-                "actions.kubernetes.pod_name not set, nor $POD_NAME", "unsupported"
+                "actions.kubernetes.pod_name not set, nor $POD_NAME", Refusal.UNSUPPORTED
             )
         return name
 
@@ -107,7 +109,7 @@ class KubeClient:
         except ImportError:
             raise ActionRejected(
                 "the Kubernetes client is not installed: pip install 'kcops[kubernetes]'",
-                "unsupported",
+                Refusal.UNSUPPORTED,
             ) from None
         conf = client.Configuration(host=self.cfg.api_url.rstrip("/"))
         if self.cfg.ca_file is not None:
@@ -116,7 +118,7 @@ class KubeClient:
                 raise ActionRejected(
                     f"actions.kubernetes.ca_file {self.cfg.ca_file} does not exist "
                     "(set it to the cluster CA, or null for the system CAs)",
-                    "unsupported",
+                    Refusal.UNSUPPORTED,
                 )
             conf.ssl_ca_cert = str(self.cfg.ca_file)
         token = self._token
@@ -152,7 +154,7 @@ class KubeClient:
             body = str(exc.body or exc.reason or "")
             if status in (401, 403):
                 raise ActionRejected(
-                    f"{what}: not permitted (HTTP {status}): {body[:200]}", "forbidden"
+                    f"{what}: not permitted (HTTP {status}): {body[:200]}", Refusal.FORBIDDEN
                 ) from None
             raise KubeError(what, status, body) from None
 
@@ -169,7 +171,7 @@ class KubeClient:
 
     # -- the calls remediation makes ------------------------------------------
 
-    async def evict_own_pod(self) -> dict[str, Any]:
+    async def evict_own_pod(self) -> dict[str, str]:
         """Evict this agent's pod (``create pods/eviction``): the Deployment replaces
         it, and the PodDisruptionBudget decides whether it may go now."""
         from kubernetes_asyncio import client
@@ -184,7 +186,7 @@ class KubeClient:
                 raise ActionRejected(
                     f"{what}: the PodDisruptionBudget allows no disruption now "
                     "(another serving pod is down); retried later",
-                    "busy",
+                    Refusal.BUSY,
                 ) from None
             raise
         finally:

@@ -19,12 +19,15 @@ decided run back as a :class:`Decided` event.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from typing import Any
+
+from pydantic import JsonValue
 
 from kcops.agent.actions.outcome import Outcome
-from kcops.agent.events import RemediationStep
+from kcops.agent.actions.records import LadderRef, Trigger
+from kcops.agent.events import AlertSource, Step
 
 PAGE_SEVERITIES = frozenset({"page", "critical"})
 
@@ -47,12 +50,27 @@ RUN, RUNNING, VERIFY, EXHAUSTED, BLOCKED = (
 )
 
 
+@dataclass(frozen=True)
+class Left:
+    """A step the ladder left behind: ``ran`` False when it could not apply here."""
+
+    step: int
+    action: str | None
+    t: float
+    why: str
+    ran: bool = True
+
+    def __post_init__(self) -> None:
+        if self.step < 0:
+            raise ValueError(f"step must be >= 0, got {self.step}")
+
+
 @dataclass
 class Ladder:
     alertname: str
-    steps: list[dict[str, Any]]
+    steps: tuple[Step, ...]
     started_at: float
-    trigger: dict[str, Any]
+    trigger: Trigger
     step: int = 0
     phase: Phase = Phase.RUN
     verify_until: float | None = None
@@ -63,31 +81,17 @@ class Ladder:
     # the alert shows up again (pending counts) the ladder holds, and closes as
     # resolved only when this passes without it.
     unconfirmed_until: float | None = None
-    # Firing instances: fingerprint -> source ("local" | "alertmanager").
-    instances: dict[str, str] = field(default_factory=dict)
-    # One entry per step left behind: {step, action, t, why, ran}.
-    history: list[dict[str, Any]] = field(default_factory=list)
+    # Firing instances: fingerprint -> source.
+    instances: dict[str, AlertSource] = field(default_factory=dict)
+    # One entry per step left behind.
+    history: list[Left] = field(default_factory=list)
 
     @classmethod
-    def new(
-        cls,
-        alertname: str,
-        steps: tuple[RemediationStep, ...],
-        now: float,
-        trigger: dict[str, Any],
-    ) -> Ladder:
-        return cls(
-            alertname=alertname,
-            steps=[
-                {"action": s.action, "params": dict(s.params), "verify_s": s.verify_s}
-                for s in steps
-            ],
-            started_at=now,
-            trigger=trigger,
-        )
+    def new(cls, alertname: str, steps: tuple[Step, ...], now: float, trigger: Trigger) -> Ladder:
+        return cls(alertname=alertname, steps=tuple(steps), started_at=now, trigger=trigger)
 
     @property
-    def current(self) -> dict[str, Any] | None:
+    def current(self) -> Step | None:
         return self.steps[self.step] if self.step < len(self.steps) else None
 
     @property
@@ -96,35 +100,26 @@ class Ladder:
 
     @property
     def severity(self) -> str:
-        labels = self.trigger.get("labels") or {}
-        return str(labels.get("severity", "page"))
+        return self.trigger.severity
 
-    def ref(self) -> dict[str, Any]:
+    def ref(self) -> LadderRef:
         # Past the last step the index would read "step 2/1": show the last one.
-        return {
-            "alertname": self.alertname,
-            "step": min(self.step, max(0, len(self.steps) - 1)),
-            "of": len(self.steps),
-            "id": self.id,
-        }
+        return LadderRef(
+            alertname=self.alertname,
+            step=min(self.step, max(0, len(self.steps) - 1)),
+            of=len(self.steps),
+            id=self.id,
+        )
 
-    def to_json(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["phase"] = str(self.phase)
-        return out
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any], now: float, grace_s: float = 0.0) -> Ladder:
-        known = set(cls.__dataclass_fields__)
-        lad = cls(**{k: v for k, v in data.items() if k in known})
-        lad.phase = Phase(lad.phase)
-        lad.unconfirmed_until = now + grace_s
+    def resumed(self, now: float, grace_s: float) -> Ladder:
+        """This ladder as a restarted agent takes it up (read from the state file)."""
+        lad = replace(self, unconfirmed_until=now + grace_s)
         if lad.phase is Phase.RUNNING:
             # The agent stopped while the step ran: it may have acted. Never
             # repeat it; verify its effect as if it had finished now.
             cur = lad.current
             lad.phase = Phase.VERIFY
-            lad.verify_until = now + (float(cur["verify_s"]) if cur else 0.0)
+            lad.verify_until = now + (cur.verify_s if cur else 0.0)
             lad.run_id = None
         return lad
 
@@ -145,7 +140,7 @@ class Decided:
     outcome: Outcome | None
     run_id: str | None = None
     error: str | None = None
-    params: dict[str, Any] = field(default_factory=dict)
+    params: Mapping[str, JsonValue] = field(default_factory=dict)
 
 
 Event = Tick | Decided
@@ -156,14 +151,19 @@ Event = Tick | Decided
 
 @dataclass(frozen=True)
 class Submit:
-    action: str
-    params: dict[str, Any]
+    """Run this step's action with its parameters."""
+
+    step: Step
 
 
 @dataclass(frozen=True)
 class Audit:
+    """A ladder record: ``event`` and what it names (None: not part of this event)."""
+
     event: str
-    extra: dict[str, Any] = field(default_factory=dict)
+    why: str | None = None
+    ran: tuple[str, ...] | None = None
+    refused: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -180,7 +180,7 @@ class HoldRestore:
     """A fallback ran: restore normal routing once the alert stayed resolved."""
 
     run_id: str | None
-    params: dict[str, Any]
+    params: Mapping[str, JsonValue]
 
 
 Decision = Submit | Audit | Escalate | HoldRestore
@@ -213,7 +213,7 @@ def _tick(lad: Ladder, now: float, out: list[Decision]) -> None:
         return
     lad.phase = Phase.RUNNING
     lad.run_id = None
-    out.append(Submit(str(cur["action"]), dict(cur["params"])))
+    out.append(Submit(cur))
 
 
 def _decided(lad: Ladder, ev: Decided, retry_s: float, out: list[Decision]) -> None:
@@ -225,44 +225,43 @@ def _decided(lad: Ladder, ev: Decided, retry_s: float, out: list[Decision]) -> N
     if o is None or o in (Outcome.OK, Outcome.DRY_RUN, Outcome.SKIPPED_COOLDOWN):
         # Cooldown: the step ran recently; give that run its window.
         lad.phase = Phase.VERIFY
-        lad.verify_until = ev.now + float(cur["verify_s"])
-        if cur["action"] == "fallback_to_base" and o in (Outcome.OK, Outcome.DRY_RUN):
+        lad.verify_until = ev.now + cur.verify_s
+        if cur.action == "fallback_to_base" and o in (Outcome.OK, Outcome.DRY_RUN):
             out.append(HoldRestore(ev.run_id, dict(ev.params)))
     elif o in (Outcome.SKIPPED_BUSY, Outcome.SKIPPED_STARTING, Outcome.SKIPPED_OFF):
         lad.phase = Phase.RUN
         lad.retry_at = ev.now + retry_s
     elif o is Outcome.SKIPPED_BUDGET:
         lad.phase = Phase.BLOCKED
-        out.append(Audit("blocked", {"why": ev.error}))
+        out.append(Audit("blocked", why=ev.error))
     elif o.not_applicable:
-        _leave(lad, ev.now, f"step {cur['action']} {o}: {ev.error}", ran=False, out=out)
+        _leave(lad, ev.now, f"step {cur.action} {o}: {ev.error}", ran=False, out=out)
         _tick(lad, ev.now, out)
     else:  # failed, timeout: it ran; the next rung, now
-        _leave(lad, ev.now, f"step {cur['action']} {o}: {ev.error}", ran=True, out=out)
+        _leave(lad, ev.now, f"step {cur.action} {o}: {ev.error}", ran=True, out=out)
         _tick(lad, ev.now, out)
 
 
 def _leave(lad: Ladder, now: float, why: str, *, ran: bool, out: list[Decision]) -> None:
     cur = lad.current
-    action = cur["action"] if cur else None
-    lad.history.append({"step": lad.step, "action": action, "t": now, "why": why, "ran": ran})
+    lad.history.append(Left(lad.step, cur.action if cur else None, now, why, ran))
     lad.step += 1
     lad.phase = Phase.RUN
     lad.verify_until = None
-    out.append(Audit("climb" if ran else "skipped", {"why": why}))
+    out.append(Audit("climb" if ran else "skipped", why=why))
 
 
 def _end(lad: Ladder, out: list[Decision]) -> None:
     lad.phase = Phase.EXHAUSTED
-    ran = [h["action"] for h in lad.history if h.get("ran", True)]
-    refused = [f"{h['action']} ({h['why']})" for h in lad.history if not h.get("ran", True)]
+    ran = tuple(str(h.action) for h in lad.history if h.ran)
+    refused = tuple(f"{h.action} ({h.why})" for h in lad.history if not h.ran)
     page = lad.severity in PAGE_SEVERITIES
     if ran:
         msg = f"{lad.alertname}: remediation ran ({', '.join(ran)}) and it is still active"
         if refused:
             msg += f"; not applicable: {'; '.join(refused)}"
-        out.append(Audit("exhausted", {"ran": ran, "refused": refused}))
+        out.append(Audit("exhausted", ran=ran, refused=refused))
     else:
         msg = f"{lad.alertname}: no applicable remediation: {'; '.join(refused) or 'no steps'}"
-        out.append(Audit("no_applicable_remediation", {"refused": refused}))
+        out.append(Audit("no_applicable_remediation", refused=refused))
     out.append(Escalate(msg, page=page, severity=lad.severity))

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Mapping
+from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, JsonValue
 
 from kcops.agent.actions.base import ActionContext, ActionResult, ActionSpec, Check, Params
+from kcops.agent.actions.outcome import Refusal
+from kcops.agent.actions.records import JSONObject
 from kcops.agent.config.actions import NotifySection
 from kcops.agent.httpclient import HttpClient
 from kcops.errors import ActionRejected
@@ -17,11 +20,11 @@ class NotifyParams(Params):
     severity: Literal["info", "ticket", "warning", "page"] = "info"
 
 
-async def send(cfg: NotifySection, payload: dict[str, Any]) -> int:
+async def send(cfg: NotifySection, payload: Mapping[str, JsonValue]) -> int:
     """POST ``payload`` as JSON; returns the HTTP status. Raises on transport errors
     (:class:`~kcops.agent.httpclient.HttpError`) and on an HTTP error status."""
     if not cfg.url:
-        raise ActionRejected("actions.notify.url is not configured", "not_configured")
+        raise ActionRejected("actions.notify.url is not configured", Refusal.NOT_CONFIGURED)
     client = HttpClient(cfg.timeout_s, trust_env=True)
     try:
         resp = await client.request("POST", cfg.url, json=payload, headers=cfg.headers)
@@ -34,11 +37,11 @@ async def send(cfg: NotifySection, payload: dict[str, Any]) -> int:
 
 def has_url(check: Check, _: Params) -> None:
     if not check.config.actions.notify.url:
-        raise ActionRejected("actions.notify.url is not configured", "not_configured")
+        raise ActionRejected("actions.notify.url is not configured", Refusal.NOT_CONFIGURED)
 
 
 async def notify(ctx: ActionContext, p: NotifyParams) -> ActionResult:
-    payload = {
+    payload: JSONObject = {
         "source": "kcops",
         "severity": p.severity,
         "message": p.message,

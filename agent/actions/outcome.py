@@ -1,10 +1,10 @@
-"""Outcomes of an action run: the values of ``kcops_action_runs_total{outcome}``.
+"""Outcomes of an action run (``kcops_action_runs_total{outcome}``) and refusal codes.
 
-They are also the ``outcome`` field of every ``kind: action`` audit record.
-A refusal (``refused``, ``invalid``, ``skipped_*``) never ran, spent no
-cooldown and no budget; the audit record's ``refusal`` field holds the
-reason code (``unsupported``, ``not_configured``, ``no_target``,
-``at_bound``, ``engine_refused``, ``supervisor_owns``, ``cooldown``, ...).
+An :class:`Outcome` is also the ``outcome`` field of every ``kind: action``
+audit record. A refusal (``refused``, ``invalid``, ``skipped_*``) never ran,
+spent no cooldown and no budget; the audit record's ``refusal`` field holds
+its :class:`Refusal` code. docs/remediation.md lists the same codes (a unit
+test compares the two).
 """
 
 from __future__ import annotations
@@ -36,15 +36,36 @@ class Outcome(StrEnum):
         return self in (Outcome.REFUSED, Outcome.INVALID)
 
 
+class Refusal(StrEnum):
+    """Why a run did not act: ``ActionRejected.reason`` and the audit record's ``refusal``."""
+
+    UNSUPPORTED = "unsupported"  # the engine or the deployment cannot do it
+    NOT_CONFIGURED = "not_configured"
+    NO_TARGET = "no_target"
+    AT_BOUND = "at_bound"  # top-N or replicas already at their bound
+    ENGINE_REFUSED = "engine_refused"  # the engine answered 400 while acting
+    SUPERVISOR_OWNS = "supervisor_owns"  # the supervisor backs off after a crash
+    NOT_THIS_POD = "not_this_pod"  # an Alertmanager alert about another pod
+    FORBIDDEN = "forbidden"  # the Kubernetes API said 401/403
+    FENCED = "fenced"  # the fleet lease expired or moved before the write
+    STARTING = "starting"  # the engine is still starting
+    COOLDOWN = "cooldown"
+    BUDGET = "budget"  # the hourly budget is spent (breaker)
+    BUSY = "busy"  # another run of the same target is in flight
+    OFF = "off"  # remediation mode is off
+    INVALID = "invalid"  # bad parameters
+    UNKNOWN = "unknown"  # no such action
+
+
 RAN = frozenset({Outcome.OK, Outcome.DRY_RUN, Outcome.FAILED, Outcome.TIMEOUT})
 
 # Guard refusals, by ActionRejected.reason.
-SKIPPED = {
-    "cooldown": Outcome.SKIPPED_COOLDOWN,
-    "budget": Outcome.SKIPPED_BUDGET,
-    "busy": Outcome.SKIPPED_BUSY,
-    "off": Outcome.SKIPPED_OFF,
-    "starting": Outcome.SKIPPED_STARTING,
+SKIPPED: dict[str, Outcome] = {
+    Refusal.COOLDOWN: Outcome.SKIPPED_COOLDOWN,
+    Refusal.BUDGET: Outcome.SKIPPED_BUDGET,
+    Refusal.BUSY: Outcome.SKIPPED_BUSY,
+    Refusal.OFF: Outcome.SKIPPED_OFF,
+    Refusal.STARTING: Outcome.SKIPPED_STARTING,
 }
 
 
@@ -52,6 +73,6 @@ def of_refusal(reason: str) -> Outcome:
     """The outcome of an ActionRejected with this reason code."""
     if reason in SKIPPED:
         return SKIPPED[reason]
-    if reason in ("invalid", "unknown"):
+    if reason in (Refusal.INVALID, Refusal.UNKNOWN):
         return Outcome.INVALID
     return Outcome.REFUSED

@@ -9,6 +9,7 @@ A precheck looks at configuration and at local facts that cost nothing to read
 from __future__ import annotations
 
 from kcops.agent.actions.base import Check
+from kcops.agent.actions.outcome import Refusal
 from kcops.errors import ActionRejected
 
 
@@ -20,5 +21,5 @@ def kube_token(check: Check, what: str) -> None:
         raise ActionRejected(
             f"{what}: no Kubernetes service account token at {path} (mount the service "
             "account token, or set actions.kubernetes.token_file)",
-            "not_configured",
+            Refusal.NOT_CONFIGURED,
         )

@@ -18,6 +18,7 @@ from kcops.agent.actions import (
     scale_out,
 )
 from kcops.agent.actions.base import Check, Params, Registry
+from kcops.agent.actions.outcome import Refusal
 from kcops.agent.actions.prechecks import kube_token
 from kcops.errors import ActionRejected
 
@@ -30,7 +31,7 @@ def has_scaler(check: Check, _: Params) -> None:
         raise ActionRejected(
             "scale_out: no scaler configured (set actions.scale.deployment, actions.scale.hpa, "
             "actions.scale.hpa_reads_gauge, or a fleet lease)",
-            "not_configured",
+            Refusal.NOT_CONFIGURED,
         )
     # Refusals scale_out itself would only find while acting (kept there too): known from
     # the configuration alone, so a dry run must say them as well.
@@ -39,18 +40,18 @@ def has_scaler(check: Check, _: Params) -> None:
         raise ActionRejected(
             f"actions.scale.hpa {cfg.hpa} is set but actions.scale.lease.backend is none: "
             "raising an HPA's floor is a fleet action and needs the lease",
-            "unsupported",
+            Refusal.UNSUPPORTED,
         )
     if lease.backend == "kubernetes" and not cfg.hpa:
         raise ActionRejected(
             "actions.scale.lease.backend is kubernetes but actions.scale.hpa is not set",
-            "unsupported",
+            Refusal.UNSUPPORTED,
         )
     if lease.backend == "redis" and not (lease.redis_url or check.config.actions.evict.redis_url):
         raise ActionRejected(
             "actions.scale.lease.backend is redis but neither lease.redis_url nor "
             "actions.evict.redis_url is set",
-            "unsupported",
+            Refusal.UNSUPPORTED,
         )
     if lease.backend == "kubernetes" or (lease.backend == "none" and cfg.deployment):
         kube_token(check, "scale_out")

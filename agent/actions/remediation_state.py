@@ -10,69 +10,60 @@ finite.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from dataclasses import fields
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from kcops.agent.actions.ladder import Phase
-
-MAX_ENTRIES = 100_000  # any map or list of the file; far above what an agent holds
+from kcops.agent.actions.guards import MAX_ENTRIES, GuardsState
+from kcops.agent.actions.ladder import Ladder, Left, Phase
+from kcops.agent.actions.records import Trigger
+from kcops.agent.events import AlertSource, Step
 
 
 class _Record(BaseModel):
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
 
-class GuardsState(_Record):
-    runs: list[tuple[float, str]] = Field(default_factory=list, max_length=MAX_ENTRIES)
-    cooldown_until: dict[str, float] = Field(default_factory=dict, max_length=MAX_ENTRIES)
-    breaker_open: dict[str, float] = Field(default_factory=dict, max_length=MAX_ENTRIES)
-    cooldown_owner: dict[str, str] = Field(default_factory=dict, max_length=MAX_ENTRIES)
-
-
-class StepState(_Record):
-    action: str
-    params: dict[str, Any] = Field(default_factory=dict)
-    verify_s: float = Field(ge=0)
-
-
-class HistoryState(_Record):
-    step: int = Field(ge=0)
-    action: str | None
-    t: float
-    why: str
-    ran: bool = True
-
-
-class TriggerState(BaseModel):
-    """The alert transition that started a ladder; its labels are what later code reads."""
-
-    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
-
-    labels: dict[str, str] = Field(default_factory=dict)
-
-
 class LadderState(_Record):
     alertname: str
-    steps: list[StepState] = Field(min_length=1, max_length=1000)  # none: never a ladder
+    steps: list[Step] = Field(min_length=1, max_length=1000)  # none: never a ladder
     started_at: float
-    trigger: TriggerState
+    trigger: Trigger
     step: int = Field(0, ge=0)
     phase: Phase = Phase.RUN
     verify_until: float | None = None
     run_id: str | None = None
     retry_at: float | None = None
     unconfirmed_until: float | None = None
-    instances: dict[str, Literal["local", "alertmanager"]] = Field(
-        default_factory=dict, max_length=MAX_ENTRIES
-    )
-    history: list[HistoryState] = Field(default_factory=list, max_length=MAX_ENTRIES)
+    instances: dict[str, AlertSource] = Field(default_factory=dict, max_length=MAX_ENTRIES)
+    history: list[Left] = Field(default_factory=list, max_length=MAX_ENTRIES)
 
     @model_validator(mode="after")
     def _step_in_range(self) -> LadderState:
         if self.step > len(self.steps):
             raise ValueError(f"step {self.step} is past the ladder's {len(self.steps)} steps")
         return self
+
+    @classmethod
+    def of(cls, lad: Ladder) -> LadderState:
+        return cls.model_validate({f.name: getattr(lad, f.name) for f in fields(lad)})
+
+    def ladder(self) -> Ladder:
+        """The ladder as saved (:meth:`Ladder.resumed` makes it a restarted agent's)."""
+        return Ladder(
+            alertname=self.alertname,
+            steps=tuple(self.steps),
+            started_at=self.started_at,
+            trigger=self.trigger,
+            step=self.step,
+            phase=self.phase,
+            verify_until=self.verify_until,
+            run_id=self.run_id,
+            retry_at=self.retry_at,
+            unconfirmed_until=self.unconfirmed_until,
+            instances=dict(self.instances),
+            history=list(self.history),
+        )
 
 
 class RestoreState(_Record):
@@ -82,7 +73,7 @@ class RestoreState(_Record):
 
 
 class RemediationState(_Record):
-    """The whole file. ``model_dump()`` gives what :meth:`Remediation.start` rebuilds from."""
+    """The whole file, as :meth:`Remediation.start` rebuilds from it."""
 
     version: int = Field(1, ge=1, le=1)
     guards: GuardsState = Field(default_factory=GuardsState)

@@ -29,6 +29,7 @@ from kcops.agent.actions.base import (
     Params,
 )
 from kcops.agent.actions.kube import KubeClient
+from kcops.agent.actions.outcome import Refusal
 from kcops.agent.actions.prechecks import kube_token
 from kcops.agent.engine import lifecycle as lc
 from kcops.agent.engine import proctree
@@ -52,7 +53,7 @@ async def _signal_restart(ctx: ActionContext) -> ActionResult:
     pid = engine_pid(ctx)
     if pid is None:
         raise ActionRejected(
-            "restart mode signal needs engine.pid or engine.pidfile", "unsupported"
+            "restart mode signal needs engine.pid or engine.pidfile", Refusal.UNSUPPORTED
         )
     n = engine_drain_s(proctree.cmdline(pid), proctree.pgid_of(pid))
     grace = ctx.config.actions.restart.grace_s + n
@@ -87,16 +88,18 @@ def _mode(check: Check) -> str:
             raise ActionRejected(
                 "restart_worker: the agent does not supervise the engine; set "
                 "actions.restart.mode to signal or kubernetes",
-                "not_configured",
+                Refusal.NOT_CONFIGURED,
             )
         return "supervisor"
     if mode == "off":
-        raise ActionRejected("restart_worker: actions.restart.mode is off", "not_configured")
+        raise ActionRejected("restart_worker: actions.restart.mode is off", Refusal.NOT_CONFIGURED)
     if mode == "supervisor" and check.supervisor is None:
-        raise ActionRejected("restart mode supervisor, but no engine command (--)", "no_target")
+        raise ActionRejected(
+            "restart mode supervisor, but no engine command (--)", Refusal.NO_TARGET
+        )
     if mode == "signal" and not (check.config.engine.pid or check.config.engine.pidfile):
         raise ActionRejected(
-            "restart mode signal needs engine.pid or engine.pidfile", "not_configured"
+            "restart mode signal needs engine.pid or engine.pidfile", Refusal.NOT_CONFIGURED
         )
     if mode == "kubernetes":
         kube_token(check, "restart_worker (mode kubernetes)")
@@ -111,12 +114,12 @@ def applicable(check: Check, _: Params) -> None:
     why = check.supervisor.backing_off()
     if why is not None:
         # One owner of restarts: a ladder never respawns what the supervisor respawns.
-        raise ActionRejected(f"restart_worker: {why}", "supervisor_owns")
+        raise ActionRejected(f"restart_worker: {why}", Refusal.SUPERVISOR_OWNS)
     if check.supervisor.starting(check.now):
         raise ActionRejected(
             "the engine is still starting (not healthy since it was started, within "
             f"actions.restart.startup_grace_s={check.config.actions.restart.startup_grace_s:g})",
-            "starting",
+            Refusal.STARTING,
         )
 
 
@@ -126,7 +129,7 @@ async def restart_worker(ctx: ActionContext, p: NoParams) -> ActionResult:
         assert ctx.supervisor is not None
         out = await ctx.supervisor.restart(reason="restart_worker")
         return ActionResult(
-            detail=out.get("detail", "restarted"),
+            detail=str(out.get("detail", "restarted")),
             before=out["before"],
             after=out["after"],
             data={k: out[k] for k in ("drain", "killed", "shm_removed") if k in out},
@@ -134,7 +137,7 @@ async def restart_worker(ctx: ActionContext, p: NoParams) -> ActionResult:
     if mode == "signal":
         return await _signal_restart(ctx)
     info = await KubeClient(ctx.config.actions.kubernetes).evict_own_pod()
-    return ActionResult(detail=f"evicted pod {info['namespace']}/{info['pod']}", data=info)
+    return ActionResult(detail=f"evicted pod {info['namespace']}/{info['pod']}", data=dict(info))
 
 
 SPEC = ActionSpec(

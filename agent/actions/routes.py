@@ -12,13 +12,14 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from kcops.agent.actions.alertmanager import BadPayload, transitions
 from kcops.agent.actions.audit import read_audit
+from kcops.agent.actions.records import JSONObject, Trigger
 from kcops.agent.control import json_dumps, read_json, read_json_model
 
 if TYPE_CHECKING:
@@ -39,7 +40,7 @@ class RunActionBody(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    params: dict[str, Any] | None = None
+    params: dict[str, JsonValue] | None = None
     force: bool = False
     reason: str | None = Field(None, max_length=1000)
     dry_run: bool = False
@@ -67,7 +68,7 @@ def build_routes(rem: Remediation) -> list[web.RouteDef]:
         run = rem.runner.submit(
             name,
             body.params or {},
-            trigger={"source": "api", "remote": request.remote},
+            trigger=Trigger(source="api", remote=request.remote),
             force=body.force,
             reason=body.reason,
             dry_run=body.dry_run,
@@ -76,7 +77,7 @@ def build_routes(rem: Remediation) -> list[web.RouteDef]:
             timeout = rem.config.actions.guards.action_timeout_s + 5
             await asyncio.wait([run.task], timeout=timeout)
         await rem.audit.sync()
-        rec = run.record()
+        rec = run.record().as_json()
         status = STATUS_OF.get(run.outcome or "", 409)
         return web.json_response(rec, status=status, dumps=json_dumps)
 
@@ -93,7 +94,7 @@ def build_routes(rem: Remediation) -> list[web.RouteDef]:
         if not 1 <= limit <= 100_000:
             return web.json_response({"error": "limit must be an integer in 1..100000"}, status=400)
 
-        def tail() -> list[dict[str, Any]]:
+        def tail() -> list[JSONObject]:
             return list(deque(read_audit(rem.audit.path, since_f), maxlen=limit))
 
         # The audit log grows without bound: read it off the event loop.
@@ -133,12 +134,13 @@ def engine_ready(rem: Remediation) -> Callable[[web.Request], Awaitable[web.Resp
 
     async def handler(_: web.Request) -> web.Response:
         eng = rem.engine
-        body: dict[str, Any] = {
-            "serving": eng.serving(), "state": eng.state.value, "draining": eng.draining,
+        serving = eng.serving()
+        body: JSONObject = {
+            "serving": serving, "state": eng.state.value, "draining": eng.draining,
         }  # fmt: skip
-        if not body["serving"]:
+        if not serving:
             why = f"draining: {eng.draining}" if eng.draining else f"engine {eng.state.value}"
             body["error"] = f"not serving ({why})"
-        return web.json_response(body, status=200 if body["serving"] else 503)
+        return web.json_response(body, status=200 if serving else 503)
 
     return handler

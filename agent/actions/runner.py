@@ -20,9 +20,10 @@ import time
 import uuid
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from opentelemetry.trace import Status, StatusCode, Tracer
+from opentelemetry.trace import Span, Status, StatusCode, Tracer
+from pydantic import JsonValue
 
 from kcops.agent.actions import outcome as outcome_mod
 from kcops.agent.actions.audit import AuditLog
@@ -36,7 +37,8 @@ from kcops.agent.actions.base import (
     SupervisorHandle,
 )
 from kcops.agent.actions.guards import BreakerOpen, Guards
-from kcops.agent.actions.outcome import Outcome
+from kcops.agent.actions.outcome import Outcome, Refusal
+from kcops.agent.actions.records import ActionRecord, JSONObject, LadderRef, Trigger
 from kcops.agent.clock import Clock
 from kcops.agent.config import Config
 from kcops.agent.engine import Engine
@@ -56,7 +58,7 @@ SKIPPED = outcome_mod.SKIPPED
 _SCOPES = {"notify": "notify", "scale_out": "replicas"}
 
 
-def scope_of(action: str, trigger: dict[str, Any] | None = None) -> str:
+def scope_of(action: str, trigger: Trigger | None = None) -> str:
     """What an action acts on, for one-in-flight and cooldown: the engine unless said.
 
     A notice is about its alert: ``notify:<alertname>`` when an alert started it, so
@@ -64,8 +66,8 @@ def scope_of(action: str, trigger: dict[str, Any] | None = None) -> str:
     budget still bounds them all); ``notify`` when asked by hand.
     """
     scope = _SCOPES.get(action, "engine")
-    alertname = (trigger or {}).get("alertname")
-    if scope == "notify" and isinstance(alertname, str) and alertname:
+    alertname = trigger.alertname if trigger is not None else None
+    if scope == "notify" and alertname:
         return f"notify:{alertname}"
     return scope
 
@@ -74,12 +76,12 @@ def scope_of(action: str, trigger: dict[str, Any] | None = None) -> str:
 class Run:
     id: str
     action: str
-    params: dict[str, Any]
+    params: JSONObject
     target: str
     mode: str
     t: float
-    trigger: dict[str, Any] | None = None
-    ladder: dict[str, Any] | None = None
+    trigger: Trigger | None = None
+    ladder: LadderRef | None = None
     forced: bool = False
     reason: str | None = None
     outcome: Outcome | None = None
@@ -94,28 +96,28 @@ class Run:
     def done(self) -> bool:
         return self.outcome is not None
 
-    def record(self) -> dict[str, Any]:
-        return {
-            "kind": "action",
-            "ts": self.t,
-            "run_id": self.id,
-            "action": self.action,
-            "params": self.params,
-            "target": self.target,
-            "mode": self.mode,
-            "outcome": self.outcome,
-            "error": self.error,
-            "duration_s": round(self.duration_s, 6),
-            "before": self.result.before if self.result else None,
-            "after": self.result.after if self.result else None,
-            "detail": self.result.detail if self.result else None,
-            "result": self.result.data if self.result else None,
-            "trigger": self.trigger,
-            "ladder": self.ladder,
-            "forced": self.forced,
-            "reason": self.reason,
-            "refusal": self.refusal,
-        }
+    def record(self) -> ActionRecord:
+        res = self.result
+        return ActionRecord(
+            ts=self.t,
+            run_id=self.id,
+            action=self.action,
+            params=self.params,
+            target=self.target,
+            mode=self.mode,
+            outcome=self.outcome,
+            error=self.error,
+            duration_s=round(self.duration_s, 6),
+            before=res.before if res else None,
+            after=res.after if res else None,
+            detail=res.detail if res else None,
+            result=res.data if res else None,
+            trigger=self.trigger,
+            ladder=self.ladder,
+            forced=self.forced,
+            reason=self.reason,
+            refusal=self.refusal,
+        )
 
 
 class Runner:
@@ -182,26 +184,26 @@ class Runner:
         span.end(end_time=int(run.t * 1e9))
 
     @staticmethod
-    def _span_attrs(span: Any, run: Run, outcome: Outcome) -> None:
+    def _span_attrs(span: Span, run: Run, outcome: Outcome) -> None:
         span.set_attribute("kcops.action", run.action)
         span.set_attribute("kcops.target", run.target)
         span.set_attribute("kcops.mode", run.mode)
         span.set_attribute("kcops.outcome", outcome)
         span.set_attribute("kcops.run_id", run.id)
         if run.ladder:
-            span.set_attribute("kcops.alertname", str(run.ladder.get("alertname")))
-            span.set_attribute("kcops.step", int(run.ladder.get("step", 0)))
+            span.set_attribute("kcops.alertname", run.ladder.alertname)
+            span.set_attribute("kcops.step", run.ladder.step)
 
     # -- submit --------------------------------------------------------------------
 
     def submit(
         self,
         action: str,
-        params: Mapping[str, Any] | None = None,
+        params: Mapping[str, JsonValue] | None = None,
         *,
         now: float | None = None,
-        trigger: dict[str, Any] | None = None,
-        ladder: dict[str, Any] | None = None,
+        trigger: Trigger | None = None,
+        ladder: LadderRef | None = None,
         force: bool = False,
         reason: str | None = None,
         dry_run: bool = False,
@@ -230,7 +232,7 @@ class Runner:
             forced=force,
             reason=reason,
         )
-        owner = str(ladder["id"]) if ladder and "id" in ladder else None
+        owner = ladder.id if ladder is not None and ladder.id else None
         decided = self._decide(run, owner, refuse)
         if decided is None:
             return run
@@ -251,7 +253,7 @@ class Runner:
         self._start(run, self._execute(run, spec, parsed))
         return run
 
-    def _start(self, run: Run, coro: Coroutine[Any, Any, None]) -> None:
+    def _start(self, run: Run, coro: Coroutine[object, object, None]) -> None:
         run.task = asyncio.get_running_loop().create_task(coro)
         self.tasks.add(run.task)
         run.task.add_done_callback(self.tasks.discard)
@@ -306,12 +308,12 @@ class Runner:
         """Parameters, mode, applicability, then guards; None when refused (recorded)."""
         try:
             if run.forced and not (isinstance(run.reason, str) and run.reason.strip()):
-                raise ActionRejected("force needs a reason", "invalid")
+                raise ActionRejected("force needs a reason", Refusal.INVALID)
             spec = self.registry.get(run.action)
             parsed = spec.parse(run.params)
             run.params = parsed.model_dump(mode="json")
             if run.mode == "off":
-                raise ActionRejected("remediation mode is off", "off")
+                raise ActionRejected("remediation mode is off", Refusal.OFF)
             if refuse is not None:
                 raise refuse
             # Applicability before guards: a step that cannot act here spends nothing.

@@ -29,6 +29,7 @@ from pydantic import Field
 
 from kcops.agent.actions.base import ActionContext, ActionResult, ActionSpec, Params
 from kcops.agent.actions.lease import Fleet, FleetState, FleetWrite, Grant
+from kcops.agent.actions.outcome import Refusal
 from kcops.agent.config import Config
 from kcops.errors import ActionRejected
 
@@ -73,7 +74,7 @@ def open_fleet(config: Config) -> Fleet | None:
             raise ActionRejected(
                 "actions.scale.lease.backend is redis but neither lease.redis_url nor "
                 "actions.evict.redis_url is set",
-                "unsupported",
+                Refusal.UNSUPPORTED,
             )
         from kcops.agent.actions.lease import RedisFleet
 
@@ -82,7 +83,7 @@ def open_fleet(config: Config) -> Fleet | None:
         if not cfg.hpa:
             raise ActionRejected(
                 "actions.scale.lease.backend is kubernetes but actions.scale.hpa is not set",
-                "unsupported",
+                Refusal.UNSUPPORTED,
             )
         from kcops.agent.actions.kube import KubeClient
         from kcops.agent.actions.lease import KubeFleet
@@ -129,7 +130,7 @@ async def scale_out(ctx: ActionContext, p: ScaleParams) -> ActionResult:
             raise ActionRejected(
                 f"fleet cooldown: {st.done_by} scaled {ctx.now - st.done_at:.0f}s ago "
                 f"(cooldown {cooldown:.0f}s)",
-                "cooldown",
+                Refusal.COOLDOWN,
             )
         current = max(st.replicas, st.min_replicas)
         top, bound = cfg.max_replicas, "actions.scale.max_replicas"
@@ -138,7 +139,7 @@ async def scale_out(ctx: ActionContext, p: ScaleParams) -> ActionResult:
         wanted = min(top, max(cfg.min_replicas, current + step))
         if wanted <= st.min_replicas:
             raise ActionRejected(
-                f"replica floor {st.min_replicas} already at {bound} {top}", "at_bound"
+                f"replica floor {st.min_replicas} already at {bound} {top}", Refusal.AT_BOUND
             )
         if pause is not None:
             await pause(grant)
@@ -169,7 +170,7 @@ async def _alone(ctx: ActionContext, replicas: Replicas, step: int) -> ActionRes
         raise ActionRejected(
             f"actions.scale.hpa {cfg.hpa} is set but actions.scale.lease.backend is none: "
             "raising an HPA's floor is a fleet action and needs the lease",
-            "unsupported",
+            Refusal.UNSUPPORTED,
         )
     kube = None
     if cfg.deployment:
@@ -184,7 +185,7 @@ async def _alone(ctx: ActionContext, replicas: Replicas, step: int) -> ActionRes
         wanted = min(cfg.max_replicas, max(cfg.min_replicas, current + step))
         if wanted <= current:
             raise ActionRejected(
-                f"replicas {current} already at max_replicas {cfg.max_replicas}", "at_bound"
+                f"replicas {current} already at max_replicas {cfg.max_replicas}", Refusal.AT_BOUND
             )
         if kube is not None and cfg.deployment:
             await kube.patch_scale(cfg.deployment, wanted)

@@ -21,8 +21,9 @@ import json
 import logging
 import os
 import threading
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Generic, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -37,11 +38,16 @@ def _tmp_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.{os.getpid()}.tmp")
 
 
-def encode(data: Any) -> bytes:
-    return json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
+M = TypeVar("M", bound=BaseModel)
+State = BaseModel | Mapping[str, object]
 
 
-def write_atomic(path: Path, data: Any) -> None:
+def encode(data: State) -> bytes:
+    obj = data.model_dump(mode="json") if isinstance(data, BaseModel) else data
+    return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
+
+
+def write_atomic(path: Path, data: State) -> None:
     write_bytes_atomic(path, encode(data))
 
 
@@ -87,42 +93,43 @@ def set_aside(path: Path, why: str) -> None:
     log.warning("state %s %s; moved to %s and starting empty", path, why, aside)
 
 
-def read_state(path: Path, model: type[BaseModel] = RemediationState) -> dict[str, Any]:
+def read_state(path: Path, model: type[BaseModel] = RemediationState) -> dict[str, object]:
     """The saved state validated by ``model`` (as a dict), or {} when there is none.
 
     A corrupt or wrong-shaped file is kept aside with a warning, never fatal.
     """
-    return StateFile(path, model).read()
+    st = StateFile(path, model).read()
+    return {} if st is None else st.model_dump()
 
 
-def _read(path: Path, model: type[BaseModel]) -> tuple[dict[str, Any], bool]:
-    """(state, whether the file was set aside)."""
+def _read(path: Path, model: type[M]) -> tuple[M | None, bool]:
+    """(state, whether the file was set aside); None: no state."""
     remove_stale_temps(path)
     try:
         with open(path, "rb") as fh:
             raw = fh.read(MAX_STATE_BYTES + 1)
     except FileNotFoundError:
-        return {}, False
+        return None, False
     except OSError as exc:
         log.warning("state %s cannot be read (%s); starting empty", path, exc.strerror)
-        return {}, False
+        return None, False
     if len(raw) > MAX_STATE_BYTES:
         set_aside(path, f"is larger than {MAX_STATE_BYTES} bytes")
-        return {}, True
+        return None, True
     try:
-        return model.model_validate_json(raw).model_dump(), False
+        return model.model_validate_json(raw), False
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p)[:40] for p in first["loc"]) or "<root>"
         set_aside(path, f"is not valid ({exc.error_count()} errors, first at {where}: "
                   f"{first['msg'][:120]})")  # fmt: skip
-        return {}, True
+        return None, True
 
 
-class StateFile:
+class StateFile(Generic[M]):
     """One state file of the agent: validated reads, ordered atomic writes, a set-aside count."""
 
-    def __init__(self, path: Path, model: type[BaseModel] = RemediationState) -> None:
+    def __init__(self, path: Path, model: type[M] = RemediationState) -> None:  # type: ignore[assignment]
         self.path = path
         self.model = model
         self.set_aside_count = 0
@@ -130,7 +137,8 @@ class StateFile:
         self._seq = 0  # snapshots taken
         self._written = 0  # the newest snapshot on disk
 
-    def read(self) -> dict[str, Any]:
+    def read(self) -> M | None:
+        """The state validated by the model; None when there is none (or it was set aside)."""
         data, aside = _read(self.path, self.model)
         self.set_aside_count += aside
         return data
@@ -140,7 +148,7 @@ class StateFile:
         set_aside(self.path, why)
         self.set_aside_count += 1
 
-    def _snapshot(self, data: Any) -> tuple[int, bytes]:
+    def _snapshot(self, data: State) -> tuple[int, bytes]:
         self._seq += 1
         return self._seq, encode(data)
 
@@ -151,11 +159,11 @@ class StateFile:
             write_bytes_atomic(self.path, payload)
             self._written = seq
 
-    def save(self, data: Any) -> None:
+    def save(self, data: State) -> None:
         """Write ``data`` now, on this thread (durable on return)."""
         self._write(*self._snapshot(data))
 
-    async def save_async(self, data: Any) -> None:
+    async def save_async(self, data: State) -> None:
         """Serialise ``data`` here, write it in a worker thread (durable on return)."""
         seq, payload = self._snapshot(data)
         await asyncio.to_thread(self._write, seq, payload)

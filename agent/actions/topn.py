@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from kcops.agent.actions.base import ActionContext, ActionResult, Check, Params
+from kcops.agent.actions.outcome import Refusal
 from kcops.errors import ActionRejected
 
 
@@ -33,7 +34,7 @@ async def plan(ctx: ActionContext, p: TopNParams, direction: int) -> tuple[int, 
     wanted = min(hi, max(lo, current + direction * step))
     if wanted == current:
         raise ActionRejected(
-            f"top_n is {current}, already at the bound of [{lo}, {hi}]", "at_bound"
+            f"top_n is {current}, already at the bound of [{lo}, {hi}]", Refusal.AT_BOUND
         )
     return current, wanted
 

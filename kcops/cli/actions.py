@@ -7,10 +7,19 @@ import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import click
+from pydantic import JsonValue
 
+from kcops.agent.actions.records import (
+    ActionRecord,
+    AlertRecord,
+    AuditRecord,
+    EscalationRecord,
+    LadderRecord,
+    PageRecord,
+    parse_record,
+)
 from kcops.cli.common import (
     EXIT_FAILURE,
     EXIT_OK,
@@ -53,49 +62,40 @@ def parse_since(value: str | None, now: float | None = None) -> float | None:
     return dt.timestamp()
 
 
-def _when(ts: Any) -> str:
+def _when(ts: float) -> str:
     """Local ISO time and how long ago, e.g. ``2026-12-01T03:04:05+01:00 (3m ago)``."""
     t = as_float(ts)
-    return "?" if t is None else when(t)
+    return "?" if t is None or t <= 0 else when(t)
 
 
-def format_record(r: dict[str, Any]) -> str:
-    kind = r.get("kind", "?")
-    when = _when(r.get("ts"))
-    if kind == "action":
-        alert = (r.get("ladder") or {}).get("alertname") or (r.get("trigger") or {}).get(
-            "source", ""
+def format_record(r: AuditRecord) -> str:
+    """One line of ``kcops actions history`` for a record, by its kind."""
+    when = _when(r.ts)
+    if isinstance(r, ActionRecord):
+        alert = (r.ladder.alertname if r.ladder else None) or (
+            r.trigger.source if r.trigger else None
         )
         line = (
-            f"{when}  {r.get('action', '?'):<17} {r.get('outcome', '?'):<17} "
-            f"{r.get('mode', ''):<8} {float(r.get('duration_s') or 0):6.2f}s  {alert}"
+            f"{when}  {r.action or '?':<17} {r.outcome or '?':<17} "
+            f"{r.mode:<8} {r.duration_s:6.2f}s  {alert or ''}"
         )
-        if r.get("error"):
-            line += f"  error: {r['error']}"
-        elif r.get("detail"):
-            line += f"  {r['detail']}"
+        if r.error:
+            line += f"  error: {r.error}"
+        elif r.detail:
+            line += f"  {r.detail}"
         return line
-    if kind == "ladder":
-        return (
-            f"{when}  ladder {r.get('alertname')}: {r.get('event')} "
-            f"(step {int(r.get('step', 0)) + 1}/{len(r.get('steps') or [])})"
-            + (f" {r['why']}" if r.get("why") else "")
+    if isinstance(r, LadderRecord):
+        return f"{when}  ladder {r.alertname}: {r.event} (step {r.step + 1}/{len(r.steps)})" + (
+            f" {r.why}" if r.why else ""
         )
-    if kind == "page":
-        return f"{when}  PAGE  {r.get('message')}"
-    if kind == "alert":
-        trig = r.get("trigger") or {}
-        return (
-            f"{when}  alert {trig.get('alertname')} ({trig.get('source')}): "
-            f"{r.get('event')} — {r.get('detail')}"
-        )
-    if kind == "escalation":
-        return (
-            f"{when}  ESCALATION ({r.get('severity', '?')}) {r.get('alertname', '?')}: "
-            f"{r.get('message', '')}"
-        )
+    if isinstance(r, PageRecord):
+        return f"{when}  PAGE  {r.message}"
+    if isinstance(r, AlertRecord):
+        return f"{when}  alert {r.trigger.alertname} ({r.trigger.source}): {r.event} — {r.detail}"
+    if isinstance(r, EscalationRecord):
+        return f"{when}  ESCALATION ({r.severity}) {r.alertname}: {r.message}"
     # A kind this CLI does not know yet: its fields as JSON, times made readable.
-    rest = {k: v for k, v in r.items() if k != "ts"}
+    rest = {k: v for k, v in r.as_json().items() if k != "ts"}
     return f"{when}  {json.dumps(readable_times(rest), default=str)}"
 
 
@@ -106,7 +106,7 @@ def _is_time_key(key: str) -> bool:
     return key in TIME_KEYS or key.endswith(("_ts", "_at", "_since", "_until"))
 
 
-def readable_times(value: Any, key: str = "") -> Any:
+def readable_times(value: JsonValue, key: str = "") -> JsonValue:
     """``value`` with every number under a time-like key as local ISO time and "ago"."""
     if isinstance(value, dict):
         return {k: readable_times(v, str(k)) for k, v in value.items()}
@@ -196,7 +196,7 @@ def run_cmd(
     if as_json:
         echo_json(data)
     else:
-        click.echo(format_record(data))
+        click.echo(format_record(parse_record(data)))
     sys.exit(EXIT_OK if data.get("outcome") in ("ok", "dry_run") else EXIT_FAILURE)
 
 
@@ -212,16 +212,20 @@ def run_cmd(
 @handle_errors
 def history_cmd(since: str | None, as_json: bool, state_dir: str | None, agent_url: str) -> None:
     since_ts = parse_since(since)
+    records: list[AuditRecord]
     if state_dir:
-        from kcops.agent.actions.audit import read_audit
+        from kcops.agent.actions.audit import read_records
 
         path = Path(state_dir) / "audit.jsonl"
         if not path.exists():
             click.echo(f"error: no audit log at {path}", err=True)
             sys.exit(EXIT_FAILURE)
-        records = list(read_audit(path, since_ts))
+        records = list(read_records(path, since_ts))
     else:
         query = f"?since={since_ts}" if since_ts is not None else ""
-        records = agent_get_json(agent_url, f"/api/v1/actions/history{query}")["records"]
+        raw = agent_get_json(agent_url, f"/api/v1/actions/history{query}")["records"]
+        records = [parse_record(r) for r in raw if isinstance(r, dict)]
     for r in records:
-        click.echo(json.dumps(r, sort_keys=True, default=str) if as_json else format_record(r))
+        click.echo(
+            json.dumps(r.as_json(), sort_keys=True, default=str) if as_json else format_record(r)
+        )

@@ -119,7 +119,7 @@ def test_evict_cache_action_through_the_runner(redis_url: str, tmp_path: Path) -
             assert run.task is not None
             await run.task
             assert run.outcome == "ok", run.error
-            return run.record()
+            return run.record().as_json()
         finally:
             await rem.stop()
 

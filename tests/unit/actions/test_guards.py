@@ -70,7 +70,7 @@ def test_state_round_trip() -> None:
     g = guards(cooldown_s=60)
     g.start("a", "engine", "r1", T0)
     g2 = guards(cooldown_s=60)
-    g2.load(g.to_json())
+    g2.load(g.to_state())
     assert g2.in_flight == {}  # in-flight is not persisted
     with pytest.raises(ActionRejected):
         g2.check("a", "engine", T0 + 30)

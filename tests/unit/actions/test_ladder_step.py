@@ -8,16 +8,19 @@ import pytest
 
 from kcops.agent.actions import ladder as L
 from kcops.agent.actions.outcome import Outcome
-from kcops.agent.events import RemediationStep
+from kcops.agent.actions.records import Trigger
+from kcops.agent.actions.remediation_state import LadderState
+from kcops.agent.events import Step
 
 STEPS = (
-    RemediationStep("fallback_to_base", {}, 30.0),
-    RemediationStep("notify", {"severity": "ticket"}, 60.0),
+    Step("fallback_to_base", {}, 30.0),
+    Step("notify", {"severity": "ticket"}, 60.0),
 )
 
 
 def lad(severity: str = "page", **over: Any) -> L.Ladder:
-    base = L.Ladder.new("A", STEPS, 0.0, {"labels": {"alertname": "A", "severity": severity}})
+    trigger = Trigger(labels={"alertname": "A", "severity": severity})
+    base = L.Ladder.new("A", STEPS, 0.0, trigger)
     for k, v in over.items():
         setattr(base, k, v)
     return base
@@ -27,7 +30,7 @@ def kinds(ds: list[L.Decision]) -> list[str]:
     out = []
     for d in ds:
         if isinstance(d, L.Submit):
-            out.append(f"submit {d.action}")
+            out.append(f"submit {d.step.action}")
         elif isinstance(d, L.Audit):
             out.append(f"audit {d.event}")
         elif isinstance(d, L.Escalate):
@@ -122,9 +125,7 @@ CASES = [
         {
             "phase": R,
             "step": 1,
-            "history": [
-                {"step": 0, "action": "fallback_to_base", "t": 0, "why": "x", "ran": False}
-            ],
+            "history": [L.Left(0, "fallback_to_base", 0, "x", ran=False)],
         },
         L.Decided(1, Outcome.REFUSED, error="actions.notify.url is not configured"),
         L.Phase.EXHAUSTED,
@@ -136,7 +137,7 @@ CASES = [
         {
             "phase": R,
             "step": 1,
-            "history": [{"step": 0, "action": "fallback_to_base", "t": 0, "why": "x", "ran": True}],
+            "history": [L.Left(0, "fallback_to_base", 0, "x", ran=True)],
         },
         L.Decided(1, Outcome.REFUSED, error="no url"),
         L.Phase.EXHAUSTED,
@@ -163,9 +164,9 @@ def test_step(
     over: dict[str, Any], ev: L.Event, phase: L.Phase, step: int, want: list[str]
 ) -> None:
     before = lad(**over)
-    snapshot = before.to_json()
+    snapshot = LadderState.of(before)
     after, decisions = L.step(before, ev, retry_s=5.0)
-    assert before.to_json() == snapshot  # pure: the input is untouched
+    assert LadderState.of(before) == snapshot  # pure: the input is untouched
     assert (after.phase, after.step, kinds(decisions)) == (phase, step, want)
 
 
@@ -175,4 +176,4 @@ def test_a_ticket_alert_never_pages_and_never_reads_past_its_last_step() -> None
     assert kinds(decisions)[-1] == "ticket ticket"
     esc = decisions[-1]
     assert isinstance(esc, L.Escalate) and "no applicable remediation" in esc.message
-    assert after.ref()["step"] == 1 and after.ref()["of"] == 2  # never "step 2/1"
+    assert after.ref().step == 1 and after.ref().of == 2  # never "step 2/1"

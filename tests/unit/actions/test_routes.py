@@ -207,7 +207,7 @@ groups:
             await rem.tick(clock.advance(1))
             assert rem.replicas.desired == 3
             lad = rem.ladders["KcopsKCSurge"]
-            assert lad.steps[0]["verify_s"] == 120.0 and lad.phase == "verify"
+            assert lad.steps[0].verify_s == 120.0 and lad.phase == "verify"
         finally:
             await runner.cleanup()
             await rem.stop()

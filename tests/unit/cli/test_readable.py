@@ -173,9 +173,10 @@ def test_history_prints_no_epoch_seconds_for_any_record_kind(tmp_path: Path) -> 
 
 
 def test_audit_record_shows_local_time_and_ago() -> None:
+    from kcops.agent.actions.records import ActionRecord
     from kcops.cli.actions import format_record
 
     now = time.time()
-    line = format_record({"kind": "action", "ts": now - 180, "action": "notify", "outcome": "ok"})
+    line = format_record(ActionRecord(ts=now - 180, action="notify", outcome="ok"))
     assert local_iso(now - 180) in line and "(3m ago)" in line
     assert not UNIX_SECONDS.search(line)

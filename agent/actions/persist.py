@@ -1,0 +1,110 @@
+"""Remediation's persistence: the state file (a snapshot of guards, ladders,
+restores, replicas) saved atomically when something changed, and the status
+document built from the same snapshot.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from kcops.agent.actions.alertmanager import Addressed
+from kcops.agent.actions.guards import Guards, GuardsSummary
+from kcops.agent.actions.ladder import Ladder
+from kcops.agent.actions.records import JSONObject
+from kcops.agent.actions.remediation_state import LadderState, RemediationState, RestoreState
+from kcops.agent.actions.statefile import StateFile
+
+log = logging.getLogger("kcops.agent.actions")
+
+
+class Persist:
+    """The state file and whether the state changed since it was last written."""
+
+    def __init__(self, path: Path) -> None:
+        self.file: StateFile[RemediationState] = StateFile(path, RemediationState)
+        self.dirty = False
+
+    def touch(self) -> None:
+        """Something changed: saved at the end of the tick."""
+        self.dirty = True
+
+    @staticmethod
+    def snapshot(
+        guards: Guards,
+        ladders: Mapping[str, Ladder],
+        ended: Mapping[str, float],
+        restores: Mapping[str, RestoreState],
+        addressed: Addressed,
+        replicas: int | None,
+    ) -> RemediationState:
+        return RemediationState(
+            version=1,
+            guards=guards.to_state(),
+            ladders={n: LadderState.of(lad) for n, lad in ladders.items()},
+            ended=dict(ended),
+            restores=dict(restores),
+            addressed=addressed.to_json(),
+            replicas=replicas,
+        )
+
+    def save(self, state: RemediationState) -> None:
+        """Write ``state`` now, on this thread (durable on return)."""
+        self.file.save(state)
+        self.dirty = False
+
+    async def save_async(self, state: RemediationState) -> None:
+        """Write ``state`` from a worker thread; a failure leaves it dirty (next tick)."""
+        self.dirty = False
+        try:
+            await self.file.save_async(state)
+        except OSError as exc:
+            self.dirty = True
+            log.warning("cannot save %s: %s", self.file.path, exc.strerror or exc)
+
+
+class RemediationStatus(BaseModel):
+    """``GET /api/v1/remediation`` and the component's status."""
+
+    healthy: bool
+    summary: str
+    mode: str
+    ladders: dict[str, LadderState]
+    guards: GuardsSummary
+    pending_restores: dict[str, RestoreState]
+    pages: int
+    instances_refused: int
+    state_files_set_aside: int
+    audit_torn_repairs: int
+
+    @classmethod
+    def of(
+        cls,
+        *,
+        mode: str,
+        guards: GuardsSummary,
+        state: RemediationState,
+        pages: int,
+        instances_refused: int,
+        set_aside: int,
+        torn_repairs: int,
+    ) -> JSONObject:
+        open_breakers = guards["breakers_open"]
+        return cls(
+            healthy=not open_breakers,
+            summary=(
+                f"mode {mode}, {len(state.ladders)} ladder(s) active"
+                + (f", breaker open: {', '.join(open_breakers)}" if open_breakers else "")
+            ),
+            mode=mode,
+            ladders=state.ladders,
+            guards=guards,
+            pending_restores=state.restores,
+            pages=pages,
+            instances_refused=instances_refused,
+            state_files_set_aside=set_aside,
+            audit_torn_repairs=torn_repairs,
+        ).model_dump(mode="json")

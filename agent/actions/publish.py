@@ -1,0 +1,29 @@
+"""Remediation's metrics: the samples it adds to the store each tick."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from kcops.agent.samples import Sample
+
+
+def samples(
+    runs: Mapping[tuple[str, str], int],
+    desired_replicas: int | None,
+    instances_refused: int,
+    state_files_set_aside: int,
+    audit_torn_repairs: int,
+) -> list[Sample]:
+    """``runs``: (action, outcome) -> count, pages included (action "page")."""
+    out = [
+        Sample.of("kcops_action_runs_total", n, {"action": a, "outcome": o})
+        for (a, o), n in runs.items()
+    ]
+    if desired_replicas is not None:
+        out.append(Sample.of("kcops_desired_replicas", desired_replicas))
+    out += [
+        Sample.of("kcops_ladder_instances_refused_total", instances_refused),
+        Sample.of("kcops_state_files_set_aside_total", state_files_set_aside),
+        Sample.of("kcops_audit_torn_repairs_total", audit_torn_repairs),
+    ]
+    return out
