@@ -50,7 +50,7 @@ class Component(Protocol):
     async def stop(self) -> None:
         """Release everything; called once, under the shutdown deadline."""
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> dict[str, object]:
         """Health for ``/api/v1/status``: at least ``{"healthy": bool}``."""
         ...
 

@@ -386,8 +386,8 @@ def _description(p: Panel, ruleset: RuleSet) -> str:
     return f"{text} Alert {rule.name} fires {when}.".strip()
 
 
-def _panel_json(p: Panel, pid: int, x: int, y: int, ruleset: RuleSet) -> dict[str, Any]:
-    steps: list[dict[str, Any]] = [{"color": "green", "value": None}]
+def _panel_json(p: Panel, pid: int, x: int, y: int, ruleset: RuleSet) -> dict[str, object]:
+    steps: list[dict[str, object]] = [{"color": "green", "value": None}]
     steps += [
         {"color": t.color, "value": _threshold(t, ruleset.params, p.title)} for t in p.thresholds
     ]
@@ -415,7 +415,7 @@ def _panel_json(p: Panel, pid: int, x: int, y: int, ruleset: RuleSet) -> dict[st
     }
 
 
-def dashboard_json(d: Dashboard, ruleset: RuleSet) -> dict[str, Any]:
+def dashboard_json(d: Dashboard, ruleset: RuleSet) -> dict[str, object]:
     """Grafana's dashboard JSON model for one dashboard; panels flow left to right.
 
     Thresholds and alert notes come from ``ruleset`` (its params, its rules'
@@ -465,7 +465,7 @@ def dashboard_json(d: Dashboard, ruleset: RuleSet) -> dict[str, Any]:
     }
 
 
-def build_all(ruleset: RuleSet | None = None) -> dict[str, dict[str, Any]]:
+def build_all(ruleset: RuleSet | None = None) -> dict[str, dict[str, object]]:
     """File name -> dashboard JSON, for every kcops dashboard.
 
     ``ruleset`` gives thresholds and alert notes; default: the packaged

@@ -26,10 +26,13 @@ import contextlib
 import contextvars
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers.cache_utils import DynamicLayer
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 OBS_WINDOW = 32  # prompt rows whose attention picks the heavy hitters (SnapKV)
 MAX_SINKS = 4
@@ -153,7 +156,7 @@ def evict(layers: Sequence[Any], budgets: Sequence[int | None]) -> None:
             layer.keys, layer.values, layer.valid, layer.score = (t[g] for t in cut)
 
 
-def kept_cache(config: Any, layers: int) -> Any:
+def kept_cache(config: PretrainedConfig, layers: int) -> Any:
     """A ``DynamicCache`` whose layers are :class:`KeptLayer`."""
     from transformers import DynamicCache
 

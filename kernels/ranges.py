@@ -17,7 +17,7 @@ class Ranges:
 
     def __init__(self, enabled: bool = True) -> None:
         self.backend = "none"
-        self._attrs: dict[str, Any] = {}
+        self._attrs: dict[str, object] = {}
         self._push: Callable[[Any], Any] | None = None
         self._pop: Callable[[], Any] | None = None
         self._make: Callable[[str], Any] = lambda name: name

@@ -16,11 +16,14 @@ import base64
 import html
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kcops.kernels.maps import MAPS_FILE, AttentionMaps
 from kcops.kernels.sweep import FULL, POLICIES, Row, SweepError, recommend
 from kcops.kernels.sweepio import ROWS_FILE, markdown
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 PAGE = "report.html"
 
@@ -44,7 +47,7 @@ def _img(path: Path) -> str:
     return f'<img alt="{html.escape(path.stem)}" src="data:image/png;base64,{data}">'
 
 
-def _png(fig: Any, path: Path) -> str:
+def _png(fig: Figure, path: Path) -> str:
     fig.savefig(path, dpi=100, bbox_inches="tight")
     import matplotlib.pyplot as plt
 

@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -48,6 +48,9 @@ from kcops.kernels.kvkeep import (
 )
 from kcops.kernels.sweepbatch import group_keys, group_nbytes, grouped_cache
 from kcops.kernels.topn import DENSE, use_policy
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 POLICIES = ("uniform", "per_layer", "dense_first", "window")
 FULL = "full"
@@ -189,7 +192,7 @@ def share_budget(total: int, weights: Sequence[float], cap: int) -> list[int]:
 
 
 # -- one context ---------------------------------------------------------------------
-def _cache_kw(model: Any) -> str:
+def _cache_kw(model: PreTrainedModel) -> str:
     """transformers >= 5.2x renamed ``past_key_values`` to ``cache``."""
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
@@ -204,7 +207,7 @@ class Prefilled:
     start: int  # position of the first fed token
 
 
-def prefill(model: Any, seqs: torch.Tensor, eval_tokens: int) -> Prefilled:
+def prefill(model: PreTrainedModel, seqs: torch.Tensor, eval_tokens: int) -> Prefilled:
     from transformers import DynamicCache
 
     context = seqs.shape[1] - 1
@@ -236,7 +239,7 @@ def _kept_layer(pre: Prefilled, i: int, n: int | None, heavy: bool) -> KeptLayer
 
 
 def decode(
-    model: Any,
+    model: PreTrainedModel,
     pre: Prefilled,
     per_layer: list[int | None],
     heavy: bool,
@@ -275,7 +278,7 @@ def decode(
 
 
 def decode_groups(
-    model: Any, pre: Prefilled, plans: Sequence[tuple[list[int | None], bool]]
+    model: PreTrainedModel, pre: Prefilled, plans: Sequence[tuple[list[int | None], bool]]
 ) -> list[dict[str, Any]]:
     """:func:`decode` of every ``(per_layer, heavy)`` plan at once, the plans' sequences
     sharing each forward (kcops.kernels.sweepbatch); no timing."""
@@ -355,13 +358,15 @@ def paired_se(pred: torch.Tensor, full_pred: torch.Tensor, target: torch.Tensor)
     return float(d.std() / math.sqrt(d.numel())) if d.numel() > 1 else 0.0
 
 
-def _timed(model: Any, pre: Prefilled, per: list[int | None], heavy: bool) -> dict[str, Any]:
+def _timed(
+    model: PreTrainedModel, pre: Prefilled, per: list[int | None], heavy: bool
+) -> dict[str, Any]:
     """Speed of one row on its own: the median of its first ``TIMED_STEPS`` decode steps."""
     return {"step_s": decode(model, pre, per, heavy, steps=TIMED_STEPS)["step_s"]}
 
 
 def sweep_context(
-    model: Any,
+    model: PreTrainedModel,
     seqs: torch.Tensor,
     *,
     ns: Sequence[int],

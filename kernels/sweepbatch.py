@@ -15,12 +15,15 @@ are counted per group; speed cannot be told apart in a shared batch, so
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers.cache_utils import DynamicLayer
 
 from kcops.kernels.kvkeep import KeptLayer, evict, kept_attention
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 
 class GroupedLayer(DynamicLayer):
@@ -74,7 +77,9 @@ class GroupedLayer(DynamicLayer):
         evict(self.subs, budgets)
 
 
-def grouped_cache(config: Any, layers: Sequence[Sequence[KeptLayer]], rows: int) -> Any:
+def grouped_cache(
+    config: PretrainedConfig, layers: Sequence[Sequence[KeptLayer]], rows: int
+) -> Any:
     """A ``DynamicCache`` whose layer i is ``GroupedLayer(layers[i], rows)``."""
     from transformers import DynamicCache
 

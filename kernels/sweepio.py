@@ -33,7 +33,7 @@ COLUMNS = (
 )
 
 
-def load_done(out: Path, settings: dict[str, Any]) -> dict[str, Row]:
+def load_done(out: Path, settings: dict[str, object]) -> dict[str, Row]:
     """Rows already measured under the same ``settings`` (empty for a new folder)."""
     path = out / ROWS_FILE
     if not path.exists():

@@ -30,7 +30,7 @@ class Budget:
     top_n_by_layer: Mapping[int, int]
     dense_layers: frozenset[int]
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> dict[str, object]:
         return {
             "top_n": self.top_n,
             "top_n_by_layer": {str(k): v for k, v in sorted(self.top_n_by_layer.items())},

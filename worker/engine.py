@@ -24,7 +24,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -42,6 +42,9 @@ from kcops.worker.cache import KV, PrefixCache
 from kcops.worker.control import BASE, OPTIMIZED, Control
 from kcops.worker.faults import Faults
 from kcops.worker.metrics import WorkerMetrics
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 log = logging.getLogger("kcops.worker")
 MAX_COHORT = 8
@@ -118,8 +121,8 @@ def served_logprobs(
 class Engine:
     def __init__(
         self,
-        model: Any,
-        tokenizer: Any,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
         *,
         model_name: str,
         control: Control,
@@ -343,7 +346,7 @@ class Engine:
         if not is_eos:
             req.generated.append(token)
             self.metrics.generation_tokens.inc()
-        text = self.tok.decode(req.generated, skip_special_tokens=True)
+        text = str(self.tok.decode(req.generated, skip_special_tokens=True))
         finish: str | None = "stop" if is_eos else None
         for s in req.stop:
             at = text.find(s)

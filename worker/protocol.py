@@ -72,7 +72,7 @@ class ApiError(Exception):
         super().__init__(message)
         self.message, self.status, self.param, self.code = message, status, param, code
 
-    def body(self) -> dict[str, Any]:
+    def body(self) -> dict[str, object]:
         kind = self.TYPES.get(self.status, "server_error")
         return {
             "error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}

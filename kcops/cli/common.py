@@ -67,7 +67,7 @@ class DurationParam(click.ParamType):
             self.fail(str(exc), param, ctx)
 
 
-def parse_params(pairs: tuple[str, ...], option: str = "--param") -> dict[str, Any]:
+def parse_params(pairs: tuple[str, ...], option: str = "--param") -> dict[str, object]:
     """``NAME=VALUE`` flags (``--param`` of ``alerts``, ``dashboards`` and ``actions run``).
 
     VALUE is one YAML value read by the bounded loader, so ``0.25`` is a number,
@@ -76,7 +76,7 @@ def parse_params(pairs: tuple[str, ...], option: str = "--param") -> dict[str, A
     """
     from kcops.agent.yamlload import excerpt, parse_yaml
 
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     for pair in pairs:
         name, sep, raw = pair.partition("=")
         name = name.strip()

@@ -116,7 +116,7 @@ class TopApp(App[None]):
         self.refresh_s = refresh_s
         self.snap: Snapshot | None = None
         self.history: dict[str, list[float | None]] = {}
-        self.last_result: dict[str, Any] | None = None
+        self.last_result: dict[str, object] | None = None
         self.frames = 0
 
     def compose(self) -> ComposeResult:
