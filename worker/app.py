@@ -80,7 +80,9 @@ def install_probe() -> str:
 
 
 def build(
-    opts: WorkerOptions, model: PreTrainedModel = None, tokenizer: PreTrainedTokenizerBase = None
+    opts: WorkerOptions,
+    model: PreTrainedModel | None = None,
+    tokenizer: PreTrainedTokenizerBase | None = None,
 ) -> WorkerState:
     """Load (or take) the model and wire every part; nothing is started yet."""
     from kcops.kernels.topn import register
@@ -89,6 +91,8 @@ def build(
     attn = register()
     if model is None:
         model, tokenizer = load_model(opts.model, progress=opts.progress, attn_implementation=attn)
+    elif tokenizer is None:
+        raise TypeError("build: a model given comes with its tokenizer")
     else:
         model.set_attn_implementation(attn)
     name = Path(opts.model).name if opts.model not in ("tiny", "smollm2") else opts.model
