@@ -55,7 +55,7 @@ def _png(fig: Figure, path: Path) -> str:
     return _img(path)
 
 
-def maps_section(maps: AttentionMaps, figures: dict[str, Any], folder: Path) -> list[str]:
+def maps_section(maps: AttentionMaps, figures: dict[str, Figure], folder: Path) -> list[str]:
     """K_p per layer (table and plot) and the heatmaps, as PNGs next to the page."""
     from kcops.kernels import mapviz
 
@@ -185,7 +185,7 @@ def render(folder: Path, tolerance: float = 1.0, tensorboard: bool = False) -> P
         parts += ["<h2>Budget sweep</h2>", _md_table_html(markdown(rows, rec, tolerance))]
         parts += sweep_plots(rows, folder)
     maps = AttentionMaps.load(maps_path) if maps_path.exists() else None
-    figures: dict[str, Any] = {}
+    figures: dict[str, Figure] = {}
     if maps is not None:
         from kcops.kernels import mapviz
 

@@ -23,7 +23,7 @@ from transformers.cache_utils import DynamicLayer
 from kcops.kernels.kvkeep import KeptLayer, evict, kept_attention
 
 if TYPE_CHECKING:
-    from transformers import PretrainedConfig
+    from transformers import Cache, PretrainedConfig
 
 
 class GroupedLayer(DynamicLayer):
@@ -79,7 +79,7 @@ class GroupedLayer(DynamicLayer):
 
 def grouped_cache(
     config: PretrainedConfig, layers: Sequence[Sequence[KeptLayer]], rows: int
-) -> Any:
+) -> Any:  # its layers are GroupedLayer
     """A ``DynamicCache`` whose layer i is ``GroupedLayer(layers[i], rows)``."""
     from transformers import DynamicCache
 
@@ -88,11 +88,15 @@ def grouped_cache(
     return cache
 
 
-def group_nbytes(cache: Any, g: int) -> int:
-    return sum(layer.subs[g].nbytes for layer in cache.layers)
+def _groups(cache: Cache) -> list[GroupedLayer]:
+    return [layer for layer in cache.layers if isinstance(layer, GroupedLayer)]
 
 
-def group_keys(cache: Any, g: int) -> float:
+def group_nbytes(cache: Cache, g: int) -> int:
+    return sum(layer.subs[g].nbytes for layer in _groups(cache))
+
+
+def group_keys(cache: Cache, g: int) -> float:
     """Keys attended by group g this step, mean over layers."""
-    subs = [layer.subs[g] for layer in cache.layers]
+    subs = [layer.subs[g] for layer in _groups(cache)]
     return sum(int(s.keys.shape[-2]) for s in subs if s.keys is not None) / len(subs)
