@@ -18,7 +18,7 @@ Prometheus's instant queries do (``topk``, ``sort`` ... are ordered).
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl
 
 from aiohttp import web
