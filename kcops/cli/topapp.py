@@ -9,7 +9,7 @@ token from ``--token-file`` or ``KCOPS_TOKEN``; ``g`` refreshes now, ``q`` quits
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from textual import work
 from textual.app import App, ComposeResult
