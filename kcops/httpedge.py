@@ -85,7 +85,7 @@ class _JsonErrorHandler(RequestHandler):
 
     def handle_error(
         self,
-        request: Any,
+        request: web.BaseRequest,
         status: int = 500,
         exc: BaseException | None = None,
         message: str | None = None,

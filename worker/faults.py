@@ -131,7 +131,7 @@ class Faults:
             "cache_budget_bytes": self.cache_budget_bytes,
         }
 
-    def apply(self, body: Any) -> dict[str, object]:
+    def apply(self, body: object) -> dict[str, object]:
         """Apply one fault request; returns ``{"before": ..., "after": ...}``."""
         if not isinstance(body, dict) or not body:
             raise BadFault(
