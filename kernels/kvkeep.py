@@ -259,7 +259,7 @@ _KEPT: contextvars.ContextVar[Cache | None] = contextvars.ContextVar(
 
 
 @contextlib.contextmanager
-def use_kept(cache: Cache) -> Iterator[None]:
+def use_kept(cache: Cache | None) -> Iterator[None]:
     """Attention calls inside the block read compressed layers of ``cache``."""
     token = _KEPT.set(cache)
     try:

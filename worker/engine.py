@@ -44,7 +44,7 @@ from kcops.worker.faults import Faults
 from kcops.worker.metrics import WorkerMetrics
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+    from transformers import Cache, PreTrainedModel, PreTrainedTokenizerBase
 
 log = logging.getLogger("kcops.worker")
 MAX_COHORT = 8
@@ -240,7 +240,7 @@ class Engine:
             req.emit(Event("done", finish_reason="abort", usage=self._usage(req)))
         return req.cancelled
 
-    def _forward(self, policy: TopNPolicy, kv_cache: Any = None, **kwargs: Any) -> Any:
+    def _forward(self, policy: TopNPolicy, kv_cache: Cache | None = None, **kwargs: object) -> Any:
         if kv_cache is not None:
             kwargs[self._cache_kw] = kv_cache
         with use_policy(policy), use_kept(kv_cache):
@@ -266,7 +266,7 @@ class Engine:
         self.metrics.prefix_hits.inc(n_cached)
         self.metrics.prompt_tokens.inc(len(ids))
         req.cached_tokens = n_cached
-        kv_cache: Any = DynamicCache(config=self.model.config)
+        kv_cache: Any = DynamicCache(config=self.model.config)  # its layers: DynamicLayer
         for layer, (k, v) in enumerate(cached):
             kv_cache.update(k[None], v[None], layer)
         # Logits of the last position only (at 8k tokens, all of them are 1.6 GB); the

@@ -28,7 +28,6 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 MAX_HOLD_BYTES = 64 * 1024**3
 MAX_LATENCY_MS = 600_000
