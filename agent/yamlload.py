@@ -74,7 +74,7 @@ class _BoundedLoader(yaml.SafeLoader):
         finally:
             self._depth -= 1
 
-    def construct_object(self, node: Node, deep: bool = False) -> Any:
+    def construct_object(self, node: Node, deep: bool = False) -> object:
         # A constructor's own failures (a timestamp like 2001-13-45, an integer
         # past Python's digit limit, !!timestamp on text) are input errors too.
         try:
