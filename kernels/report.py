@@ -25,6 +25,8 @@ from kcops.kernels.sweepio import ROWS_FILE, markdown
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
+    from kcops.kernels.verify import VerifyDoc
+
 PAGE = "report.html"
 
 
@@ -128,7 +130,7 @@ def kpred_plot(doc: dict[str, Any], folder: Path) -> str:
     return _png(fig, folder / "kpred.png")
 
 
-def verify_plot(doc: dict[str, Any], folder: Path) -> str:
+def verify_plot(doc: VerifyDoc, folder: Path) -> str:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))

@@ -221,6 +221,13 @@ VariantResult = TypedDict(
 )
 
 
+class VerifyDoc(TypedDict):
+    """``verify.json``: the thresholds and one result per variant."""
+
+    thresholds: dict[str, float]
+    results: list[VariantResult]
+
+
 def verify(
     model: PreTrainedModel,
     seqs: torch.Tensor,
