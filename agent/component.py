@@ -7,9 +7,10 @@ the control API and report its health in ``/api/v1/status``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from kcops.agent.clock import Clock
 
@@ -50,7 +51,7 @@ class Component(Protocol):
     async def stop(self) -> None:
         """Release everything; called once, under the shutdown deadline."""
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> Mapping[str, object]:
         """Health for ``/api/v1/status``: at least ``{"healthy": bool}``."""
         ...
 

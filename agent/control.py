@@ -18,10 +18,11 @@ import ipaddress
 import json
 import logging
 import math
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.typedefs import Handler
 from pydantic import BaseModel, ValidationError
 
 from kcops.agent.exporter import render
@@ -40,20 +41,20 @@ M = TypeVar("M", bound=BaseModel)
 class BadRequest(Exception):
     """A request the API refuses; becomes a JSON answer with ``status``."""
 
-    def __init__(self, status: int, error: str, details: list[dict[str, Any]] | None = None):
+    def __init__(self, status: int, error: str, details: list[dict[str, str]] | None = None):
         super().__init__(error)
         self.status = status
         self.error = error
         self.details = details or []
 
 
-def json_dumps(obj: Any) -> str:
+def json_dumps(obj: object) -> str:
     """JSON text of ``obj`` with NaN and infinities as null: JSON has no such numbers
     (clients choke on a bare NaN). For every answer that may hold a measured float."""
     return json.dumps(_jsonable(obj), default=str)
 
 
-def _jsonable(obj: Any) -> Any:
+def _jsonable(obj: object) -> object:
     if isinstance(obj, float) and not math.isfinite(obj):
         return None
     if isinstance(obj, dict):
@@ -63,14 +64,14 @@ def _jsonable(obj: Any) -> Any:
     return obj
 
 
-def error_body(status: int, error: str) -> dict[str, Any]:
+def error_body(status: int, error: str) -> dict[str, object]:
     """The JSON body of every error answer (also aiohttp's protocol errors, kcops.httpedge)."""
     del status  # the status line carries it
     return {"error": error[:500]}
 
 
 def error_response(
-    status: int, error: str, details: list[dict[str, Any]] | None = None
+    status: int, error: str, details: list[dict[str, str]] | None = None
 ) -> web.Response:
     body = error_body(status, error)
     if details:
@@ -79,7 +80,7 @@ def error_response(
 
 
 @web.middleware
-async def json_errors(request: web.Request, handler: Any) -> web.StreamResponse:
+async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Answer every failure as JSON: aiohttp's HTTP errors, refused input, handler bugs."""
     try:
         resp: web.StreamResponse = await handler(request)
@@ -100,7 +101,7 @@ async def json_errors(request: web.Request, handler: Any) -> web.StreamResponse:
         return error_response(500, "internal error")
 
 
-async def read_json(request: web.Request) -> Any:
+async def read_json(request: web.Request) -> object:
     """The JSON body, or BadRequest 400 (not JSON, not UTF-8, nested too deeply)."""
     raw = await request.read()
     try:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Annotated, Any
+from typing import Annotated
 
 from pydantic import BeforeValidator
 
@@ -40,7 +40,7 @@ def _shown(text: str) -> str:
     return f'"{text[:_SHOWN]}..."' if len(text) > _SHOWN else f'"{text}"'
 
 
-def parse_duration(text: Any) -> float:
+def parse_duration(text: object) -> float:
     """Seconds of a Prometheus duration (``1m30s``, ``500ms``, ``0``); DurationError if bad.
 
     The sum is bounded like ``model.ParseDuration``: each term and the total at
@@ -74,7 +74,7 @@ def parse_duration(text: Any) -> float:
     return total_ns / 1e9
 
 
-def seconds(value: Any) -> float:
+def seconds(value: object) -> float:
     """A length of time from config or a flag: a number of seconds or a Prometheus duration.
 
     ``90``, ``1.5`` and ``"1.5"`` are seconds (a config written before durations

@@ -18,7 +18,7 @@ Prometheus's instant queries do (``topk``, ``sort`` ... are ordered).
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl
 
 from aiohttp import web
@@ -41,7 +41,7 @@ def _fmt(v: float) -> str:
     return go_float(v)
 
 
-def to_api(value: Value, t: float) -> dict[str, Any]:
+def to_api(value: Value, t: float) -> dict[str, object]:
     """Prometheus API ``data`` for one instant result."""
     if isinstance(value, float):
         return {"resultType": "scalar", "result": [t, _fmt(value)]}
@@ -72,10 +72,10 @@ class QueryComponent:
     async def stop(self) -> None:
         return None
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> dict[str, object]:
         return {"healthy": True, "summary": f"{self.served} queries served"}
 
-    def query(self, text: str, t: float | None = None) -> dict[str, Any]:
+    def query(self, text: str, t: float | None = None) -> dict[str, object]:
         """Evaluate ``text`` at ``t`` (default now); raises RuleError / EvalError."""
         if len(text) > MAX_QUERY_CHARS:
             raise RuleError(f"query is {len(text)} characters; at most {MAX_QUERY_CHARS}")

@@ -11,7 +11,7 @@ would.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 from multidict import MultiMapping
@@ -52,7 +52,9 @@ def _float_param(params: MultiMapping[str], name: str) -> float:
     return v
 
 
-def evaluate_range(ctx: AgentContext, text: str, start: float, end: float, step: float) -> Any:
+def evaluate_range(
+    ctx: AgentContext, text: str, start: float, end: float, step: float
+) -> dict[str, object]:
     """Prometheus ``data`` of resultType matrix; raises RuleError, EvalError or RangeError."""
     if len(text) > MAX_QUERY_CHARS:
         raise RuleError(f"query is {len(text)} characters; at most {MAX_QUERY_CHARS}")
@@ -64,7 +66,7 @@ def evaluate_range(ctx: AgentContext, text: str, start: float, end: float, step:
     if n > MAX_POINTS:
         raise RangeError(f"{n} points; at most {MAX_POINTS}: raise step or shorten the range")
     node = parse_expr(text)
-    series: dict[tuple[tuple[str, str], ...], list[list[Any]]] = {}
+    series: dict[tuple[tuple[str, str], ...], list[list[float | str]]] = {}
     ev = Evaluator(ctx.store)
     budget = ev.begin()  # one budget for all steps
     budget.require(n * (ITEM_UNITS + ev.min_work(node)), f"a range query of {n} steps")

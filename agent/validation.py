@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import types
 from collections.abc import Callable, Sequence
-from typing import Annotated, Any, Union, get_args, get_origin
+from typing import Annotated, Union, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
@@ -57,7 +57,7 @@ def render_path(loc: Sequence[int | str]) -> str:
     return out.strip()
 
 
-def _unwrap(annotation: Any) -> Any:
+def _unwrap(annotation: object) -> object:
     """``Annotated[X, ...]`` and ``X | None`` -> ``X``."""
     while True:
         origin = get_origin(annotation)
@@ -69,7 +69,7 @@ def _unwrap(annotation: Any) -> Any:
             return annotation
 
 
-def _inner(annotation: Any, part: int | str) -> Any:
+def _inner(annotation: object, part: int | str) -> object:
     """The type one location part into ``annotation``: a model's field, a list's or dict's item."""
     t = _unwrap(annotation)
     if isinstance(t, type) and issubclass(t, BaseModel):
@@ -84,7 +84,7 @@ def _inner(annotation: Any, part: int | str) -> Any:
 
 
 def _allowed_keys(root: type[BaseModel], loc: Loc) -> list[str]:
-    model: Any = root
+    model: object = root
     for part in loc:
         model = _inner(model, part)
     model = _unwrap(model)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from yaml.events import Event
 from yaml.nodes import Node
 
 from kcops.errors import ConfigError
@@ -44,7 +45,7 @@ def excerpt(value: object, limit: int = EXCERPT_CHARS) -> str:
 
 
 class _Refused(yaml.YAMLError):
-    def __init__(self, message: str, node_or_event: Any) -> None:
+    def __init__(self, message: str, node_or_event: Node | Event | None) -> None:
         super().__init__(message)
         self.message = message
         self.mark = getattr(node_or_event, "start_mark", None)
@@ -58,7 +59,7 @@ class _BoundedLoader(yaml.SafeLoader):
         self._depth = 0
         self._nodes = 0
 
-    def compose_node(self, parent: Node | None, index: Any) -> Node | None:
+    def compose_node(self, parent: Node | None, index: int) -> Node | None:
         event = self.peek_event()
         if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
             raise _Refused("anchors and aliases are not allowed", event)
@@ -73,7 +74,7 @@ class _BoundedLoader(yaml.SafeLoader):
         finally:
             self._depth -= 1
 
-    def construct_object(self, node: Node, deep: bool = False) -> Any:
+    def construct_object(self, node: Node, deep: bool = False) -> object:
         # A constructor's own failures (a timestamp like 2001-13-45, an integer
         # past Python's digit limit, !!timestamp on text) are input errors too.
         try:

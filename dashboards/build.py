@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from kcops.agent.duration import format_duration
 from kcops.agent.rules.rulefile import known_names, substitute
@@ -351,14 +351,14 @@ AGENT = Dashboard(
 DASHBOARDS = (SERVING, ATTENTION, AGENT)
 
 
-def _param(params: Mapping[str, Any], name: str, panel: str) -> Any:
+def _param(params: Mapping[str, int | float | str], name: str, panel: str) -> int | float | str:
     if name not in params:
         known = known_names(params)
         raise ValueError(f"panel {panel!r}: unknown rule parameter {name!r} (known: {known})")
     return params[name]
 
 
-def _text(text: str, params: Mapping[str, Any], panel: str) -> str:
+def _text(text: str, params: Mapping[str, int | float | str], panel: str) -> str:
     """``text`` with each ``${param}`` replaced as the rule loader replaces it."""
     try:
         return substitute(text, params)
@@ -366,7 +366,7 @@ def _text(text: str, params: Mapping[str, Any], panel: str) -> str:
         raise ValueError(f"panel {panel!r}: {exc}") from None
 
 
-def _threshold(t: Threshold, params: Mapping[str, Any], panel: str) -> float:
+def _threshold(t: Threshold, params: Mapping[str, int | float | str], panel: str) -> float:
     value = _param(params, t.value, panel) if isinstance(t.value, str) else t.value
     try:
         return float(value)
@@ -386,8 +386,8 @@ def _description(p: Panel, ruleset: RuleSet) -> str:
     return f"{text} Alert {rule.name} fires {when}.".strip()
 
 
-def _panel_json(p: Panel, pid: int, x: int, y: int, ruleset: RuleSet) -> dict[str, Any]:
-    steps: list[dict[str, Any]] = [{"color": "green", "value": None}]
+def _panel_json(p: Panel, pid: int, x: int, y: int, ruleset: RuleSet) -> dict[str, object]:
+    steps: list[dict[str, object]] = [{"color": "green", "value": None}]
     steps += [
         {"color": t.color, "value": _threshold(t, ruleset.params, p.title)} for t in p.thresholds
     ]
@@ -415,7 +415,7 @@ def _panel_json(p: Panel, pid: int, x: int, y: int, ruleset: RuleSet) -> dict[st
     }
 
 
-def dashboard_json(d: Dashboard, ruleset: RuleSet) -> dict[str, Any]:
+def dashboard_json(d: Dashboard, ruleset: RuleSet) -> dict[str, object]:
     """Grafana's dashboard JSON model for one dashboard; panels flow left to right.
 
     Thresholds and alert notes come from ``ruleset`` (its params, its rules'
@@ -465,7 +465,7 @@ def dashboard_json(d: Dashboard, ruleset: RuleSet) -> dict[str, Any]:
     }
 
 
-def build_all(ruleset: RuleSet | None = None) -> dict[str, dict[str, Any]]:
+def build_all(ruleset: RuleSet | None = None) -> dict[str, dict[str, object]]:
     """File name -> dashboard JSON, for every kcops dashboard.
 
     ``ruleset`` gives thresholds and alert notes; default: the packaged

@@ -32,7 +32,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Middleware
 from aiohttp.web_protocol import RequestHandler
 
-ErrorBody = Callable[[int, str], dict[str, Any]]
+ErrorBody = Callable[[int, str], dict[str, object]]
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 MAX_DETAIL_CHARS = 200
 BODY_TIMEOUT_S = 10.0  # LAN and loopback clients send a body in milliseconds
@@ -85,7 +85,7 @@ class _JsonErrorHandler(RequestHandler):
 
     def handle_error(
         self,
-        request: Any,
+        request: web.BaseRequest,
         status: int = 500,
         exc: BaseException | None = None,
         message: str | None = None,

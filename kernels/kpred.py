@@ -19,14 +19,17 @@ from __future__ import annotations
 
 import inspect
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import torch
 
 from kcops.kernels.kvkeep import capture_scores
 from kcops.kernels.topn import DENSE, use_policy
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 VARIANTS = ("recency", "top")
 SHORT_SHARE = 0.10  # the literature's "< 10% of the context"
@@ -45,20 +48,20 @@ def grid(context: int) -> list[int]:
     return sorted(out)
 
 
-def _last_only(model: Any) -> dict[str, Any]:
+def _last_only(model: PreTrainedModel) -> dict[str, object]:
     """``logits_to_keep=1`` where the model takes it: only the last position is read, and
     every position's logits are t x vocab floats."""
     params = inspect.signature(model.forward).parameters
     return {"logits_to_keep": 1} if "logits_to_keep" in params else {}
 
 
-def _argmax_last(model: Any, ids: torch.Tensor, **kwargs: Any) -> int:
+def _argmax_last(model: PreTrainedModel, ids: torch.Tensor, **kwargs: Any) -> int:
     with torch.inference_mode(), use_policy(DENSE):
         out = model(input_ids=ids, **kwargs, **_last_only(model))
         return int(out.logits[0, -1].float().argmax())
 
 
-def kpred_recency(model: Any, ids: Sequence[int]) -> tuple[int, int]:
+def kpred_recency(model: PreTrainedModel, ids: Sequence[int]) -> tuple[int, int]:
     """``(K_pred, greedy token)`` for the last position of ``ids`` (recency variant)."""
     t = len(ids) - 1
     full = torch.tensor([list(ids)])
@@ -72,7 +75,7 @@ def kpred_recency(model: Any, ids: Sequence[int]) -> tuple[int, int]:
     raise AssertionError("unreachable: the full context is on the grid")
 
 
-def kpred_top(model: Any, ids: Sequence[int]) -> tuple[int, int]:
+def kpred_top(model: PreTrainedModel, ids: Sequence[int]) -> tuple[int, int]:
     """``(K_pred, greedy token)`` for the last position (top-attended variant)."""
     t = len(ids) - 1
     full = torch.tensor([list(ids)])
@@ -115,12 +118,12 @@ def positions(context: int, count: int) -> list[int]:
 
 
 def measure(
-    model: Any,
+    model: PreTrainedModel,
     seqs: torch.Tensor,
     *,
     count: int,
     variants: Sequence[str],
-    tick: Any = None,
+    tick: Callable[[], object] | None = None,
 ) -> list[KpredRow]:
     rows: list[KpredRow] = []
     fns = {"recency": kpred_recency, "top": kpred_top}
@@ -134,19 +137,35 @@ def measure(
     return rows
 
 
-def summary(rows: Sequence[KpredRow]) -> dict[str, Any]:
+class VariantSummary(TypedDict):
+    tokens: int
+    k_pred_median: float
+    k_pred_p90: int
+    ratio_median: float
+    share_below_10pct: float
+    histogram: dict[str, int]
+
+
+class KpredDoc(TypedDict):
+    """``kpred.json``: per-variant summaries and every row."""
+
+    summary: dict[str, VariantSummary]
+    rows: list[dict[str, object]]
+
+
+def summary(rows: Sequence[KpredRow]) -> KpredDoc:
     """Per variant: quantiles of K_pred and of K_pred / context, share needing < 10%."""
-    out: dict[str, Any] = {}
+    out: dict[str, VariantSummary] = {}
     for v in sorted({r.variant for r in rows}):
         mine = [r for r in rows if r.variant == v]
         ks = sorted(r.k_pred for r in mine)
         ratios = sorted(r.ratio for r in mine)
-        out[v] = {
-            "tokens": len(mine),
-            "k_pred_median": statistics.median(ks),
-            "k_pred_p90": ks[min(len(ks) - 1, int(0.9 * len(ks)))],
-            "ratio_median": statistics.median(ratios),
-            "share_below_10pct": sum(r.ratio < SHORT_SHARE for r in mine) / len(mine),
-            "histogram": {str(k): ks.count(k) for k in sorted(set(ks))},
-        }
+        out[v] = VariantSummary(
+            tokens=len(mine),
+            k_pred_median=statistics.median(ks),
+            k_pred_p90=ks[min(len(ks) - 1, int(0.9 * len(ks)))],
+            ratio_median=statistics.median(ratios),
+            share_below_10pct=sum(r.ratio < SHORT_SHARE for r in mine) / len(mine),
+            histogram={str(k): ks.count(k) for k in sorted(set(ks))},
+        )
     return {"summary": out, "rows": [asdict(r) for r in rows]}

@@ -26,10 +26,13 @@ import contextlib
 import contextvars
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import torch
 from transformers.cache_utils import DynamicLayer
+
+if TYPE_CHECKING:
+    from transformers import Cache, PretrainedConfig
 
 OBS_WINDOW = 32  # prompt rows whose attention picks the heavy hitters (SnapKV)
 MAX_SINKS = 4
@@ -127,13 +130,13 @@ def _take(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     return flat.reshape(*idx.shape, d)
 
 
-def evict(layers: Sequence[Any], budgets: Sequence[int | None]) -> None:
+def evict(layers: Sequence[object], budgets: Sequence[int | None]) -> None:
     """After a decode step: cut every compressed layer holding more than its budget back
     to it (H2O; ``budgets[i]`` None: layer i stays whole). A lowered budget
     (``lower_topn``) is followed at once. Layers of one budget and shape are cut in one
     batched :func:`select` (a CPU step would otherwise pay a dozen small operations
     per layer)."""
-    groups: dict[tuple[Any, ...], list[KeptLayer]] = {}
+    groups: dict[tuple[int, bool, tuple[int, ...], torch.dtype], list[KeptLayer]] = {}
     for layer, n in zip(layers, budgets, strict=True):
         if not isinstance(layer, KeptLayer) or layer.score is None or n is None:
             continue
@@ -153,7 +156,7 @@ def evict(layers: Sequence[Any], budgets: Sequence[int | None]) -> None:
             layer.keys, layer.values, layer.valid, layer.score = (t[g] for t in cut)
 
 
-def kept_cache(config: Any, layers: int) -> Any:
+def kept_cache(config: PretrainedConfig, layers: int) -> Any:  # its layers are KeptLayer
     """A ``DynamicCache`` whose layers are :class:`KeptLayer`."""
     from transformers import DynamicCache
 
@@ -177,7 +180,7 @@ class LayerKV:
         return int(self.keys.nbytes + self.values.nbytes)
 
 
-def cache_nbytes(cache: Any) -> int:
+def cache_nbytes(cache: Cache) -> int:
     return sum(int(getattr(layer, "nbytes", 0)) for layer in cache.layers)
 
 
@@ -250,11 +253,13 @@ def group_kp(weights: torch.Tensor, g: int, w: int) -> float:
 
 
 # -- attention over a compressed layer ---------------------------------------------
-_KEPT: contextvars.ContextVar[Any] = contextvars.ContextVar("kcops_kept_cache", default=None)
+_KEPT: contextvars.ContextVar[Cache | None] = contextvars.ContextVar(
+    "kcops_kept_cache", default=None
+)
 
 
 @contextlib.contextmanager
-def use_kept(cache: Any) -> Iterator[None]:
+def use_kept(cache: Cache | None) -> Iterator[None]:
     """Attention calls inside the block read compressed layers of ``cache``."""
     token = _KEPT.set(cache)
     try:
@@ -263,14 +268,20 @@ def use_kept(cache: Any) -> Iterator[None]:
         _KEPT.reset(token)
 
 
-def kept_group(layer: int) -> Any:
+class GroupAttend(Protocol):
+    """A cache layer that attends for several groups of rows itself."""
+
+    def attend(self, query: torch.Tensor, scaling: float | None) -> torch.Tensor: ...
+
+
+def kept_group(layer: int) -> GroupAttend | None:
     """Layer ``layer`` of the cache in use when it attends for several groups of rows
     itself (``kc sweep``'s batched budgets: it has ``attend(query, scaling)``), else None."""
     cache = _KEPT.get()
     if cache is None or layer >= len(cache.layers):
         return None
     obj = cache.layers[layer]
-    return obj if hasattr(obj, "attend") else None
+    return cast(GroupAttend, obj) if hasattr(obj, "attend") else None
 
 
 def kept_layer(layer: int) -> KeptLayer | None:

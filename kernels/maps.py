@@ -18,13 +18,16 @@ import contextvars
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from kcops.kernels.kc import k_from_sorted, row_index, row_weights
 from kcops.kernels.topn import register_attention
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 MAPS_ATTENTION = "kcops_maps"
 MAPS_FILE = "attention.npz"
@@ -122,7 +125,9 @@ def register() -> str:
     return register_attention(MAPS_ATTENTION, maps_attention_forward)
 
 
-def capture(model: Any, input_ids: torch.Tensor, *, rows: int, p: float) -> AttentionMaps:
+def capture(
+    model: PreTrainedModel, input_ids: torch.Tensor, *, rows: int, p: float
+) -> AttentionMaps:
     """One forward pass of ``input_ids`` [1, T] recording ``rows`` query rows per layer.
 
     The model's attention implementation is switched to ``kcops_maps`` for the pass

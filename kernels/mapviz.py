@@ -13,12 +13,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from kcops.kernels.maps import AttentionMaps
 from kcops.kernels.sweep import FULL, Row, SweepError
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 FIG_SIZE_IN = (8.0, 4.0)
 DPI = 100
@@ -42,7 +45,7 @@ def _integer_ticks() -> Any:
     return MaxNLocator(integer=True)
 
 
-def heatmap_figure(maps: AttentionMaps, row: int) -> Any:
+def heatmap_figure(maps: AttentionMaps, row: int) -> Figure:
     """Layers (rows) x key positions (columns) for one sampled query, log10 of the
     head-mean weight."""
     plt = _plt()
@@ -59,7 +62,7 @@ def heatmap_figure(maps: AttentionMaps, row: int) -> Any:
     return fig
 
 
-def kp_figure(maps: AttentionMaps) -> Any:
+def kp_figure(maps: AttentionMaps) -> Figure:
     """Median K_p per layer over the sampled rows, with their min-max range, and κ."""
     plt = _plt()
     layers = np.arange(maps.kp.shape[0])
@@ -80,13 +83,13 @@ def kp_figure(maps: AttentionMaps) -> Any:
     return fig
 
 
-def save_png(fig: Any, path: Path) -> Path:
+def save_png(fig: Figure, path: Path) -> Path:
     """At the fixed size: no tight bounding box."""
     fig.savefig(path, dpi=DPI)
     return path
 
 
-def maps_figures(maps: AttentionMaps) -> dict[str, Any]:
+def maps_figures(maps: AttentionMaps) -> dict[str, Figure]:
     """Tag -> figure, in display order: K_p per layer first, then one heatmap per query."""
     figs = {"kc/K_p_per_layer": kp_figure(maps)}
     for i, pos in enumerate(maps.positions):
@@ -99,7 +102,7 @@ def png_name(tag: str) -> str:
 
 
 def write_tensorboard(
-    folder: Path, figures: dict[str, Any], maps: AttentionMaps | None, rows: Sequence[Row]
+    folder: Path, figures: dict[str, Figure], maps: AttentionMaps | None, rows: Sequence[Row]
 ) -> Path:
     """Event files under ``folder/tensorboard``; returns that folder."""
     try:

@@ -55,7 +55,7 @@ class PagedLayoutError(RuntimeError):
     """The KV cache is not laid out as expected (the gathered keys do not match)."""
 
 
-def _supported(impl: Any, meta: Any, kv_cache: Any) -> bool:
+def _supported(impl: object, meta: object, kv_cache: object) -> bool:
     if not isinstance(kv_cache, torch.Tensor) or kv_cache.numel() == 0:
         return False
     if str(getattr(impl, "attn_type", "decoder")) not in ("decoder", "AttentionType.DECODER"):
@@ -192,7 +192,7 @@ def _matches(k: torch.Tensor, written: torch.Tensor) -> bool:
 
 
 def _find_layout(
-    impl: Any, found: dict[str, Reader], kv_cache: torch.Tensor, block_row: torch.Tensor,
+    impl: object, found: dict[str, Reader], kv_cache: torch.Tensor, block_row: torch.Tensor,
     stop: int, d: int, written: torch.Tensor,
 ) -> str:  # fmt: skip
     known = _layout_of.get(type(impl))
@@ -210,7 +210,7 @@ def _find_layout(
     )
 
 
-def window_of(impl: Any) -> int | None:
+def window_of(impl: object) -> int | None:
     """The keys a row sees, counted back from its own (``W``), None for all of them;
     raises ValueError for a window this module cannot read."""
     w = getattr(impl, "sliding_window", None)
@@ -228,11 +228,11 @@ def window_of(impl: Any) -> int | None:
 
 
 def kc_inputs(
-    impl: Any,
+    impl: object,  # vLLM's attention implementation: read by getattr only
     query: torch.Tensor,
     key: torch.Tensor | None,
-    kv_cache: Any,
-    meta: Any,
+    kv_cache: object,
+    meta: Any,  # vLLM's attention metadata (its class depends on the backend)
     max_seqs: int,
 ) -> KcInputs | None:
     """What :func:`kcops.kernels.kc.kc_rows` needs for the last query row of each of the
@@ -242,7 +242,9 @@ def kc_inputs(
     head_size]`` (this step's keys, for the self-check). Raises :class:`PagedLayoutError`
     when the cache is not laid out as expected.
     """
-    if meta is None or query.dim() != 3 or not _supported(impl, meta, kv_cache):
+    if meta is None or query.dim() != 3 or not isinstance(kv_cache, torch.Tensor):
+        return None
+    if not _supported(impl, meta, kv_cache):
         return None
     hkv = int(getattr(impl, "num_kv_heads", 0)) or None
     if hkv is None or key is None:

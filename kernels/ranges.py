@@ -17,10 +17,10 @@ class Ranges:
 
     def __init__(self, enabled: bool = True) -> None:
         self.backend = "none"
-        self._attrs: dict[str, Any] = {}
-        self._push: Callable[[Any], Any] | None = None
-        self._pop: Callable[[], Any] | None = None
-        self._make: Callable[[str], Any] = lambda name: name
+        self._attrs: dict[str, object] = {}
+        self._push: Callable[[Any], object] | None = None  # an NVTX attribute or a str
+        self._pop: Callable[[], object] | None = None
+        self._make: Callable[[str], object] = lambda name: name
         if not enabled:
             return
         try:

@@ -16,11 +16,16 @@ import base64
 import html
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kcops.kernels.maps import MAPS_FILE, AttentionMaps
 from kcops.kernels.sweep import FULL, POLICIES, Row, SweepError, recommend
 from kcops.kernels.sweepio import ROWS_FILE, markdown
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+    from kcops.kernels.verify import VerifyDoc
 
 PAGE = "report.html"
 
@@ -44,7 +49,7 @@ def _img(path: Path) -> str:
     return f'<img alt="{html.escape(path.stem)}" src="data:image/png;base64,{data}">'
 
 
-def _png(fig: Any, path: Path) -> str:
+def _png(fig: Figure, path: Path) -> str:
     fig.savefig(path, dpi=100, bbox_inches="tight")
     import matplotlib.pyplot as plt
 
@@ -52,7 +57,7 @@ def _png(fig: Any, path: Path) -> str:
     return _img(path)
 
 
-def maps_section(maps: AttentionMaps, figures: dict[str, Any], folder: Path) -> list[str]:
+def maps_section(maps: AttentionMaps, figures: dict[str, Figure], folder: Path) -> list[str]:
     """K_p per layer (table and plot) and the heatmaps, as PNGs next to the page."""
     from kcops.kernels import mapviz
 
@@ -125,7 +130,7 @@ def kpred_plot(doc: dict[str, Any], folder: Path) -> str:
     return _png(fig, folder / "kpred.png")
 
 
-def verify_plot(doc: dict[str, Any], folder: Path) -> str:
+def verify_plot(doc: VerifyDoc, folder: Path) -> str:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -182,7 +187,7 @@ def render(folder: Path, tolerance: float = 1.0, tensorboard: bool = False) -> P
         parts += ["<h2>Budget sweep</h2>", _md_table_html(markdown(rows, rec, tolerance))]
         parts += sweep_plots(rows, folder)
     maps = AttentionMaps.load(maps_path) if maps_path.exists() else None
-    figures: dict[str, Any] = {}
+    figures: dict[str, Figure] = {}
     if maps is not None:
         from kcops.kernels import mapviz
 

@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import torch
 
@@ -48,6 +48,9 @@ from kcops.kernels.kvkeep import (
 )
 from kcops.kernels.sweepbatch import group_keys, group_nbytes, grouped_cache
 from kcops.kernels.topn import DENSE, use_policy
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 POLICIES = ("uniform", "per_layer", "dense_first", "window")
 FULL = "full"
@@ -83,7 +86,7 @@ class Row:
     def key(self) -> str:
         return row_key(self.policy, self.n, self.context)
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> dict[str, object]:
         return asdict(self)
 
 
@@ -189,7 +192,7 @@ def share_budget(total: int, weights: Sequence[float], cap: int) -> list[int]:
 
 
 # -- one context ---------------------------------------------------------------------
-def _cache_kw(model: Any) -> str:
+def _cache_kw(model: PreTrainedModel) -> str:
     """transformers >= 5.2x renamed ``past_key_values`` to ``cache``."""
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
@@ -204,7 +207,7 @@ class Prefilled:
     start: int  # position of the first fed token
 
 
-def prefill(model: Any, seqs: torch.Tensor, eval_tokens: int) -> Prefilled:
+def prefill(model: PreTrainedModel, seqs: torch.Tensor, eval_tokens: int) -> Prefilled:
     from transformers import DynamicCache
 
     context = seqs.shape[1] - 1
@@ -236,7 +239,7 @@ def _kept_layer(pre: Prefilled, i: int, n: int | None, heavy: bool) -> KeptLayer
 
 
 def decode(
-    model: Any,
+    model: PreTrainedModel,
     pre: Prefilled,
     per_layer: list[int | None],
     heavy: bool,
@@ -275,7 +278,7 @@ def decode(
 
 
 def decode_groups(
-    model: Any, pre: Prefilled, plans: Sequence[tuple[list[int | None], bool]]
+    model: PreTrainedModel, pre: Prefilled, plans: Sequence[tuple[list[int | None], bool]]
 ) -> list[dict[str, Any]]:
     """:func:`decode` of every ``(per_layer, heavy)`` plan at once, the plans' sequences
     sharing each forward (kcops.kernels.sweepbatch); no timing."""
@@ -355,13 +358,15 @@ def paired_se(pred: torch.Tensor, full_pred: torch.Tensor, target: torch.Tensor)
     return float(d.std() / math.sqrt(d.numel())) if d.numel() > 1 else 0.0
 
 
-def _timed(model: Any, pre: Prefilled, per: list[int | None], heavy: bool) -> dict[str, Any]:
+def _timed(
+    model: PreTrainedModel, pre: Prefilled, per: list[int | None], heavy: bool
+) -> dict[str, Any]:
     """Speed of one row on its own: the median of its first ``TIMED_STEPS`` decode steps."""
     return {"step_s": decode(model, pre, per, heavy, steps=TIMED_STEPS)["step_s"]}
 
 
 def sweep_context(
-    model: Any,
+    model: PreTrainedModel,
     seqs: torch.Tensor,
     *,
     ns: Sequence[int],
@@ -414,10 +419,26 @@ def sweep_context(
     return [measured.get(k) or done[k] for k in wanted]
 
 
-def recommend(rows: Sequence[Row], tolerance_points: float) -> list[dict[str, Any]]:
+class Recommendation(TypedDict, total=False):
+    """One context's line of ``recommendation.json``; without a budget that stays within
+    the tolerance only context, policy None, n None and full attention's row."""
+
+    context: int
+    policy: str | None
+    n: int | None
+    full: dict[str, object]
+    accuracy_delta_points: float
+    accuracy_delta_se_points: float
+    within_noise: bool
+    agreement: float
+    kv_bytes_saved_ratio: float
+    tokens_per_s_ratio: float
+
+
+def recommend(rows: Sequence[Row], tolerance_points: float) -> list[Recommendation]:
     """Per context: the smallest KV budget whose accuracy is within ``tolerance_points``
     (percentage points) of full attention's, and what it saves."""
-    out: list[dict[str, Any]] = []
+    out: list[Recommendation] = []
     for context in sorted({r.context for r in rows}):
         ctx = [r for r in rows if r.context == context]
         full = next((r for r in ctx if r.policy == FULL), None)
@@ -429,24 +450,24 @@ def recommend(rows: Sequence[Row], tolerance_points: float) -> list[dict[str, An
             if r.policy != FULL and r.accuracy >= full.accuracy - tolerance_points / 100.0
         ]
         if not ok:
-            out.append({"context": context, "policy": None, "n": None, "full": full.as_json()})
+            out.append(Recommendation(context=context, policy=None, n=None, full=full.as_json()))
             continue
         best = min(ok, key=lambda r: (r.kv_bytes, r.n or 0, POLICIES.index(r.policy)))
         delta = 100.0 * (best.accuracy - full.accuracy)
         se = 100.0 * best.accuracy_delta_se
         out.append(
-            {
-                "context": context,
-                "policy": best.policy,
-                "n": best.n,
-                "accuracy_delta_points": delta,
-                "accuracy_delta_se_points": se,
+            Recommendation(
+                context=context,
+                policy=best.policy,
+                n=best.n,
+                accuracy_delta_points=delta,
+                accuracy_delta_se_points=se,
                 # Δ - 2 SE below -tolerance: the positions cannot tell this budget's loss
                 # from one larger than the tolerance (more --sequences / --eval-tokens)
-                "within_noise": delta - 2 * se < -tolerance_points,
-                "agreement": best.agreement,
-                "kv_bytes_saved_ratio": 1.0 - best.kv_bytes / full.kv_bytes,
-                "tokens_per_s_ratio": best.tokens_per_s / full.tokens_per_s,
-            }
+                within_noise=delta - 2 * se < -tolerance_points,
+                agreement=best.agreement,
+                kv_bytes_saved_ratio=1.0 - best.kv_bytes / full.kv_bytes,
+                tokens_per_s_ratio=best.tokens_per_s / full.tokens_per_s,
+            )
         )
     return out

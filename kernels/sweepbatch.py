@@ -15,12 +15,15 @@ are counted per group; speed cannot be told apart in a shared batch, so
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers.cache_utils import DynamicLayer
 
 from kcops.kernels.kvkeep import KeptLayer, evict, kept_attention
+
+if TYPE_CHECKING:
+    from transformers import Cache, PretrainedConfig
 
 
 class GroupedLayer(DynamicLayer):
@@ -74,7 +77,9 @@ class GroupedLayer(DynamicLayer):
         evict(self.subs, budgets)
 
 
-def grouped_cache(config: Any, layers: Sequence[Sequence[KeptLayer]], rows: int) -> Any:
+def grouped_cache(
+    config: PretrainedConfig, layers: Sequence[Sequence[KeptLayer]], rows: int
+) -> Any:  # its layers are GroupedLayer
     """A ``DynamicCache`` whose layer i is ``GroupedLayer(layers[i], rows)``."""
     from transformers import DynamicCache
 
@@ -83,11 +88,15 @@ def grouped_cache(config: Any, layers: Sequence[Sequence[KeptLayer]], rows: int)
     return cache
 
 
-def group_nbytes(cache: Any, g: int) -> int:
-    return sum(layer.subs[g].nbytes for layer in cache.layers)
+def _groups(cache: Cache) -> list[GroupedLayer]:
+    return [layer for layer in cache.layers if isinstance(layer, GroupedLayer)]
 
 
-def group_keys(cache: Any, g: int) -> float:
+def group_nbytes(cache: Cache, g: int) -> int:
+    return sum(layer.subs[g].nbytes for layer in _groups(cache))
+
+
+def group_keys(cache: Cache, g: int) -> float:
     """Keys attended by group g this step, mean over layers."""
-    subs = [layer.subs[g] for layer in cache.layers]
+    subs = [layer.subs[g] for layer in _groups(cache)]
     return sum(int(s.keys.shape[-2]) for s in subs if s.keys is not None) / len(subs)

@@ -12,9 +12,8 @@ import csv
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
-from kcops.kernels.sweep import FULL, Row, SweepError
+from kcops.kernels.sweep import FULL, Recommendation, Row, SweepError
 
 ROWS_FILE = "rows.jsonl"
 COLUMNS = (
@@ -33,7 +32,7 @@ COLUMNS = (
 )
 
 
-def load_done(out: Path, settings: dict[str, Any]) -> dict[str, Row]:
+def load_done(out: Path, settings: dict[str, object]) -> dict[str, Row]:
     """Rows already measured under the same ``settings`` (empty for a new folder)."""
     path = out / ROWS_FILE
     if not path.exists():
@@ -70,7 +69,7 @@ def _full(rows: Sequence[Row], context: int) -> Row | None:
     return next((r for r in rows if r.context == context and r.policy == FULL), None)
 
 
-def markdown(rows: Sequence[Row], rec: Sequence[dict[str, Any]], tolerance: float) -> str:
+def markdown(rows: Sequence[Row], rec: Sequence[Recommendation], tolerance: float) -> str:
     lines = [
         "| policy | N | context | accuracy | Δ acc ± SE (pts) | agreement | perplexity "
         "| ms/token | tokens/s | KV KiB/seq | KV vs full | keys attended |",
@@ -109,7 +108,7 @@ def markdown(rows: Sequence[Row], rec: Sequence[dict[str, Any]], tolerance: floa
 
 
 def write_tables(
-    out: Path, rows: Sequence[Row], rec: Sequence[dict[str, Any]], tolerance: float
+    out: Path, rows: Sequence[Row], rec: Sequence[Recommendation], tolerance: float
 ) -> None:
     (out / "table.md").write_text(markdown(rows, rec, tolerance), encoding="utf-8")
     with (out / "table.csv").open("w", newline="", encoding="utf-8") as fh:

@@ -24,14 +24,17 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import torch
 
 from kcops.kernels.sweep import SweepError
 from kcops.kernels.topn import _allowed, register_attention
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 VERIFY_ATTENTION = "kcops_verify"
 THRESHOLDS = {"code_analysis": 1e-4, "summarisation": 1e-3}
@@ -198,13 +201,43 @@ def register() -> str:
     return register_attention(VERIFY_ATTENTION, verify_attention_forward)
 
 
+class LayerLine(TypedDict):
+    layer: int
+    rel_error: float
+    kl: float
+
+
+# One variant's line of ``verify.json`` ("pass": task -> within its threshold).
+VariantResult = TypedDict(
+    "VariantResult",
+    {
+        "variant": str,
+        "max_rel_error": float,
+        "mean_kl": float,
+        "agreement": float,
+        "pass": dict[str, bool],
+        "layers": list[LayerLine],
+    },
+)
+
+
+class VerifyDoc(TypedDict):
+    """``verify.json``: the thresholds and one result per variant."""
+
+    thresholds: dict[str, float]
+    results: list[VariantResult]
+
+
 def verify(
-    model: Any, seqs: torch.Tensor, variants: Sequence[Variant], tick: Any = None
-) -> list[dict[str, Any]]:
+    model: PreTrainedModel,
+    seqs: torch.Tensor,
+    variants: Sequence[Variant],
+    tick: Callable[[], object] | None = None,
+) -> list[VariantResult]:
     """One result per variant: per-layer errors, greedy agreement, pass/fail per task."""
     with torch.inference_mode():
         full_pred = model(input_ids=seqs).logits.argmax(-1)
-    results = []
+    results: list[VariantResult] = []
     for variant in variants:
         with torch.inference_mode():
             with use_variant(variant, apply=False) as errors:
@@ -212,7 +245,7 @@ def verify(
             with use_variant(variant, apply=True):
                 pred = model(input_ids=seqs).logits.argmax(-1)
         layers = [
-            {"layer": i, "rel_error": e.rel_error, "kl": e.kl} for i, e in sorted(errors.items())
+            LayerLine(layer=i, rel_error=e.rel_error, kl=e.kl) for i, e in sorted(errors.items())
         ]
         worst = max((x["rel_error"] for x in layers), default=0.0)
         results.append(

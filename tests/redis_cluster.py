@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import contextlib
 import subprocess
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import redis
 
-from tests.services import free_port, need_binary, running, wait_port
+from tests.services import free_port, need_binary, running, wait_port, wait_until
 
 
 @dataclass(frozen=True)
@@ -81,28 +80,27 @@ class Cluster:
         self.procs[port].kill()
         self.procs[port].wait(timeout=10)
 
-    def wait_healthy(self, masters: int = 3, timeout_s: float = 60.0) -> None:
-        """Until every live node says cluster_state:ok and ``masters`` masters, all of them
+    def healthy(self, masters: int = 3) -> bool:
+        """Every live node says cluster_state:ok and ``masters`` masters, all of them
         alive, serve slots (a killed master still counts as one until the others flag
         it failed, a node timeout or more later)."""
-        deadline = time.monotonic() + timeout_s
-        last = ""
-        while time.monotonic() < deadline:
-            try:
-                ok = True
-                for p in self.alive():
-                    with contextlib.closing(self.node(p)) as r:
-                        info = r.execute_command("CLUSTER INFO")  # parsed by redis-py
-                    ok = ok and info.get("cluster_state") == "ok"
-                alive = self.alive()
-                seen = [self.masters(p) for p in alive]
-                if ok and all(len(m) == masters and set(m) <= set(alive) for m in seen):
-                    return
-                last = "state not ok yet"
-            except redis.RedisError as exc:
-                last = str(exc)
-            time.sleep(0.1)
-        raise AssertionError(f"cluster not healthy within {timeout_s}s: {last}")
+        for p in self.alive():
+            with contextlib.closing(self.node(p)) as r:
+                info = r.execute_command("CLUSTER INFO")  # parsed by redis-py
+            if info.get("cluster_state") != "ok":
+                return False
+        alive = self.alive()
+        seen = [self.masters(p) for p in alive]
+        return all(len(m) == masters and set(m) <= set(alive) for m in seen)
+
+    def wait_healthy(self, masters: int = 3, timeout_s: float = 60.0) -> None:
+        wait_until(
+            lambda: self.healthy(masters),
+            timeout_s,
+            f"the cluster healthy with {masters} masters",
+            interval_s=0.1,
+            retry_on=(redis.RedisError,),
+        )
 
 
 @contextlib.contextmanager

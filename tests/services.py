@@ -6,6 +6,7 @@ Import from tests as ``from tests.services import ...``.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import random
@@ -14,13 +15,15 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
 
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = REPO / ".venv" / "bin"
+T = TypeVar("T")
 
 
 _BLOCK = 1500  # ports per pytest process
@@ -76,16 +79,58 @@ def kcops_bin() -> str:
     return str(exe) if exe.exists() else (shutil.which("kcops") or "kcops")
 
 
-def wait_until(check: Callable[[], object], timeout_s: float, what: str) -> object:
-    """Poll ``check`` until it returns something truthy (returned); fail naming ``what``."""
+def wait_until(
+    check: Callable[[], T | None],
+    timeout_s: float,
+    what: str,
+    on_fail: Callable[[], str] | None = None,
+    *,
+    interval_s: float = 0.05,
+    retry_on: tuple[type[Exception], ...] = (),
+) -> T:
+    """Poll ``check`` until it returns something truthy (not None), and return that value.
+
+    An exception of a type in ``retry_on`` counts as "not yet". After ``timeout_s`` fail
+    naming ``what``, the last value (or exception) seen, and ``on_fail()``'s text (a log
+    tail, say). The one wait helper of the tests: a test waits on a condition, not the clock.
+    """
     deadline = time.monotonic() + timeout_s
     while True:
-        got = check()
+        last: object
+        try:
+            got = check()
+        except retry_on as exc:
+            last = exc
+        else:
+            if got:
+                return got
+            last = got
+        if time.monotonic() >= deadline:
+            raise AssertionError(_timed_out(timeout_s, what, last, on_fail))
+        time.sleep(interval_s)
+
+
+async def wait_until_async(
+    check: Callable[[], Awaitable[T | None]],
+    timeout_s: float,
+    what: str,
+    *,
+    interval_s: float = 0.05,
+) -> T:
+    """`wait_until` inside an event loop: ``check`` is awaited, the loop runs meanwhile."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = await check()
         if got:
             return got
         if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        time.sleep(0.05)
+            raise AssertionError(_timed_out(timeout_s, what, got, None))
+        await asyncio.sleep(interval_s)
+
+
+def _timed_out(timeout_s: float, what: str, last: object, on_fail: Callable[[], str] | None) -> str:
+    extra = f"\n{on_fail()}" if on_fail is not None else ""
+    return f"timed out after {timeout_s}s waiting for {what} (last: {last!r}){extra}"
 
 
 def wait_port(port: int, timeout_s: float = 30.0, proc: subprocess.Popen | None = None) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-from typing import Any
 
 from aiohttp import web
 
@@ -29,7 +28,7 @@ from kcops.worker.protocol import (
 from kcops.worker.state import WorkerState, state_of
 
 
-def cache_view(state: WorkerState) -> dict[str, Any]:
+def cache_view(state: WorkerState) -> dict[str, object]:
     c = state.engine.cache
     return {"usage_ratio": c.usage_ratio, "blocks": c.blocks}
 
@@ -52,7 +51,7 @@ async def evict(request: web.Request) -> web.Response:
     body = parse(EvictBody, await request.read())
     eng = state.engine
 
-    def run() -> tuple[dict[str, Any], int, int, dict[str, Any]]:
+    def run() -> tuple[dict[str, object], int, int, dict[str, object]]:
         with eng.cache_lock:
             before = cache_view(state)
             blocks, freed = eng.cache.evict(

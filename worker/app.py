@@ -12,7 +12,7 @@ import logging
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
@@ -25,6 +25,9 @@ from kcops.worker.faults import Faults
 from kcops.worker.metrics import WorkerMetrics
 from kcops.worker.redis_tier import RedisTier
 from kcops.worker.server import WorkerState, build_app, error_body, live_state
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 log = logging.getLogger("kcops.worker")
 
@@ -76,7 +79,11 @@ def install_probe() -> str:
     return "probe installed"
 
 
-def build(opts: WorkerOptions, model: Any = None, tokenizer: Any = None) -> WorkerState:
+def build(
+    opts: WorkerOptions,
+    model: PreTrainedModel | None = None,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+) -> WorkerState:
     """Load (or take) the model and wire every part; nothing is started yet."""
     from kcops.kernels.topn import register
     from kcops.worker.models import context_tokens, load_model
@@ -84,6 +91,8 @@ def build(opts: WorkerOptions, model: Any = None, tokenizer: Any = None) -> Work
     attn = register()
     if model is None:
         model, tokenizer = load_model(opts.model, progress=opts.progress, attn_implementation=attn)
+    elif tokenizer is None:
+        raise TypeError("build: a model given comes with its tokenizer")
     else:
         model.set_attn_implementation(attn)
     name = Path(opts.model).name if opts.model not in ("tiny", "smollm2") else opts.model

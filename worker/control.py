@@ -11,7 +11,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from kcops.kernels.topn import DENSE, TopNPolicy
 
@@ -30,7 +29,7 @@ class Budget:
     top_n_by_layer: Mapping[int, int]
     dense_layers: frozenset[int]
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> dict[str, object]:
         return {
             "top_n": self.top_n,
             "top_n_by_layer": {str(k): v for k, v in sorted(self.top_n_by_layer.items())},
@@ -91,7 +90,7 @@ class Control:
             inject_nan=inject_nan,
         )
 
-    def _check_n(self, n: Any, what: str) -> int:
+    def _check_n(self, n: object, what: str) -> int:
         if isinstance(n, bool) or not isinstance(n, int):
             raise BadSetting(f"{what} must be an integer, got {n!r}")
         if not self.topn_min <= n <= self.topn_max:
@@ -101,8 +100,10 @@ class Control:
             )
         return n
 
-    def _check_layer(self, layer: Any) -> int:
+    def _check_layer(self, layer: object) -> int:
         try:
+            if not isinstance(layer, int | float | str):
+                raise TypeError(layer)
             idx = int(layer)
         except (TypeError, ValueError):
             raise BadSetting(f"layer {layer!r} is not an integer") from None
@@ -113,9 +114,9 @@ class Control:
     def set_budget(
         self,
         *,
-        top_n: Any = None,
-        top_n_by_layer: Any = None,
-        dense_layers: Any = None,
+        top_n: object = None,
+        top_n_by_layer: object = None,
+        dense_layers: object = None,
     ) -> tuple[Budget, Budget]:
         """Validate and apply; fields left None keep their value. Returns (before, after)."""
         if top_n is None and top_n_by_layer is None and dense_layers is None:

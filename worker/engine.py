@@ -24,7 +24,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -42,6 +42,9 @@ from kcops.worker.cache import KV, PrefixCache
 from kcops.worker.control import BASE, OPTIMIZED, Control
 from kcops.worker.faults import Faults
 from kcops.worker.metrics import WorkerMetrics
+
+if TYPE_CHECKING:
+    from transformers import Cache, PreTrainedModel, PreTrainedTokenizerBase
 
 log = logging.getLogger("kcops.worker")
 MAX_COHORT = 8
@@ -118,8 +121,8 @@ def served_logprobs(
 class Engine:
     def __init__(
         self,
-        model: Any,
-        tokenizer: Any,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
         *,
         model_name: str,
         control: Control,
@@ -237,7 +240,7 @@ class Engine:
             req.emit(Event("done", finish_reason="abort", usage=self._usage(req)))
         return req.cancelled
 
-    def _forward(self, policy: TopNPolicy, kv_cache: Any = None, **kwargs: Any) -> Any:
+    def _forward(self, policy: TopNPolicy, kv_cache: Cache | None = None, **kwargs: object) -> Any:
         if kv_cache is not None:
             kwargs[self._cache_kw] = kv_cache
         with use_policy(policy), use_kept(kv_cache):
@@ -263,7 +266,7 @@ class Engine:
         self.metrics.prefix_hits.inc(n_cached)
         self.metrics.prompt_tokens.inc(len(ids))
         req.cached_tokens = n_cached
-        kv_cache: Any = DynamicCache(config=self.model.config)
+        kv_cache: Any = DynamicCache(config=self.model.config)  # its layers: DynamicLayer
         for layer, (k, v) in enumerate(cached):
             kv_cache.update(k[None], v[None], layer)
         # Logits of the last position only (at 8k tokens, all of them are 1.6 GB); the
@@ -343,7 +346,7 @@ class Engine:
         if not is_eos:
             req.generated.append(token)
             self.metrics.generation_tokens.inc()
-        text = self.tok.decode(req.generated, skip_special_tokens=True)
+        text = str(self.tok.decode(req.generated, skip_special_tokens=True))
         finish: str | None = "stop" if is_eos else None
         for s in req.stop:
             at = text.find(s)

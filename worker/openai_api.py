@@ -14,7 +14,7 @@ import asyncio
 import json
 import time
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -35,6 +35,9 @@ from kcops.worker.protocol import (
 )
 from kcops.worker.shapes import ChatShape, CompletionShape, Shape
 from kcops.worker.state import WorkerState, hang_gate, state_of
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 # For a tokenizer without a chat template: ChatML, as SmolLM2's own.
 SIMPLE_CHAT_TEMPLATE = (
@@ -75,14 +78,14 @@ def _check_model(state: WorkerState, model: str | None) -> None:
         )
 
 
-def _tokenize(tok: Any, text: str) -> list[int]:
+def _tokenize(tok: PreTrainedTokenizerBase, text: str) -> list[int]:
     ids = list(tok(text, add_special_tokens=False).input_ids)
     if not ids:
         raise ApiError("'prompt' tokenizes to no tokens", param="prompt")
     return ids
 
 
-def completion_prompts(prompt: Any, tok: Any) -> list[list[int]]:
+def completion_prompts(prompt: Any, tok: PreTrainedTokenizerBase) -> list[list[int]]:
     """One list of token ids per prompt: a string, strings, token ids, lists of them."""
     if isinstance(prompt, str):
         prompts = [_tokenize(tok, prompt)]
@@ -98,7 +101,7 @@ def completion_prompts(prompt: Any, tok: Any) -> list[list[int]]:
     return prompts
 
 
-def render_chat(tok: Any, messages: list[ChatMessage]) -> list[int]:
+def render_chat(tok: PreTrainedTokenizerBase, messages: list[ChatMessage]) -> list[int]:
     """The conversation through the model's own chat template, ready for the assistant."""
     turns = [
         {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
@@ -116,14 +119,17 @@ def render_chat(tok: Any, messages: list[ChatMessage]) -> list[int]:
     return _tokenize(tok, str(text))
 
 
-def _sampling(body: CompletionRequest | ChatCompletionRequest, budget: int) -> dict[str, Any]:
+def _sampling(
+    body: CompletionRequest | ChatCompletionRequest, budget: int, logprobs: int | None
+) -> Sampling:
     temperature = 0.0 if body.temperature < GREEDY_BELOW else body.temperature
-    return dict(
+    return Sampling(
         max_tokens=budget,
         temperature=temperature,
         top_p=body.top_p,
         stop=body.stops(),
         seed=body.seed,
+        logprobs=logprobs,
     )
 
 
@@ -138,7 +144,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     if body.echo and body.logprobs is not None:
         raise ApiError("'echo' with 'logprobs' is not supported (no prompt logprobs)", param="echo")
     budget = check_context(prompts, body.max_tokens, state.context_tokens)
-    sampling = Sampling(**_sampling(body, budget), logprobs=body.logprobs)
+    sampling = _sampling(body, budget, body.logprobs)
     gen = Generation(state.engine, prompts, body.n, sampling)
     echo = {}
     if body.echo:
@@ -157,7 +163,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     prompt = render_chat(state.engine.tok, body.messages)
     budget = check_context([prompt], body.token_budget(), state.context_tokens)
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
-    sampling = Sampling(**_sampling(body, budget), logprobs=logprobs)
+    sampling = _sampling(body, budget, logprobs)
     gen = Generation(state.engine, [prompt], body.n, sampling)
     shape = ChatShape(state.engine.tok, body.logprobs)
     return await _respond(request, state, gen, shape, body.stream, body.include_usage())
@@ -186,7 +192,7 @@ async def _respond(
         state.in_flight -= 1
 
 
-async def _whole(gen: Generation, shape: Shape, head: dict[str, Any]) -> web.Response:
+async def _whole(gen: Generation, shape: Shape, head: dict[str, object]) -> web.Response:
     try:
         async for _ in gen.events():
             pass
@@ -211,7 +217,7 @@ async def _stream(
     request: web.Request,
     gen: Generation,
     shape: Shape,
-    head: dict[str, Any],
+    head: dict[str, object],
     include_usage: bool,
 ) -> web.StreamResponse:
     resp = web.StreamResponse(
@@ -220,10 +226,10 @@ async def _stream(
     await resp.prepare(request)
     extra = {"usage": None} if include_usage else {}
 
-    async def send(payload: dict[str, Any]) -> None:
+    async def send(payload: dict[str, object]) -> None:
         await resp.write(f"data: {json.dumps(payload)}\n\n".encode())
 
-    async def chunk(choice: dict[str, Any] | None) -> None:
+    async def chunk(choice: dict[str, object] | None) -> None:
         if choice is not None:
             await send({**head, "object": shape.chunk_object, "choices": [choice], **extra})
 

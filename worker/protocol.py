@@ -14,7 +14,7 @@ is allowed, never echo the whole value.
 from __future__ import annotations
 
 import logging
-from typing import Annotated, Any, ClassVar, Literal, TypeVar
+from typing import Annotated, ClassVar, Literal, TypeVar
 
 import pydantic_core
 from pydantic import (
@@ -72,7 +72,7 @@ class ApiError(Exception):
         super().__init__(message)
         self.message, self.status, self.param, self.code = message, status, param, code
 
-    def body(self) -> dict[str, Any]:
+    def body(self) -> dict[str, object]:
         kind = self.TYPES.get(self.status, "server_error")
         return {
             "error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}
@@ -195,9 +195,9 @@ class RouteBody(BaseModel):
 class AttentionBody(BaseModel):
     # Values are checked by Control.set_budget (bounds depend on the live config).
     model_config = ConfigDict(extra="forbid")
-    top_n: Any = None
-    top_n_by_layer: Any = None
-    dense_layers: Any = None
+    top_n: object = None
+    top_n_by_layer: object = None
+    dense_layers: object = None
 
 
 class DrainBody(BaseModel):
@@ -248,14 +248,14 @@ def _describe(exc: ValidationError) -> tuple[str, str | None]:
     return "; ".join(parts) + more, param
 
 
-def _is_branch(part: Any) -> bool:
+def _is_branch(part: object) -> bool:
     # Union branches appear in a loc as type names such as 'str' or 'list[int]'.
     return isinstance(part, str) and (
         part in ("str", "int", "float", "bool") or "[" in part or part.startswith("constrained-")
     )
 
 
-def parse_json(raw: bytes) -> Any:
+def parse_json(raw: bytes) -> object:
     """Any JSON value, with the same refusals as :func:`parse` (UTF-8, surrogates, depth, NaN)."""
     try:
         return pydantic_core.from_json(raw or b"null", allow_inf_nan=False)

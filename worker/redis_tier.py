@@ -113,7 +113,7 @@ class RedisTier:
         self.errors += 1
         self.last_error = f"{type(exc).__name__}: {exc}"
 
-    def state(self) -> dict[str, Any]:
+    def state(self) -> dict[str, object]:
         return {
             "url": redact(self.url),
             "prefix": self.prefix,

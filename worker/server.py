@@ -12,7 +12,6 @@ answer 401. ``GET /admin/state`` is open.
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
@@ -31,7 +30,7 @@ def error_response(exc: ApiError) -> web.Response:
     return web.json_response(exc.body(), status=exc.status)
 
 
-def error_body(status: int, message: str) -> dict[str, Any]:
+def error_body(status: int, message: str) -> dict[str, object]:
     """The OpenAI-shaped body of aiohttp's own protocol errors (kcops.httpedge)."""
     code = "bad_request" if status < 500 else "internal_error"
     return ApiError(message, status, code=code).body()

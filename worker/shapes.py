@@ -7,9 +7,15 @@ Logprobs come from the served logits (see ``engine.served_logprobs``).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from kcops.worker.generation import Choice, TokenLogprob
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+# One JSON object of an answer or a stream chunk: built here, serialised by the caller.
+JsonDict = dict[str, object]
 
 
 class Shape:
@@ -19,22 +25,22 @@ class Shape:
     chunk_object = ""
     id_prefix = ""
 
-    def __init__(self, tok: Any, logprobs: bool) -> None:
+    def __init__(self, tok: PreTrainedTokenizerBase, logprobs: bool) -> None:
         self.tok, self.logprobs = tok, logprobs
 
     def token_text(self, token_id: int) -> str:
         return str(self.tok.decode([token_id]))
 
-    def opening(self, choice: Choice) -> dict[str, Any] | None:
+    def opening(self, choice: Choice) -> JsonDict | None:
         return None
 
-    def delta(self, choice: Choice, text: str, lps: list[TokenLogprob]) -> dict[str, Any]:
+    def delta(self, choice: Choice, text: str, lps: list[TokenLogprob]) -> JsonDict:
         raise NotImplementedError
 
-    def closing(self, choice: Choice, lps: list[TokenLogprob]) -> dict[str, Any]:
+    def closing(self, choice: Choice, lps: list[TokenLogprob]) -> JsonDict:
         raise NotImplementedError
 
-    def whole(self, choice: Choice, lps: list[TokenLogprob]) -> dict[str, Any]:
+    def whole(self, choice: Choice, lps: list[TokenLogprob]) -> JsonDict:
         raise NotImplementedError
 
 
@@ -42,12 +48,12 @@ class CompletionShape(Shape):
     object = chunk_object = "text_completion"
     id_prefix = "cmpl-"
 
-    def __init__(self, tok: Any, logprobs: bool, echo: dict[int, str]) -> None:
+    def __init__(self, tok: PreTrainedTokenizerBase, logprobs: bool, echo: dict[int, str]) -> None:
         super().__init__(tok, logprobs)
         self.echo = echo  # choice index -> prompt text to prepend
         self._offset: dict[int, int] = {}  # text_offset of the next token, per choice
 
-    def _logprobs(self, choice: Choice, lps: list[TokenLogprob]) -> dict[str, Any] | None:
+    def _logprobs(self, choice: Choice, lps: list[TokenLogprob]) -> JsonDict | None:
         if not self.logprobs:
             return None
         tokens, offsets = [], []
@@ -66,7 +72,7 @@ class CompletionShape(Shape):
 
     def _choice(
         self, choice: Choice, text: str, lps: list[TokenLogprob], finish: str | None
-    ) -> dict[str, Any]:
+    ) -> JsonDict:
         return {
             "index": choice.index,
             "text": text,
@@ -74,17 +80,17 @@ class CompletionShape(Shape):
             "finish_reason": finish,
         }
 
-    def opening(self, choice: Choice) -> dict[str, Any] | None:
+    def opening(self, choice: Choice) -> JsonDict | None:
         echo = self.echo.get(choice.index)
         return self._choice(choice, echo, [], None) if echo else None
 
-    def delta(self, choice: Choice, text: str, lps: list[TokenLogprob]) -> dict[str, Any]:
+    def delta(self, choice: Choice, text: str, lps: list[TokenLogprob]) -> JsonDict:
         return self._choice(choice, text, lps, None)
 
-    def closing(self, choice: Choice, lps: list[TokenLogprob]) -> dict[str, Any]:
+    def closing(self, choice: Choice, lps: list[TokenLogprob]) -> JsonDict:
         return self._choice(choice, "", lps, choice.finish_reason)
 
-    def whole(self, choice: Choice, lps: list[TokenLogprob]) -> dict[str, Any]:
+    def whole(self, choice: Choice, lps: list[TokenLogprob]) -> JsonDict:
         text = self.echo.get(choice.index, "") + "".join(choice.text)
         return self._choice(choice, text, lps, choice.finish_reason)
 
@@ -94,11 +100,11 @@ class ChatShape(Shape):
     chunk_object = "chat.completion.chunk"
     id_prefix = "chatcmpl-"
 
-    def _entry(self, token_id: int, logprob: float) -> dict[str, Any]:
+    def _entry(self, token_id: int, logprob: float) -> JsonDict:
         text = self.token_text(token_id)
         return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8", "replace"))}
 
-    def _logprobs(self, lps: list[TokenLogprob]) -> dict[str, Any] | None:
+    def _logprobs(self, lps: list[TokenLogprob]) -> JsonDict | None:
         if not self.logprobs:
             return None
         content = []
@@ -109,8 +115,8 @@ class ChatShape(Shape):
         return {"content": content}
 
     def _chunk(
-        self, choice: Choice, delta: dict[str, Any], lps: list[TokenLogprob], finish: str | None
-    ) -> dict[str, Any]:
+        self, choice: Choice, delta: JsonDict, lps: list[TokenLogprob], finish: str | None
+    ) -> JsonDict:
         logprobs = self._logprobs(lps) if lps else None
         return {
             "index": choice.index,
@@ -119,16 +125,16 @@ class ChatShape(Shape):
             "finish_reason": finish,
         }
 
-    def opening(self, choice: Choice) -> dict[str, Any] | None:
+    def opening(self, choice: Choice) -> JsonDict | None:
         return self._chunk(choice, {"role": "assistant", "content": ""}, [], None)
 
-    def delta(self, choice: Choice, text: str, lps: list[TokenLogprob]) -> dict[str, Any]:
+    def delta(self, choice: Choice, text: str, lps: list[TokenLogprob]) -> JsonDict:
         return self._chunk(choice, {"content": text}, lps, None)
 
-    def closing(self, choice: Choice, lps: list[TokenLogprob]) -> dict[str, Any]:
+    def closing(self, choice: Choice, lps: list[TokenLogprob]) -> JsonDict:
         return self._chunk(choice, {}, lps, choice.finish_reason)
 
-    def whole(self, choice: Choice, lps: list[TokenLogprob]) -> dict[str, Any]:
+    def whole(self, choice: Choice, lps: list[TokenLogprob]) -> JsonDict:
         return {
             "index": choice.index,
             "message": {"role": "assistant", "content": "".join(choice.text)},

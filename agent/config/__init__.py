@@ -8,7 +8,6 @@ and what is allowed; unknown keys are errors.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from pydantic import Field, ValidationError
 
@@ -42,7 +41,7 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
     return one_line(exc, source, Config)
 
 
-def parse_config(data: Any, source: str = "<config>") -> Config:
+def parse_config(data: object, source: str = "<config>") -> Config:
     """Validate a mapping (as loaded from YAML) into a :class:`Config`."""
     if data is None:
         data = {}

@@ -8,12 +8,12 @@ Prometheus duration string such as ``5m``).
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict
 
 
-def _switch(v: Any) -> Any:
+def _switch(v: object) -> object:
     # YAML 1.1 reads unquoted `on` and `off` as booleans: take them as meant.
     if isinstance(v, bool):
         return "on" if v else "off"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import click
 import yaml
@@ -205,7 +205,7 @@ def replay_cmd(testfile: str, rules_file: str | None, params: tuple[str, ...], c
         group_failures = []
         for tr, failure in replay_group(ruleset, group, test.evaluation_interval_s, check=check):
             if tr is not None:
-                line: dict[str, Any] = {
+                line: dict[str, object] = {
                     "t": int(tr.t) if float(tr.t).is_integer() else tr.t,
                     "alertname": tr.alertname,
                     "labels": dict(tr.labels),

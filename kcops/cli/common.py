@@ -22,7 +22,7 @@ EXIT_UNREACHABLE = 3
 
 DEFAULT_AGENT = "http://127.0.0.1:9464"
 
-F = TypeVar("F", bound=Callable[..., Any])
+F = TypeVar("F", bound=Callable[..., object])
 
 
 def agent_option(fn: F) -> F:
@@ -41,7 +41,7 @@ def handle_errors(fn: F) -> F:
     """Turn kcops's typed errors into a one-line message and DESIGN §7's exit codes."""
 
     @functools.wraps(fn)
-    def wrapped(*args: Any, **kwargs: Any) -> Any:
+    def wrapped(*args: object, **kwargs: object) -> object:
         try:
             return fn(*args, **kwargs)
         except KcopsError as exc:
@@ -57,7 +57,7 @@ class DurationParam(click.ParamType):
     name = "duration"
 
     def convert(
-        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+        self, value: object, param: click.Parameter | None, ctx: click.Context | None
     ) -> float:
         from kcops.agent.duration import seconds
 
@@ -67,7 +67,7 @@ class DurationParam(click.ParamType):
             self.fail(str(exc), param, ctx)
 
 
-def parse_params(pairs: tuple[str, ...], option: str = "--param") -> dict[str, Any]:
+def parse_params(pairs: tuple[str, ...], option: str = "--param") -> dict[str, object]:
     """``NAME=VALUE`` flags (``--param`` of ``alerts``, ``dashboards`` and ``actions run``).
 
     VALUE is one YAML value read by the bounded loader, so ``0.25`` is a number,
@@ -76,7 +76,7 @@ def parse_params(pairs: tuple[str, ...], option: str = "--param") -> dict[str, A
     """
     from kcops.agent.yamlload import excerpt, parse_yaml
 
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     for pair in pairs:
         name, sep, raw = pair.partition("=")
         name = name.strip()
@@ -101,7 +101,7 @@ def agent_request(
     agent_url: str,
     path: str,
     *,
-    json_body: Any = None,
+    json_body: object = None,
     headers: dict[str, str] | None = None,
     timeout_s: float = 5.0,
 ) -> httpx.Response:
@@ -124,5 +124,5 @@ def agent_get_json(agent_url: str, path: str) -> Any:
     return resp.json()
 
 
-def echo_json(data: Any) -> None:
+def echo_json(data: object) -> None:
     click.echo(json.dumps(data, indent=2, sort_keys=True))

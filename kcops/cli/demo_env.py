@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 import httpx
@@ -36,6 +36,7 @@ from kcops.cli.load.run import LocustRun
 # and the worker's memory stays steady (the memory drills need a known baseline);
 # the segment-transfer drill shrinks it below one long document's KV, so that
 # document's blocks spill to the Redis tier and come back from it.
+T = TypeVar("T")
 CACHE_BUDGET_BYTES = 128 * 1024**2
 REDIS_MAXMEMORY = "512mb"  # a cache tier with a bound, as deployed: LRU past it
 # The device the memory drills fill: the worker's cgroup limit, set once the model
@@ -76,7 +77,7 @@ def kcops_exe() -> str:
     return str(here) if here.exists() else (shutil.which("kcops") or "kcops")
 
 
-def wait(what: str, timeout_s: float, probe: Callable[[], Any], every_s: float = 0.5) -> Any:
+def wait(what: str, timeout_s: float, probe: Callable[[], T | None], every_s: float = 0.5) -> T:
     """Poll ``probe`` until it returns something truthy, showing the wait.
 
     On a terminal one line counts up; in a log (``make demo`` piped) a line
@@ -131,7 +132,7 @@ class DemoEnv:
         self,
         work: Path,
         model: str,
-        rule_params: dict[str, Any] | None = None,
+        rule_params: dict[str, object] | None = None,
         max_for: str | None = None,
         max_keep_firing_for: str | None = None,
     ) -> None:
@@ -268,9 +269,9 @@ class DemoEnv:
             f"{limit / 2**20:.0f} MiB"
         )
 
-    def agent_config(self) -> dict[str, Any]:
+    def agent_config(self) -> dict[str, object]:
         """The demo agent's config: shipped defaults but for what the drills need."""
-        actions: dict[str, Any] = {
+        actions: dict[str, object] = {
             "notify": {"url": self.start_webhook()},
             "guards": {
                 # Thirteen drills in forty minutes are thirteen incidents, several
@@ -286,7 +287,7 @@ class DemoEnv:
             # replica floor under a lease in Redis (there is no cluster to grow here).
             actions["evict"] = {"redis_url": self.redis_url}
             actions["scale"] = {"lease": {"backend": "redis"}}
-        rules: dict[str, Any] = {"params": self.rule_params}
+        rules: dict[str, object] = {"params": self.rule_params}
         if self.max_for or self.max_keep_firing_for:
             rules["file"] = str(self.write_rules())
         return {
@@ -381,12 +382,12 @@ class DemoEnv:
 
         wait("route mode back to normal for the next drill", 300, probe, every_s=1)
 
-    def fault(self, body: dict[str, Any]) -> None:
+    def fault(self, body: dict[str, object]) -> None:
         r = httpx.post(self.worker + "/admin/faults", json=body, headers=self.headers, timeout=10)
         if r.status_code != 200:
             raise DemoFailed(f"POST /admin/faults {body}: HTTP {r.status_code}: {r.text[:200]}")
 
-    def admin(self, path: str, body: dict[str, Any]) -> None:
+    def admin(self, path: str, body: dict[str, object]) -> None:
         r = httpx.post(self.worker + path, json=body, headers=self.headers, timeout=10)
         if r.status_code != 200:
             raise DemoFailed(f"POST {path} {body}: HTTP {r.status_code}: {r.text[:200]}")
@@ -397,7 +398,7 @@ class DemoEnv:
         result = r.get("data", {}).get("result") if r.get("status") == "success" else None
         return float(result[0]["value"][1]) if isinstance(result, list) and result else None
 
-    def run_action(self, name: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
+    def run_action(self, name: str, params: dict[str, object] | None = None) -> dict[str, Any]:
         """Run an agent action as on-call would (``kcops actions run``), through its guards."""
         body = {"params": params or {}, "force": True, "reason": "kcops demo drill"}
         r = httpx.post(

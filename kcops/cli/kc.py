@@ -12,11 +12,15 @@ import statistics
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from kcops.cli.common import handle_errors
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 DEFAULT_MAX_TOKENS = 512
 TOPN = (16, 32, 64)
@@ -73,15 +77,15 @@ def read_text(path: str) -> str:
     return text
 
 
-def _load_model(name: str) -> tuple[Any, Any]:
+def _load_model(name: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     from kcops.worker.models import load_model
 
     return load_model(name, progress=True, attn_implementation="sdpa")
 
 
 def measure(
-    model: Any,
-    input_ids: Any,
+    model: PreTrainedModel,
+    input_ids: torch.Tensor,
     *,
     p_values: tuple[float, ...],
     rows: str | int,
@@ -490,7 +494,7 @@ def verify_cmd(
     )
 
 
-def _save(out_dir: str | None, name: str, doc: Any) -> None:
+def _save(out_dir: str | None, name: str, doc: object) -> None:
     if out_dir is None:
         return
     folder = Path(out_dir)

@@ -9,7 +9,7 @@ token from ``--token-file`` or ``KCOPS_TOKEN``; ``g`` refreshes now, ``q`` quits
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from textual import work
 from textual.app import App, ComposeResult
@@ -116,7 +116,7 @@ class TopApp(App[None]):
         self.refresh_s = refresh_s
         self.snap: Snapshot | None = None
         self.history: dict[str, list[float | None]] = {}
-        self.last_result: dict[str, Any] | None = None
+        self.last_result: dict[str, object] | None = None
         self.frames = 0
 
     def compose(self) -> ComposeResult:

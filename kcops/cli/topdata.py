@@ -239,7 +239,7 @@ def history(
     return {k: [client.scalar(exprs[k], t) for t in times] for k in HISTORY_KEYS}
 
 
-def as_json(s: Snapshot) -> dict[str, Any]:
+def as_json(s: Snapshot) -> dict[str, object]:
     """One frame's data for scripts (``kcops top --once --json``): raw numbers, Unix times."""
     active = [a for a in s.alerts if a.get("state") in ("pending", "firing")]
     names = {a["alertname"] for a in active}

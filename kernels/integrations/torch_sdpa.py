@@ -8,10 +8,14 @@ layer ``unknown``. Calls made from inside another instrumented call (transformer
 from __future__ import annotations
 
 import functools
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from kcops.kernels.probe import KcInputs, Patch, Probe
 from kcops.kernels.wire import UNKNOWN_LAYER
+
+if TYPE_CHECKING:
+    import torch
 
 _PARAMS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale")
 
@@ -19,7 +23,7 @@ _PARAMS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scal
 class _SdpaPatch(Patch):
     name = "torch_sdpa"
 
-    def __init__(self, original: Any) -> None:
+    def __init__(self, original: Callable[..., torch.Tensor]) -> None:
         self.original = original
 
     def remove(self) -> None:

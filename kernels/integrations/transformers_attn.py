@@ -12,19 +12,27 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kcops.kernels.probe import KcInputs, Patch, Probe
 from kcops.kernels.wire import UNKNOWN_LAYER
 
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+    from transformers.modeling_utils import AttentionInterface
+
 WRAPPED_MARK = "__kcops_wrapped__"
+# transformers' attention functions: (module, q, k, v, mask, ...) -> (output, weights)
+AttentionFn = Callable[..., "tuple[torch.Tensor, torch.Tensor | None]"]
+GetInterface = Callable[["AttentionInterface", str, AttentionFn], AttentionFn]
 
 
-def _first(out: Any) -> Any:
+def _first(out: torch.Tensor | tuple[torch.Tensor, ...]) -> torch.Tensor:
     return out[0] if isinstance(out, tuple) else out
 
 
-def wrap_attention(probe: Probe, fn: Callable[..., Any]) -> Callable[..., Any]:
+def wrap_attention(probe: Probe, fn: AttentionFn) -> AttentionFn:
     """The instrumented version of a transformers attention function
     ``fn(module, query, key, value, attention_mask, *args, **kwargs) -> (out, weights)``."""
     if getattr(fn, WRAPPED_MARK, False):
@@ -32,8 +40,14 @@ def wrap_attention(probe: Probe, fn: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(fn)
     def wrapped(
-        module: Any, query: Any, key: Any, value: Any, attention_mask: Any, *args: Any, **kw: Any
-    ) -> Any:
+        module: nn.Module,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        *args: object,
+        **kw: Any,  # scaling, dropout, ...: transformers' own, passed on as they come
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         layer_idx = getattr(module, "layer_idx", None)
         layer = str(layer_idx) if layer_idx is not None else UNKNOWN_LAYER
 
@@ -68,7 +82,7 @@ def wrap_attention(probe: Probe, fn: Callable[..., Any]) -> Callable[..., Any]:
 class _InterfacePatch(Patch):
     name = "transformers"
 
-    def __init__(self, cls: type, original: Any) -> None:
+    def __init__(self, cls: type, original: GetInterface) -> None:
         self.cls = cls
         self.original = original
 
@@ -82,12 +96,14 @@ def install(probe: Probe) -> Patch | None:
         from transformers.modeling_utils import AttentionInterface
     except ImportError:
         return None
-    original = AttentionInterface.__dict__.get("get_interface")
+    original: GetInterface | None = AttentionInterface.__dict__.get("get_interface")
     if original is None:
         return None
-    cache: dict[Callable[..., Any], Callable[..., Any]] = {}
+    cache: dict[AttentionFn, AttentionFn] = {}
 
-    def get_interface(self: Any, attn_implementation: str, default: Callable[..., Any]) -> Any:
+    def get_interface(
+        self: AttentionInterface, attn_implementation: str, default: AttentionFn
+    ) -> AttentionFn:
         fn = original(self, attn_implementation, default)
         wrapped = cache.get(fn)
         if wrapped is None:

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode
@@ -26,6 +24,7 @@ from kcops.agent.config import parse_config
 from kcops.agent.control import core_routes
 from tests.faults.conftest import RealAgent
 from tests.faults.fuzzing import Req, bodies, check_answer, hostile_values, query_values, send
+from tests.services import wait_until
 
 ROUTES = ("/api/v1/actions/notify", "/api/v1/alertmanager")
 
@@ -178,7 +177,11 @@ def test_a_webhook_storm_keeps_the_loop_answering_and_memory_bounded(
             )
             assert r.status_code == 200 and r.json()["accepted"] == 1000
         # let a tick save the state under the poller too
-        wait_for(lambda: "KcopsKCSurge" in _remediation(real_agent)["ladders"])
+        wait_until(
+            lambda: "KcopsKCSurge" in _remediation(real_agent)["ladders"],
+            20,
+            "the KcopsKCSurge ladder in /api/v1/remediation",
+        )
     assert poller.answers > 0 and not poller.failures, poller.failures[:5]
     rem = _remediation(real_agent)
     lad = rem["ladders"]["KcopsKCSurge"]
@@ -187,7 +190,11 @@ def test_a_webhook_storm_keeps_the_loop_answering_and_memory_bounded(
     capped = [r for r in _history(real_agent) if r.get("event") == "capped"]
     assert len(capped) == 1  # audited once per ladder, counted every time
     state = real_agent.state_dir / "remediation-state.json"
-    wait_for(lambda: state.exists() and "KcopsKCSurge-" in state.read_text())
+    wait_until(
+        lambda: state.exists() and "KcopsKCSurge-" in state.read_text(),
+        20,
+        "the ladder's instances in the saved state",
+    )
     assert state.stat().st_size < 256 * 1024
     grown = real_agent.rss_bytes() - rss0
     assert grown < 16 << 20, f"RSS grew {grown / 2**20:.1f} MiB during the storm"
@@ -201,13 +208,6 @@ def _remediation(agent: RealAgent) -> dict[str, Any]:
 def _history(agent: RealAgent) -> list[dict[str, Any]]:
     r = httpx.get(agent.url + "/api/v1/actions/history?limit=100000", timeout=10)
     return list(r.json()["records"])
-
-
-def wait_for(cond: Callable[[], bool], timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.05)
 
 
 json_values = st.recursive(

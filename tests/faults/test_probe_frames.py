@@ -9,7 +9,6 @@ import math
 import socket
 import struct
 import time
-from collections.abc import Callable
 
 import httpx
 import pytest
@@ -19,6 +18,7 @@ from hypothesis import strategies as st
 from kcops.agent.collectors.probe import ProbeReceiver
 from kcops.kernels import wire
 from tests.faults.conftest import RealAgent, start_agent, stop_agent
+from tests.services import wait_until
 from tests.unit.kernels.test_wire import sample_frame, sample_v4
 
 GOOD = wire.encode(sample_v4())
@@ -271,18 +271,40 @@ def _store_bytes(agent: RealAgent) -> int:
     return int(_metric(agent, "kcops_store_bytes"))
 
 
-def _wait(cond: Callable[[], bool], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.2)
+def _settled(agent: RealAgent, window_s: float, spread_b: int) -> tuple[int, int]:
+    """The agent's RSS and its store's own estimate, once RSS beside the store (RSS less
+    the store's bytes) has moved by at most ``spread_b`` over the last ``window_s``.
+
+    The store grows by its samples every tick, so RSS alone never settles; what is beside
+    it does, within the allocator's few-MiB steps (measured: 62-66 MiB over 2 minutes
+    after the burst). A leak, such as the NVML traceback that grew RSS ~4 MiB/s
+    (docs/benchmarks.md), never settles, and the wait fails.
+    """
+    seen: list[tuple[float, int]] = []
+
+    def steady() -> tuple[int, int] | None:
+        rss, store = agent.rss_bytes(), _store_bytes(agent)
+        now = time.monotonic()
+        seen.append((now, rss - store))
+        beside = [b for t, b in seen if t >= now - window_s]
+        if now - seen[0][0] < window_s or max(beside) - min(beside) > spread_b:
+            return None
+        return rss, store
+
+    what = f"RSS beside the store to stay within {spread_b >> 20} MiB for {window_s:.0f}s"
+
+    def tail() -> str:
+        return f"RSS less store, MiB: {[round(b / 2**20, 1) for _, b in seen[-20:]]}"
+
+    return wait_until(steady, 180, what, tail, interval_s=0.5)
 
 
 @pytest.mark.slow
 def test_burst_from_1000_processes_then_rss_returns(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
-    """RSS a minute after a burst is within 10% of before, or grew within the store budget."""
+    """RSS once settled after a burst is within 10% of before, or grew within the store
+    budget; and RSS beside the store settles (a leak would keep it climbing)."""
     # 1,000 stream connections come and go faster than the agent's 25 ms reads close them:
     # room for all of them (the cap and its refusals are tested in tests/unit/collectors)
     tmp = tmp_path_factory.mktemp("burst")
@@ -291,20 +313,20 @@ def test_burst_from_1000_processes_then_rss_returns(
         tmp, extra={"store": {"max_bytes": 64 << 20}, "collectors": {"probe": probe}}
     )
     try:
-        time.sleep(10)  # the agent's own warm-up allocations (a condition would be a guess)
-        before, store_before = agent.rss_bytes(), _store_bytes(agent)
+        before, store_before = _settled(agent, 5.0, 1 << 20)  # past the agent's warm-up
         _burst(agent, 1000)
         assert httpx.get(agent.url + "/healthz", timeout=1.0).status_code == 200
         ok = 'kcops_probe_frames_total{outcome="ok"}'
-        _wait(lambda: _metric(agent, ok) == 1000, 30)  # every frame taken, both sockets
+        wait_until(lambda: _metric(agent, ok) == 1000, 30, "every frame taken")
         assert _metric(agent, 'kcops_probe_connections_total{outcome="accepted"}') == 1000
-        _wait(lambda: _metric(agent, "kcops_probe_connections_open") == 0, 30)  # all closed
+        open_ = "kcops_probe_connections_open"
+        wait_until(lambda: _metric(agent, open_) == 0, 30, "every stream connection closed")
         peak = agent.rss_bytes()
-        time.sleep(60)
-        after, store_grew = agent.rss_bytes(), _store_bytes(agent) - store_before
+        after, store_after = _settled(agent, 10.0, 4 << 20)
+        store_grew = store_after - store_before
         print(
             f"RSS MiB: before {before / 2**20:.1f}, after the burst {peak / 2**20:.1f}, "
-            f"a minute later {after / 2**20:.1f}, of which the store's growth "
+            f"settled {after / 2**20:.1f}, of which the store's growth "
             f"{store_grew / 2**20:.1f}: {(after - store_grew) / before - 1:+.1%} without it"
         )
         assert store_grew <= 64 << 20  # the store stayed within its budget

@@ -8,7 +8,6 @@ token gets 401 from the agent and changes nothing.
 from __future__ import annotations
 
 import json
-import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.services import free_port, kcops_bin, need_binary, running, wait_http
+from tests.services import free_port, kcops_bin, need_binary, running, wait_http, wait_until
 
 TOKEN = "am-test-token"
 
@@ -96,16 +95,6 @@ def metric(agent: str, name: str) -> float | None:
     return None
 
 
-def wait_for(pred: Any, timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 @pytest.mark.slow
 def test_alertmanager_delivers_to_the_agent(tmp_path: Path) -> None:
     am_bin = need_binary("prometheus-alertmanager")
@@ -138,7 +127,7 @@ def test_alertmanager_delivers_to_the_agent(tmp_path: Path) -> None:
         r = httpx.post(f"{agent}/api/v1/alertmanager", json={"version": "4", "alerts": []})
         assert r.status_code == 401
         post_alert(am, {"alertname": "KcopsSecond", "auth": "none", "severity": "page"})
-        wait_for(
+        wait_until(
             lambda: "401" in (tmp_path / "am.log").read_text(),
             20,
             "alertmanager to report the agent's 401",
@@ -148,7 +137,7 @@ def test_alertmanager_delivers_to_the_agent(tmp_path: Path) -> None:
 
         # With the token: the alert joins the local rule's ladder.
         post_alert(am, {"alertname": "KcopsKCSurge", "severity": "page", "pod": "p1"})
-        runs = wait_for(
+        runs = wait_until(
             lambda: [x for x in audit(state) if x.get("kind") == "action"],
             20,
             "the scale_out run",
@@ -157,13 +146,13 @@ def test_alertmanager_delivers_to_the_agent(tmp_path: Path) -> None:
         assert runs[0]["trigger"]["source"] == "alertmanager"
         assert runs[0]["trigger"]["alertname"] == "KcopsKCSurge"
         assert runs[0]["before"] == {"replicas": 1} and runs[0]["after"] == {"replicas": 3}
-        wait_for(lambda: metric(agent, "kcops_desired_replicas") == 3.0, 5, "gauge at 3")
+        wait_until(lambda: metric(agent, "kcops_desired_replicas") == 3.0, 5, "gauge at 3")
         assert metric(agent, 'kcops_action_runs_total{action="scale_out",outcome="ok"}') == 1.0
 
         # Resolved by Alertmanager: the ladder closes.
         post_alert(am, {"alertname": "KcopsKCSurge", "severity": "page", "pod": "p1"},
                    ends=datetime.now(UTC) - timedelta(seconds=1))  # fmt: skip
-        wait_for(
+        wait_until(
             lambda: any(
                 x.get("kind") == "ladder" and x.get("event") == "resolved" for x in audit(state)
             ),

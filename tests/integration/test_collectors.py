@@ -13,7 +13,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -22,21 +21,22 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from kcops.kernels import wire
-from tests.services import free_port, kcops_bin, running, wait_http
+from tests.services import free_port, kcops_bin, running, wait_http, wait_until
 
 FIXTURE = (Path(__file__).resolve().parents[1] / "fixtures" / "vllm_metrics.txt").read_bytes()
 
 
 class Engine(BaseHTTPRequestHandler):
     mode = "ok"
+    released = threading.Event()  # a hung request answers once this is set
 
     def log_message(self, *args: object) -> None:
         pass
 
     def do_GET(self) -> None:
         mode = type(self).mode
-        if mode == "hang":
-            time.sleep(1.5)
+        if mode == "hang":  # past the agent's timeout, until the test moves on
+            type(self).released.wait(30)
         if self.path == "/health":
             body, ctype = b"{}", "application/json"
         elif mode == "truncated":
@@ -55,7 +55,7 @@ class Engine(BaseHTTPRequestHandler):
 
 @contextlib.contextmanager
 def engine() -> Iterator[tuple[int, type[Engine]]]:
-    handler = type("E", (Engine,), {"mode": "ok"})
+    handler: type[Engine] = type("E", (Engine,), {"mode": "ok", "released": threading.Event()})
     srv = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     srv.daemon_threads = True
     t = threading.Thread(target=srv.serve_forever, daemon=True)
@@ -63,6 +63,7 @@ def engine() -> Iterator[tuple[int, type[Engine]]]:
     try:
         yield srv.server_address[1], handler
     finally:
+        handler.released.set()
         srv.shutdown()
         srv.server_close()
 
@@ -82,18 +83,11 @@ def errors(m: dict, collector: str, reason: str) -> float:
     )
 
 
-def wait_until(fn, timeout_s: float = 10.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if fn():
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met in time: {fn.__doc__ or fn}")
-        time.sleep(0.1)
-
-
 def test_agent_survives_a_misbehaving_engine_and_probe(tmp_path: Path) -> None:
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    # the engine's pid: alive until killed below (or until this test's end closes its stdin)
+    sleeper = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
+    )
     sock_path = tmp_path / "probe.sock"
     port = free_port()
     agent_url = f"http://127.0.0.1:{port}"
@@ -123,7 +117,11 @@ collectors:
         try:
             with running(cmd, log_path=tmp_path / "agent.log") as agent:
                 wait_http(agent_url + "/healthz", 30, agent)
-                wait_until(lambda: any(k[0] == "kcops_requests_running" for k in scrape(agent_url)))
+                wait_until(
+                    lambda: any(k[0] == "kcops_requests_running" for k in scrape(agent_url)),
+                    10,
+                    "the engine's series on the agent",
+                )
                 m = scrape(agent_url)
                 assert m[("kcops_engine_up", ())] == 1
                 assert m[("kcops_process_up", (("process", "engine"),))] == 1
@@ -134,12 +132,26 @@ collectors:
                     ("hang", "timeout"),
                 ):
                     handler.mode = mode
-                    wait_until(lambda r=reason: errors(scrape(agent_url), "engine_scrape", r) >= 2)
+                    wait_until(
+                        lambda r=reason: errors(scrape(agent_url), "engine_scrape", r) >= 2,
+                        10,
+                        f"two engine_scrape errors of reason {reason}",
+                    )
                     assert agent.poll() is None
-                m = scrape(agent_url)
-                assert m[("kcops_engine_up", ())] == 0  # hung: not answering in time
+                # hung: not answering in time (the health sample of the tick that counted the
+                # second timeout may be published a moment after the count)
+                wait_until(
+                    lambda: scrape(agent_url).get(("kcops_engine_up", ())) == 0,
+                    10,
+                    "kcops_engine_up at 0 while the engine hangs",
+                )
                 handler.mode = "ok"
-                wait_until(lambda: scrape(agent_url).get(("kcops_engine_up", ())) == 1)
+                handler.released.set()
+                wait_until(
+                    lambda: scrape(agent_url).get(("kcops_engine_up", ())) == 1,
+                    10,
+                    "kcops_engine_up back at 1",
+                )
 
                 good = wire.encode(wire.Frame(pid=1, process="p", seq=0, calls_by_layer={"0": 2}))
                 # cut short, another version, no header at all: a connection each
@@ -154,7 +166,7 @@ collectors:
                     m = scrape(agent_url)
                     return m.get(bad) == 2 and m.get(ok) == 1
 
-                wait_until(all_counted)
+                wait_until(all_counted, 10, "two malformed frames and the good one")
                 m = scrape(agent_url)
                 assert m[("kcops_probe_frames_total", (("outcome", "unknown_version"),))] == 1
                 for reason in ("truncated", "bad_version", "bad_magic"):
@@ -164,7 +176,11 @@ collectors:
 
                 sleeper.kill()
                 sleeper.wait()
-                wait_until(lambda: errors(scrape(agent_url), "process", "process_gone") >= 2)
+                wait_until(
+                    lambda: errors(scrape(agent_url), "process", "process_gone") >= 2,
+                    10,
+                    "two process_gone errors",
+                )
                 m = scrape(agent_url)
                 assert m[("kcops_process_up", (("process", "engine"),))] == 0
                 st = httpx.get(agent_url + "/api/v1/status", timeout=5).json()
@@ -184,3 +200,5 @@ collectors:
             if sleeper.poll() is None:
                 sleeper.kill()
                 sleeper.wait()
+            assert sleeper.stdin is not None
+            sleeper.stdin.close()

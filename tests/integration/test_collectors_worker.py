@@ -4,13 +4,12 @@ attention call counts, and they move as requests are sent."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.services import free_port, kcops_bin, running, wait_http
+from tests.services import free_port, kcops_bin, running, wait_http, wait_until
 
 
 def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -36,14 +35,6 @@ def complete(worker: str, prompt: str) -> None:
         json={"model": "tiny", "prompt": prompt, "max_tokens": 6},
     )
     r.raise_for_status()
-
-
-def wait_for(fn, timeout_s: float = 20.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while not fn():
-        if time.monotonic() > deadline:
-            raise AssertionError("the agent's series did not move in time")
-        time.sleep(0.2)
 
 
 def test_agent_sees_the_reference_worker_move(tmp_path: Path) -> None:
@@ -76,13 +67,19 @@ def test_agent_sees_the_reference_worker_move(tmp_path: Path) -> None:
         with running(worker_cmd, log_path=tmp_path / "worker.log", env=env) as worker:
             wait_http(worker_url + "/health", 180, worker)
             complete(worker_url, "The quick brown fox jumps over the lazy dog. " * 4)
-            wait_for(
+            wait_until(
                 lambda: (
                     total(scrape(agent_url), "kcops_request_latency_seconds_count", engine="kcops")
                     >= 1
-                )
+                ),
+                20,
+                "the first request's latency on the agent",
             )
-            wait_for(lambda: total(scrape(agent_url), "kcops_attention_calls_total") > 0)
+            wait_until(
+                lambda: total(scrape(agent_url), "kcops_attention_calls_total") > 0,
+                20,
+                "the probe's attention calls on the agent",
+            )
             before = scrape(agent_url)
 
             for i in range(3):
@@ -100,7 +97,7 @@ def test_agent_sees_the_reference_worker_move(tmp_path: Path) -> None:
                     and total(m, "kcops_kc_tokens_count") > total(before, "kcops_kc_tokens_count")
                 )
 
-            wait_for(moved, 30)
+            wait_until(moved, 30, "the agent's series to move with three more requests")
             after = scrape(agent_url)
             # latency buckets, cache counters, K(C) histograms, attention calls
             assert (

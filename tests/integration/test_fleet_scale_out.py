@@ -24,6 +24,7 @@ from kcops.agent.actions.lease import FleetWrite, RedisFleet
 from kcops.agent.clock import ManualClock
 from kcops.agent.events import RemediationStep
 from kcops.errors import ActionRejected
+from tests.services import wait_until
 from tests.unit.actions.harness import audit, make_ctx, make_rem, settle, transition
 
 REPO = Path(__file__).resolve().parents[2]
@@ -150,14 +151,6 @@ async def main():
 
 asyncio.run(main())
 """
-
-
-def wait_until(cond: Any, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def test_killed_holder_loses_the_lease_and_another_takes_over(

@@ -11,21 +11,23 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import pytest
 import redis
 import yaml
 
-from tests.services import free_port, kcops_bin, running, wait_http
+from tests.services import free_port, kcops_bin, running, wait_http, wait_until
 
 TOKEN = "e2e-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
+# What a check may raise while the stack is still coming up: "not yet", not a failure.
+NOT_YET = (httpx.HTTPError, ValueError, KeyError)
+T = TypeVar("T")
 pytestmark = pytest.mark.slow
 
 
@@ -70,14 +72,16 @@ class Stack:
                 return float(value)
         return None
 
-    def metric_is(self, series: str, value: float) -> bool:
+    def expect_metric(self, series: str, value: float) -> None:
         """Counters are published on the agent's next tick: wait a little for them."""
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
-            if self.metric(series) == value:
-                return True
-            time.sleep(0.2)
-        return False
+        wait_until(lambda: self.metric(series) == value, 5, f"{series} at {value}", interval_s=0.2)
+
+    def log_tail(self) -> str:
+        return self.log.read_text()[-3000:]
+
+    def until(self, check: Callable[[], T], timeout_s: float, what: str) -> T:
+        """``wait_until`` for this stack: the agent's log tail on failure."""
+        return wait_until(check, timeout_s, what, self.log_tail, retry_on=NOT_YET, interval_s=0.25)
 
     def has(self, name: str) -> bool:
         text = httpx.get(f"{self.agent}/metrics", timeout=5).text
@@ -89,23 +93,6 @@ class Stack:
     def fault(self, body: dict[str, Any]) -> None:
         r = httpx.post(f"{self.worker}/admin/faults", json=body, headers=AUTH, timeout=10)
         assert r.status_code == 200, r.text
-
-
-def wait_for(pred: Any, timeout_s: float, what: str, stack: Stack | None = None) -> Any:
-    deadline = time.monotonic() + timeout_s
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = pred()
-        except (httpx.HTTPError, ValueError, KeyError) as exc:
-            last = exc
-        if last and not isinstance(last, Exception):
-            return last
-        time.sleep(0.25)
-    tail = stack.log.read_text()[-3000:] if stack else ""
-    raise AssertionError(
-        f"timed out after {timeout_s}s waiting for {what} (last: {last!r})\n{tail}"
-    )
 
 
 @contextlib.contextmanager
@@ -184,7 +171,7 @@ def stack(
         wait_http(f"{s.agent}/readyz", 60, proc)
         wait_http(f"{s.worker}/health", 120, proc)
         # The agent has seen it healthy too (its supervisor's startup grace is over).
-        wait_for(lambda: s.metric("kcops_engine_up") == 1.0, 30, "kcops_engine_up 1", s)
+        s.until(lambda: s.metric("kcops_engine_up") == 1.0, 30, "kcops_engine_up 1")
         yield s
 
 
@@ -201,22 +188,22 @@ def test_nan_attention_errors_fallback_then_restore(tmp_path: Path, redis_url: s
     with stack(tmp_path, redis_url, rules) as s, traffic(s.worker):
         assert s.state_of_worker()["route_mode"] == "normal"
         s.fault({"nan": True})
-        wait_for(lambda: s.runs("fallback_to_base"), 60, "fallback_to_base", s)
+        s.until(lambda: s.runs("fallback_to_base"), 60, "fallback_to_base")
         run = s.runs("fallback_to_base")[0]
         assert run["outcome"] == "ok" and run["mode"] == "enforce", run
         assert run["before"] == "normal" and run["after"] == "fallback"
         assert run["trigger"]["alertname"] == "KcopsAttentionErrors"
         assert s.state_of_worker()["route_mode"] == "fallback"
         s.fault({"clear": True})
-        wait_for(lambda: s.runs("restore_route"), 60, "automatic restore", s)
+        s.until(lambda: s.runs("restore_route"), 60, "automatic restore")
         restore = s.runs("restore_route")[0]
         assert restore["outcome"] == "ok" and restore["forced"]
         assert "resolved for 3s" in restore["reason"]
         assert s.state_of_worker()["route_mode"] == "normal"
         ladder = [r["event"] for r in s.audit("ladder")]
         assert ladder[:2] == ["started", "resolved"]
-        assert s.metric_is('kcops_action_runs_total{action="fallback_to_base",outcome="ok"}', 1)
-        assert s.metric_is('kcops_action_runs_total{action="restore_route",outcome="ok"}', 1)
+        s.expect_metric('kcops_action_runs_total{action="fallback_to_base",outcome="ok"}', 1)
+        s.expect_metric('kcops_action_runs_total{action="restore_route",outcome="ok"}', 1)
 
 
 def test_held_memory_evict_cache(tmp_path: Path, redis_url: str) -> None:
@@ -237,21 +224,20 @@ def test_held_memory_evict_cache(tmp_path: Path, redis_url: str) -> None:
         }
     ]
     with stack(tmp_path, redis_url, rules) as s:
-        wait_for(lambda: s.has("kcops_device_memory_used_bytes"), 30, "memory series", s)
+        s.until(lambda: s.has("kcops_device_memory_used_bytes"), 30, "memory series")
         s.fault({"hold_memory_bytes": 1_000_000_000})
-        wait_for(lambda: s.runs("evict_cache"), 60, "evict_cache", s)
+        s.until(lambda: s.runs("evict_cache"), 60, "evict_cache")
         run = s.runs("evict_cache")[0]
         assert run["outcome"] == "ok", run
         assert run["before"]["redis_keys"] == 100 and run["after"]["redis_keys"] == 0
         assert r.get("other:key") == b"keep"
-        assert s.metric_is('kcops_action_runs_total{action="evict_cache",outcome="ok"}', 1)
+        s.expect_metric('kcops_action_runs_total{action="evict_cache",outcome="ok"}', 1)
         # usage falls: by the eviction, or (the held fault memory is not cache) by
         # the ladder's next step
-        wait_for(
+        s.until(
             lambda: any(x.get("event") == "resolved" for x in s.audit("ladder")),
             120,
             "the memory alert to resolve",
-            s,
         )
         print("steps run:", [(x["action"], x["outcome"]) for x in s.audit()])
 
@@ -270,23 +256,22 @@ def test_hung_engine_restart_worker(tmp_path: Path, redis_url: str) -> None:
         # The engine was down while it loaded the model: that is not a hang.
         assert {r["outcome"] for r in s.runs("restart_worker")} <= {"skipped_starting"}
         s.fault({"hang": True})
-        wait_for(lambda: s.runs("restart_worker", "ok"), 60, "restart_worker", s)
+        s.until(lambda: s.runs("restart_worker", "ok"), 60, "restart_worker")
         run = s.runs("restart_worker", "ok")[0]
         assert run["outcome"] == "ok", run
         assert run["before"]["pid"] != run["after"]["pid"]
-        new_pid = wait_for(
-            lambda: (p := s.state_of_worker()["pid"]) != old_pid and p, 120, "a new pid", s
+        new_pid = s.until(
+            lambda: (p := s.state_of_worker()["pid"]) != old_pid and p, 120, "a new pid"
         )
         assert new_pid == run["after"]["pid"]
         assert httpx.get(f"{s.worker}/health", timeout=5).status_code == 200
-        assert s.metric_is("kcops_engine_restarts_total", 1)
+        s.expect_metric("kcops_engine_restarts_total", 1)
         assert [r["outcome"] for r in s.runs("restart_worker")].count("ok") == 1
-        assert s.metric_is('kcops_action_runs_total{action="restart_worker",outcome="ok"}', 1)
-        wait_for(
+        s.expect_metric('kcops_action_runs_total{action="restart_worker",outcome="ok"}', 1)
+        s.until(
             lambda: any(x.get("event") == "resolved" for x in s.audit("ladder")),
             60,
             "resolution",
-            s,
         )
 
 
@@ -308,12 +293,12 @@ def test_accuracy_drop_raise_topn(tmp_path: Path, redis_url: str) -> None:
         traffic(s.worker, 0.2, long=True),
     ):
         assert s.state_of_worker()["top_n"] == 2
-        wait_for(lambda: s.runs("raise_topn"), 90, "raise_topn", s)
+        s.until(lambda: s.runs("raise_topn"), 90, "raise_topn")
         run = s.runs("raise_topn")[0]
         assert run["outcome"] == "ok", run
         assert run["before"]["top_n"] == 2 and run["after"]["top_n"] == 66
         assert s.state_of_worker()["top_n"] == 66
-        assert s.metric_is('kcops_action_runs_total{action="raise_topn",outcome="ok"}', 1)
+        s.expect_metric('kcops_action_runs_total{action="raise_topn",outcome="ok"}', 1)
 
 
 def test_dry_run_agent_changes_nothing(tmp_path: Path, redis_url: str) -> None:
@@ -331,11 +316,11 @@ def test_dry_run_agent_changes_nothing(tmp_path: Path, redis_url: str) -> None:
     with stack(tmp_path, redis_url, rules, mode="dry-run") as s, traffic(s.worker):
         before = s.state_of_worker()
         s.fault({"nan": True})
-        wait_for(lambda: s.audit("page"), 90, "the end of the ladder", s)
+        s.until(lambda: s.audit("page"), 90, "the end of the ladder")
         after = s.state_of_worker()
         for key in ("pid", "route_mode", "top_n", "admitting"):
             assert before[key] == after[key], key
         runs = s.audit()
         assert [x["action"] for x in runs] == ["fallback_to_base", "lower_topn", "restart_worker"]
         assert {x["outcome"] for x in runs} == {"dry_run"}
-        assert s.metric_is('kcops_action_runs_total{action="lower_topn",outcome="dry_run"}', 1)
+        s.expect_metric('kcops_action_runs_total{action="lower_topn",outcome="dry_run"}', 1)

@@ -10,8 +10,7 @@ still go pending, fire after its ``for`` and resolve.
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.services import free_port, kcops_bin, running, wait_http
+from tests.services import free_port, kcops_bin, running, wait_http, wait_until
 
 TICK_S = 0.2
 FOR_S = 1.0
@@ -73,16 +72,6 @@ class Engine:
         self.server.server_close()
 
 
-def wait_for(what: str, check: Callable[[], Any], timeout_s: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 @pytest.fixture
 def agent(tmp_path: Path) -> Iterator[tuple[str, Engine]]:
     rules = tmp_path / "rules.yaml"
@@ -128,22 +117,23 @@ def test_a_failing_rule_leaves_the_next_rule_firing_and_resolving_on_time(
     agent: tuple[str, Engine],
 ) -> None:
     base, engine = agent
-    wait_for("the engine up", lambda: _rule(base, "EngineDownFast")["health"] == "ok")
-    broken = wait_for("the broken rule to fail", lambda: _rule(base, "Broken")["health"] == "err")
+    wait_until(lambda: _rule(base, "EngineDownFast")["health"] == "ok", 30, "the engine up")
+    wait_until(lambda: _rule(base, "Broken")["health"] == "err", 30, "the broken rule to fail")
     broken = _rule(base, "Broken")
     assert "same labelset" in broken["last_error"]
     assert _alert(base, "EngineDownFast") is None
 
     engine.healthy.clear()
-    firing = wait_for(
-        "EngineDownFast to fire",
+    firing = wait_until(
         lambda: (a := _alert(base, "EngineDownFast")) and a["state"] == "firing" and a,
+        30,
+        "EngineDownFast to fire",
     )
     # Ticks are grid-stamped: firing comes at the first tick >= active_since + for.
     held = firing["fired_at"] - firing["active_since"]
     assert FOR_S - 1e-6 <= held <= FOR_S + TICK_S + 1e-6, held
     engine.healthy.set()
-    wait_for("EngineDownFast to resolve", lambda: _alert(base, "EngineDownFast") is None)
+    wait_until(lambda: _alert(base, "EngineDownFast") is None, 30, "EngineDownFast to resolve")
 
     broken = _rule(base, "Broken")
     assert broken["health"] == "err" and broken["errors_total"] > 5
@@ -166,7 +156,7 @@ def test_query_api_answers_prometheus_error_json_and_quoted_values(
     agent: tuple[str, Engine],
 ) -> None:
     base, _ = agent
-    wait_for("the engine up", lambda: _rule(base, "EngineDownFast")["health"] == "ok")
+    wait_until(lambda: _rule(base, "EngineDownFast")["health"] == "ok", 30, "the engine up")
     expr = RULES["groups"][0]["rules"][0]["expr"]  # type: ignore[index]
     r = httpx.get(base + "/api/v1/query", params={"query": expr})
     assert r.status_code == 422

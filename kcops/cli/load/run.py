@@ -17,7 +17,6 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import httpx
 
@@ -225,7 +224,7 @@ def summary_lines(stats: Stats, alerts: list[AlertEvent], t0: float) -> list[str
     return lines
 
 
-def as_json(stats: Stats, alerts: list[AlertEvent], t0: float) -> dict[str, Any]:
+def as_json(stats: Stats, alerts: list[AlertEvent], t0: float) -> dict[str, object]:
     def clean(v: float) -> float | None:
         return v if math.isfinite(v) else None
 

@@ -11,15 +11,19 @@ from __future__ import annotations
 import io
 import math
 from datetime import datetime
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 from kcops.cli.report.timeline import PANELS, Panel, Timeline
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 WIDTH_IN, HEIGHT_IN, DPI = 10.0, 2.2, 100  # 1000 x 220 px per panel
 BAND = {"pending": "#f5c542", "firing": "#e0443e"}
 
 
-def _pyplot() -> Any:
+def _pyplot() -> ModuleType:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -37,7 +41,7 @@ def acted(tl: Timeline) -> list[dict[str, Any]]:
     return [r for r in tl.actions if not str(r.get("outcome", "")).startswith("skipped")]
 
 
-def _decorate(ax: Any, tl: Timeline) -> None:
+def _decorate(ax: Any, tl: Timeline) -> None:  # matplotlib takes datetimes, its stubs not
     import matplotlib.dates as mdates
 
     ax.set_xlim(_dt(tl.start), _dt(tl.end))
@@ -49,7 +53,7 @@ def _decorate(ax: Any, tl: Timeline) -> None:
         ax.axvline(_dt(float(rec["ts"])), color="#333", ls="--", lw=0.8, alpha=0.7)
 
 
-def _figure() -> tuple[Any, Any]:
+def _figure() -> tuple[Figure, Any]:  # Axes, fed datetimes (see _decorate)
     # Fixed margins, not a layout engine: every panel's plot area spans the same
     # pixels, so one instant is at the same x on every image of the page.
     fig, ax = _pyplot().subplots(figsize=(WIDTH_IN, HEIGHT_IN))
@@ -57,7 +61,7 @@ def _figure() -> tuple[Any, Any]:
     return fig, ax
 
 
-def _png(fig: Any) -> bytes:
+def _png(fig: Figure) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=DPI)
     _pyplot().close(fig)

@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from tests.engines.vllm.harness import Load, Stack, Watch, shm_entries, supervised_vllm, wait_for
+from tests.engines.vllm.harness import POLL_S, Load, Stack, Watch, shm_entries, supervised_vllm
+from tests.services import wait_until
 
 HERE = Path(__file__).resolve().parent
 ORDER = (
@@ -125,11 +126,12 @@ def soak(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Soak]:
             s.load.stop()
             s.watch.stop()
     # The agent and its engine are gone: /dev/shm must hold what it held before.
-    wait_for(
+    wait_until(
         lambda: not (shm_entries() - stack.pre_shm),
         60,
         "/dev/shm back to its state before vLLM started",
         lambda: f"left: {sorted(shm_entries() - stack.pre_shm)[:20]}",
+        interval_s=POLL_S,
     )
 
 

@@ -14,7 +14,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.services import REPO, free_port, kcops_bin, stop
+from tests.services import REPO, free_port, kcops_bin, stop, wait_until
 
 TOKEN = "vllm-suite-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -30,6 +30,9 @@ MODEL_NAME = "smollm2"
 SHM = Path("/dev/shm")
 # vLLM needs 60-115 s to become healthy on an idle box; on a loaded 2-core one, minutes.
 HEALTH_TIMEOUT_S = 900.0
+# How often the suite polls vLLM and the agent while it waits: vLLM on a 2-core box is slow
+# enough that a faster poll only adds load.
+POLL_S = 0.25
 # A shared prefix like a chat system prompt: real traffic reuses prefixes, and a hit rate
 # of 90% and more is what the alert table expects of a healthy engine. vLLM counts hits in
 # whole blocks (128 tokens on the CPU backend), so the prefix is long: ~1550 tokens, 12
@@ -86,22 +89,6 @@ def vllm_serve_cmd(port: int, *extra: str) -> list[str]:
 def shm_entries() -> set[str]:
     """Names in /dev/shm (POSIX shared memory and named semaphores)."""
     return {p.name for p in SHM.iterdir()}
-
-
-def wait_for(
-    cond: Callable[[], Any], timeout_s: float, what: str, on_fail: Callable[[], str] | None = None
-) -> Any:
-    """Poll ``cond`` until it returns something truthy; fail naming ``what`` after the
-    deadline (with ``on_fail()``'s text, e.g. a log tail)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            extra = on_fail() if on_fail is not None else ""
-            raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}\n{extra}")
-        time.sleep(0.25)
 
 
 def parse_metrics(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -375,9 +362,21 @@ def supervised_vllm(tmp: Path) -> Iterator[tuple[Stack, Watch]]:
             return stack.healthy()
 
         try:
-            wait_for(alive_and_healthy, HEALTH_TIMEOUT_S, "vLLM /health", stack.log_tail)
+            wait_until(
+                alive_and_healthy,
+                HEALTH_TIMEOUT_S,
+                "vLLM /health",
+                stack.log_tail,
+                interval_s=POLL_S,
+            )
             yield stack, watch
         finally:
             watch.stop()
     # The agent is gone; its engine must be too (no orphan holding the port).
-    wait_for(lambda: not port_open(vport), 60, f"vLLM's port {vport} to close", stack.log_tail)
+    wait_until(
+        lambda: not port_open(vport),
+        60,
+        f"vLLM's port {vport} to close",
+        stack.log_tail,
+        interval_s=POLL_S,
+    )

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from tests.engines.vllm.conftest import Soak
-from tests.engines.vllm.harness import parse_metrics, wait_for
+from tests.engines.vllm.harness import POLL_S, parse_metrics
+from tests.services import wait_until
 
 pytestmark = pytest.mark.vllm
 
@@ -62,7 +63,13 @@ def test_canonical_series_equal_vllms_own(soak: Soak) -> None:
                      .removesuffix("_total") for k in want}  # fmt: skip
             return not diff and names >= set(MAPS)
 
-        wait_for(equal, 60, "the agent's canonical series to equal vLLM's", lambda: repr(diff))
+        wait_until(
+            equal,
+            60,
+            "the agent's canonical series to equal vLLM's",
+            lambda: repr(diff),
+            interval_s=POLL_S,
+        )
     assert not diff
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.engines.vllm.harness import SYSTEM_PROMPT, Stack, stream_completion, wait_for
+from tests.engines.vllm.harness import POLL_S, SYSTEM_PROMPT, Stack, stream_completion
+from tests.services import wait_until
 
 pytestmark = pytest.mark.vllm
 
@@ -23,7 +24,12 @@ def test_evict_while_a_request_runs_fails_with_vllms_reason(after_soak: Stack) -
     req = stream_completion(stack.engine_url, SYSTEM_PROMPT + "\nTell a long story.", 500)
     # The request holds KV blocks while it streams: that, not vLLM's running gauge (which
     # CI once read as 0 for 30 s of a streaming request), is what makes the reset fail.
-    wait_for(lambda: req.chunks >= 3 or req.done.is_set(), 120, "the request to stream")
+    wait_until(
+        lambda: req.chunks >= 3 or req.done.is_set(),
+        120,
+        "the request to stream",
+        interval_s=POLL_S,
+    )
     assert req.error is None and not req.done.is_set(), req
     running = _running(stack)  # for the failure message only
     r = stack.action("evict_cache", {"policy": "all"}, force=True, reason="vllm suite: busy")
@@ -34,7 +40,9 @@ def test_evict_while_a_request_runs_fails_with_vllms_reason(after_soak: Stack) -
     assert rec["outcome"] == "failed", (rec, f"vllm:num_requests_running={running}")
     assert "success" in (rec.get("error") or "").lower(), rec  # vLLM's own answer, quoted
     # the refused reset did not disturb the request: it keeps decoding
-    wait_for(lambda: req.chunks >= seen + 3 or req.done.is_set(), 60, "more tokens")
+    wait_until(
+        lambda: req.chunks >= seen + 3 or req.done.is_set(), 60, "more tokens", interval_s=POLL_S
+    )
     assert req.error is None and (req.chunks >= seen + 3 or req.finish_reason == "length"), req
     req.stop.set()
     assert req.done.wait(60), req
@@ -76,8 +84,10 @@ def _agent_has(stack: Stack) -> dict[str, float] | None:
 
 def test_evict_when_idle_is_ok_with_before_and_after(after_soak: Stack) -> None:
     stack = after_soak
-    wait_for(lambda: _running(stack) == 0, 120, "vLLM to be idle")
-    own_before = wait_for(lambda: _agent_has(stack), 60, "the agent's scrape of the idle vLLM")
+    wait_until(lambda: _running(stack) == 0, 120, "vLLM to be idle", interval_s=POLL_S)
+    own_before = wait_until(
+        lambda: _agent_has(stack), 60, "the agent's scrape of the idle vLLM", interval_s=POLL_S
+    )
     r = stack.action("evict_cache", {"policy": "all"}, force=True, reason="vllm suite: idle")
     rec = r.json()
     assert r.status_code == 200 and rec["outcome"] == "ok", rec

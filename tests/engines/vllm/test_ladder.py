@@ -11,8 +11,8 @@ import httpx
 import pytest
 import yaml
 
-from tests.engines.vllm.harness import AUTH, TOKEN, Stack, agent_cmd, process, wait_for
-from tests.services import free_port
+from tests.engines.vllm.harness import AUTH, POLL_S, TOKEN, Stack, agent_cmd, process
+from tests.services import free_port, wait_until
 
 pytestmark = pytest.mark.vllm
 
@@ -63,7 +63,13 @@ def test_refused_first_step_moves_on_without_cooldown(after_soak: Stack, tmp_pat
         def evicted() -> list[dict]:
             return [a for a in _audit(state, "action") if a["action"] == "evict_cache"]
 
-        wait_for(evicted, 120, "the ladder's second step", lambda: log.read_text()[-3000:])
+        wait_until(
+            evicted,
+            120,
+            "the ladder's second step",
+            lambda: log.read_text()[-3000:],
+            interval_s=POLL_S,
+        )
         actions = _audit(state, "action")
         first = [a for a in actions if a["action"] == "fallback_to_base"]
         assert [a["outcome"] for a in first] == ["refused"], actions

@@ -9,7 +9,8 @@ import re
 
 import pytest
 
-from tests.engines.vllm.harness import Stack, wait_for
+from tests.engines.vllm.harness import POLL_S, Stack
+from tests.services import wait_until
 
 pytestmark = pytest.mark.vllm
 
@@ -28,7 +29,9 @@ def test_series_come_from_the_worker_only_with_every_layer(stack: Stack) -> None
     def every_layer() -> bool:
         return len(_labels(stack, calls, "layer")) >= LAYERS
 
-    wait_for(every_layer, 120, "attention calls of every layer", stack.log_tail)
+    wait_until(
+        every_layer, 120, "attention calls of every layer", stack.log_tail, interval_s=POLL_S
+    )
     # The API server and the engine core load the plugin but never run attention: they
     # send nothing, so the only process label is the worker's name at send time.
     assert _labels(stack, calls, "process") == {WORKER}
@@ -55,7 +58,9 @@ def test_kc_tokens_from_vllm(stack: Stack) -> None:
     def kc_count() -> float:
         return sum(by_layer("kcops_kc_tokens_count").values())
 
-    n = wait_for(kc_count, 240, 'kcops_kc_tokens{engine="vllm"} samples', stack.log_tail)
+    n = wait_until(
+        kc_count, 240, 'kcops_kc_tokens{engine="vllm"} samples', stack.log_tail, interval_s=POLL_S
+    )
     counts, sums = by_layer("kcops_kc_tokens_count"), by_layer("kcops_kc_tokens_sum")
     assert set(counts) <= {str(i) for i in range(LAYERS)}, counts  # vLLM's layer indices
     assert sum(sums.values()) >= n  # K_p >= 1 token per sampled row

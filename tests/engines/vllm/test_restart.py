@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from tests.engines.vllm.harness import (
+    POLL_S,
     SHM,
     SHUTDOWN_TIMEOUT_S,
     SYSTEM_PROMPT,
@@ -24,8 +25,8 @@ from tests.engines.vllm.harness import (
     completion,
     shm_entries,
     stream_completion,
-    wait_for,
 )
+from tests.services import wait_until
 
 pytestmark = pytest.mark.vllm
 
@@ -82,7 +83,12 @@ def test_restart_drains_and_cleans_shared_memory(after_soak: Stack) -> None:
         caller = threading.Thread(target=restart, daemon=True)
         caller.start()
         # the drain pauses vLLM (dev mode) and waits for the request in flight
-        wait_for(lambda: stack.paused() or not caller.is_alive(), 120, "the drain's /pause")
+        wait_until(
+            lambda: stack.paused() or not caller.is_alive(),
+            120,
+            "the drain's /pause",
+            interval_s=POLL_S,
+        )
         seen = (req.chunks, round(time.monotonic() - t_start, 1))
         assert caller.is_alive() and not req.done.is_set(), (
             "no drain seen while the request ran",
@@ -110,12 +116,13 @@ def test_restart_drains_and_cleans_shared_memory(after_soak: Stack) -> None:
                 return False
             return bool(completion(stack.engine_url, "Hello", 4)["choices"][0]["text"])
 
-        wait_for(answers, 300, "the new vLLM to answer", stack.log_tail)
-        wait_for(
+        wait_until(answers, 300, "the new vLLM to answer", stack.log_tail, interval_s=POLL_S)
+        wait_until(
             lambda: not (old_shm & shm_entries()),
             60,
             "the old engine's /dev/shm entries to be removed",
             lambda: f"left: {sorted(old_shm & shm_entries())[:20]}",
+            interval_s=POLL_S,
         )
         assert bystander.exists(), "a segment the engine never held was removed"
     finally:

@@ -10,8 +10,9 @@ do, so it shows in ``/proc/<pid>/fd`` and ``/proc/<pid>/maps`` like vLLM's
 process group, with the same signal options, mapping the names after it.
 Prints ``ready`` once all is mapped (the child's first). Then it exits with
 CODE at once (``--exit``) or once PATH exists (``--exit-when``), leaving the
-child running, or sleeps. On SIGTERM it appends ``<role> orphaned=<bool>`` to
-the ``--term-log`` (orphaned: its parent was gone by then), waits
+child running, or waits for a signal (120 s at most). On SIGTERM it appends
+``<role> orphaned=<bool>`` to the ``--term-log`` (orphaned: its parent was gone
+by then), waits
 ``--term-delay`` seconds (draining, as vLLM with ``--shutdown-timeout`` does)
 and exits 0; ``--ignore-term`` ignores it. ``--shutdown-timeout`` is only there
 to be read from the command line, as vLLM's is.
@@ -85,7 +86,9 @@ def main(argv: list[str]) -> None:
         while args.exit_when and not Path(args.exit_when).exists():
             time.sleep(0.02)
         os._exit(args.exit)
-    time.sleep(120)
+    signal.alarm(120)  # a safety net: never outlive a test that forgot to stop it
+    while True:
+        signal.pause()  # until a signal ends it: SIGTERM as above, SIGKILL
 
 
 if __name__ == "__main__":

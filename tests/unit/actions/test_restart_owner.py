@@ -6,21 +6,21 @@ import asyncio
 import os
 import signal
 import sys
-import time
 from pathlib import Path
 
 from kcops.agent.actions.remediation import Remediation
 from kcops.agent.clock import ManualClock
 from kcops.agent.supervisor import Supervisor
+from tests.services import wait_until_async
 from tests.unit.actions.harness import audit, make_ctx
 
 
-async def _wait_for_exit(sup: Supervisor, clock: ManualClock) -> None:
-    deadline = time.monotonic() + 30
-    while sup.last_exit_info is None:
-        assert time.monotonic() < deadline, "the engine's exit was not seen"
-        await asyncio.sleep(0.05)
+async def _exited(sup: Supervisor, clock: ManualClock) -> None:
+    async def seen() -> object:
         await sup.tick(clock.advance(0.1))
+        return sup.last_exit_info
+
+    await wait_until_async(seen, 30, "the engine's exit")
 
 
 def test_restart_worker_is_refused_while_the_supervisor_backs_off(tmp_path: Path) -> None:
@@ -45,7 +45,7 @@ def test_restart_worker_is_refused_while_the_supervisor_backs_off(tmp_path: Path
             first = sup.pid()
             assert first is not None
             os.kill(first, signal.SIGKILL)  # the engine dies: the supervisor backs off
-            await _wait_for_exit(sup, clock)
+            await _exited(sup, clock)
             assert sup.backing_off() is not None
             run = rem.runner.submit("restart_worker", reason="test")
             assert run.outcome == "refused" and run.refusal == "supervisor_owns"
@@ -53,12 +53,13 @@ def test_restart_worker_is_refused_while_the_supervisor_backs_off(tmp_path: Path
             assert sup.pid() is None  # nothing respawned behind the supervisor's back
             refused = [r for r in audit(rem, "action") if r["action"] == "restart_worker"]
             assert [r["refusal"] for r in refused] == ["supervisor_owns"]
+
             # the backoff over, the supervisor respawns; restart_worker is its own again
-            deadline = time.monotonic() + 30
-            while sup.pid() is None:
-                assert time.monotonic() < deadline
+            async def respawned() -> int | None:
                 await sup.tick(clock.advance(10))
-                await asyncio.sleep(0.05)
+                return sup.pid()
+
+            await wait_until_async(respawned, 30, "the supervisor's respawn")
             assert sup.backing_off() is None
             again = rem.runner.submit("restart_worker", reason="test")
             assert again.refusal != "supervisor_owns"

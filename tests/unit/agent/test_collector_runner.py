@@ -26,10 +26,12 @@ class Scripted:
 
 
 class Slow:
+    """An async read that never answers: only the runner's timeout ends it."""
+
     name = "slow"
 
     async def collect(self, now: float) -> Iterable[Sample]:
-        await asyncio.sleep(10)
+        await asyncio.Event().wait()
         return []
 
 

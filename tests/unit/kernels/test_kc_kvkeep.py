@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,7 +16,7 @@ from kcops.kernels.kvkeep import KeptLayer, compress_request, split_budget
 from kcops.worker.app import Background, WorkerOptions, build
 from kcops.worker.engine import Event, GenRequest
 from kcops.worker.server import WorkerState
-from tests.services import free_port
+from tests.services import free_port, wait_until
 
 
 def test_compress_keeps_sinks_recent_and_the_best_scored_per_head() -> None:
@@ -135,11 +134,8 @@ def test_lowering_n_through_the_admin_api_shows_in_the_agents_kv_series() -> Non
         assert [s.key.label_dict() for s in got] == [{"engine": "kcops", "model_name": "tiny"}]
         return got[0].value
 
-    def wait_for(c: httpx.Client, want: float) -> None:
-        deadline = time.monotonic() + 60
-        while kv_series(c) != want:
-            assert time.monotonic() < deadline, f"kcops_kv_cache_bytes never reached {want}"
-            time.sleep(0.05)
+    def kv_at(c: httpx.Client, want: float) -> None:
+        wait_until(lambda: kv_series(c) == want, 60, f"kcops_kv_cache_bytes at {want}")
 
     stop = threading.Event()
     with Background(state, "127.0.0.1", free_port()) as bg, httpx.Client(base_url=bg.url) as c:
@@ -156,15 +152,15 @@ def test_lowering_n_through_the_admin_api_shows_in_the_agents_kv_series() -> Non
         t = threading.Thread(target=stream, daemon=True)
         t.start()
         try:
-            wait_for(c, 64 * per_key)
+            kv_at(c, 64 * per_key)
             r = c.post("/admin/attention", json={"top_n": 16}, headers=auth)
             r.raise_for_status()
             assert r.json()["after"]["top_n"] == 16
-            wait_for(c, 16 * per_key)  # cut at the next decode step
+            kv_at(c, 16 * per_key)  # cut at the next decode step
         finally:
             stop.set()
             t.join(30)
-        wait_for(c, 0)  # the cancelled request let go of its KV
+        kv_at(c, 0)  # the cancelled request let go of its KV
 
 
 def test_budget_above_prompt_and_output_decodes_like_full_attention(state: WorkerState) -> None:
