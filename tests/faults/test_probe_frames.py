@@ -199,7 +199,10 @@ def test_a_label_utf8_cannot_encode_never_fails_the_metrics_page() -> None:
     """Defence in depth behind the decoders: the exporter escapes it, in both formats and
     in OTLP, instead of failing every scrape."""
     from kcops.agent.exporter import build_registry, render
-    from kcops.agent.otlp_metrics import build_request
+    from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
+    from opentelemetry.sdk.resources import Resource
+
+    from kcops.agent.otlp_metrics import build_metrics_data
     from kcops.agent.samples import Sample
     from kcops.agent.signals import register_all
     from kcops.agent.store import Store
@@ -215,8 +218,10 @@ def test_a_label_utf8_cannot_encode_never_fails_the_metrics_page() -> None:
         text = body.decode()
         assert 'process="a\\\\ud800b"} 3.0' in text, text
         assert 'kcops_probe_frames_total{outcome="ok"} 2.0' in text
-    req = build_request(store, 100.0, started_at=0.0, stale_after_s=30.0, service_name="t")
-    assert b"a\\ud800b" in req.SerializeToString()
+    data = build_metrics_data(
+        store, 100.0, started_at=0.0, stale_after_s=30.0, resource=Resource.create({})
+    )
+    assert b"a\\ud800b" in encode_metrics(data).SerializeToString()
 
 
 def test_one_bad_frame_never_disables_the_receiver() -> None:
