@@ -113,5 +113,5 @@ def test_stalled_worker_is_judged_out_of_rotation_and_restarted(
         assert s.state_of_worker()["pid"] == run["after"]["pid"]
         print(
             f"stall drill: readiness 503 after {t_503:.1f}s, restart recorded after "
-            f"{t_restart:.1f}s, serving again after {t_serving:.1f}s"
+            f"{t_restart:.1f}s, serving again after {t_serving:.1f}s: {run['detail']}"
         )
