@@ -154,7 +154,9 @@ def _why(detail: object, ev: dict[str, object]) -> str:
     if ev.get("state") in ("stalled", "hung"):
         text += f"; engine {ev['state']}"
         if ev.get("stalled_s") is not None:
-            text += f" for {ev['stalled_s']}s with {ev.get('pending')} requests pending"
+            pending = ev.get("pending")
+            n = f"{pending:g}" if isinstance(pending, float) else str(pending)
+            text += f" for {ev['stalled_s']}s with {n} requests pending"
         canary = ev.get("canary")
         if isinstance(canary, dict):
             text += f", canary {canary.get('outcome')} after {canary.get('duration_s')}s"

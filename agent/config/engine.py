@@ -18,7 +18,7 @@ class CanarySection(Section):
 
     enabled: StrictBool = Field(True, description="false turns the canary off")
     interval_s: Duration = Field(
-        60.0, gt=0, le=86_400, description="at most this often while progress is seen"
+        60.0, gt=0, le=86_400, description="this often while progress is seen (never idle)"
     )
     deadline_s: Duration = Field(
         3.0, gt=0, le=600, description="a run not answered within this is a timeout"

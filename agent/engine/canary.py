@@ -2,8 +2,10 @@
 
 It asks the engine's OpenAI-compatible API for one token (``max_tokens: 1``,
 temperature 0) under a deadline, through the agent's HTTP client. It runs
-rarely while progress is seen (at most every ``engine.canary.interval_s``) and
-at once when progress stops (:mod:`kcops.agent.engine.progress`); it runs in
+rarely while progress is seen (every ``engine.canary.interval_s``, the first
+one an interval after progress was first seen), at once when progress stops
+(the stall watch says when: still for ``stall_after_s - deadline_s``), and
+never while the engine is idle (:mod:`kcops.agent.engine.progress`); it runs in
 the background, never inside a collector's tick. Its result is exported
 blackbox-exporter style: ``kcops_engine_canary_success`` (1/0, the last run),
 ``kcops_engine_canary_duration_seconds`` (the last run) and
@@ -88,17 +90,22 @@ class Canary:
         self.in_flight_since: float | None = None
         self._task: asyncio.Task[None] | None = None
         self._model: str | None = config.model
+        self._origin: float | None = None  # the periodic clock starts at the first progress
         self._runs: dict[str, int] = {o.value: 0 for o in Outcome}
 
-    def due(self, now: float, progress_at: float | None, progressing: bool) -> bool:
-        """True when a run should start: none in flight, and either none since progress
-        was last seen (while it is not seen now) or the interval has passed."""
+    def due(self, now: float, progress_at: float | None, still: bool) -> bool:
+        """True when a run should start (none in flight). ``still``: work pending and no
+        progress this tick; then at once, unless a run started since the last progress
+        (again after the interval). Otherwise (progress seen) every interval, counted from
+        the first progress seen; never while idle (the caller does not ask)."""
         if not self.config.enabled or self.in_flight_since is not None:
             return False
         last = self.last.started_at if self.last is not None else None
-        if not progressing and progress_at is not None and (last is None or last < progress_at):
+        if still and progress_at is not None and (last is None or last < progress_at):
             return True
-        return last is None or now - last >= self.config.interval_s
+        if self._origin is None:
+            self._origin = now
+        return now - (last if last is not None else self._origin) >= self.config.interval_s
 
     def launch(self, now: float) -> None:
         self.in_flight_since = now

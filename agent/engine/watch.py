@@ -62,6 +62,8 @@ class StallWatch:
         self.state = pg.ProgressState()
         self.judgement: pg.Judgement | None = None
         self.stalled = False
+        deadline = canary.config.deadline_s if canary is not None else 0.0
+        self._ask_after_s = max(0.0, stall_after_s - deadline)
         engine.watch = self
 
     async def stop(self) -> None:
@@ -83,11 +85,12 @@ class StallWatch:
         self.judgement = j
         canary = self.canary
         askable = self.engine.state in _ASKABLE
-        if (
-            canary is not None
-            and askable
-            and canary.due(now, j.progress_at, j.verdict is not pg.Verdict.STILL)
-        ):
+        working = j.verdict in (pg.Verdict.PROGRESSING, pg.Verdict.STILL)
+        # "Progress stopped" once it has been still for stall_after_s - deadline_s: the
+        # canary's verdict is then in by the stall threshold, and a one-tick pause of a
+        # busy engine sends nothing.
+        still = j.verdict is pg.Verdict.STILL and (j.stalled_s or 0.0) >= self._ask_after_s
+        if canary is not None and askable and working and canary.due(now, j.progress_at, still):
             canary.launch(now)
         self.stalled = askable and self._stalled(j)
         self.engine.observe(lc.Stall(now, self.stalled))

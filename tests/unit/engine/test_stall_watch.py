@@ -92,41 +92,52 @@ def test_stalled_once_no_progress_and_the_canary_times_out_then_ready_again() ->
     async def body(srv: Completions, url: str) -> None:
         store, eng, watch = setup(url)
         assert watch.canary is not None
-        for t in range(3):  # tokens flow: a first canary, then none for the interval
+        for t in (0, 1):  # idle: no canary
+            feed(store, t, 0, 100)
+            assert value(watch.collect(float(t)), "kcops_engine_stalled_seconds") is None
+        for t in (2, 3, 4):  # tokens flow: the periodic clock starts, no canary yet
             feed(store, t, 2, 100 + t)
-            out = watch.collect(float(t))
-            assert value(out, "kcops_engine_stalled_seconds") == 0.0
-            await until(lambda: watch.canary is not None and watch.canary.last is not None, "ok")
+            assert value(watch.collect(float(t)), "kcops_engine_stalled_seconds") == 0.0
+        assert watch.canary.in_flight_since is None and watch.canary.last is None
+        feed(store, 62, 2, 200)  # an interval (60 s) after the first progress: one canary
+        watch.collect(62.0)
+        await until(lambda: watch.canary is not None and watch.canary.last is not None, "ok")
         assert watch.canary.last is not None and watch.canary.last.ok
-        assert srv.bodies[0] == {
-            "prompt": "Hi", "max_tokens": 1, "temperature": 0, "stream": False, "model": "tiny"
-        }  # fmt: skip
-        assert len(srv.bodies) == 1
+        assert srv.bodies == [
+            {"prompt": "Hi", "max_tokens": 1, "temperature": 0, "stream": False, "model": "tiny"}
+        ]
+        feed(store, 63, 2, 201)
+        watch.collect(63.0)
+        assert watch.canary.in_flight_since is None and len(srv.bodies) == 1  # not due
         srv.flowing.clear()  # the engine stops: counters still, completions never answer
-        feed(store, 3, 2, 102)
-        watch.collect(3.0)  # still at 3: the canary goes at once
-        assert watch.canary.in_flight_since == 3.0
+        for t in (64, 65, 66, 67):
+            feed(store, t, 2, 201)
+            out = watch.collect(float(t))
+            assert value(out, "kcops_engine_stalled_seconds") == t - 63.0
+            assert eng.state is EngineState.READY  # under stall_after_s (5 s)
+        # No canary for a short pause: it goes once still for stall_after_s - deadline_s.
+        assert len(srv.bodies) == 1
+        feed(store, 68, 2, 201)
+        out = watch.collect(68.0)
+        assert value(out, "kcops_engine_stalled_seconds") == 5.0
+        assert watch.canary.in_flight_since == 68.0
+        assert eng.state is EngineState.READY  # past the threshold, the canary not failed yet
         await until(
             lambda: watch.canary is not None and watch.canary.in_flight_since is None, "done"
         )
         assert watch.canary.last is not None and watch.canary.last.outcome == "timeout"
-        for t in (4, 5, 6):
-            feed(store, t, 2, 102)
-            out = watch.collect(float(t))
-            assert value(out, "kcops_engine_stalled_seconds") == t - 2.0
-            assert eng.state is EngineState.READY  # under stall_after_s (5 s)
-        feed(store, 7, 2, 102)
-        out = watch.collect(7.0)
-        assert value(out, "kcops_engine_stalled_seconds") == 5.0
+        feed(store, 69, 2, 201)
+        out = watch.collect(69.0)
+        assert value(out, "kcops_engine_stalled_seconds") == 6.0
         assert value(out, "kcops_engine_canary_success") == 0.0
         assert value(out, "kcops_engine_canary_runs_total", outcome="timeout") == 1.0
         assert eng.state is EngineState.STALLED and not eng.serving()
         ev = eng.evidence()
-        assert ev["stalled_s"] == 5.0 and ev["pending"] == 2
+        assert ev["stalled_s"] == 6.0 and ev["pending"] == 2
         assert isinstance(ev["canary"], dict) and ev["canary"]["outcome"] == "timeout"
         srv.flowing.set()
-        feed(store, 8, 2, 103)  # a token: progress ends the stall
-        watch.collect(8.0)
+        feed(store, 70, 2, 202)  # a token: progress ends the stall
+        watch.collect(70.0)
         assert eng.state is EngineState.READY
         await eng.aclose()
 
