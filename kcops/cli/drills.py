@@ -154,6 +154,12 @@ DRILLS: tuple[Drill, ...] = (
         fire_within_s=120, estimate_s=90, default=True,
     ),
     Drill(
+        "KcopsEngineStalled",
+        "the worker's model loop stops while /health and /metrics answer; requests pend",
+        lambda e: e.fault({"stall": True}), c.end_stall,
+        fire_within_s=120, estimate_s=90,
+    ),
+    Drill(
         "KcopsEngineOOM", "the worker allocates past its cgroup limit: the kernel OOM-kills it",
         c.out_of_memory, c.wait_new_worker, fire_within_s=120, estimate_s=120,
         precheck=c.needs_cgroup,

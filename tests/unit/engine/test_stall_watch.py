@@ -197,3 +197,23 @@ def test_an_engine_without_progress_counters_is_not_watched_and_says_so() -> Non
         await eng.aclose()
 
     run(body)
+
+
+def test_every_series_of_the_watch_is_catalogued() -> None:
+    from kcops.agent.signals import SIGNALS
+
+    async def body(srv: Completions, url: str) -> None:
+        store, eng, watch = setup(url)
+        srv.flowing.clear()
+        names = set()
+        for t in range(8):
+            feed(store, t, 1, 5)
+            names |= {s.name for s in watch.collect(float(t))}
+            await until(lambda: watch.canary is None or watch.canary.in_flight_since is None, "c")
+        assert names >= {"kcops_engine_stalled_seconds", "kcops_engine_canary_runs_total"}
+        for n in names:
+            assert n in SIGNALS, n
+            assert SIGNALS[n].type != "counter" or n.endswith("_total")
+        await eng.aclose()
+
+    run(body)
