@@ -73,7 +73,7 @@ def test_stalled_worker_is_judged_out_of_rotation_and_restarted(
         wait_for(lambda: httpx.get(ready, timeout=5).status_code == 200, 30, "ready", s)
         assert stalled_seconds(s) is None  # idle: absent
         s.fault({"stall": True})
-        t0 = time.monotonic()
+        t0, wall0 = time.monotonic(), time.time()
         with pending(s.worker):
             # Health still answers while the loop is stopped.
             assert httpx.get(f"{s.worker}/health", timeout=5).status_code == 200
@@ -112,6 +112,44 @@ def test_stalled_worker_is_judged_out_of_rotation_and_restarted(
         wait_for(lambda: httpx.get(ready, timeout=5).status_code == 200, 60, "ready again", s)
         assert s.state_of_worker()["pid"] == run["after"]["pid"]
         print(
-            f"stall drill: readiness 503 after {t_503:.1f}s, restart recorded after "
-            f"{t_restart:.1f}s, serving again after {t_serving:.1f}s: {run['detail']}"
+            f"stall drill: readiness 503 after {t_503:.1f}s, page after "
+            f"{run['trigger']['t'] - wall0:.1f}s, restart recorded after {t_restart:.1f}s, "
+            f"serving again after {t_serving:.1f}s: {run['detail']}"
+        )
+
+
+def test_hung_worker_pages_within_seconds_and_is_killed_without_a_drain(
+    tmp_path: Path, redis_url: str
+) -> None:
+    """The shipped KcopsEngineDown (for 5s) on a hung worker (loop and /health stop):
+    the page, then restart_worker without the drain a hung engine cannot do."""
+    with stack(tmp_path, redis_url, [packaged_rule("KcopsEngineDown")]) as s:
+        old_pid = s.state_of_worker()["pid"]
+        s.fault({"hang": True})
+        t0, wall0 = time.monotonic(), time.time()
+        run = wait_for(lambda: s.runs("restart_worker", "ok"), 60, "restart_worker", s)[0]
+        t_restart = time.monotonic() - t0
+        to_page = run["trigger"]["t"] - wall0
+        # How soon (printed, not asserted: no timed assertions): the rule's `for` is
+        # tested by promtool at 1 s resolution (alerts/tests/engine_down.yaml).
+        assert "SIGKILL at once, no drain" in run["detail"] and "engine hung" in run["detail"]
+        assert run["result"]["engine"]["state"] == "hung" and run["result"]["drain"] is None
+        assert run["before"]["pid"] == old_pid and run["after"]["pid"] != old_pid
+        wait_for(
+            lambda: (
+                httpx.post(
+                    f"{s.worker}/v1/completions",
+                    json={"model": "tiny", "prompt": "again", "max_tokens": 2},
+                    timeout=30,
+                ).status_code
+                == 200
+            ),
+            120,
+            "a completion from the respawned worker",
+            s,
+        )
+        t_serving = time.monotonic() - t0
+        print(
+            f"hang drill: page after {to_page:.1f}s, restart recorded after {t_restart:.1f}s "
+            f"(it took {run['duration_s']:.2f}s), serving again after {t_serving:.1f}s"
         )
