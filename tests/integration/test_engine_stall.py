@@ -1,8 +1,10 @@
-"""A stalled engine, end to end: a supervised `kcops serve --model tiny --enable-faults`
-whose model loop stops (`{"stall": true}`) while `/health` and `/metrics` still answer
-and requests stay pending. The agent's stall watch sees no progress, its canary times
-out, the engine is `stalled` (readiness 503), KcopsEngineStalled fires and
-`restart_worker` kills the tree at once (no drain); the respawned worker serves again.
+"""A stalled (and a hung) engine, end to end: a supervised `kcops serve --model tiny
+--enable-faults` whose model loop stops (`{"stall": true}`) while `/health` and
+`/metrics` still answer and requests stay pending. The agent's stall watch sees no
+progress, its canary times out, the engine is `stalled` (readiness 503),
+KcopsEngineStalled fires and `restart_worker` kills the tree at once (no drain); the
+respawned worker serves again. A hung worker pages KcopsEngineDown and is killed the
+same way.
 """
 
 from __future__ import annotations
