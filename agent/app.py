@@ -242,5 +242,6 @@ class Agent:
             "series": len(self.store),
             "mode": self.config.actions.mode,
             "engine_url": self.config.engine.url,
+            "engine": self.engine.report(),
             "components": comps,
         }

@@ -1,29 +1,25 @@
 """Engine supervision: ``kcops agent run -- ENGINE CMD…`` launches and owns the engine.
 
-The child runs in its own session (process group) so signals reach every
-process it forks. A requested restart is graceful:
+The child runs in its own session (process group) so signals reach every process
+it forks. A requested restart is graceful:
 
-1. drain (:mod:`kcops.agent.engine.drain`): stop admitting where the engine can (the
-   kcops worker's ``/admin/drain``, vLLM's ``/pause`` in dev mode) and wait
-   until nothing runs or the drain deadline; an engine that drains by itself on
-   SIGTERM (vLLM ``--shutdown-timeout N``, N > 0) is left to do so; any other
-   engine is given until it is idle or the deadline, while it still admits;
-2. SIGTERM to the root, then the whole group, SIGKILL after the grace period
-   (:mod:`kcops.agent.engine.terminate`):
-   ``actions.restart.grace_s`` plus the engine's own drain time ``N``
-   (:mod:`kcops.agent.engine.shutdown`), so kcops never cuts vLLM's drain short;
-3. once every member of the group is gone, remove the POSIX shared memory that
-   tree held and left (:mod:`kcops.agent.engine.shm`), then respawn at once.
+1. drain (:mod:`kcops.agent.engine.drain`): stop admitting where the engine can
+   (the worker's ``/admin/drain``, vLLM's ``/pause`` in dev mode) and wait until
+   nothing runs or the deadline; an engine that drains by itself on SIGTERM (vLLM
+   ``--shutdown-timeout N``) is left to do so; any other is given until it is idle;
+2. SIGTERM to the root, then the group, SIGKILL after ``actions.restart.grace_s``
+   plus the engine's own drain time N (:mod:`kcops.agent.engine.terminate`,
+   :mod:`kcops.agent.engine.shutdown`), so kcops never cuts vLLM's drain short;
+3. once the whole group is gone, remove the POSIX shared memory that tree held
+   (:mod:`kcops.agent.engine.shm`), then respawn at once.
 
-A restart abandoned before the kill resumes admitting.
-A crash respawns after an exponential backoff; too many crashes within the
-window is a crash loop: the supervisor stops and pages. The supervisor is the
-one owner of restarts: while it backs off, ``restart_worker`` is refused.
-
-How the child died is recorded as what is known (exit code, signal, whether
-the supervisor sent it); an out-of-memory verdict needs evidence and is the
-process watcher's (:mod:`kcops.agent.collectors.procwatch`), never a guess
-from SIGKILL.
+A restart abandoned before the kill resumes admitting. A stalled or hung engine
+cannot drain: ``restart(drain=False)`` skips 1 and SIGKILLs the group at once. A
+crash respawns after an exponential backoff; too many within the window is a crash
+loop: supervision stops and pages. The supervisor is the one owner of restarts:
+while it backs off, ``restart_worker`` is refused. How the child died is recorded
+as what is known (exit code, signal, who sent it); an out-of-memory verdict needs
+evidence and is the process watcher's (:mod:`kcops.agent.collectors.procwatch`).
 """
 
 from __future__ import annotations
@@ -175,7 +171,7 @@ class Supervisor:
         """Seconds the engine drains by itself after SIGTERM (vLLM --shutdown-timeout)."""
         return engine_drain_s(self.command, self.pid(), self.proc_root)
 
-    async def _terminate(self, grace_s: float) -> bool:
+    async def _terminate(self, grace_s: float, at_once: bool = False) -> bool:
         """Stop the running tree (:func:`~kcops.agent.engine.terminate.terminate`), noting
         the shared memory it holds before each signal. True when SIGKILL was needed."""
         if self.proc is None or self._waiter is None or self.proc.returncode is not None:
@@ -187,6 +183,7 @@ class Supervisor:
             grace_s,
             proc_root=self.proc_root,
             before_signal=lambda g: self._scan_shm(g, force=True),
+            at_once=at_once,
         )
         if killed:
             self._killing_pid = pgid
@@ -208,8 +205,11 @@ class Supervisor:
 
     # -- the restart ---------------------------------------------------------------
 
-    async def restart(self, reason: str = "requested") -> dict[str, JsonValue]:
-        """Graceful restart; returns before/after pids. Raises RuntimeError after a crash loop."""
+    async def restart(
+        self, reason: str = "requested", *, drain: bool = True
+    ) -> dict[str, JsonValue]:
+        """Graceful restart; returns before/after pids. Raises RuntimeError after a crash loop.
+        ``drain=False`` (a stalled or hung engine cannot drain): SIGKILL the tree at once."""
         async with self._lock:
             why = self.backing_off()
             if why is not None:
@@ -217,23 +217,25 @@ class Supervisor:
             old = self.pid()
             t0 = time.monotonic()
             n = self.engine_drain_s()
-            drain: dr.DrainReport = {"how": None, "engine_drain_s": n}
+            drain_report: dr.DrainReport = {"how": None, "engine_drain_s": n}
             if self.engine is not None:
                 self.engine.draining = f"restart ({reason})"
             try:
-                if old is not None:
-                    await dr.drain(self.engine, self.store, self.cfg.drain_deadline_s, drain)
+                if old is not None and drain:
+                    await dr.drain(self.engine, self.store, self.cfg.drain_deadline_s, drain_report)
                     # vLLM holds requests that came during a pause and aborts them at
                     # SIGTERM; when it drains by itself, let them in first: SIGTERM stops
                     # admitting, and they get its N seconds to finish.
-                    if n > 0 and drain["how"] == "pause":
-                        drain["resumed_before_sigterm"] = await dr.resume(self.engine, drain)
+                    if n > 0 and drain_report["how"] == "pause":
+                        drain_report["resumed_before_sigterm"] = await dr.resume(
+                            self.engine, drain_report
+                        )
             except BaseException:
-                await dr.resume(self.engine, drain)  # abandoned before the kill: admit again
+                await dr.resume(self.engine, drain_report)  # abandoned before the kill: admit again
                 self._serving_again()
                 raise
             try:
-                killed = await self._terminate(self.cfg.grace_s + n)
+                killed = await self._terminate(self.cfg.grace_s + n, at_once=not drain)
                 removed = self._reap_shm()
                 await self._spawn()  # starting: not serving until its health check passes
             finally:
@@ -242,14 +244,14 @@ class Supervisor:
             self.publish(self.clock())
             detail = f"engine restarted ({reason}): pid {old} -> {self.pid()}"
             if killed:
-                detail += " (SIGKILL after grace)"
+                detail += " (SIGKILL after grace)" if drain else " (SIGKILL at once, no drain)"
             log.warning(detail)
             return _REPORT.validate_python(
                 {
                     "detail": detail,
                     "before": {"pid": old},
                     "after": {"pid": self.pid()},
-                    "drain": drain if old is not None else None,
+                    "drain": drain_report if old is not None and drain else None,
                     "killed": killed,
                     "grace_s": self.cfg.grace_s + n,
                     "shm_removed": removed,

@@ -167,8 +167,8 @@ SERVING = Dashboard(
             "Engine state",
             (q("max by (state) (kcops_engine_state{$SEL})", "{{state}}"),),
             description=(
-                "starting -> ready -> hung/down. Engine down is paged only once the engine "
-                "has been ready."
+                "starting -> ready -> stalled/hung/down. Engine down is paged only once the "
+                "engine has been ready."
             ),
             alert="KcopsEngineDown",
             width=6,
@@ -181,6 +181,28 @@ SERVING = Dashboard(
             ),
             unit="s",
             alert="KcopsEngineStartSlow",
+            width=6,
+        ),
+        Panel(
+            "Engine stall: work pending without progress",
+            (
+                q("max(kcops_engine_stalled_seconds{$SEL})", "stalled for"),
+                q("max(kcops_engine_pending_requests{$SEL})", "pending requests"),
+            ),
+            description=(
+                "Seconds pending work has seen no token, step or attention call (absent "
+                "while idle); stalled once past engine.stall_after_s with a failed canary."
+            ),
+            alert="KcopsEngineStalled",
+            width=6,
+        ),
+        Panel(
+            "Engine canary",
+            (
+                q("min(kcops_engine_canary_success{$SEL})", "success"),
+                q("max(kcops_engine_canary_duration_seconds{$SEL})", "duration (s)"),
+            ),
+            description="The last one-token completion the agent sent: 1 answered, 0 failed.",
             width=6,
         ),
         Panel(

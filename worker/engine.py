@@ -222,6 +222,7 @@ class Engine:
             if kv is not None:
                 prefilled.append((req, kv))
         self._form_cohorts(prefilled)
+        step_tokens = sum(len(r.prompt_ids) for r in new) + sum(len(c.reqs) for c in self._cohorts)
         for cohort in list(self._cohorts):
             try:
                 self._decode_step(cohort)
@@ -234,6 +235,8 @@ class Engine:
                 self._cohorts.remove(cohort)
         self.kv_bytes = sum(c.kv_bytes for c in self._cohorts)
         self.kv_bytes_peak = max(self.kv_bytes_peak, self.kv_bytes)
+        if step_tokens:
+            self.metrics.iteration_tokens.observe(step_tokens)
 
     def _abort_if_cancelled(self, req: GenRequest) -> bool:
         if req.cancelled:

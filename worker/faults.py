@@ -12,6 +12,9 @@ in production, never by writing a metric:
 - ``memory_ramp_bytes_per_s`` (with ``memory_ramp_to_bytes``): held memory
   that grows steadily, as a leak does, up to a cap;
 - ``hang``: the request loop and ``/health`` stop until cleared (or restarted);
+- ``stall``: the model loop stops (no token, no step) while ``/health`` and
+  ``/metrics`` still answer and requests stay pending: an engine core stopped
+  behind a live API server (vLLM's EngineCore under SIGSTOP);
 - ``cache_budget_bytes``: the KV cache's memory tier may grow to this many
   bytes (a budget larger than the device holds, as a misconfigured engine's
   is); traffic with new prefixes then fills it with real KV blocks, which an
@@ -36,7 +39,8 @@ RAMP_STEP_BYTES = 4 * 1024**2  # the ramp allocates in steps of at least this mu
 
 KNOWN = (
     "nan", "latency_ms", "token_delay_ms", "hold_memory_bytes",
-    "memory_ramp_bytes_per_s", "memory_ramp_to_bytes", "hang", "cache_budget_bytes", "clear",
+    "memory_ramp_bytes_per_s", "memory_ramp_to_bytes", "hang", "stall", "cache_budget_bytes",
+    "clear",
 )  # fmt: skip
 
 
@@ -102,11 +106,13 @@ class Faults:
     latency_ms: float = 0.0
     token_delay_ms: float = 0.0
     hang: bool = False
+    stall: bool = False
     ramp: Ramp | None = None
     cache_budget_bytes: int | None = None  # a drill's budget of the KV memory tier
     # Sets the cache's budget (None: the configured one); wired by the worker's app.
     resize_cache: Callable[[int | None], None] | None = None
     _held: list[bytearray] = field(default_factory=list)
+    # Set while the model loop may run: neither hung nor stalled.
     unhung: threading.Event = field(default_factory=threading.Event)
 
     def __post_init__(self) -> None:
@@ -127,6 +133,7 @@ class Faults:
             if self.ramp is None
             else {"bytes_per_s": self.ramp.bytes_per_s, "to_bytes": self.ramp.to_bytes},
             "hang": self.hang,
+            "stall": self.stall,
             "cache_budget_bytes": self.cache_budget_bytes,
         }
 
@@ -136,7 +143,8 @@ class Faults:
             raise BadFault(
                 'expected an object: {"nan": true}, {"latency_ms": N}, {"token_delay_ms": N}, '
                 '{"hold_memory_bytes": N}, {"memory_ramp_bytes_per_s": N, '
-                '"memory_ramp_to_bytes": M}, {"hang": true}, {"cache_budget_bytes": N} '
+                '"memory_ramp_to_bytes": M}, {"hang": true}, {"stall": true}, '
+                '{"cache_budget_bytes": N} '
                 'or {"clear": true}'
             )
         unknown = set(body) - set(KNOWN)
@@ -164,13 +172,18 @@ class Faults:
             self.ramp = ramp if ramp.bytes_per_s > 0 else None
         if "hang" in body:
             self.hang = bool(body["hang"])
-            if self.hang:
-                self.unhung.clear()
-            else:
-                self.unhung.set()
+        if "stall" in body:
+            self.stall = bool(body["stall"])
+        self._gate()
         if budget is not None:
             self._set_cache_budget(budget or None)
         return {"before": before, "after": self.state()}
+
+    def _gate(self) -> None:
+        if self.hang or self.stall:
+            self.unhung.clear()
+        else:
+            self.unhung.set()
 
     @staticmethod
     def _ramp(body: dict[str, object]) -> Ramp | None:
@@ -202,7 +215,8 @@ class Faults:
         self._held.clear()
         self.ramp = None
         self.hang = False
-        self.unhung.set()
+        self.stall = False
+        self._gate()
         if self.cache_budget_bytes is not None:
             self._set_cache_budget(None)
 

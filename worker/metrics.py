@@ -22,6 +22,7 @@ LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0)
 # vLLM's inter-token latency buckets.
 ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0)
+ITERATION_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 TRANSFER_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 
 
@@ -105,6 +106,15 @@ class WorkerMetrics:
             "Histogram of inter-token latency in seconds.",
             lbl,
             buckets=ITL_BUCKETS,
+            registry=r,
+        ).labels(model_name)
+        # vLLM's name: one observation per engine step (tokens it scheduled), so the agent
+        # counts steps (kcops_engine_iterations_total) for stall detection.
+        self.iteration_tokens = Histogram(
+            "vllm:iteration_tokens_total",
+            "Histogram of number of tokens per engine_step.",
+            lbl,
+            buckets=ITERATION_BUCKETS,
             registry=r,
         ).labels(model_name)
         self.transfer = Histogram(

@@ -35,7 +35,9 @@ class SupervisorHandle(Protocol):
         """Why the supervisor owns the engine's next start now (crash backoff), or None."""
         ...
 
-    async def restart(self, reason: str = "requested") -> JSONObject: ...
+    async def restart(self, reason: str = "requested", *, drain: bool = True) -> JSONObject:
+        """``drain=False``: a stalled or hung engine; kill its tree at once."""
+        ...
 
 
 class Params(BaseModel):

@@ -31,6 +31,7 @@ from kcops.agent.actions.base import (
 from kcops.agent.actions.kube import KubeClient
 from kcops.agent.actions.outcome import Refusal
 from kcops.agent.actions.prechecks import kube_token
+from kcops.agent.actions.records import JSONObject
 from kcops.agent.engine import lifecycle as lc
 from kcops.agent.engine import proctree
 from kcops.agent.engine.shutdown import engine_drain_s
@@ -127,17 +128,44 @@ async def restart_worker(ctx: ActionContext, p: NoParams) -> ActionResult:
     mode = _mode(Check(ctx.config, ctx.engine, ctx.supervisor, ctx.now))
     if mode == "supervisor":
         assert ctx.supervisor is not None
-        out = await ctx.supervisor.restart(reason="restart_worker")
+        drain, evidence = _verdict(ctx)
+        out = await ctx.supervisor.restart(reason="restart_worker", drain=drain)
+        data: JSONObject = {k: out[k] for k in ("drain", "killed", "shm_removed") if k in out}
+        data["engine"] = evidence
         return ActionResult(
-            detail=str(out.get("detail", "restarted")),
+            detail=_why(out.get("detail", "restarted"), evidence),
             before=out["before"],
             after=out["after"],
-            data={k: out[k] for k in ("drain", "killed", "shm_removed") if k in out},
+            data=data,
         )
     if mode == "signal":
         return await _signal_restart(ctx)
     info = await KubeClient(ctx.config.actions.kubernetes).evict_own_pod()
     return ActionResult(detail=f"evicted pod {info['namespace']}/{info['pod']}", data=dict(info))
+
+
+# -- the lifecycle's verdict (stall watch): drain or not, and the evidence ---------------
+
+
+def _verdict(ctx: ActionContext) -> tuple[bool, JSONObject]:
+    """A stalled or hung engine cannot drain: kill its tree at once. Else keep the drain."""
+    evidence = ctx.engine.evidence()
+    return ctx.engine.state not in (lc.EngineState.STALLED, lc.EngineState.HUNG), evidence
+
+
+def _why(detail: object, ev: JSONObject) -> str:
+    """The audit detail: what was killed and why (stalled N s, M pending, the canary)."""
+    text = str(detail)
+    if ev.get("state") in ("stalled", "hung"):
+        text += f"; engine {ev['state']}"
+        if ev.get("stalled_s") is not None:
+            pending = ev.get("pending")
+            n = f"{pending:g}" if isinstance(pending, float) else str(pending)
+            text += f" for {ev['stalled_s']}s with {n} requests pending"
+        canary = ev.get("canary")
+        if isinstance(canary, dict):
+            text += f", canary {canary.get('outcome')} after {canary.get('duration_s')}s"
+    return text
 
 
 SPEC = ActionSpec(

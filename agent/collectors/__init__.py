@@ -143,9 +143,28 @@ def _http(ctx: AgentContext, pids: EnginePid, engine: Engine | None) -> list[Col
         # One HTTP client for the engine, shared with its admin calls.
         http=engine.http if engine is not None else None,
     )
+    # Order: the scrape, then the stall watch (reads the scrape and the probe from the
+    # store, judges stalled), then health (steps the lifecycle and exports it).
     out: list[Collector] = []
-    if want_health:
-        out.append(HealthCollector(client, engine))
     if want_scrape:
         out.append(EngineScrapeCollector(client, eng.adapter, engine))
+        if engine is not None:
+            out.append(_stall_watch(ctx, engine))
+    if want_health:
+        out.append(HealthCollector(client, engine))
     return out
+
+
+def _stall_watch(ctx: AgentContext, engine: Engine) -> Collector:
+    from kcops.agent.engine.canary import Canary, CanaryConfig
+    from kcops.agent.engine.watch import StallWatch
+
+    eng = ctx.config.engine
+    c = eng.canary
+    canary = None
+    if c.enabled and eng.url is not None:
+        cfg = CanaryConfig(True, c.interval_s, c.deadline_s, c.prompt, c.model, c.path)
+        canary = Canary(eng.url, engine.http, cfg, engine.headers)
+    return StallWatch(
+        ctx.store, engine, eng.stall_after_s, canary, lookback_s=3 * ctx.config.agent.tick_s
+    )

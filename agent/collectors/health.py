@@ -7,7 +7,8 @@ last good answer; absent until there was one) and
 when the engine does: "engine down" must read as ``up == 0``, not as absent.
 
 With an engine object it also feeds the engine's lifecycle and exports it:
-``kcops_engine_state{state}`` (one-hot over starting, ready, hung, down),
+``kcops_engine_state{state}`` (one-hot over starting, ready, stalled, hung,
+down; ``stalled`` is decided by the stall watch, which runs just before),
 ``kcops_engine_starting_seconds`` (how long the current start has lasted,
 only while starting) and ``kcops_engine_startup_timeout_seconds``
 (``engine.startup_timeout_s``), which ``KcopsEngineStartSlow`` compares.

@@ -4,11 +4,28 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field, field_validator
+from pydantic import Field, StrictBool, field_validator
 
 from kcops.agent.config.base import Section
 from kcops.agent.duration import Duration
 from kcops.agent.engines import AUTO, default_registry
+
+
+class CanarySection(Section):
+    """``engine.canary``: the synthetic one-token completion (kcops.agent.engine.canary).
+
+    The engine counts it among its own requests (a few prompt tokens, one token out)."""
+
+    enabled: StrictBool = Field(True, description="false turns the canary off")
+    interval_s: Duration = Field(
+        60.0, gt=0, le=86_400, description="this often while progress is seen (never idle)"
+    )
+    deadline_s: Duration = Field(
+        3.0, gt=0, le=600, description="a run not answered within this is a timeout"
+    )
+    prompt: str = Field("Hi", min_length=1, max_length=4096)
+    model: str | None = Field(None, description="model name sent; none: the first of /v1/models")
+    path: str = Field("/v1/completions", description="the OpenAI-compatible completions route")
 
 
 class EngineSection(Section):
@@ -29,6 +46,14 @@ class EngineSection(Section):
         description="a start (agent start or supervised spawn) not ready within this fires "
         "KcopsEngineStartSlow; the engine is 'starting', not down, until then",
     )
+    stall_after_s: Duration = Field(
+        5.0,
+        gt=0,
+        le=3600,
+        description="work pending and no progress counter or heartbeat moving for this long "
+        "(and the canary failed, when enabled) is 'stalled'",
+    )
+    canary: CanarySection = Field(default_factory=CanarySection)
     pid: int | None = Field(None, ge=1)
     pidfile: Path | None = None
     log_path: Path | None = Field(

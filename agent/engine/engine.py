@@ -17,7 +17,9 @@ is loading or not identified yet).
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from pydantic import JsonValue
 
 from kcops.agent.engine import lifecycle as lc
 from kcops.agent.engine.lifecycle import EngineState, Lifecycle
@@ -25,6 +27,9 @@ from kcops.agent.engines import AUTO, Capabilities, EngineKind, EngineRegistry, 
 from kcops.agent.engines.kind import WHAT
 from kcops.agent.httpclient import HttpClient, HttpError, HttpTimeout
 from kcops.errors import ActionRejected
+
+if TYPE_CHECKING:
+    from kcops.agent.engine.watch import StallWatch
 
 # What an admin route answers: its JSON, its text (first 300 chars), or None when empty.
 Answer = dict[str, object] | list[object] | str | int | float | bool | None
@@ -72,6 +77,8 @@ class Engine:
         # Set while a restart drains and stops the engine (why), so a load balancer
         # asking the agent's /api/v1/engine/ready stops sending it work.
         self.draining: str | None = None
+        # The stall watch (progress and canary), when one runs: status and evidence.
+        self.watch: StallWatch | None = None
 
     @property
     def http(self) -> HttpClient:
@@ -79,6 +86,11 @@ class Engine:
         if self._http is None:
             self._http = HttpClient(self.timeout_s)
         return self._http
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """Headers of every call to the engine (its bearer token, when one is set)."""
+        return dict(self._headers)
 
     async def aclose(self) -> None:
         if self._own_http and self._http is not None:
@@ -205,6 +217,23 @@ class Engine:
     def serving(self) -> bool:
         """True while the engine takes work: ready (by its health checks), not draining."""
         return self.tracked and self.state is EngineState.READY and self.draining is None
+
+    def report(self) -> dict[str, object]:
+        """The engine section of the agent's status: its kind, lifecycle and progress."""
+        out: dict[str, object] = {
+            "adapter": self.adapter,
+            "state": self.state.value,
+            "since": round(self.lifecycle.since, 3),
+            "draining": self.draining,
+        }
+        out["progress"] = self.watch.report() if self.watch is not None else None
+        return out
+
+    def evidence(self) -> dict[str, JsonValue]:
+        """Why the engine is judged as it is (for an audit record)."""
+        if self.watch is not None:
+            return self.watch.evidence()
+        return {"state": self.state.value}
 
     def starting_overrun_s(self, now: float) -> float | None:
         """Seconds the current start has lasted, while starting; None otherwise."""

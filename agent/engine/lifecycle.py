@@ -1,11 +1,15 @@
-"""Engine lifecycle: starting -> ready -> hung | down, as a pure step.
+"""Engine lifecycle: starting -> ready -> stalled | hung | down, as a pure step.
 
 ``starting`` lasts from the start of the engine (the agent's start, or a
 supervised spawn) until its first healthy answer; an engine that was never
 ready is loading, not down, so ``KcopsEngineDown`` counts only from
 ``ready`` and a slow start has its own alert (``KcopsEngineStartSlow``).
 After ``ready``, a health check that times out is ``hung`` (the process
-answers nothing) and any other failure is ``down``.
+answers nothing) and any other failure is ``down``. ``stalled`` is a ready
+engine that still answers its health checks while its pending work makes no
+progress (:mod:`kcops.agent.engine.progress`, judged with the canary): a
+:class:`Stall` event moves it there and back; a failing health check still
+makes it ``hung`` or ``down``.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from enum import StrEnum
 class EngineState(StrEnum):
     STARTING = "starting"
     READY = "ready"
+    STALLED = "stalled"
     HUNG = "hung"
     DOWN = "down"
 
@@ -51,7 +56,15 @@ class Exited:
     t: float
 
 
-Event = Health | Spawned | Exited
+@dataclass(frozen=True)
+class Stall:
+    """The progress watch's verdict at ``t``: stalled (True) or not (False)."""
+
+    t: float
+    stalled: bool
+
+
+Event = Health | Spawned | Exited | Stall
 
 
 def initial(now: float) -> Lifecycle:
@@ -66,6 +79,14 @@ def step(lc: Lifecycle, ev: Event) -> Lifecycle:
         # A process that dies while loading is respawned by the supervisor (which
         # pages on a crash loop): it has not been ready, so it is not "down".
         return lc if lc.state is EngineState.STARTING else _to(lc, EngineState.DOWN, ev.t)
+    if isinstance(ev, Stall):
+        if ev.stalled and lc.state is EngineState.READY:
+            return _to(lc, EngineState.STALLED, ev.t)
+        if not ev.stalled and lc.state is EngineState.STALLED:
+            return _to(lc, EngineState.READY, ev.t)
+        return lc  # starting, hung or down: the health checks decide
+    if ev.ok and lc.state is EngineState.STALLED:
+        return lc  # answering health is what a stalled engine does: progress ends it
     if ev.ok:
         return _to(lc, EngineState.READY, ev.t)
     if lc.state is EngineState.STARTING:

@@ -69,10 +69,13 @@ async def terminate(
     *,
     proc_root: Path = proctree.PROC,
     before_signal: Callable[[int], None] = lambda pgid: None,
+    at_once: bool = False,
 ) -> bool:
     """SIGTERM the group's root ``pgid``, SIGKILL the whole group after ``grace_s``.
     True when SIGKILL was needed. ``waiter`` is the root's ``wait()``;
     ``before_signal(pgid)`` runs just before each signal (the shared memory scan).
+    ``at_once``: SIGKILL the whole group now, no SIGTERM (a stalled or hung engine
+    cannot drain, and a stopped process would not even read SIGTERM).
 
     SIGTERM goes to the root only, as a container runtime sends it: vLLM's API
     server then stops its engine core, which stops its workers, in order (a
@@ -81,9 +84,12 @@ async def terminate(
     gone get SIGTERM then (nobody else will tell them). Waits for the whole
     group, not only the root.
     """
-    before_signal(pgid)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.kill(pgid, signal.SIGTERM)
+    if at_once:
+        grace_s = 0.0
+    else:
+        before_signal(pgid)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pgid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     await asyncio.wait([waiter], timeout=grace_s)
     if waiter.done() and group_alive(pgid, proc_root):

@@ -21,8 +21,16 @@ from kcops.agent.samples import Sample
 GAUGE = "gauge"
 COUNTER = "counter"
 HISTOGRAM = "histogram"
+# A counter read from a histogram's ``_count`` (vLLM counts engine steps only as the
+# observations of ``vllm:iteration_tokens_total``): exported as ``<target>_total``.
+COUNT = "count"
 
-_SUFFIX = {GAUGE: ("",), COUNTER: ("_total",), HISTOGRAM: ("_bucket", "_sum", "_count")}
+_SUFFIX = {
+    GAUGE: ("",),
+    COUNTER: ("_total",),
+    HISTOGRAM: ("_bucket", "_sum", "_count"),
+    COUNT: ("_count",),
+}
 
 
 class ParsedSample(Protocol):
@@ -82,7 +90,7 @@ class Adapter:
 
     def _convert(self, m: Map, suffix: str, rows: Sequence[ParsedSample]) -> list[Sample]:
         out = []
-        name = m.target + suffix
+        name = m.target + ("_total" if m.kind == COUNT else suffix)
         for s in rows:
             labels = {self.rename_labels.get(k, k): v for k, v in s.labels.items()}
             labels["engine"] = self.name

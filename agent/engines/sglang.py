@@ -29,6 +29,9 @@ ADAPTER = Adapter(
         Map("kcops_requests_running", GAUGE, ("sglang:num_running_reqs",)),
         Map("kcops_prefix_cache_queries", COUNTER, ("sglang:prompt_tokens",)),
         Map("kcops_prefix_cache_hits", COUNTER, ("sglang:cached_tokens",)),
+        # Progress (stall detection): SGLang has no engine-step counter.
+        Map("kcops_generation_tokens", COUNTER, ("sglang:generation_tokens",)),
+        Map("kcops_prompt_tokens", COUNTER, ("sglang:prompt_tokens",)),
     ),
     markers=("sglang:",),
 )

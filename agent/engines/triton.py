@@ -4,7 +4,9 @@ Triton reports the pending request count always and, when latency histograms
 are enabled (``--metrics-config histogram_latencies=true``), time to first
 response in milliseconds — converted here to seconds (``le`` and ``_sum``).
 Latency otherwise exists only as cumulative microsecond counters, which are
-not a histogram, so ``kcops_request_latency_seconds`` stays absent.
+not a histogram, so ``kcops_request_latency_seconds`` stays absent. Triton
+counts no tokens or engine steps, so stall detection has no progress counter
+for it and ``kcops status`` says so (``engine.progress``).
 
 Triton has no admin route kcops can drive: every action that needs one is refused.
 """

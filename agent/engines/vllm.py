@@ -37,7 +37,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kcops.agent.engines.kind import EngineKind, EvictRoute, PauseRoutes, Routes
-from kcops.agent.engines.metrics import COUNTER, GAUGE, HISTOGRAM, Adapter, Map
+from kcops.agent.engines.metrics import COUNT, COUNTER, GAUGE, HISTOGRAM, Adapter, Map
 
 SHUTDOWN_FLAG = "--shutdown-timeout"
 # vLLM's own bound on the flag is an int >= 0; a day is far past any sane drain.
@@ -66,6 +66,12 @@ VLLM_MAPS = (
     Map(
         "kcops_prefix_cache_hits", COUNTER, ("vllm:prefix_cache_hits", "vllm:gpu_prefix_cache_hits")
     ),
+    # Progress (stall detection, kcops.agent.engine.progress): tokens out, prompt tokens
+    # in (counted per scheduled chunk, so a chunked prefill moves it every step), and
+    # engine steps (one observation of the iteration histogram per step).
+    Map("kcops_generation_tokens", COUNTER, ("vllm:generation_tokens",)),
+    Map("kcops_prompt_tokens", COUNTER, ("vllm:prompt_tokens",)),
+    Map("kcops_engine_iterations", COUNT, ("vllm:iteration_tokens_total",)),
 )
 
 ADAPTER = Adapter(

@@ -179,6 +179,19 @@ def out_of_memory(env: DemoEnv) -> None:
     click.echo(f"  cgroup oom_kill {before} -> {cg.oom_kills()}")
 
 
+def end_stall(env: DemoEnv) -> None:
+    """After the stall drill: the respawned worker answering; a worker still the same
+    (nothing restarted it) has its stall cleared instead."""
+    try:
+        if env.worker_state()["pid"] == env.first_pid:
+            if env.fault_state().get("stall"):
+                env.fault({"stall": False})
+            return
+    except httpx.HTTPError:
+        pass
+    wait_new_worker(env)
+
+
 def wait_new_worker(env: DemoEnv) -> None:
     """After a restart, the new worker answering (at once when the old one still serves)."""
     first = env.first_pid

@@ -154,6 +154,12 @@ DRILLS: tuple[Drill, ...] = (
         fire_within_s=120, estimate_s=90, default=True,
     ),
     Drill(
+        "KcopsEngineStalled",
+        "the worker's model loop stops while /health and /metrics answer; requests pend",
+        lambda e: e.fault({"stall": True}), c.end_stall,
+        fire_within_s=120, estimate_s=90,
+    ),
+    Drill(
         "KcopsEngineOOM", "the worker allocates past its cgroup limit: the kernel OOM-kills it",
         c.out_of_memory, c.wait_new_worker, fire_within_s=120, estimate_s=120,
         precheck=c.needs_cgroup,
@@ -237,7 +243,13 @@ def run_drill(env: DemoEnv, drill: Drill) -> DrillResult:
             raise DemoFailed(f"not drilled: {drill.alert} was active before its cause") from None
         t0 = time.time()
         drill.start(env)
-        wait(f"{drill.alert} firing", drill.fire_within_s, lambda: env.firing(drill.alert))
+        # Its ladder acting proves it fired: a restart without a drain (a hung or stalled
+        # engine) resolves the alert within a second, between two looks at its state.
+        wait(
+            f"{drill.alert} firing",
+            drill.fire_within_s,
+            lambda: env.firing(drill.alert) or ladder_action(env, drill.alert, t0),
+        )
         res.fired, res.time_to_fire_s = True, time.time() - t0
         res.action = wait(
             "the agent's ladder acting", 180, lambda: ladder_action(env, drill.alert, t0)

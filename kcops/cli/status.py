@@ -22,6 +22,9 @@ def format_status(st: dict[str, Any], now: float | None = None) -> str:
         f"  mode     {st['mode']}",
         f"  engine   {st.get('engine_url') or '(none configured)'}",
     ]
+    eng = st.get("engine") or {}
+    if eng.get("progress"):
+        lines.append(f"  progress {progress_line(eng['state'], eng['progress'])}")
     comps = st.get("components", {})
     collectors = comps.get("collectors", {}).get("collectors", {})
     if collectors:
@@ -40,6 +43,23 @@ def format_status(st: dict[str, Any], now: float | None = None) -> str:
         detail = c.get("summary") or c.get("error") or ""
         lines.append(f"  {cname}: {health}{(' — ' + detail) if detail else ''}")
     return "\n".join(lines)
+
+
+def progress_line(state: str, p: dict[str, Any]) -> str:
+    """The stall watch in one line: what it sees, or why it cannot watch."""
+    if not p.get("watched", False):
+        why = p.get("why") or "no reading yet"
+        lacks = p.get("kind_lacks")
+        return f"{state}; stall detection off: {lacks or why}"
+    stalled = p.get("stalled_s")
+    text = f"{state}; {p.get('pending', 0):g} pending, {p['verdict']}"
+    if stalled:
+        text += f" for {stalled:g}s"
+    canary = p.get("canary") or {}
+    last = canary.get("last")
+    if last:
+        text += f"; canary {last['outcome']} in {last['duration_s']:g}s"
+    return text
 
 
 @click.command("status", help="Show a running agent's uptime, collectors and components.")

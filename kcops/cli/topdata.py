@@ -73,7 +73,7 @@ class Snapshot:
     taken_at: float
     status: dict[str, Any]
     values: dict[str, float | None]
-    engine_state: str | None  # starting, ready, hung, down; None when the agent has none
+    engine_state: str | None  # starting, ready, stalled, hung, down; None when the agent has none
     kc_by_layer: list[tuple[str, float]]
     calls_by_layer: list[tuple[str, float]]
     alerts: list[dict[str, Any]]

@@ -24,8 +24,8 @@ SPARK = 10  # sparkline width in the half-width columns
 LEFT, RIGHT = 41, 37  # columns of the two side-by-side sections (and 2 between)
 # Titles of the screen's sections, in order: the headless test finds each at 80×24.
 SECTIONS = ("serving", "cache and memory", "attention", "alerts", "last actions")
-ENGINE_STYLE = {"ready": "bold green", "starting": "bold yellow", "hung": "bold red",
-                "down": "bold red"}  # fmt: skip
+ENGINE_STYLE = {"ready": "bold green", "starting": "bold yellow", "stalled": "bold red",
+                "hung": "bold red", "down": "bold red"}  # fmt: skip
 
 
 def sparkline(values: Sequence[float | None], width: int | None = None) -> str:

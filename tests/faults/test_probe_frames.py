@@ -198,10 +198,10 @@ def test_other_versions_are_refused_as_unknown_whatever_they_carry(
 def test_a_label_utf8_cannot_encode_never_fails_the_metrics_page() -> None:
     """Defence in depth behind the decoders: the exporter escapes it, in both formats and
     in OTLP, instead of failing every scrape."""
-    from kcops.agent.exporter import build_registry, render
     from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
     from opentelemetry.sdk.resources import Resource
 
+    from kcops.agent.exporter import build_registry, render
     from kcops.agent.otlp_metrics import build_metrics_data
     from kcops.agent.samples import Sample
     from kcops.agent.signals import register_all

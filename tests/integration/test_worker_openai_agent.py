@@ -51,10 +51,14 @@ def settled(agent_url: str, want_requests: float, timeout_s: float = 30.0) -> di
 def test_agent_counts_chat_exactly_as_completions(tmp_path: Path) -> None:
     aport, wport = free_port(), free_port()
     agent_url, worker_url = f"http://127.0.0.1:{aport}", f"http://127.0.0.1:{wport}"
+    # Exact counts: no synthetic request (the canary is one of the engine's own requests).
+    (tmp_path / "agent.yaml").write_text("engine:\n  canary: {enabled: false}\n")
     agent_cmd = [
         kcops_bin(),
         "agent",
         "run",
+        "--config",
+        str(tmp_path / "agent.yaml"),
         "--listen",
         f"127.0.0.1:{aport}",
         "--state-dir",

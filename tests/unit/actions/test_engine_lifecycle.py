@@ -21,6 +21,14 @@ CASES = [
     ("respawned: starting again", S.DOWN, lc.Spawned(5), S.STARTING),
     ("ready process exits: down", S.READY, lc.Exited(5), S.DOWN),
     ("exits while loading: starting", S.STARTING, lc.Exited(5), S.STARTING),
+    ("ready, no progress: stalled", S.READY, lc.Stall(5, True), S.STALLED),
+    ("stalled, answers health: still stalled", S.STALLED, lc.Health(5, True), S.STALLED),
+    ("stalled, progress again: ready", S.STALLED, lc.Stall(5, False), S.READY),
+    ("stalled, check times out: hung", S.STALLED, lc.Health(5, False, "timeout"), S.HUNG),
+    ("stalled process exits: down", S.STALLED, lc.Exited(5), S.DOWN),
+    ("stalled, respawned: starting", S.STALLED, lc.Spawned(5), S.STARTING),
+    ("loading is never stalled", S.STARTING, lc.Stall(5, True), S.STARTING),
+    ("hung is not stalled (health decides)", S.HUNG, lc.Stall(5, True), S.HUNG),
 ]  # fmt: skip
 
 

@@ -140,3 +140,50 @@ def test_a_kill_after_grace_reaps_what_the_stubborn_tree_held(shm_dir: Path) -> 
         assert names(root) == {"bystander"}
 
     asyncio.run(body())
+
+
+def test_a_stopped_tree_is_killed_at_once_no_drain_and_its_segments_reaped(
+    shm_dir: Path,
+) -> None:
+    """A stalled engine (its tree SIGSTOPped, as a stuck EngineCore) cannot drain:
+    restart(drain=False) asks no drain, SIGKILLs the whole group at once, reaps."""
+    from kcops.agent.engine import Engine
+    from tests.unit.actions.fakeworker import FakeWorker
+
+    root = shm_dir
+
+    async def body() -> None:
+        w = FakeWorker()
+        url = await w.start()
+        engine = Engine(url, "kcops", token=w.token)
+        clock = ManualClock()
+        cmd = holder_cmd(root, "psm_a", "--child", "psm_b")
+        # A grace far longer than the test: only a kill at once can finish in time.
+        sup = Supervisor(
+            cmd,
+            RestartSection(grace_s=600, drain_deadline_s=600),
+            clock=clock,
+            engine=engine,
+            shm_root=root,
+            shm_scan_s=0.0,
+        )
+        await sup.start()
+        try:
+            await _held(sup, clock, {"psm_a", "psm_b"})
+            old = sup.pid()
+            assert old is not None
+            members = proctree.group_pids(old)
+            os.killpg(old, signal.SIGSTOP)
+            out = await sup.restart("stalled", drain=False)
+            assert out["killed"] and out["drain"] is None
+            assert "SIGKILL at once, no drain" in str(out["detail"])
+            assert not any(c[1] == "/admin/drain" for c in w.calls)
+            assert out["shm_removed"] == ["psm_a", "psm_b"]
+            assert all(not proctree.alive(p) for p in members)
+            assert out["after"]["pid"] not in (None, old)  # type: ignore[index]
+        finally:
+            await sup.stop()
+            await engine.aclose()
+            await w.stop()
+
+    asyncio.run(body())

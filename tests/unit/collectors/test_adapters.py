@@ -37,11 +37,13 @@ def test_vllm_fixture_maps_every_canonical_series_with_same_values_and_buckets()
             "gauge": [""],
             "counter": ["_total"],
             "histogram": ["_bucket", "_sum", "_count"],
+            "count": ["_count"],  # a histogram's count as a counter: <target>_total
         }
         for suf in suffixes[m.kind]:
             for s in raw.get(src + suf, []):
                 labels = {("engine_index" if k == "engine" else k): v for k, v in s.labels.items()}
-                key = SeriesKey.of(m.target + suf, {**labels, "engine": "vllm"})
+                name = m.target + ("_total" if m.kind == "count" else suf)
+                key = SeriesKey.of(name, {**labels, "engine": "vllm"})
                 assert mapped.get(key) == s.value, key
                 expected += 1
     assert expected == len(mapped)
@@ -56,6 +58,9 @@ def test_vllm_fixture_maps_every_canonical_series_with_same_values_and_buckets()
         "kcops_requests_running",
         "kcops_prefix_cache_queries_total",
         "kcops_prefix_cache_hits_total",
+        "kcops_generation_tokens_total",
+        "kcops_prompt_tokens_total",
+        "kcops_engine_iterations_total",
     ):
         assert fam in got, fam
     # buckets kept as vLLM formats them

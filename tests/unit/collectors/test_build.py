@@ -35,10 +35,19 @@ def test_engine_url_with_auto_adapter_enables_everything() -> None:
         "process",
         "engine_events",
         "device_memory_cpu",
-        "engine_health",
         "engine_scrape",
+        "engine_health",
     ]
     assert services == {}
+
+
+def test_with_an_engine_the_stall_watch_runs_between_scrape_and_health() -> None:
+    from kcops.agent.engine import Engine
+
+    cfg = parse_config({"engine": {"url": "http://127.0.0.1:8000"}})
+    ctx = SimpleNamespace(config=cfg, store=Store())
+    names = [c.name for c in build(ctx, tick_histogram(), Engine(cfg.engine.url))]  # type: ignore[arg-type]
+    assert names[-3:] == ["engine_scrape", "engine_progress", "engine_health"]
 
 
 def test_vllm_by_url_only_has_no_process_collectors() -> None:

@@ -72,7 +72,9 @@ def test_every_exported_family_is_catalogued() -> None:
     for name, a in ((k.name, k.adapter) for k in default_registry()):
         # every canonical family an adapter can produce
         for m in a.maps:
-            suffix = {"gauge": "", "counter": "_total", "histogram": "_bucket"}[m.kind]
+            suffix = {"gauge": "", "counter": "_total", "histogram": "_bucket", "count": "_total"}[
+                m.kind
+            ]
             family(m.target + suffix)
         if name == "vllm":
             text = (FIXTURES / "vllm_metrics.txt").read_text()

@@ -35,6 +35,11 @@ def test_agent_sidecar(overlay: str, rendered: dict[str, list[dict[str, Any]]]) 
     for name in ("engine", "kcops-agent"):
         mounts = {m["name"]: m["mountPath"] for m in cs[name]["volumeMounts"]}
         assert mounts["kcops-run"] == "/run/kcops"
+    # The engine's readiness is the agent's verdict (a stall takes it out of rotation);
+    # no liveness probe on it: the agent (restart mode kubernetes) is the one restarter.
+    ready = cs["engine"]["readinessProbe"]["httpGet"]
+    assert ready == {"path": "/api/v1/engine/ready", "port": 9464}
+    assert "livenessProbe" not in cs["engine"]
     engine_env = {e["name"]: e.get("value") for e in cs["engine"].get("env", [])}
     assert engine_env["KCOPS_PROBE_SOCKET"] == "/run/kcops/probe.sock"
     # the API token reaches the agent only; the control token comes from a Secret

@@ -69,10 +69,13 @@ def test_faults_apply_and_clear() -> None:
         "hold_memory_bytes": 1024,
         "memory_ramp": None,
         "hang": False,
+        "stall": False,
         "cache_budget_bytes": None,
     }
     f.apply({"hang": True})
     assert not f.unhung.is_set()
+    f.apply({"hang": False, "stall": True})  # the loop stays stopped, /health answers
+    assert f.stall and not f.hang and not f.unhung.is_set()
     f.apply({"clear": True})
     assert f.state() == {
         "nan": False,
@@ -81,6 +84,7 @@ def test_faults_apply_and_clear() -> None:
         "hold_memory_bytes": 0,
         "memory_ramp": None,
         "hang": False,
+        "stall": False,
         "cache_budget_bytes": None,
     }
     assert f.unhung.is_set()

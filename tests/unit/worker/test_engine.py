@@ -74,3 +74,24 @@ def test_batched_optimized_path_equals_single_runs() -> None:
     st.engine.cache.evict("all")
     together = [text(e) for e in run(st, prompts)]
     assert st.engine.max_batch_seen == 3 and together == alone
+
+
+def test_every_engine_step_is_counted_for_stall_detection(state: WorkerState) -> None:
+    """vllm:iteration_tokens_total: one observation per step that did work (the agent
+    reads its count as kcops_engine_iterations_total); an idle step counts nothing."""
+
+    def steps() -> float:
+        page = state.engine.metrics.exposition().decode()
+        line = next(
+            x for x in page.splitlines() if x.startswith("vllm:iteration_tokens_total_count")
+        )
+        return float(line.rsplit(" ", 1)[1])
+
+    before = steps()
+    evs = run(state, [list(range(200, 220))], max_tokens=3)[0]
+    assert evs[-1].kind == "done"
+    after = steps()
+    assert after - before >= 2  # prefill + first decode in one step, then the next decode
+    with torch.inference_mode():
+        state.engine._iteration()  # nothing queued, nothing running
+    assert steps() == after
