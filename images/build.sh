@@ -42,6 +42,15 @@ build_key() {
       cat "$HERE/build.sh" "$HERE/base.sh"
       echo "$@"; } | sha256sum | cut -c1-16
 }
+# Commit the working container as $2 (and $REGISTRY/... as $3); the image it replaces
+# is removed unless a container still uses it (vfs keeps every layer whole).
+commit() {
+    local ctr=$1 name=$2 tag=$3 old
+    old=$("${BUILDAH[@]}" inspect --type image --format '{{.FromImageID}}' "$name" 2>/dev/null || true)
+    "${BUILDAH[@]}" commit --quiet --rm "$ctr" "$name" >/dev/null
+    "${BUILDAH[@]}" tag "$name" "$tag"
+    if [ -n "$old" ]; then "${BUILDAH[@]}" rmi "$old" >/dev/null 2>&1 || true; fi
+}
 image_key() {
     "${BUILDAH[@]}" inspect --type image --format '{{index .OCIv1.Config.Labels "io.kcops.build-key"}}' "$1" 2>/dev/null || true
 }
@@ -109,9 +118,8 @@ build_kcops() {
         && chown $AGENT_UID:$GID /var/lib/kcops /run/kcops && chmod 0770 /var/lib/kcops /run/kcops \
         && rm -rf /root/.cache /tmp/* /var/log/apt /var/log/dpkg.log"
     image_config "$ctr" "$ver" kcops "$AGENT_UID:$GID" '["agent", "run", "--config", "/etc/kcops/agent.yaml"]' "$key"
-    "${BUILDAH[@]}" commit --quiet --rm "$ctr" "$name" >/dev/null
+    commit "$ctr" "$name" "$REGISTRY/kcops:$ver"
     trap - EXIT
-    "${BUILDAH[@]}" tag "$name" "$REGISTRY/kcops:$ver"
     say "built $name ($REGISTRY/kcops:$ver) in $(( $(date +%s) - t0 )) s"
 }
 
@@ -140,9 +148,8 @@ build_engine() {
         rm -rf /root/.cache /tmp/*"
     image_config "$ctr" "$ver" kcops-engine "$ENGINE_UID:$GID" \
         '["serve", "--model", "smollm2", "--host", "0.0.0.0", "--port", "8000"]' "$key"
-    "${BUILDAH[@]}" commit --quiet --rm "$ctr" "$name" >/dev/null
+    commit "$ctr" "$name" "$REGISTRY/kcops-engine:$ver"
     trap - EXIT
-    "${BUILDAH[@]}" tag "$name" "$REGISTRY/kcops-engine:$ver"
     say "built $name ($REGISTRY/kcops-engine:$ver) in $(( $(date +%s) - t0 )) s"
 }
 

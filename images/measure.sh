@@ -17,7 +17,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
 echo "image: $IMAGE"
-echo "size (buildah images): $("${BUILDAH[@]}" images --format '{{.Size}}' "$IMAGE")"
+echo "size (buildah images): $("${BUILDAH[@]}" images --format '{{.Size}}' "$IMAGE" | head -n 1)"
 "${BUILDAH[@]}" push --quiet "$IMAGE" "oci-archive:$work/image.tar" >/dev/null
 echo "size (OCI archive, gzip layers): $(du -m "$work/image.tar" | cut -f1) MiB"
 rm -f "$work/image.tar"

@@ -22,11 +22,33 @@ export BUILDAH_ISOLATION=chroot
 VERSION=$(sed -n 's/^__version__ = "\(.*\)"$/\1/p' "$REPO/kcops/__init__.py")
 say() { echo "release: $*" >&2; }
 
-rm -rf "$DIST" && mkdir -p "$DIST"
+rm -rf "$DIST" && mkdir -p "$DIST" "$REPO/build"
 export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(git -C "$REPO" log -1 --format=%ct)}
 say "wheel and sdist (SOURCE_DATE_EPOCH=$SOURCE_DATE_EPOCH)"
 "$PY" -m build --sdist --wheel --outdir "$DIST" "$REPO" >"$REPO/build/release-build.log" 2>&1 \
     || { tail -n 20 "$REPO/build/release-build.log" >&2; exit 1; }
+
+# setuptools stamps the sdist's folders, generated files (PKG-INFO, egg-info) and gzip
+# header with the build's time, and the other files with the checkout's: set every time
+# to SOURCE_DATE_EPOCH (owners 0, names sorted) so the sdist is reproducible as the
+# wheel already is. Contents are unchanged.
+"$PY" - "$DIST"/kcops-"$VERSION".tar.gz "$SOURCE_DATE_EPOCH" <<'PY'
+import gzip, io, sys, tarfile
+path, epoch = sys.argv[1], int(sys.argv[2])
+with tarfile.open(path) as src:
+    members = sorted(((m, src.extractfile(m).read() if m.isfile() else None) for m in src),
+                     key=lambda x: x[0].name)
+buf = io.BytesIO()
+with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as dst:
+    for m, data in members:
+        m.mtime = epoch
+        m.uid = m.gid = 0
+        m.uname = m.gname = ""
+        m.pax_headers = {}
+        dst.addfile(m, io.BytesIO(data) if data is not None else None)
+with open(path, "wb") as fh, gzip.GzipFile(filename="", mode="wb", fileobj=fh, mtime=epoch) as gz:
+    gz.write(buf.getvalue())
+PY
 
 say "images"
 bash "$HERE/build.sh" kcops
