@@ -173,6 +173,10 @@ image_config() {
         "$ctr"
 }
 
+if [ ! -x "$RESOLVE_PY" ]; then
+    say "installing Debian's python3 (the resolver's interpreter)"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3 >&2
+fi
 case "${1:-}" in
     base) bash "$HERE/base.sh" ;;
     kcops) build_kcops ;;
