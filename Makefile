@@ -12,6 +12,7 @@ APT_PACKAGES := redis-server prometheus prometheus-alertmanager
 unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: install services lint typecheck test test-fast test-vllm demo load soak deploy-gen clean structure
+.PHONY: image image-engine test-image release
 
 install: $(STAMP)
 
@@ -118,3 +119,25 @@ soak: install
 # public signatures of agent/actions and agent/rules, the tests' wait helpers and fixed sleeps.
 structure:
 	PYTHONPATH=. python3 -m tests.structure
+
+# The images deploy/ names (images/build.sh: buildah on a debootstrapped Debian base, no
+# registry pull; the base is cached by the script's hash). The tag is kcops.__version__.
+image: install
+	bash images/build.sh kcops
+
+# The reference worker's image (torch's CPU build, SmolLM2): ~N minutes, not in CI's run.
+image-engine: install
+	bash images/build.sh engine
+
+# Smoke test of the sidecar image (tests/image): /healthz, --version, the init container's
+# folder, and the real vLLM of `make test-vllm` loading the probe from that folder alone.
+# Without .venv-vllm (`make test-vllm` makes it) the vLLM part says NOT RUN in its skip.
+KCOPS_VERSION = $(shell sed -n 's/^__version__ = "\(.*\)"$$/\1/p' kcops/__init__.py)
+test-image: image
+	KCOPS_IMAGE=localhost/kcops:$(KCOPS_VERSION) \
+	KCOPS_VLLM_VENV=$${KCOPS_VLLM_VENV:-$(CURDIR)/$(VLLM_VENV)} \
+		$(VENV)/bin/pytest -q -n 0 -m image --timeout 1500 tests/image
+
+# dist/: wheel, sdist, the images as OCI archives, rendered manifests, SBOMs, SHA256SUMS.
+release: install
+	bash images/release.sh
