@@ -125,7 +125,8 @@ structure:
 image: install
 	bash images/build.sh kcops
 
-# The reference worker's image (torch's CPU build, SmolLM2): ~N minutes, not in CI's run.
+# The reference worker's image (torch's CPU build, SmolLM2): about 4-5 minutes on top of the
+# sidecar's build and 1.5 GB, so not in CI's run (docs/deploy.md).
 image-engine: install
 	bash images/build.sh engine
 
