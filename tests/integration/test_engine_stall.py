@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from kcops.alerts import packaged_file
-from tests.integration.test_remediation_e2e import Stack, stack, wait_for
+from tests.integration.test_remediation_e2e import Stack, stack
 
 pytestmark = pytest.mark.slow
 
@@ -72,21 +72,21 @@ def test_stalled_worker_is_judged_out_of_rotation_and_restarted(
     with stack(tmp_path, redis_url, rules) as s:
         old_pid = s.state_of_worker()["pid"]
         ready = f"{s.agent}/api/v1/engine/ready"
-        wait_for(lambda: httpx.get(ready, timeout=5).status_code == 200, 30, "ready", s)
+        s.until(lambda: httpx.get(ready, timeout=5).status_code == 200, 30, "ready")
         assert stalled_seconds(s) is None  # idle: absent
         s.fault({"stall": True})
         t0, wall0 = time.monotonic(), time.time()
         with pending(s.worker):
             # Health still answers while the loop is stopped.
             assert httpx.get(f"{s.worker}/health", timeout=5).status_code == 200
-            first = wait_for(lambda: stalled_seconds(s), 30, "kcops_engine_stalled_seconds", s)
-            wait_for(lambda: (stalled_seconds(s) or 0) > first, 30, "stalled seconds to grow", s)
-            r = wait_for(
-                lambda: (g := httpx.get(ready, timeout=5)).status_code == 503 and g, 30, "503", s
+            first = s.until(lambda: stalled_seconds(s), 30, "kcops_engine_stalled_seconds")
+            s.until(lambda: (stalled_seconds(s) or 0) > first, 30, "stalled seconds to grow")
+            r = s.until(
+                lambda: (g := httpx.get(ready, timeout=5)).status_code == 503 and g, 30, "503"
             )
             t_503 = time.monotonic() - t0
             assert r.json()["state"] == "stalled", r.json()
-            run = wait_for(lambda: s.runs("restart_worker", "ok"), 60, "restart_worker", s)[0]
+            run = s.until(lambda: s.runs("restart_worker", "ok"), 60, "restart_worker")[0]
         t_restart = time.monotonic() - t0
         # The audit says what was killed and why.
         assert "SIGKILL at once, no drain" in run["detail"], run
@@ -97,7 +97,7 @@ def test_stalled_worker_is_judged_out_of_rotation_and_restarted(
         assert run["result"]["drain"] is None and run["result"]["killed"] is True
         assert run["before"]["pid"] == old_pid and run["after"]["pid"] != old_pid
         # Serving again: a completion from the new worker, readiness 200.
-        wait_for(
+        s.until(
             lambda: (
                 httpx.post(
                     f"{s.worker}/v1/completions",
@@ -108,10 +108,9 @@ def test_stalled_worker_is_judged_out_of_rotation_and_restarted(
             ),
             120,
             "a completion from the respawned worker",
-            s,
         )
         t_serving = time.monotonic() - t0
-        wait_for(lambda: httpx.get(ready, timeout=5).status_code == 200, 60, "ready again", s)
+        s.until(lambda: httpx.get(ready, timeout=5).status_code == 200, 60, "ready again")
         assert s.state_of_worker()["pid"] == run["after"]["pid"]
         print(
             f"stall drill: readiness 503 after {t_503:.1f}s, page after "
@@ -129,7 +128,7 @@ def test_hung_worker_pages_within_seconds_and_is_killed_without_a_drain(
         old_pid = s.state_of_worker()["pid"]
         s.fault({"hang": True})
         t0, wall0 = time.monotonic(), time.time()
-        run = wait_for(lambda: s.runs("restart_worker", "ok"), 60, "restart_worker", s)[0]
+        run = s.until(lambda: s.runs("restart_worker", "ok"), 60, "restart_worker")[0]
         t_restart = time.monotonic() - t0
         to_page = run["trigger"]["t"] - wall0
         # How soon (printed, not asserted: no timed assertions): the rule's `for` is
@@ -137,7 +136,7 @@ def test_hung_worker_pages_within_seconds_and_is_killed_without_a_drain(
         assert "SIGKILL at once, no drain" in run["detail"] and "engine hung" in run["detail"]
         assert run["result"]["engine"]["state"] == "hung" and run["result"]["drain"] is None
         assert run["before"]["pid"] == old_pid and run["after"]["pid"] != old_pid
-        wait_for(
+        s.until(
             lambda: (
                 httpx.post(
                     f"{s.worker}/v1/completions",
@@ -148,7 +147,6 @@ def test_hung_worker_pages_within_seconds_and_is_killed_without_a_drain(
             ),
             120,
             "a completion from the respawned worker",
-            s,
         )
         t_serving = time.monotonic() - t0
         print(

@@ -11,7 +11,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.integration.test_remediation_e2e import AUTH, TOKEN, Stack, traffic, wait_for
+from tests.integration.test_remediation_e2e import AUTH, TOKEN, Stack, traffic
 from tests.services import free_port, kcops_bin, running, wait_http
 
 pytestmark = pytest.mark.slow
@@ -64,22 +64,21 @@ def test_sigkill_mid_ladder_resumes(tmp_path: Path, redis_url: str) -> None:
                 wait_http(f"{agent}/readyz", 60, ap)
                 r = httpx.post(f"{worker}/admin/faults", json={"nan": True}, headers=AUTH)
                 assert r.status_code == 200
-                wait_for(lambda: s.runs("fallback_to_base", "ok"), 60, "step 1", s)
+                s.until(lambda: s.runs("fallback_to_base", "ok"), 60, "step 1")
                 os.killpg(ap.pid, signal.SIGKILL)  # no clean shutdown
                 ap.wait(10)
             assert s.state_of_worker()["route_mode"] == "fallback"
             with running(agent_cmd, log_path=log, env=env) as ap2:
                 wait_http(f"{agent}/readyz", 60, ap2)
-                wait_for(
+                s.until(
                     lambda: [x for x in s.audit("ladder") if x["event"] == "resumed"],
                     10,
                     "the ladder to resume",
-                    s,
                 )
                 # A manual run of step 1 inside the persisted cooldown is refused.
                 r = httpx.post(f"{agent}/api/v1/actions/fallback_to_base", json={}, headers=AUTH)
                 assert r.status_code == 409 and r.json()["outcome"] == "skipped_cooldown"
-                wait_for(lambda: s.runs("lower_topn", "ok"), 60, "step 2", s)
+                s.until(lambda: s.runs("lower_topn", "ok"), 60, "step 2")
         assert [x["outcome"] for x in s.runs("fallback_to_base")] == ["ok", "skipped_cooldown"]
         assert s.state_of_worker()["top_n"] == top_n - 16
         events = [x["event"] for x in s.audit("ladder")]

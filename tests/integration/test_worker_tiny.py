@@ -304,6 +304,7 @@ def test_faults_latency_nan_memory_hang(worker: tuple[WorkerState, httpx.Client]
     r = c.post(f, json={"clear": True}, headers=AUTH).json()
     assert r["after"] == {
         "nan": False,
+        "stall": False,
         "latency_ms": 0.0,
         "token_delay_ms": 0.0,
         "hold_memory_bytes": 0,

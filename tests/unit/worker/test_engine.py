@@ -81,7 +81,7 @@ def test_every_engine_step_is_counted_for_stall_detection(state: WorkerState) ->
     reads its count as kcops_engine_iterations_total); an idle step counts nothing."""
 
     def steps() -> float:
-        page = state.engine.metrics.exposition().decode()
+        page = state.engine.metrics.exposition()[0].decode()
         line = next(
             x for x in page.splitlines() if x.startswith("vllm:iteration_tokens_total_count")
         )
