@@ -2,8 +2,8 @@
 whole session, started cold, under a light load for the first five minutes (the soak).
 
 Order matters and is fixed here: tests that only observe run during the soak; the
-soak's verdict comes next; tests that act on the engine (evict, ladder, restart) run
-after it, restart last. Without the vLLM install these tests are skipped with a
+soak's verdict comes next; tests that act on the engine (evict, ladder, restart, stall)
+run after it, the two that restart it last. Without the vLLM install these tests are skipped with a
 reason that says how to run them.
 """
 
@@ -31,6 +31,7 @@ ORDER = (
     "test_evict.py",
     "test_ladder.py",
     "test_restart.py",
+    "test_stall.py",
 )
 SOAK_S = 300.0
 # The TTFT page (KcopsP99LatencyHigh) counts only once the engine has been ready for a

@@ -75,13 +75,15 @@ def vllm_env(probe_socket: Path) -> dict[str, str]:
 # finishes what runs for up to N s; the agent reads N from this command line and waits
 # grace_s + N before SIGKILL (docs/engines.md).
 SHUTDOWN_TIMEOUT_S = 60
+# The context the suite serves (--max-model-len): the busy phase's prompts come near it.
+MAX_MODEL_LEN = 2048
 
 
 def vllm_serve_cmd(port: int, *extra: str) -> list[str]:
     return [
         str(vllm_venv() / "bin" / "vllm"), "serve", vllm_model(),
         "--host", "127.0.0.1", "--port", str(port), "--served-model-name", MODEL_NAME,
-        "--enforce-eager", "--dtype", "float32", "--max-model-len", "2048",
+        "--enforce-eager", "--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN),
         "--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S), *extra,
     ]  # fmt: skip
 
@@ -257,6 +259,8 @@ class Stack:
     proc: subprocess.Popen[bytes]
     pre_shm: set[str]
     started_at: float
+    # when the cold engine first answered /health: ready_at - started_at is one engine load
+    ready_at: float = 0.0
 
     def audit(self, kind: str | None = None) -> list[dict[str, Any]]:
         path = self.state_dir / "audit.jsonl"
@@ -369,6 +373,7 @@ def supervised_vllm(tmp: Path) -> Iterator[tuple[Stack, Watch]]:
                 stack.log_tail,
                 interval_s=POLL_S,
             )
+            stack.ready_at = time.time()
             yield stack, watch
         finally:
             watch.stop()
