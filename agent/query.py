@@ -9,7 +9,10 @@ expression is ``bad_data`` (400), anything that fails while evaluating is
 ``execution`` (422), as Prometheus maps an engine error; that includes a query
 that needs more work than the evaluation budget (budget.py; Prometheus's
 ``query.max-samples``), and a query past the budget's deadline is ``timeout``
-(503), as Prometheus answers for ``query.timeout``. Sample values are
+(503), as Prometheus answers for ``query.timeout``. Past the query API's
+share of the event loop or its limit of concurrent queries (query_gate.py) a
+query is ``unavailable`` (503), as Prometheus answers when its query queue
+is full. Sample values are
 strings formatted as Go formats a float64 (``"NaN"``, ``"+Inf"``), so the body
 never holds a bare NaN or Infinity. A vector keeps the evaluator's order, as
 Prometheus's instant queries do (``topk``, ``sort`` ... are ordered).
@@ -24,6 +27,7 @@ from urllib.parse import parse_qsl
 from aiohttp import web
 from multidict import MultiDict, MultiMapping
 
+from kcops.agent.query_gate import QueryGate, QueryUnavailable
 from kcops.agent.rules.budget import QueryTimeout
 from kcops.agent.rules.evaluator import Evaluator
 from kcops.agent.rules.gofmt import go_float
@@ -61,6 +65,7 @@ class QueryComponent:
     def __init__(self, ctx: AgentContext) -> None:
         self.ctx = ctx
         self.evaluator = Evaluator(ctx.store)
+        self.gate = QueryGate()
         self.served = 0
 
     async def start(self) -> None:
@@ -73,21 +78,36 @@ class QueryComponent:
         return None
 
     def status(self) -> dict[str, object]:
-        return {"healthy": True, "summary": f"{self.served} queries served"}
+        refused = sum(self.gate.refused.values())
+        return {
+            "healthy": True,
+            "summary": f"{self.served} queries served, {refused} refused (busy)",
+            "refused": dict(self.gate.refused),
+        }
 
-    def query(self, text: str, t: float | None = None) -> dict[str, object]:
-        """Evaluate ``text`` at ``t`` (default now); raises RuleError / EvalError."""
+    def query(
+        self, text: str, t: float | None = None, deadline: float | None = None
+    ) -> dict[str, object]:
+        """Evaluate ``text`` at ``t`` (default now); raises RuleError / EvalError.
+        ``deadline``: the query API's share of the loop (query_gate.py)."""
         if len(text) > MAX_QUERY_CHARS:
             raise RuleError(f"query is {len(text)} characters; at most {MAX_QUERY_CHARS}")
         node = parse_expr(text)
         at = self.ctx.clock() if t is None else t
         # A fresh evaluator per query: its selector cache is keyed by node identity.
-        value = Evaluator(self.ctx.store).run(node, at)
+        value = Evaluator(self.ctx.store).run(node, at, deadline)
         self.served += 1
         return to_api(value, at)
 
     def routes(self) -> list[web.RouteDef]:
         async def handler(request: web.Request) -> web.Response:
+            try:
+                with self.gate.slot():
+                    return await answer(request)
+            except QueryUnavailable as exc:
+                return failure_response(exc)
+
+        async def answer(request: web.Request) -> web.Response:
             try:
                 params = await query_params(request)
             except FormError as exc:
@@ -105,7 +125,8 @@ class QueryComponent:
                         f"{params['time'][:40]!r}",
                     )
             try:
-                data = self.query(text, t)
+                with self.gate.evaluation() as deadline:
+                    data = self.query(text, t, deadline)
             except Exception as exc:
                 return failure_response(exc)
             return web.json_response({"status": "success", "data": data})
@@ -115,7 +136,7 @@ class QueryComponent:
         return [
             web.get("/api/v1/query", handler),
             web.post("/api/v1/query", handler),
-            *range_routes(self.ctx),
+            *range_routes(self.ctx, self.gate),
         ]
 
 
@@ -160,6 +181,8 @@ def failure_response(exc: Exception) -> web.Response:
     """The error answer for an exception of parse or evaluation, as Prometheus maps its own."""
     if isinstance(exc, RuleError):
         return error_response("bad_data", str(exc))
+    if isinstance(exc, QueryUnavailable):
+        return error_response("unavailable", str(exc), status=503)
     if isinstance(exc, QueryTimeout):
         return error_response("timeout", str(exc), status=503)
     if isinstance(exc, EvalError):

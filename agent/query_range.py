@@ -23,6 +23,7 @@ from kcops.agent.query import (
     failure_response,
     query_params,
 )
+from kcops.agent.query_gate import QueryGate
 from kcops.agent.rules.budget import ITEM_UNITS
 from kcops.agent.rules.evaluator import Evaluator
 from kcops.agent.rules.gofmt import go_float
@@ -53,7 +54,12 @@ def _float_param(params: MultiMapping[str], name: str) -> float:
 
 
 def evaluate_range(
-    ctx: AgentContext, text: str, start: float, end: float, step: float
+    ctx: AgentContext,
+    text: str,
+    start: float,
+    end: float,
+    step: float,
+    deadline: float | None = None,
 ) -> dict[str, object]:
     """Prometheus ``data`` of resultType matrix; raises RuleError, EvalError or RangeError."""
     if len(text) > MAX_QUERY_CHARS:
@@ -68,7 +74,7 @@ def evaluate_range(
     node = parse_expr(text)
     series: dict[tuple[tuple[str, str], ...], list[list[float | str]]] = {}
     ev = Evaluator(ctx.store)
-    budget = ev.begin()  # one budget for all steps
+    budget = ev.begin(deadline)  # one budget for all steps
     budget.require(n * (ITEM_UNITS + ev.min_work(node)), f"a range query of {n} steps")
     budget.charge(n * ITEM_UNITS)
     for i in range(n):
@@ -86,22 +92,22 @@ def evaluate_range(
     }
 
 
-def range_routes(ctx: AgentContext) -> list[web.RouteDef]:
-    """The routes (GET and POST), served by the query component beside ``/api/v1/query``."""
+def range_routes(ctx: AgentContext, gate: QueryGate) -> list[web.RouteDef]:
+    """The routes (GET and POST), served by the query component beside ``/api/v1/query``;
+    ``gate``: the query API's bounds, shared with it (query_gate.py)."""
 
     async def handler(request: web.Request) -> web.Response:
         try:
-            params = await query_params(request)
-            text = params.get("query", "").strip()
-            if not text:
-                raise RangeError("missing parameter 'query'")
-            data = evaluate_range(
-                ctx,
-                text,
-                _float_param(params, "start"),
-                _float_param(params, "end"),
-                _float_param(params, "step"),
-            )
+            with gate.slot():
+                params = await query_params(request)
+                text = params.get("query", "").strip()
+                if not text:
+                    raise RangeError("missing parameter 'query'")
+                start = _float_param(params, "start")
+                end = _float_param(params, "end")
+                step = _float_param(params, "step")
+                with gate.evaluation() as deadline:
+                    data = evaluate_range(ctx, text, start, end, step, deadline)
         except (RangeError, FormError) as exc:
             return error_response("bad_data", str(exc))
         except Exception as exc:  # never a bare 500: Prometheus's error shape

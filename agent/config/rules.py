@@ -39,3 +39,13 @@ class RulesSection(Section):
             "(Prometheus's --rules.alert.for-outage-tolerance)"
         ),
     )
+    tick_budget_s: Duration = Field(
+        0.5,
+        gt=0,
+        description=(
+            "event-loop time all rule evaluations of one agent tick may use together; a rule "
+            "still running at the bound fails with a timeout, the rules after it in its group "
+            "fail as not evaluated, and the groups not reached run on the next tick (which "
+            "starts with them), so costly rules cannot stall the agent's loop"
+        ),
+    )

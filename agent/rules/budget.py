@@ -65,12 +65,17 @@ class Limits:
 class Budget:
     """The work left to one evaluation; :meth:`charge` raises once it is spent."""
 
-    __slots__ = ("_check_at", "_deadline", "limits", "used")
+    __slots__ = ("_check_at", "_deadline", "_shared", "limits", "used")
 
-    def __init__(self, limits: Limits) -> None:
+    def __init__(self, limits: Limits, deadline: float | None = None) -> None:
+        """``deadline`` (``time.perf_counter()`` seconds): a bound shared with other
+        evaluations, the agent's per-tick rule budget or the query API's slice of the
+        loop; the evaluation stops at whichever of it and its own timeout comes first."""
         self.limits = limits
         self.used = 0
-        self._deadline = time.perf_counter() + limits.timeout_s
+        own = time.perf_counter() + limits.timeout_s
+        self._shared = deadline is not None and deadline < own
+        self._deadline = deadline if deadline is not None and deadline < own else own
         self._check_at = _CHECK_EVERY
 
     @property
@@ -102,6 +107,12 @@ class Budget:
 
     def check_deadline(self) -> None:
         if time.perf_counter() > self._deadline:
+            if self._shared:
+                raise QueryTimeout(
+                    "query timed out in expression evaluation: the shared evaluation "
+                    "budget (of this tick's rules, or of the query API's slice of the "
+                    "event loop) is spent"
+                )
             raise QueryTimeout(
                 f"query timed out in expression evaluation (after {self.limits.timeout_s:g}s)"
             )

@@ -67,6 +67,7 @@ class RulesComponent:
         )
         self._evaluations: dict[str, int] = {g.name: 0 for g in self.groups}
         self._durations: dict[str, float] = {g.name: 0.0 for g in self.groups}
+        self._first = 0  # the group a tick starts with: the first one a spent budget left
         for name, kind, help_text in GROUP_METRICS:
             ctx.store.set_meta(name, kind, help_text)
 
@@ -77,14 +78,22 @@ class RulesComponent:
         with self.ctx.tracer.start_as_current_span("rules.evaluate") as span:
             transitions = []
             t0 = time.perf_counter()
+            deadline = t0 + self.ctx.config.rules.tick_budget_s
             evaluated = 0
-            for g in self.groups:
+            n = len(self.groups)
+            first = self._first
+            for i in range(n):
+                if time.perf_counter() >= deadline:
+                    # The tick's budget is spent: the rest stay due, and go first next tick.
+                    self._first = (first + i) % n
+                    break
+                g = self.groups[(first + i) % n]
                 slot = g.due(now)
                 if slot is None:
                     continue
                 evaluated += 1
                 g0 = time.perf_counter()
-                transitions += self.engine.evaluate_group(g.rules, slot, g.limit)
+                transitions += self.engine.evaluate_group(g.rules, slot, g.limit, deadline)
                 self._durations[g.name] = time.perf_counter() - g0
                 self._evaluations[g.name] += 1
                 if not g.restored and self._evaluations[g.name] >= RESTORE_AFTER_EVALUATIONS:

@@ -25,6 +25,10 @@ from kcops.agent.store import Store
 STATES = ("inactive", "pending", "firing")
 FAILURES = "kcops_rule_evaluation_failures_total"
 MAX_ERROR_CHARS = 500
+TICK_BUDGET_SPENT = (
+    "not evaluated: the rules' evaluation budget of this tick was spent by the rules "
+    "before it (rules.tick_budget_s); make the costly rules cheaper"
+)
 
 
 def _error_text(exc: BaseException) -> str:
@@ -91,7 +95,7 @@ class RuleEngine:
         return transitions
 
     def evaluate_group(
-        self, rules: Sequence[Rule], now: float, limit: int = 0
+        self, rules: Sequence[Rule], now: float, limit: int = 0, deadline: float | None = None
     ) -> list[AlertTransition]:
         """Evaluate one group's rules at ``now``, in order; returns the transitions.
 
@@ -99,14 +103,18 @@ class RuleEngine:
         ``kcops_rule_evaluation_failures_total``) and the next rule still runs:
         one bad rule must never silence the others, whatever the bug is.
         ``limit`` (> 0) is the group's: a rule producing more series or alerts
-        fails that evaluation, as in Prometheus.
+        fails that evaluation, as in Prometheus. ``deadline`` (``time.perf_counter()``
+        seconds) is the tick's budget shared by all rules: a rule evaluates until it at
+        most, and a rule reached after it fails at once (:data:`TICK_BUDGET_SPENT`).
         """
         transitions: list[AlertTransition] = []
         for rule in rules:
             h = self.health[rule.name]
             r0 = time.perf_counter()
             try:
-                transitions += self._evaluate_rule(rule, now, h, limit)
+                if deadline is not None and r0 >= deadline:
+                    raise EvalError(TICK_BUDGET_SPENT)
+                transitions += self._evaluate_rule(rule, now, h, limit, deadline)
                 h.error = None
             except Exception as exc:
                 h.error = _error_text(exc)
@@ -119,10 +127,10 @@ class RuleEngine:
         return transitions
 
     def _evaluate_rule(
-        self, rule: Rule, now: float, h: RuleHealth, limit: int
+        self, rule: Rule, now: float, h: RuleHealth, limit: int, deadline: float | None = None
     ) -> list[AlertTransition]:
         # A fresh budget per rule: one expensive rule fails alone (budget.py).
-        value = self.evaluator.run(rule.node, now)
+        value = self.evaluator.run(rule.node, now, deadline)
         if not isinstance(value, list):
             if isinstance(rule, RecordingRule) and isinstance(value, float):
                 value = [Elem((), value)]

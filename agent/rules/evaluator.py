@@ -52,14 +52,15 @@ class Evaluator:
         self.default_step_ms = round(default_step_s * 1000)
         self._selectors: dict[int, tuple[pp.VectorSelector, CompiledSelector]] = {}
 
-    def begin(self) -> Budget:
-        """Start a fresh budget: one per rule evaluation, instant query or range query."""
-        self.budget = Budget(self.limits)
+    def begin(self, deadline: float | None = None) -> Budget:
+        """Start a fresh budget: one per rule evaluation, instant query or range query.
+        ``deadline``: a shared bound (``time.perf_counter()`` seconds), see Budget."""
+        self.budget = Budget(self.limits, deadline)
         return self.budget
 
-    def run(self, node: pp.Expr, t: float) -> Value:
+    def run(self, node: pp.Expr, t: float, deadline: float | None = None) -> Value:
         """Evaluate ``node`` at ``t`` under a fresh budget; raises :class:`EvalError`."""
-        self.begin().require(ITEM_UNITS + self.min_work(node), "the expression")
+        self.begin(deadline).require(ITEM_UNITS + self.min_work(node), "the expression")
         return self.eval(node, t)
 
     def min_work(self, node: pp.Expr) -> int:

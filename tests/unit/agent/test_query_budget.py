@@ -81,3 +81,15 @@ def test_what_would_crash_the_parser_is_a_400_and_the_agent_lives(
         msg = _error(r, 400, "bad_data")
         assert "too complex" in msg or "out of range" in msg or "at most" in msg, msg
     assert httpx.get(agent_url + "/healthz", timeout=10).status_code == 200
+
+
+def test_many_parallel_costly_queries_are_bounded_in_prometheus_shape(agent_url: str) -> None:
+    # 16 at once: each is evaluated within the API's share of the loop, or refused
+    # as unavailable; none answers outside Prometheus's error shape.
+    with httpx.Client(base_url=agent_url, timeout=60) as client, ThreadPoolExecutor(16) as pool:
+        got = list(
+            pool.map(lambda _: client.get("/api/v1/query", params={"query": SCAN}), range(16))
+        )
+    kinds = {(r.status_code, r.json()["errorType"]) for r in got}
+    assert kinds <= {(503, "timeout"), (503, "unavailable"), (422, "execution")}, kinds
+    assert httpx.get(agent_url + "/healthz").status_code == 200

@@ -152,3 +152,31 @@ def test_recording_rules_feed_later_rules(tmp_path: Path) -> None:
     rec = SeriesKey.of("job:x:sum", {"job": "a", "src": "rec"})
     assert ctx.store.latest(rec) == (T0, 5.0)
     assert comp.is_firing("High", {"job": "a", "src": "rec"})
+
+
+# About a second of evaluation each (under the per-evaluation budget), so a tick's
+# shared budget of 50 ms is always spent by the first of them.
+COSTLY = "sum_over_time(sum(max_over_time(vector(1)[5m:1s]))[30m:10s])"
+
+
+def test_the_tick_budget_is_shared_by_all_rules_and_groups_take_turns(tmp_path: Path) -> None:
+    f = tmp_path / "r.yaml"
+    groups = ", ".join(
+        f"{{name: g{g}, rules: [{{record: r{g}a, expr: '{COSTLY}'}}, "
+        f"{{record: r{g}b, expr: 'vector(1)'}}]}}"
+        for g in range(3)
+    )
+    f.write_text(f"groups: [{groups}]")
+    ctx = make_ctx(tmp_path, {"file": str(f), "tick_budget_s": 0.05})
+    (comp,) = rules.build(ctx)
+    health = comp.engine.health
+    asyncio.run(comp.tick(T0))
+    # The first costly rule ran into the tick's bound, the rule after it was not run,
+    # and the other groups were not reached: they stay due.
+    assert "shared evaluation budget" in (health["r0a"].error or "")
+    assert "not evaluated" in (health["r0b"].error or "")
+    assert health["r1a"].last_eval is None and health["r2a"].last_eval is None
+    asyncio.run(comp.tick(T0 + 1))
+    # The next tick starts with the group the spent budget left.
+    assert health["r1a"].last_eval == T0 + 1
+    assert health["r0a"].last_eval == T0
