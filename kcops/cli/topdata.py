@@ -84,11 +84,20 @@ class Snapshot:
 
 
 CHUNK_STEPS = 120  # steps of one range query request (the agent bounds each request's work)
+# The agent's query API has a share of its event loop that refills each second: a query it
+# turns away unevaluated (503 ``unavailable``) is asked again after a pause, this many times.
+BUSY_WAIT_S = 1.0
+BUSY_RETRIES = 60
 
 
 class QueryRefused(KcopsError):
     """The agent's evaluation budget refused a query (Prometheus's 422 ``execution`` or
     503 ``timeout``): the same question in smaller pieces may pass."""
+
+
+class QueryBusy(QueryRefused):
+    """The agent turned a query away unevaluated (503 ``unavailable``: too many queries at
+    once, or the query API's share of the loop spent): the same question, later, may pass."""
 
 
 def _error_type(resp: httpx.Response) -> str | None:
@@ -118,7 +127,10 @@ class AgentClient:
             return None
         if resp.status_code >= 400:
             msg = f"GET {path}: HTTP {resp.status_code}: {resp.text[:200]}"
-            if resp.status_code in (422, 503) and _error_type(resp) in ("execution", "timeout"):
+            kind = _error_type(resp)
+            if resp.status_code == 503 and kind == "unavailable":
+                raise QueryBusy(msg)
+            if resp.status_code in (422, 503) and kind in ("execution", "timeout"):
                 raise QueryRefused(msg)
             raise KcopsError(msg)
         return resp.json()
@@ -151,21 +163,34 @@ class AgentClient:
 
         Asked in pieces of at most ``CHUNK_STEPS`` steps, and a piece the agent's
         evaluation budget refuses (its 422 or 503) is asked again in halves: the budget
-        bounds one request, so a long report never needs one expensive request.
+        bounds one request, so a long report never needs one expensive request. A query
+        turned away unevaluated (503 ``unavailable``) is asked again after a pause.
         """
         total = max(1, round((end - start) / step_s) + 1)
         merged: dict[tuple[tuple[str, str], ...], tuple[dict[str, str], dict[float, float]]] = {}
-        done, chunk = 0, CHUNK_STEPS
+        done, chunk, busy, single_retried = 0, CHUNK_STEPS, 0, False
         while done < total:
             n = min(chunk, total - done)
             first = start + done * step_s
             try:
                 rows = self._matrix(expr, first, first + (n - 1) * step_s, step_s)
-            except QueryRefused:
-                if n == 1:
+            except QueryBusy:
+                busy += 1
+                if busy > BUSY_RETRIES:
                     raise
-                chunk = max(1, n // 2)
+                time.sleep(BUSY_WAIT_S)
                 continue
+            except QueryRefused:
+                if n > 1:
+                    chunk = max(1, n // 2)
+                    continue
+                # one step: it may have found the loop share part spent; once more, refilled
+                if single_retried:
+                    raise
+                single_retried = True
+                time.sleep(BUSY_WAIT_S)
+                continue
+            busy, single_retried = 0, False
             for labels, pts in rows:
                 merged.setdefault(tuple(sorted(labels.items())), (labels, {}))[1].update(pts)
             done += n
