@@ -195,5 +195,13 @@ class InThread:
             )
         loop = asyncio.get_running_loop()
         self._pending = loop.run_in_executor(None, self.inner.collect, now)
+        # A read that outlives this tick's timeout may still end in an error: take it here,
+        # or asyncio logs "Future exception was never retrieved" with a traceback.
+        self._pending.add_done_callback(_late_outcome)
         # shield: a timeout of this tick must not orphan the result of the read.
         return list(await asyncio.shield(self._pending))
+
+
+def _late_outcome(fut: asyncio.Future[Any]) -> None:
+    if not fut.cancelled() and fut.exception() is not None:
+        log.debug("a collector read ended after its tick: %s", fut.exception())

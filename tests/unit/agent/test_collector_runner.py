@@ -130,3 +130,48 @@ def test_in_thread_collector_never_blocks_the_loop_nor_piles_up() -> None:
     assert errors(st, "stuck", "timeout") == 1
     assert errors(st, "stuck", "hung") == 1
     assert st.latest(SeriesKey.of("g")) == (3.0, 3.0)
+
+
+class FailsLate:
+    """A threaded read that outlives its tick, then fails (NVML losing its driver)."""
+
+    name = "late"
+
+    def __init__(self) -> None:
+        import threading
+
+        self.release = threading.Event()
+
+    def collect(self, now: float) -> Iterable[Sample]:
+        self.release.wait(10)
+        raise CollectorUnavailable("no NVIDIA driver", reason="no_driver")
+
+
+def test_a_threaded_read_that_fails_after_its_timeout_leaves_no_unretrieved_error() -> None:
+    """The tick gives up on the read; the read's later error is taken, not logged by
+    asyncio as "Future exception was never retrieved" with a traceback."""
+    import gc
+
+    from kcops.agent.collectors.base import InThread
+
+    st = Store()
+    late = FailsLate()
+    runner = CollectorRunner(st, [InThread(late)], timeout_s=0.05)
+    seen: list[dict[str, object]] = []
+
+    async def go() -> None:
+        asyncio.get_running_loop().set_exception_handler(lambda _loop, ctx: seen.append(ctx))
+        await runner.tick(1.0)
+        late.release.set()
+        pending = runner.collectors[0]._pending  # type: ignore[attr-defined]
+        while not pending.done():
+            await asyncio.sleep(0.01)
+        del pending
+        await runner.tick(2.0)  # a new read replaces the late one: its last reference goes
+        gc.collect()
+        await asyncio.sleep(0)
+
+    asyncio.run(go())
+    assert errors(st, "late", "timeout") == 1
+    assert errors(st, "late", "no_driver") == 1  # the second read failed within its tick
+    assert not seen, seen
