@@ -230,7 +230,8 @@ def test_real_vllm_loads_the_probe_from_the_site_folder_alone(
     engine_env: dict[str, str],
     tmp_path: Path,
 ) -> None:
-    from tests.engines.vllm.harness import MODEL_NAME, completion, parse_metrics, tail, wait_for
+    from tests.engines.vllm.harness import MODEL_NAME, POLL_S, completion, parse_metrics, tail
+    from tests.services import wait_until
 
     venv, model = vllm_install
     py = _engine_venv(venv, tmp_path / "engine-venv")
@@ -300,7 +301,7 @@ def test_real_vllm_loads_the_probe_from_the_site_folder_alone(
                 except httpx.HTTPError:
                     return False
 
-            wait_for(healthy, 900, "vLLM /health", lambda: tail(vllm_log))
+            wait_until(healthy, 900, "vLLM /health", lambda: tail(vllm_log), interval_s=POLL_S)
             for i in range(3):
                 completion(engine_url, f"Question {i}: what does a probe measure?", 16)
 
@@ -313,8 +314,13 @@ def test_real_vllm_loads_the_probe_from_the_site_folder_alone(
                 )  # fmt: skip
                 return ok if calls > 0 else 0.0
 
-            frames = wait_for(counted, 180, "probe frames from vLLM counted by the agent",
-                              lambda: tail(agent_log) + "\n" + tail(vllm_log))  # fmt: skip
+            frames = wait_until(
+                counted,
+                180,
+                "probe frames from vLLM counted by the agent",
+                lambda: tail(agent_log) + "\n" + tail(vllm_log),
+                interval_s=POLL_S,
+            )
             assert frames > 0
         finally:
             if engine is not None:
