@@ -28,14 +28,11 @@ from typing import Generic, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from kcops.agent.actions.remediation_state import RemediationState
+from kcops.agent.atomicfile import remove_stale_temps, write_bytes_atomic
 
 log = logging.getLogger("kcops.agent.actions")
 
 MAX_STATE_BYTES = 16 << 20
-
-
-def _tmp_name(path: Path) -> Path:
-    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
 
 
 M = TypeVar("M", bound=BaseModel)
@@ -49,40 +46,6 @@ def encode(data: State) -> bytes:
 
 def write_atomic(path: Path, data: State) -> None:
     write_bytes_atomic(path, encode(data))
-
-
-def write_bytes_atomic(path: Path, payload: bytes) -> None:
-    """``payload`` as the whole of ``path``, or (on any failure) the old file and no temp."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _tmp_name(path)
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            os.write(fd, payload)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
-    dfd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
-
-
-def remove_stale_temps(path: Path) -> int:
-    """Delete temp files of ``path`` left by earlier (crashed) processes; returns how many."""
-    n = 0
-    with contextlib.suppress(OSError):
-        for tmp in path.parent.glob(f".{path.name}.*.tmp"):
-            with contextlib.suppress(OSError):
-                tmp.unlink()
-                n += 1
-    return n
 
 
 def set_aside(path: Path, why: str) -> None:

@@ -40,6 +40,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from kcops.agent.atomicfile import remove_stale_temps, write_bytes_atomic
 from kcops.agent.rules.engine import RuleEngine
 from kcops.agent.rules.group import Group
 from kcops.agent.rules.model import Labels, labels_of
@@ -93,16 +94,9 @@ class _File(BaseModel):
     alerts: Annotated[list[_Entry], Field(max_length=MAX_ENTRIES)]
 
 
-def _tmp(path: Path) -> Path:
-    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
-
-
 def read_saved(path: Path) -> Saved:
     """The saved state; {} when there is none, and (with a warning) when it is corrupt."""
-    with contextlib.suppress(OSError):
-        for tmp in path.parent.glob(f".{path.name}.*.tmp"):
-            with contextlib.suppress(OSError):
-                tmp.unlink()  # left by a process killed between write and rename
+    remove_stale_temps(path)  # left by a process killed between write and rename
     try:
         with open(path, "rb") as fh:
             raw = fh.read(MAX_FILE_BYTES + 1)
@@ -137,24 +131,6 @@ def encode_saved(saved: Saved) -> bytes:
         for labels, st in sorted(insts.items())
     ][:MAX_ENTRIES]
     return json.dumps({"version": 1, "alerts": alerts}, separators=(",", ":")).encode()
-
-
-def write_saved(path: Path, payload: bytes) -> None:
-    """``payload`` as the whole of ``path``, or (on any failure) the old file and no temp."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _tmp(path)
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            os.write(fd, payload)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
 
 
 class ForStateKeeper:
@@ -219,7 +195,7 @@ class ForStateKeeper:
 
     def write(self, payload: bytes) -> None:
         try:
-            write_saved(self.path, payload)
+            write_bytes_atomic(self.path, payload)
         except OSError as exc:
             log.warning("cannot save alert for-state %s: %s", self.path, exc.strerror or exc)
             return

@@ -1,0 +1,50 @@
+"""Files written whole or not at all: temp file, fsync, rename, fsync of the folder.
+
+Shared by every state file the agent keeps (the remediation state, the alerts' ``for``
+state), so each gets the same durability and the same clean-up of temps a crash left.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+
+
+def tmp_name(path: Path) -> Path:
+    """This process's temp file for ``path`` (hidden, beside it, so the rename is atomic)."""
+    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
+
+
+def write_bytes_atomic(path: Path, payload: bytes) -> None:
+    """``payload`` as the whole of ``path``, or (on any failure) the old file and no temp."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = tmp_name(path)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, payload)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    dfd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def remove_stale_temps(path: Path) -> int:
+    """Delete temp files of ``path`` left by earlier (crashed) processes; returns how many."""
+    n = 0
+    with contextlib.suppress(OSError):
+        for tmp in path.parent.glob(f".{path.name}.*.tmp"):
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+                n += 1
+    return n
