@@ -19,6 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
+def _write_if_present(path: Path, value: str) -> None:
+    """Write a cgroup knob the kernel may lack (no swap accounting, no swap)."""
+    if path.exists():
+        with contextlib.suppress(OSError):
+            path.write_text(value)
+
+
 class NoCgroup(Exception):
     """No writable memory cgroup here; the message says why."""
 
@@ -33,7 +40,22 @@ class MemoryCgroup:
         return self.path / ("memory.max" if self.v2 else "memory.limit_in_bytes")
 
     def set_limit(self, limit_bytes: int) -> None:
-        self.limit_file.write_text(str(int(limit_bytes)))
+        """Limit memory *and swap*: on a machine with swap the kernel would page the
+        worker out past a RAM-only limit (v1 ``limit_in_bytes``, v2 ``memory.max``)
+        instead of OOM-killing it, and the worker would crawl rather than die."""
+        limit = str(int(limit_bytes))
+        if self.v2:
+            self.limit_file.write_text(limit)
+            _write_if_present(self.path / "memory.swap.max", "0")
+            return
+        memsw = self.path / "memory.memsw.limit_in_bytes"
+        # memory+swap may never be below memory: lift it, set memory, then pin it.
+        _write_if_present(memsw, "-1")
+        self.limit_file.write_text(limit)
+        _write_if_present(memsw, limit)
+        # Without swap accounting (no memsw file) a memcg's swappiness 0 keeps its
+        # anonymous memory out of swap.
+        _write_if_present(self.path / "memory.swappiness", "0")
 
     def limit_bytes(self) -> int | None:
         text = self.limit_file.read_text().strip()

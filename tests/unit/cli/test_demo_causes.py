@@ -73,11 +73,15 @@ def test_limit_oom_count_and_wrap(tmp_path: Path) -> None:
     d.mkdir()
     (d / "memory.limit_in_bytes").write_text("9223372036854771712\n")
     (d / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 3\n")
+    (d / "memory.memsw.limit_in_bytes").write_text("9223372036854771712\n")
     (d / "cgroup.procs").write_text("")
     cg = demo_cgroup.MemoryCgroup(d, v2=False)
     assert cg.limit_bytes() is None  # v1's "unlimited"
     cg.set_limit(1 << 30)
     assert cg.limit_bytes() == 1 << 30 and cg.oom_kills() == 3
+    # Swap is limited too: with swap on, a RAM-only limit pages the worker out
+    # instead of OOM-killing it (CI's machine did; the real test below catches it).
+    assert (d / "memory.memsw.limit_in_bytes").read_text() == str(1 << 30)
     # The wrapper writes its own pid, then exec keeps that pid for the command.
     out = subprocess.run(
         cg.wrap([sys.executable, "-c", "import os; print(os.getpid())"]),
