@@ -25,7 +25,6 @@ evidence and is the process watcher's (:mod:`kcops.agent.collectors.procwatch`).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import signal
@@ -47,6 +46,7 @@ from kcops.agent.engine.terminate import (
     GONE_WAIT_S,
     die_with_parent,
     group_alive,
+    kill_group,
     terminate,
     wait_gone,
 )
@@ -196,6 +196,7 @@ class Supervisor:
         return removed
 
     async def _reap_when_gone(self, pgid: int, ledger: shm.Ledger) -> None:
+        await kill_group(pgid, self.proc_root)
         await wait_gone(pgid, GONE_WAIT_S, self.proc_root)
         self._reap_shm(ledger)
 
@@ -336,10 +337,9 @@ class Supervisor:
             pgid = self.proc.pid
             if group_alive(pgid, self.proc_root):
                 self._scan_shm(pgid, force=True)
-                with contextlib.suppress(OSError):
-                    os.killpg(pgid, signal.SIGKILL)  # leftovers of a dead root
-            # Reap once every member is gone (a dying process still maps its
-            # segments); the respawn waits for it.
+            # Kill the leftovers of a dead root (resource trackers last) and reap once
+            # every member is gone (a dying process still maps its segments); the
+            # respawn waits for it.
             self._reaper = asyncio.get_running_loop().create_task(
                 self._reap_when_gone(pgid, self.shm)
             )

@@ -26,6 +26,11 @@ PR_SET_PDEATHSIG = 1
 # After SIGKILL (or a crash), how long to wait for every member of the group to be
 # gone before the shared memory is reaped: a dying process still maps its segments.
 GONE_WAIT_S = 10.0
+# Python's multiprocessing resource tracker, by its command line (``python -c 'from
+# multiprocessing.resource_tracker import main;main(FD)'``), and how long it gets to
+# unlink what its killed users registered before it is killed too.
+TRACKER_ARGV = "from multiprocessing.resource_tracker import main"
+TRACKER_WAIT_S = 3.0
 
 
 def die_with_parent() -> None:
@@ -101,8 +106,51 @@ async def terminate(
         await asyncio.wait([waiter], timeout=GONE_WAIT_S)
         return False
     before_signal(pgid)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
+    await kill_group(pgid, proc_root)
     await asyncio.wait([waiter], timeout=GONE_WAIT_S)
     await wait_gone(pgid, GONE_WAIT_S, proc_root)
     return True
+
+
+def resource_trackers(pids: list[int], proc_root: Path = proctree.PROC) -> list[int]:
+    """Those of ``pids`` that are Python's multiprocessing resource tracker."""
+    return [p for p in pids if TRACKER_ARGV in " ".join(proctree.cmdline(p, proc_root))]
+
+
+def kill_all_but_trackers(pgid: int, proc_root: Path = proctree.PROC) -> list[int]:
+    """SIGKILL every live member of the group but its resource trackers; returns those.
+
+    Python's ``multiprocessing.resource_tracker`` (vLLM's engine core and workers
+    start one) unlinks the named semaphores and shared memory its users registered
+    once the last of them is gone: spared, it cleans up what a SIGKILL left, under
+    names no scan of open files can attribute (a ``sem.mp-*`` nobody maps any more).
+    """
+    trackers: list[int] = []
+    for _ in range(3):  # again, for a member forked while the first pass ran
+        pids = proctree.group_pids(pgid, proc_root)
+        trackers = resource_trackers(pids, proc_root)
+        rest = [p for p in pids if p not in trackers]
+        if not rest:
+            break
+        for pid in rest:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+    for pid in trackers:  # a stopped tracker (the whole tree SIGSTOPped) cannot clean up
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGCONT)
+    return trackers
+
+
+async def kill_group(pgid: int, proc_root: Path = proctree.PROC) -> None:
+    """SIGKILL the whole group, its resource trackers last: they get
+    :data:`TRACKER_WAIT_S` to clean up after their users and exit by themselves."""
+    trackers = kill_all_but_trackers(pgid, proc_root)
+    deadline = time.monotonic() + TRACKER_WAIT_S
+    while trackers and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+        trackers = [p for p in trackers if proctree.alive(p, proc_root)]
+    if trackers:
+        log.warning("resource tracker(s) %s still alive after %.0fs: killed", trackers,
+                    TRACKER_WAIT_S)  # fmt: skip
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)

@@ -7,6 +7,7 @@ import asyncio
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -185,5 +186,71 @@ def test_a_stopped_tree_is_killed_at_once_no_drain_and_its_segments_reaped(
             await sup.stop()
             await engine.aclose()
             await w.stop()
+
+    asyncio.run(body())
+
+
+async def _mp_supervisor(clock: ManualClock, out: Path) -> tuple[Supervisor, str]:
+    """A supervisor running tests/unit/actions/mp_engine.py; returns it and the name of
+    the semaphore the tree registered (read from the engine's first line)."""
+    prog = Path(__file__).with_name("mp_engine.py")
+    cmd = ["sh", "-c", f'exec "{sys.executable}" "{prog}" > "{out}"']
+    sup = Supervisor(cmd, RestartSection(grace_s=600, drain_deadline_s=600), clock=clock)
+    await sup.start()
+    deadline = time.monotonic() + 60
+    while not out.exists() or not out.read_text().startswith("ready "):
+        assert time.monotonic() < deadline, "mp_engine.py did not start"
+        await asyncio.sleep(0.05)
+    name = out.read_text().split()[1]
+    assert (Path("/dev/shm") / name).exists(), name
+    return sup, name
+
+
+def test_a_killed_tree_leaves_no_named_semaphore_its_resource_tracker_could_remove(
+    tmp_path: Path,
+) -> None:
+    """vLLM's case (issue 22): a stalled tree SIGKILLed at once left /dev/shm/sem.mp-*,
+    which no live process maps (so no scan can attribute it) and whose owner, Python's
+    resource tracker, died in the same SIGKILL. Spared until its users are gone, the
+    tracker unlinks it."""
+
+    async def body() -> None:
+        clock = ManualClock()
+        sup, name = await _mp_supervisor(clock, tmp_path / "out")
+        try:
+            old = sup.pid()
+            assert old is not None
+            os.kill(old, signal.SIGSTOP)  # the engine core stuck
+            out = await sup.restart("stalled", drain=False)
+            assert out["killed"]
+            assert not (Path("/dev/shm") / name).exists(), f"{name} left behind"
+        finally:
+            await sup.stop()
+
+    asyncio.run(body())
+
+
+def test_a_crashed_root_s_leftovers_are_killed_and_their_semaphore_removed(
+    tmp_path: Path,
+) -> None:
+    """The root dies by itself (SIGKILL from outside, as the OOM killer): the supervisor
+    kills what is left of its group, resource tracker last, before it respawns."""
+
+    async def body() -> None:
+        clock = ManualClock()
+        sup, name = await _mp_supervisor(clock, tmp_path / "out")
+        try:
+            old = sup.pid()
+            assert old is not None
+            members = proctree.group_pids(old)
+            # The root is `sh` exec'ing python: the python is the root itself.
+            os.kill(old, signal.SIGKILL)
+            deadline = time.monotonic() + 30
+            while any(proctree.alive(p) for p in members) or (Path("/dev/shm") / name).exists():
+                assert time.monotonic() < deadline, (name, [proctree.alive(p) for p in members])
+                await asyncio.sleep(0.05)
+                await sup.tick(clock())
+        finally:
+            await sup.stop()
 
     asyncio.run(body())
