@@ -22,6 +22,7 @@ from kcops import __version__
 from kcops.agent import actions as actions_pkg
 from kcops.agent import collectors as collectors_pkg
 from kcops.agent import rules as rules_pkg
+from kcops.agent.backoff import LoopErrors
 from kcops.agent.clock import Clock, system_clock
 from kcops.agent.collectors import CollectorRunner, tick_histogram
 from kcops.agent.collectors.base import Collector
@@ -113,6 +114,8 @@ class Agent:
         self._stop = asyncio.Event()
         self._http: web.AppRunner | None = None
         self.bound_port: int | None = None
+        # asyncio's failed accepts (EMFILE): counted and logged once a minute, not each second
+        self.loop_errors = LoopErrors(log)
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -126,6 +129,7 @@ class Agent:
             raise ConfigError(
                 f"agent.state_dir: cannot create {self.ctx.state_dir}: {exc.strerror}"
             ) from None
+        self.loop_errors.install(asyncio.get_running_loop())
         for comp in self.components:
             await comp.start()
         app = build_app()
@@ -160,7 +164,8 @@ class Agent:
                 log.exception("component %s failed in tick", comp.name)
         elapsed = time.perf_counter() - t0
         self.ticks.observe(elapsed)
-        self.store.add([Sample.of("kcops_store_series", len(self.store))], now)
+        own = [Sample.of("kcops_store_series", len(self.store)), *self.loop_errors.samples()]
+        self.store.add(own, now)
         self.ticks_done += 1
         if self.ticks_done % EVICT_EVERY_TICKS == 0:
             self.store.evict(now)
@@ -220,6 +225,7 @@ class Agent:
             await asyncio.wait_for(_all(), timeout=deadline)
         except TimeoutError:
             log.error("shutdown deadline of %.1fs passed; exiting anyway", deadline)
+        self.loop_errors.uninstall(asyncio.get_running_loop())
         remaining_ms = int(max(0.1, deadline / 2) * 1000)
         self.tracer_provider.force_flush(remaining_ms)
         self.tracer_provider.shutdown()

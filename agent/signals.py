@@ -35,7 +35,12 @@ SIGNALS: dict[str, Meta] = {
     ),
     "kcops_probe_connections_open": Meta(GAUGE, "Probe stream connections open."),
     "kcops_probe_connections_total": Meta(
-        COUNTER, "Probe stream connections, by outcome (accepted, refused, out_of_step)."
+        COUNTER,
+        "Probe stream connections, by outcome: accepted, or why the agent closed one "
+        "(refused, evicted, idle_timeout, partial_timeout, out_of_step).",
+    ),
+    "kcops_probe_buffered_bytes": Meta(
+        GAUGE, "Bytes of unfinished probe frames held (at most 60,000 a connection)."
     ),
     "kcops_probe_receive_paused_total": Meta(
         COUNTER, "Seconds in which the probe receiver spent its time budget and paused."

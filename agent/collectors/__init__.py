@@ -88,6 +88,8 @@ def _local(
                 max_frames_per_s=cfg.probe.max_frames_per_s,
                 max_receive_ms_per_s=cfg.probe.max_receive_ms_per_s,
                 max_connections=cfg.probe.max_connections,
+                connection_idle_timeout_s=cfg.probe.connection_idle_timeout_s,
+                partial_frame_timeout_s=cfg.probe.partial_frame_timeout_s,
             )
         )
     if cfg.nvml.enabled != "off":

@@ -105,8 +105,10 @@ class CollectorRunner:
             except TimeoutError:
                 self._fail(c.name, "timeout", f"no answer within {self.timeout_s}s", now)
             except Exception as exc:
-                log.exception("collector %s raised", c.name)
-                self._fail(c.name, "exception", f"{type(exc).__name__}: {exc}", now)
+                message = f"{type(exc).__name__}: {exc}"
+                if h.last_error != message:  # a traceback each tick would flood the log
+                    log.exception("collector %s raised", c.name)
+                self._fail(c.name, "exception", message, now)
             else:
                 keys = self.store.write(samples, now)
                 for gone in self._last_keys[c.name] - keys:

@@ -108,6 +108,8 @@ class ProbeReceiver:
         max_frames_per_s: int = 2000,
         max_receive_ms_per_s: float = 250.0,
         max_connections: int = 256,
+        connection_idle_timeout_s: float = 60.0,
+        partial_frame_timeout_s: float = 10.0,
         drain_interval_s: float = 0.025,
         idle_s: float = 600.0,
         clock: Callable[[], float] = time.monotonic,
@@ -128,6 +130,8 @@ class ProbeReceiver:
             self.socket_path, self._consume_timed, max_connections=max_connections,
             interval_s=drain_interval_s, paused_s=self.budget.paused_s,
             on_truncated=lambda: self._refused(StreamEnded("the stream ended inside a frame")),
+            idle_timeout_s=connection_idle_timeout_s, partial_timeout_s=partial_frame_timeout_s,
+            clock=clock,
         )  # fmt: skip
         self._shapes = probe_bulk.ShapeCache(max_shapes=4 * max(8, max_processes))
         self._bulk = True  # frames of a known shape by probe_bulk (tests: False)
@@ -259,6 +263,11 @@ class ProbeReceiver:
             for k, v in self.stream.connections.items()
         ]
         out.append(Sample("kcops_probe_connections_open", (), float(self.stream.open_connections)))
+        out.append(Sample("kcops_probe_buffered_bytes", (), float(self.stream.buffered_bytes)))
+        out += [
+            Sample.of("kcops_collector_errors_total", float(n), {"collector": "probe", "reason": k})
+            for k, n in sorted(self.stream.repeats.counts.items())
+        ]
         out.append(Sample("kcops_probe_receive_paused_total", (), float(self.budget.pauses)))
         self.sums.samples(out)
         return out

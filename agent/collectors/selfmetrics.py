@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from kcops import __version__
 from kcops.agent.samples import Sample, histogram_samples
 from kcops.agent.store import Store
+from kcops.errors import CollectorUnavailable
 from kcops.kernels.wire import Histogram
 
 if TYPE_CHECKING:
@@ -51,7 +52,7 @@ class SelfCollector:
                     rss = int(fh.read().split()[1]) * PAGE_BYTES
                 use = resource.getrusage(resource.RUSAGE_SELF)
                 return rss, use.ru_utime + use.ru_stime
-            except OSError:  # no /proc (not Linux): psutil after all
+            except FileNotFoundError:  # no /proc (not Linux): psutil after all
                 import psutil
 
                 self.proc = psutil.Process(os.getpid())
@@ -60,7 +61,12 @@ class SelfCollector:
             return self.proc.memory_info().rss, cpu.user + cpu.system
 
     def collect(self, now: float) -> Iterable[Sample]:
-        rss, cpu = self._rss_cpu()
+        try:
+            rss, cpu = self._rss_cpu()
+        except OSError as exc:  # EMFILE: no descriptor left to read /proc with
+            raise CollectorUnavailable(
+                f"cannot read this process's memory and CPU: {exc.strerror or exc}", reason="read"
+            ) from None
         labels = {"process": "agent"}
         out = [
             Sample.of("kcops_process_resident_memory_bytes", rss, labels),

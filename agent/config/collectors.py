@@ -41,8 +41,20 @@ class ProbeSection(Section):
         description="loop time spent receiving per second; past it reading pauses (counted)",
     )  # fmt: skip
     max_connections: int = Field(
-        256, ge=1, le=65_536, description="probe stream connections kept; more are refused"
-    )
+        256, ge=1, le=65_536,
+        description="probe stream connections kept; past it a new one takes the place of "
+        "the least active (one that never sent a whole frame first), or is refused",
+    )  # fmt: skip
+    connection_idle_timeout_s: Duration = Field(
+        60.0, ge=1.0, le=86_400.0,
+        description="a probe connection that sends nothing this long is closed (counted; "
+        "the probe reconnects with its next frame)",
+    )  # fmt: skip
+    partial_frame_timeout_s: Duration = Field(
+        10.0, ge=0.1, le=3600.0,
+        description="a frame begun and not finished within this is dropped and its "
+        "connection closed (counted); keep it above the probe's flush interval",
+    )  # fmt: skip
 
 
 class NvmlSection(Section):

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Iterable
+
+import pytest
 
 from kcops.agent.collectors import CollectorRunner
 from kcops.agent.samples import Sample, SeriesKey
@@ -175,3 +178,19 @@ def test_a_threaded_read_that_fails_after_its_timeout_leaves_no_unretrieved_erro
     assert errors(st, "late", "timeout") == 1
     assert errors(st, "late", "no_driver") == 1  # the second read failed within its tick
     assert not seen, seen
+
+
+def test_a_bug_that_repeats_each_tick_logs_its_traceback_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Counted every tick, but its traceback logged again only when the error changes: under
+    fd exhaustion one collector's traceback each tick was most of the agent's log."""
+    same = [RuntimeError("EMFILE") for _ in range(20)]
+    st = Store()
+    r = CollectorRunner(st, [Scripted("buggy", [*same, RuntimeError("other")])])
+    with caplog.at_level(logging.ERROR, logger="kcops.agent.collectors"):
+        for t in range(21):
+            asyncio.run(r.tick(float(t)))
+    tracebacks = [x for x in caplog.records if x.exc_info]
+    assert len(tracebacks) == 2
+    assert errors(st, "buggy", "exception") == 21

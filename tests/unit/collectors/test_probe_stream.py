@@ -79,21 +79,32 @@ def _comm() -> str:
         return fh.read().strip()
 
 
-def test_connections_past_the_limit_are_refused_and_counted(sock_path: Path) -> None:
-    r = ProbeReceiver(sock_path, max_connections=2, drain_interval_s=0.01)
+def test_past_the_limit_only_a_connection_with_bytes_waiting_on_each_is_refused(
+    sock_path: Path,
+) -> None:
+    """A new connection takes the place of one with nothing to read (tests/unit/collectors/
+    test_probe_held.py); when every connection has bytes waiting (read only every 30 s
+    here), none is closed for it: it is refused and counted, and no queued frame is lost."""
+    r = ProbeReceiver(sock_path, max_connections=2, drain_interval_s=30.0)
 
     async def main() -> None:
         await r.start()
         clients = []
-        for _ in range(4):
+        for i in range(2):
+            c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            c.connect(str(r.socket_path))
+            c.sendall(_frame(i, calls_by_layer={"0": 1}))
+            clients.append(c)
+        conns = r.stream._conns
+        await until(lambda: len(conns) == 2 and not any(c.watched for c in conns.values()))
+        for _ in range(2):
             c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             c.connect(str(r.socket_path))
             clients.append(c)
         await until(lambda: r.stream.connections["refused"] == 2)
-        for i, c in enumerate(clients[:2]):
-            c.sendall(_frame(i, calls_by_layer={"0": 1}))
-        await until(lambda: r.frames["ok"] == 2)
-        assert r.stream.open_connections == 2
+        assert r.stream.connections["evicted"] == 0 and r.stream.open_connections == 2
+        r.stream._drain()  # what the timer would do 30 s later
+        assert r.frames["ok"] == 2
         for c in clients:
             c.close()
         await r.stop()

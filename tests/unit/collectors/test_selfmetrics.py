@@ -5,9 +5,11 @@ from __future__ import annotations
 import os
 
 import psutil
+import pytest
 
 from kcops.agent.collectors.selfmetrics import SelfCollector, tick_histogram
 from kcops.agent.store import Store
+from kcops.errors import CollectorUnavailable
 from tests.unit.collectors.helpers import value
 
 
@@ -28,3 +30,19 @@ def test_an_explicit_psutil_process_is_still_used() -> None:
     me = psutil.Process(os.getpid())
     out = list(SelfCollector(tick_histogram(), proc=me).collect(0.0))
     assert (value(out, "kcops_process_resident_memory_bytes", process="agent") or 0) > 1 << 20
+
+
+def test_no_descriptor_left_is_unavailable_not_a_bug(monkeypatch: pytest.MonkeyPatch) -> None:
+    """EMFILE on /proc/self/statm was taken for "no /proc": psutil, whose import failed
+    too, and a traceback every tick (issue 24: fd exhaustion). Now one line, unavailable."""
+    import builtins
+    import errno
+
+    def no_fd(*args: object, **kw: object) -> object:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    c = SelfCollector(tick_histogram(), store=Store())
+    monkeypatch.setattr(builtins, "open", no_fd)
+    with pytest.raises(CollectorUnavailable, match="Too many open files") as exc:
+        c.collect(0.0)
+    assert exc.value.reason == "read" and c.proc is None
