@@ -32,6 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
 MAX_HOLD_BYTES = 64 * 1024**3
 MAX_LATENCY_MS = 600_000
 MAX_START_DELAY_S = 3600.0
@@ -67,9 +69,14 @@ def _bytes(body: dict[str, object], key: str) -> int | None:
     return n
 
 
-def _touched(n: int) -> bytearray:
-    # Multiplying a one-byte array writes every byte: the pages become resident.
-    return bytearray(b"\x01") * n
+def _touched(n: int) -> torch.Tensor:
+    """``n`` bytes allocated and written, so the pages are resident.
+
+    torch fills them with the GIL released: a hold of a gigabyte or more (the OOM
+    drill's, which must end in the kernel's OOM kill) leaves the worker's HTTP loop
+    answering meanwhile. A bytearray fill held the GIL, so the worker also looked
+    hung while it wrote, and a hang is a different failure, with its own remedy."""
+    return torch.ones(n, dtype=torch.uint8)
 
 
 @dataclass
@@ -79,7 +86,7 @@ class Ramp:
     bytes_per_s: int
     to_bytes: int
     started_s: float | None = None  # set by the first tick: time comes from the engine's clock
-    held: list[bytearray] = field(default_factory=list)
+    held: list[torch.Tensor] = field(default_factory=list)
 
     @property
     def held_bytes(self) -> int:
@@ -111,7 +118,7 @@ class Faults:
     cache_budget_bytes: int | None = None  # a drill's budget of the KV memory tier
     # Sets the cache's budget (None: the configured one); wired by the worker's app.
     resize_cache: Callable[[int | None], None] | None = None
-    _held: list[bytearray] = field(default_factory=list)
+    _held: list[torch.Tensor] = field(default_factory=list)
     # Set while the model loop may run: neither hung nor stalled.
     unhung: threading.Event = field(default_factory=threading.Event)
 

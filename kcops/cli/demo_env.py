@@ -358,6 +358,14 @@ class DemoEnv:
 
     # -- what the parts see ----------------------------------------------------
 
+    def log_tail(self, name: str, lines: int = 40) -> str:
+        """The last ``lines`` lines of a process's log in the work folder (for a failure)."""
+        try:
+            text = (self.work / name).read_text(errors="replace")
+        except OSError as exc:
+            return f"({name}: {exc.strerror})"
+        return "\n".join(text.splitlines()[-lines:])
+
     def worker_state(self) -> dict[str, Any]:
         return dict(httpx.get(self.worker + "/admin/state", timeout=2).json())
 

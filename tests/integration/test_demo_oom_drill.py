@@ -29,7 +29,9 @@ def test_oom_drill(tmp_path: Path) -> None:
         res = run_drill(env, drill)
         # The ladder's first step (lower_topn) may meet the worker still dead or
         # respawning and fail; the ladder then climbs to restart_worker.
-        assert res.fired and res.action in ("lower_topn", "restart_worker"), res.note
+        assert res.fired and res.action in ("lower_topn", "restart_worker"), (
+            f"{res.note}\nthe agent's log:\n{env.log_tail('agent.log')}"
+        )
         assert env.cgroup.oom_kills() == 1
         assert env.first_pid != first  # the supervisor respawned it
         assert env.query("max(kcops_engine_oom_total)") == 1.0
