@@ -120,11 +120,9 @@ class Supervisor:
         self.proc_root = proc_root
         self.shm_root = shm_root
         self.shm_scan_s = shm_scan_s
-        # What the current engine generation holds in shared memory (one per spawn).
-        self.shm = shm.Ledger(shm_root, proc_root, shm_scan_s)
+        self.shm = shm.Ledger(shm_root, proc_root, shm_scan_s)  # this generation's
         self.shm_removed_total = 0
-        # Reaps a crashed tree's shared memory once the group is gone; respawn waits on it.
-        self._reaper: asyncio.Task[None] | None = None
+        self._reaper: asyncio.Task[None] | None = None  # reaps a crashed tree; respawn waits
 
     # -- process handling ----------------------------------------------------------
 
@@ -132,12 +130,16 @@ class Supervisor:
         """Why the supervisor owns the engine's next start now, or None."""
         if self.gave_up:
             return "the engine is in a crash loop; supervision stopped"
-        if self.respawn_at is not None:
+        if self.respawning():
+            wait = max(0.0, (self.respawn_at or 0.0) - self.clock())
             return (
-                "the supervisor is backing off after the engine exited "
-                f"({self.last_exit}) and respawns it at {self.respawn_at:.0f}"
+                f"the engine exited ({self.last_exit}); the supervisor respawns it in {wait:.1f}s"
             )
         return None
+
+    def respawning(self) -> bool:
+        """True from an exit until the respawn (the engine comes back by itself)."""
+        return self.respawn_at is not None and not self.gave_up
 
     def pid(self) -> int | None:
         if self.proc is None or self.proc.returncode is not None:

@@ -320,6 +320,7 @@ class Runner:
             check = Check(self.config, self.engine, self.supervisor, run.t)
             if run.target == "engine" and self.engine.tracked:
                 self.engine.not_starting()
+                self._not_respawning(run.action)
             if spec.precheck is not None:
                 spec.precheck(check, parsed)
             self.guards.check(run.action, run.target, run.t, force=run.forced, owner=owner)
@@ -332,6 +333,15 @@ class Runner:
             self._refuse(run, exc)
             return None
         return spec, parsed
+
+    def _not_respawning(self, action: str) -> None:
+        """Refuse (``starting``: a ladder retries) an engine action while the supervisor
+        respawns the engine: the engine is gone and comes back by itself; an OOM ladder's
+        lower_topn then acts on the new engine instead of failing on the dead one.
+        restart_worker decides for itself (``supervisor_owns``)."""
+        sup = self.supervisor
+        if action != "restart_worker" and sup is not None and sup.respawning():
+            raise ActionRejected(f"{sup.backing_off()}: acting once it is back", Refusal.STARTING)
 
     def _refuse(self, run: Run, exc: ActionRejected) -> None:
         outcome = outcome_mod.of_refusal(exc.reason)

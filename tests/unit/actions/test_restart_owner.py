@@ -10,6 +10,7 @@ from pathlib import Path
 
 from kcops.agent.actions.remediation import Remediation
 from kcops.agent.clock import ManualClock
+from kcops.agent.engine import lifecycle as lc
 from kcops.agent.supervisor import Supervisor
 from tests.services import wait_until_async
 from tests.unit.actions.harness import audit, make_ctx
@@ -49,7 +50,7 @@ def test_restart_worker_is_refused_while_the_supervisor_backs_off(tmp_path: Path
             assert sup.backing_off() is not None
             run = rem.runner.submit("restart_worker", reason="test")
             assert run.outcome == "refused" and run.refusal == "supervisor_owns"
-            assert "backing off" in (run.error or "")
+            assert "the supervisor respawns it in" in (run.error or "")
             assert sup.pid() is None  # nothing respawned behind the supervisor's back
             refused = [r for r in audit(rem, "action") if r["action"] == "restart_worker"]
             assert [r["refusal"] for r in refused] == ["supervisor_owns"]
@@ -68,5 +69,46 @@ def test_restart_worker_is_refused_while_the_supervisor_backs_off(tmp_path: Path
         finally:
             await sup.stop()
             await rem.stop()
+
+    asyncio.run(body())
+
+
+def test_an_engine_action_waits_while_the_supervisor_respawns(tmp_path: Path) -> None:
+    """An OOM-killed engine is respawned by the supervisor; the OOM ladder's lower_topn,
+    submitted at the same tick, is refused ``starting`` (the ladder retries it on the new
+    engine) instead of failing on the dead one and leaving the ladder exhausted."""
+
+    async def body() -> None:
+        clock = ManualClock()
+        ctx, _ = make_ctx(
+            tmp_path,
+            None,
+            clock,
+            mode="enforce",
+            restart={"backoff_initial_s": 100, "startup_grace_s": 0},
+        )
+        rem = Remediation(ctx)
+        sup = Supervisor(
+            [sys.executable, "-c", "import time; time.sleep(60)"],
+            ctx.config.actions.restart,
+            clock=clock,
+            engine=rem.engine,
+        )
+        rem.supervisor = rem.runner.supervisor = sup
+        await rem.start()
+        await sup.start()
+        try:
+            rem.engine.observe(lc.Health(clock(), True))  # ready
+            first = sup.pid()
+            assert first is not None
+            os.kill(first, signal.SIGKILL)  # the kernel's OOM kill
+            await _exited(sup, clock)
+            assert rem.engine.state is lc.EngineState.DOWN and sup.respawning()
+            run = rem.runner.submit("lower_topn", reason="KcopsEngineOOM")
+            assert run.outcome == "skipped_starting" and run.refusal == "starting", run
+            assert "respawns it in" in (run.error or "")
+        finally:
+            await rem.stop()
+            await sup.stop()
 
     asyncio.run(body())
