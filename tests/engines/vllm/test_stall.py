@@ -118,12 +118,6 @@ def stopped(pid: int) -> Iterator[None]:
             os.kill(pid, signal.SIGCONT)
 
 
-@pytest.mark.skip(
-    reason="issue 22, open: the run of 2026-12-03 20:25 UTC paged (KcopsEngineStalled), went "
-    "503 and recorded restart_worker with its evidence (stalled 7.0 s, 1 pending, canary "
-    "timeout), served again, but the SIGKILLed tree left a named semaphore "
-    "(/dev/shm/sem.mp-*) that agent/engine/shm.py did not remove; unskip once it does"
-)
 def test_stalled_engine_core_pages_leaves_rotation_and_is_restarted(after_soak: Stack) -> None:
     stack = after_soak
     load_s = stack.ready_at - stack.started_at  # this session's cold start: one engine load
