@@ -28,3 +28,16 @@ def test_an_explicit_psutil_process_is_still_used() -> None:
     me = psutil.Process(os.getpid())
     out = list(SelfCollector(tick_histogram(), proc=me).collect(0.0))
     assert (value(out, "kcops_process_resident_memory_bytes", process="agent") or 0) > 1 << 20
+
+
+def test_the_regex_cache_bound_and_use_are_exported() -> None:
+    from kcops.agent.rules.regex import CACHE, compile_anchored
+    from kcops.agent.signals import SIGNALS
+
+    compile_anchored("exported|regex")
+    out = list(SelfCollector(tick_histogram(), store=Store()).collect(0.0))
+    assert value(out, "kcops_regex_cache_max_bytes") == CACHE.max_bytes
+    assert value(out, "kcops_regex_cache_entries") == len(CACHE) >= 1
+    assert 0 < (value(out, "kcops_regex_cache_bytes") or 0) <= CACHE.max_bytes
+    assert value(out, "kcops_regex_cache_evictions_total") == CACHE.evictions
+    assert all(s.name in SIGNALS for s in out if s.name.startswith("kcops_regex"))
