@@ -12,7 +12,8 @@ that needs more work than the evaluation budget (budget.py; Prometheus's
 (503), as Prometheus answers for ``query.timeout``. Past the query API's
 share of the event loop or its limit of concurrent queries (query_gate.py) a
 query is ``unavailable`` (503), as Prometheus answers when its query queue
-is full. Sample values are
+is full. Its regexes are bounded as a query's (rules/regex.py: a smaller
+program, compiled only within the query's deadline). Sample values are
 strings formatted as Go formats a float64 (``"NaN"``, ``"+Inf"``), so the body
 never holds a bare NaN or Infinity. A vector keeps the evaluator's order, as
 Prometheus's instant queries do (``topk``, ``sort`` ... are ordered).
@@ -33,6 +34,8 @@ from kcops.agent.rules.evaluator import Evaluator
 from kcops.agent.rules.gofmt import go_float
 from kcops.agent.rules.model import EvalError, RuleError, Value
 from kcops.agent.rules.parse import parse_expr
+from kcops.agent.rules.regex import query_bounds
+from kcops.agent.samples import SeriesKey
 
 if TYPE_CHECKING:
     from kcops.agent.component import AgentContext
@@ -72,7 +75,14 @@ class QueryComponent:
         return None
 
     async def tick(self, now: float) -> None:
-        return None
+        """The gate's bound and refusals as series (catalogued in signals.py)."""
+        store = self.ctx.store
+        store.append(
+            SeriesKey.of("kcops_query_max_concurrent", {}), now, float(self.gate.max_concurrent)
+        )
+        for reason, n in self.gate.refused.items():
+            key = SeriesKey.of("kcops_query_refused_total", {"reason": reason})
+            store.append(key, now, float(n))
 
     async def stop(self) -> None:
         return None
@@ -125,7 +135,7 @@ class QueryComponent:
                         f"{params['time'][:40]!r}",
                     )
             try:
-                with self.gate.evaluation() as deadline:
+                with self.gate.evaluation() as deadline, query_bounds(deadline):
                     data = self.query(text, t, deadline)
             except Exception as exc:
                 return failure_response(exc)

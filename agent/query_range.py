@@ -29,6 +29,7 @@ from kcops.agent.rules.evaluator import Evaluator
 from kcops.agent.rules.gofmt import go_float
 from kcops.agent.rules.model import RuleError
 from kcops.agent.rules.parse import parse_expr
+from kcops.agent.rules.regex import query_bounds
 
 if TYPE_CHECKING:
     from kcops.agent.component import AgentContext
@@ -106,7 +107,7 @@ def range_routes(ctx: AgentContext, gate: QueryGate) -> list[web.RouteDef]:
                 start = _float_param(params, "start")
                 end = _float_param(params, "end")
                 step = _float_param(params, "step")
-                with gate.evaluation() as deadline:
+                with gate.evaluation() as deadline, query_bounds(deadline):
                     data = evaluate_range(ctx, text, start, end, step, deadline)
         except (RangeError, FormError) as exc:
             return error_response("bad_data", str(exc))

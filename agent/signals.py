@@ -154,6 +154,34 @@ SIGNALS: dict[str, Meta] = {
         COUNTER, "Samples evicted before their retention to stay within store.max_bytes."
     ),
     "kcops_agent_build_info": Meta(GAUGE, "Agent version."),
+    # the rule engine's and the query API's bounds (issue 24; docs/rules.md)
+    "kcops_regex_cache_bytes": Meta(
+        GAUGE, "Compiled regexes of rules and queries kept, by their estimated size."
+    ),
+    "kcops_regex_cache_entries": Meta(GAUGE, "Compiled regexes kept."),
+    "kcops_regex_cache_max_bytes": Meta(GAUGE, "The compiled-regex cache's bound in bytes."),
+    "kcops_regex_cache_evictions_total": Meta(
+        COUNTER, "Compiled regexes dropped from the cache to stay within its bound."
+    ),
+    "kcops_template_output_max_bytes": Meta(
+        GAUGE, "The bound of one alert label or annotation template expansion."
+    ),
+    "kcops_template_truncated_total": Meta(
+        COUNTER, "Template expansions cut at kcops_template_output_max_bytes."
+    ),
+    "kcops_template_work_exceeded_total": Meta(
+        COUNTER, "Template expansions failed: their functions produced over 1 MiB of text."
+    ),
+    "kcops_rule_evaluations_cut_total": Meta(
+        COUNTER,
+        "Rule evaluations cut by the tick's budget (rules.tick_budget_s), by outcome: "
+        "stopped at it, or not_evaluated because it was spent.",
+    ),
+    "kcops_query_max_concurrent": Meta(GAUGE, "Queries the query API evaluates at once."),
+    "kcops_query_refused_total": Meta(
+        COUNTER,
+        "Queries answered 503 unavailable without evaluation, by reason (concurrency, loop_share).",
+    ),
 }
 
 

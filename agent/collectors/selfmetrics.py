@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from kcops import __version__
+from kcops.agent.rules.regex import CACHE as REGEX_CACHE
 from kcops.agent.samples import Sample, histogram_samples
 from kcops.agent.store import Store
 from kcops.errors import CollectorUnavailable
@@ -85,4 +86,9 @@ class SelfCollector:
             ):
                 out.append(Sample.of("kcops_store_dropped_samples_total", n, {"reason": reason}))
             out.append(Sample.of("kcops_store_evicted_samples_total", st.evicted_samples))
+        rx = REGEX_CACHE  # compiled regexes of rules and queries (rules/regexcache.py)
+        out.append(Sample.of("kcops_regex_cache_bytes", rx.bytes))
+        out.append(Sample.of("kcops_regex_cache_entries", len(rx)))
+        out.append(Sample.of("kcops_regex_cache_max_bytes", rx.max_bytes))
+        out.append(Sample.of("kcops_regex_cache_evictions_total", rx.evictions))
         return out

@@ -50,6 +50,10 @@ class QueryTimeout(EvalError):
     """Past the evaluation's deadline (Prometheus: ``query.timeout``)."""
 
 
+class SharedBudgetSpent(QueryTimeout):
+    """Past a deadline shared with other evaluations (the tick's rules, the query API's)."""
+
+
 @dataclass(frozen=True)
 class Limits:
     """The bound of one evaluation: ``max_work`` units and ``timeout_s`` seconds."""
@@ -108,7 +112,7 @@ class Budget:
     def check_deadline(self) -> None:
         if time.perf_counter() > self._deadline:
             if self._shared:
-                raise QueryTimeout(
+                raise SharedBudgetSpent(
                     "query timed out in expression evaluation: the shared evaluation "
                     "budget (of this tick's rules, or of the query API's slice of the "
                     "event loop) is spent"

@@ -19,6 +19,7 @@ from kcops.agent.rules.engine import RuleEngine
 from kcops.agent.rules.forstate import FILE_NAME, ForStateKeeper
 from kcops.agent.rules.group import Group, build_groups
 from kcops.agent.rules.loader import RuleSet
+from kcops.agent.rules.templatebound import MAX_OUTPUT_BYTES
 from kcops.agent.rules.views import ActiveAlert, GroupInfo
 from kcops.agent.samples import SeriesKey
 
@@ -108,6 +109,7 @@ class RulesComponent:
             span.set_attribute("kcops.transitions", len(transitions))
         for tr in transitions:
             self.ctx.bus.publish(tr)
+        self._write_bound_series(now)
         if evaluated:
             await self._save(in_thread=True)
 
@@ -129,6 +131,20 @@ class RulesComponent:
         values = (g.interval_s, slot, float(g.iterations), float(g.missed))
         for (name, _, _), v in zip(GROUP_METRICS, values, strict=True):
             store.append(SeriesKey.of(name, labels), slot, v)
+
+    def _write_bound_series(self, now: float) -> None:
+        """The tick budget's cuts and the template bound (issue 24), catalogued in signals.py."""
+        store, engine = self.ctx.store, self.engine
+        for outcome, n in engine.cut.items():
+            key = SeriesKey.of("kcops_rule_evaluations_cut_total", {"outcome": outcome})
+            store.append(key, now, float(n))
+        stats = engine.template_stats
+        for name, v in (
+            ("kcops_template_output_max_bytes", MAX_OUTPUT_BYTES),
+            ("kcops_template_truncated_total", stats.truncated),
+            ("kcops_template_work_exceeded_total", stats.over_work),
+        ):
+            store.append(SeriesKey.of(name, {}), now, float(v))
 
     # -- the service other components use -----------------------------------------
 

@@ -13,11 +13,12 @@ from dataclasses import dataclass, field
 
 from kcops.agent.events import AlertTransition
 from kcops.agent.rules.alerting import Instance, Result, step
-from kcops.agent.rules.budget import Limits
+from kcops.agent.rules.budget import Limits, SharedBudgetSpent
 from kcops.agent.rules.evaluator import DEFAULT_STEP_S, Evaluator
 from kcops.agent.rules.gofmt import go_float
 from kcops.agent.rules.loader import AlertRule, RecordingRule, Rule, RuleSet
 from kcops.agent.rules.model import NAME, Elem, EvalError, Labels, Vector, labels_of
+from kcops.agent.rules.templatebound import TemplateStats
 from kcops.agent.rules.views import ActiveAlert, RuleInfo, StepInfo
 from kcops.agent.samples import SeriesKey
 from kcops.agent.store import Store
@@ -73,6 +74,9 @@ class RuleEngine:
         self.health: dict[str, RuleHealth] = {r.name: RuleHealth() for r in ruleset.rules}
         self.last_eval: float | None = None
         self.last_duration_s = 0.0
+        # Evaluations the shared deadline cut: stopped at it, or not begun past it.
+        self.cut: dict[str, int] = {"stopped": 0, "not_evaluated": 0}
+        self.template_stats = TemplateStats()
         if write_series:
             store.set_meta(
                 FAILURES, "counter", "Rule evaluations that failed, by rule group and rule."
@@ -113,10 +117,13 @@ class RuleEngine:
             r0 = time.perf_counter()
             try:
                 if deadline is not None and r0 >= deadline:
+                    self.cut["not_evaluated"] += 1
                     raise EvalError(TICK_BUDGET_SPENT)
                 transitions += self._evaluate_rule(rule, now, h, limit, deadline)
                 h.error = None
             except Exception as exc:
+                if isinstance(exc, SharedBudgetSpent):
+                    self.cut["stopped"] += 1
                 h.error = _error_text(exc)
                 h.errors_total += 1
             h.last_eval = now
@@ -147,8 +154,9 @@ class RuleEngine:
         for labels, v in value:
             tmpl_labels = dict(labels)
             lab = {k: val for k, val in labels if k != NAME}
+            ext, url, stats = self.external_labels, self.external_url, self.template_stats
             for k, tmpl in rule.labels.items():
-                lab[k] = tmpl.render(tmpl_labels, v, self.external_labels, self.external_url)
+                lab[k] = tmpl.render(tmpl_labels, v, ext, url, stats)
             lab["alertname"] = rule.name
             final = labels_of(lab)
             if final in seen:
@@ -157,8 +165,7 @@ class RuleEngine:
                 )
             seen.add(final)
             ann = {
-                k: t.render(tmpl_labels, v, self.external_labels, self.external_url)
-                for k, t in rule.annotations.items()
+                k: t.render(tmpl_labels, v, ext, url, stats) for k, t in rule.annotations.items()
             }
             results.append(Result(final, v, ann))
         return results

@@ -51,17 +51,48 @@ def go_float(v: float) -> str:
 EPREC_SHORTEST = 6
 
 _VERB = re.compile(r"%([-+# 0]*)(\d+)?(?:\.(\d+))?([a-zA-Z%])")
+# A width or precision above this is formatted as this: its output would be cut by the
+# template output bound (templates.py, 64 KiB) anyway, and ``%999999999d`` took 2.4 GB.
+MAX_WIDTH = 64 * 1024
 
 
-def go_sprintf(fmt: str, args: list[Any]) -> str:
-    """A subset of Go's fmt.Sprintf: verbs v s d f F e E g G q x and %%."""
+def _go_overflows(digits: str | None) -> bool:
+    """Go's fmt.parsenum gives up on a width or precision once past 1e6 with digits left."""
+    num = 0
+    for ch in digits or "":
+        if num > 1_000_000:
+            return True
+        num = num * 10 + ord(ch) - 48
+    return False
+
+
+def _capped(digits: str | None) -> str | None:
+    if digits is None or len(digits) <= 5:
+        return digits
+    return str(MAX_WIDTH) if len(digits) > 6 or int(digits) > MAX_WIDTH else digits
+
+
+def go_sprintf(fmt: str, args: list[Any], limit: int | None = None) -> str:
+    """A subset of Go's fmt.Sprintf: verbs v s d f F e E g G q x and %%.
+
+    A width or precision Go's parser gives up on (over 1e6 with digits left)
+    ends the format as in Go, with ``%!(NOVERB)``; the others are capped at
+    :data:`MAX_WIDTH`. ``limit``
+    (characters): formatting stops once the text is longer, and what is made
+    so far (more than ``limit``) is returned, for the caller to cut.
+    """
     out = []
     pos = 0
     i = 0
+    size = 0
     for m in _VERB.finditer(fmt):
         out.append(fmt[pos : m.start()])
         pos = m.end()
         flags, width, prec, verb = m.groups()
+        if _go_overflows(width) or _go_overflows(prec):
+            out.append("%!(NOVERB)")
+            pos = len(fmt)
+            break
         if verb == "%":
             out.append("%")
             continue
@@ -70,10 +101,13 @@ def go_sprintf(fmt: str, args: list[Any]) -> str:
             continue
         arg = args[i]
         i += 1
-        out.append(_one(flags, width, prec, verb, arg))
+        out.append(_one(flags, _capped(width), _capped(prec), verb, arg))
+        size += len(out[-2]) + len(out[-1])
+        if limit is not None and size > limit:
+            return "".join(out)
     out.append(fmt[pos:])
     if i < len(args):
-        extra = ", ".join(f"{type(a).__name__}={go_value(a)}" for a in args[i:])
+        extra = ", ".join(f"{_go_type(a)}={go_value(a)}" for a in args[i:])
         out.append(f"%!(EXTRA {extra})")
     return "".join(out)
 
@@ -104,6 +138,11 @@ def _one(flags: str, width: str | None, prec: str | None, verb: str, arg: Any) -
     if verb == "x" and isinstance(arg, int):
         return (spec + "x") % arg
     return f"%!{verb}({type(arg).__name__}={go_value(arg)})"
+
+
+def _go_type(v: Any) -> str:
+    """The Go type a template value has, as fmt names it in ``%!(EXTRA ...)``."""
+    return {float: "float64", str: "string"}.get(type(v), type(v).__name__)
 
 
 def go_value(v: Any) -> str:

@@ -4,6 +4,14 @@ Supported: ``{{ $value }}``, ``{{ $labels.x }}``, ``{{ .Labels.x }}``,
 ``{{ .Value }}``, ``$externalLabels``, pipelines (``{{ $value | humanize }}``)
 and the functions in :data:`FUNCS`. Anything else (``if``, ``range``, other
 functions, unknown variables) is refused at load with :class:`RuleError`.
+
+Bounded (issue 24: one ``printf`` width took the agent to 2.4 GB): an
+expansion's output is at most 64 KiB of UTF-8 (templatebound.py), cut past it
+with a marker at its end; ``printf`` widths and precisions are capped
+before formatting (gofmt.py); and the functions of one expansion may produce
+at most 1 MiB of text together, past which the expansion
+fails as Prometheus shows a failed one (``<error expanding template: ...>``).
+So an expansion's time and memory are bounded whatever the template.
 """
 
 from __future__ import annotations
@@ -16,6 +24,14 @@ from typing import Any
 
 from kcops.agent.rules.gofmt import go_g4, go_sprintf, go_value
 from kcops.agent.rules.model import RuleError
+from kcops.agent.rules.templatebound import (
+    MAX_OUTPUT_BYTES,
+    OverWork,
+    TemplateRuntimeError,
+    TemplateStats,
+    Work,
+    bound_output,
+)
 
 
 def _num(v: object) -> float:
@@ -114,10 +130,6 @@ KEYWORDS = frozenset(
 )
 
 
-class TemplateRuntimeError(Exception):
-    pass
-
-
 # -- parsing -------------------------------------------------------------------
 
 _TOKEN = re.compile(
@@ -148,7 +160,9 @@ class Template:
         value: float,
         external_labels: Mapping[str, str] | None = None,
         external_url: str = "",
+        stats: TemplateStats | None = None,
     ) -> str:
+        """The expansion, at most :data:`MAX_OUTPUT_BYTES`; ``stats`` counts the bounds hit."""
         data = {
             "Labels": dict(labels),
             "Value": value,
@@ -156,12 +170,19 @@ class Template:
             "ExternalURL": external_url,
         }
         out = []
+        size = 0
+        work = Work()
         try:
             for p in self.parts:
-                out.append(p if isinstance(p, str) else go_value(_eval_pipeline(p, data)))
+                out.append(p if isinstance(p, str) else go_value(_eval_pipeline(p, data, work)))
+                size += len(out[-1])
+                if size > MAX_OUTPUT_BYTES:  # characters: already more bytes than the bound
+                    break
         except TemplateRuntimeError as exc:
-            return f"<error expanding template: {exc}>"
-        return "".join(out)
+            if isinstance(exc, OverWork) and stats is not None:
+                stats.over_work += 1
+            return bound_output(f"<error expanding template: {exc}>", stats)
+        return bound_output("".join(out), stats)
 
 
 def _unquote(tok: str) -> str:
@@ -198,7 +219,11 @@ def _operand(kind: str, text: str, first: bool) -> Node:
     if kind == "str":
         return ("lit", _unquote(text))
     if kind == "num":
-        return ("lit", float(text) if any(c in text for c in ".eE") else int(text))
+        if any(c in text for c in ".eE"):
+            return ("lit", float(text))
+        if len(text.lstrip("+-")) > 19 or not -(2**63) <= int(text) < 2**63:
+            raise RuleError(f"number {text[:30]!r} in template overflows int64")
+        return ("lit", int(text))
     if kind == "var":
         head, *path = text.split(".")
         if head not in VARIABLES:
@@ -279,32 +304,39 @@ def _tokenize(body: str) -> list[tuple[str, str]]:
 # -- evaluation ----------------------------------------------------------------
 
 
-def _eval_pipeline(node: Node, data: dict[str, object]) -> object:
+def _eval_pipeline(node: Node, data: dict[str, object], work: Work) -> object:
     result: object = None
     have = False
     for _, args in node[1]:
         head = args[0]
         if head[0] == "fn":
-            vals = [_eval_arg(a, data) for a in args[1:]]
+            vals = [_eval_arg(a, data, work) for a in args[1:]]
             if have:
                 vals.append(result)
-            result = FUNCS[head[1]](*vals)
+            result = _call(head[1], vals, work)
         else:
             if len(args) > 1 or have:
                 raise TemplateRuntimeError("can't give argument to non-function")
-            result = _eval_arg(head, data)
+            result = _eval_arg(head, data, work)
         have = True
     return result
 
 
-def _eval_arg(node: Node, data: dict[str, object]) -> object:
+def _call(name: str, vals: list[object], work: Work) -> str:
+    if name == "printf" and vals:
+        # Stops formatting once past what is left of the work bound.
+        return work.charge(go_sprintf(str(vals[0]), vals[1:], limit=work.left()))
+    return work.charge(FUNCS[name](*vals))
+
+
+def _eval_arg(node: Node, data: dict[str, object], work: Work) -> object:
     kind = node[0]
     if kind == "lit":
         return node[1]
     if kind == "pipeline":
-        return _eval_pipeline(node, data)
+        return _eval_pipeline(node, data, work)
     if kind == "fn":
-        return FUNCS[node[1]]()
+        return _call(node[1], [], work)
     cur: object = data
     for name in node[1]:
         if isinstance(cur, dict):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from kcops.agent.query_gate import QueryGate, QueryUnavailable
@@ -33,3 +35,27 @@ def test_a_spent_loop_share_refuses_the_next_query_before_it_runs() -> None:
     ):
         pass
     assert gate.refused["loop_share"] == 1
+
+
+def test_refusals_and_the_bound_are_exported_on_each_tick(tmp_path: Path) -> None:
+    import asyncio
+
+    from kcops.agent.query import QueryComponent
+    from kcops.agent.samples import SeriesKey
+    from tests.unit.rules.test_component import T0, make_ctx
+
+    ctx = make_ctx(tmp_path)
+    comp = QueryComponent(ctx)
+    comp.gate.max_concurrent = 0
+    for _ in range(3):
+        with pytest.raises(QueryUnavailable), comp.gate.slot():
+            pass
+    asyncio.run(comp.tick(T0))
+
+    def value(name: str, **labels: str) -> float | None:
+        got = ctx.store.latest(SeriesKey.of(name, labels))
+        return None if got is None else got[1]
+
+    assert value("kcops_query_refused_total", reason="concurrency") == 3
+    assert value("kcops_query_refused_total", reason="loop_share") == 0
+    assert value("kcops_query_max_concurrent") == 0

@@ -46,3 +46,16 @@ def test_no_descriptor_left_is_unavailable_not_a_bug(monkeypatch: pytest.MonkeyP
     with pytest.raises(CollectorUnavailable, match="Too many open files") as exc:
         c.collect(0.0)
     assert exc.value.reason == "read" and c.proc is None
+
+
+def test_the_regex_cache_bound_and_use_are_exported() -> None:
+    from kcops.agent.rules.regex import CACHE, compile_anchored
+    from kcops.agent.signals import SIGNALS
+
+    compile_anchored("exported|regex")
+    out = list(SelfCollector(tick_histogram(), store=Store()).collect(0.0))
+    assert value(out, "kcops_regex_cache_max_bytes") == CACHE.max_bytes
+    assert value(out, "kcops_regex_cache_entries") == len(CACHE) >= 1
+    assert 0 < (value(out, "kcops_regex_cache_bytes") or 0) <= CACHE.max_bytes
+    assert value(out, "kcops_regex_cache_evictions_total") == CACHE.evictions
+    assert all(s.name in SIGNALS for s in out if s.name.startswith("kcops_regex"))

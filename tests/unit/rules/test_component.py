@@ -180,3 +180,24 @@ def test_the_tick_budget_is_shared_by_all_rules_and_groups_take_turns(tmp_path: 
     # The next tick starts with the group the spent budget left.
     assert health["r1a"].last_eval == T0 + 1
     assert health["r0a"].last_eval == T0
+
+
+def test_the_tick_budget_s_cuts_and_the_template_bound_are_exported(tmp_path: Path) -> None:
+    f = tmp_path / "r.yaml"
+    f.write_text(
+        f"groups: [{{name: g, rules: [{{record: a, expr: '{COSTLY}'}}, "
+        "{record: b, expr: 'vector(1)'}, {record: c, expr: 'vector(2)'}]}]"
+    )
+    ctx = make_ctx(tmp_path, {"file": str(f), "tick_budget_s": 0.05})
+    (comp,) = rules.build(ctx)
+    asyncio.run(comp.tick(T0))
+
+    def value(name: str, **labels: str) -> float | None:
+        got = ctx.store.latest(SeriesKey.of(name, labels))
+        return None if got is None else got[1]
+
+    # a stopped at the tick's bound; b and c not evaluated.
+    assert value("kcops_rule_evaluations_cut_total", outcome="stopped") == 1
+    assert value("kcops_rule_evaluations_cut_total", outcome="not_evaluated") == 2
+    assert value("kcops_template_output_max_bytes") == 64 * 1024
+    assert value("kcops_template_truncated_total") == 0
