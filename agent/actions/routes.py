@@ -10,6 +10,7 @@ until its audit records are on disk (:meth:`AuditLog.sync`).
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
@@ -17,13 +18,15 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
-from kcops.agent.actions.alertmanager import BadPayload, transitions
+from kcops.agent.actions.alertmanager import OVER_CAP, TRUNCATED, BadPayload, parse_webhook
 from kcops.agent.actions.audit import read_audit
 from kcops.agent.actions.records import JSONObject, Trigger
 from kcops.agent.control import json_dumps, read_json, read_json_model
 
 if TYPE_CHECKING:
     from kcops.agent.actions.remediation import Remediation
+
+log = logging.getLogger("kcops.agent.actions")
 
 STATUS_OF = {
     "ok": 200,
@@ -107,13 +110,19 @@ def build_routes(rem: Remediation) -> list[web.RouteDef]:
     async def alertmanager(request: web.Request) -> web.Response:
         payload = await read_json(request)
         try:
-            events = transitions(payload, rem.clock())
+            delivery = parse_webhook(payload, rem.clock())
         except BadPayload as exc:
             return web.json_response({"error": str(exc)}, status=exc.status)
-        for ev in events:
+        for ev in delivery.events:
             rem.ctx.bus.publish(ev)
+        counts = rem.webhook_dropped
+        counts[OVER_CAP] = counts.get(OVER_CAP, 0) + delivery.dropped_total
+        counts[TRUNCATED] = counts.get(TRUNCATED, 0) + delivery.truncated
+        if delivery.dropped:
+            log.warning("alertmanager webhook: %s", delivery.answer()["warning"])
         await rem.audit.sync()  # the decisions are on disk before Alertmanager hears "ok"
-        return web.json_response({"accepted": len(events)})
+        # 200 even with alerts dropped: a 4xx is not retried and would lose what was taken.
+        return web.json_response(delivery.answer())
 
     routes = [
         web.get("/api/v1/actions", list_actions),

@@ -31,4 +31,6 @@ def build(ctx: AgentContext, ruleset: RuleSet | None = None) -> list[RulesCompon
 
     if not ctx.config.rules.enabled:
         return []
-    return [RulesComponent(ctx, ruleset if ruleset is not None else ruleset_from_config(ctx.config))]
+    return [
+        RulesComponent(ctx, ruleset if ruleset is not None else ruleset_from_config(ctx.config))
+    ]

@@ -72,7 +72,7 @@ class FiniteFloat(click.FloatRange):
     bound (no comparison with NaN is true) and ``inf`` past an open end. Every float flag
     of every command uses this one."""
 
-    def __init__(self, min: float | None = None, max: float | None = None) -> None:  # noqa: A002
+    def __init__(self, min: float | None = None, max: float | None = None) -> None:
         super().__init__(min, max)
 
     def convert(
@@ -80,7 +80,7 @@ class FiniteFloat(click.FloatRange):
     ) -> float:
         import math
 
-        rv = super().convert(value, param, ctx)
+        rv = super().convert(value, param, ctx)  # type: ignore[arg-type]
         if not math.isfinite(rv):
             self.fail(f"{value!r} is not a finite number", param, ctx)
         return float(rv)

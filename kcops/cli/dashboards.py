@@ -123,9 +123,8 @@ def push_cmd(
     from grafana_client import GrafanaApi
     from grafana_client.client import GrafanaClientError
 
-    from kcops.dashboards.build import build_all
-
     from kcops.auth import check_token, read_token_file
+    from kcops.dashboards.build import build_all
 
     # One token reader (kcops.auth): not UTF-8, unreadable or empty is one line, exit 2.
     token = os.environ.get("GRAFANA_TOKEN", "").strip()

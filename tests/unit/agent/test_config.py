@@ -96,7 +96,9 @@ def test_yaml_booleans_and_switches_read_as_written(tmp_path: Path) -> None:
     # Booleans are true/false only (issue 24, class 12): YAML 1.1's yes/no/on/off are text.
     for word in ("no", "yes", "on", "off", "n", "Y", "False", "TRUE"):
         p.write_text(f"rules: {{enabled: {word}}}\n")
-        with pytest.raises(ConfigError, match=f"rules.enabled: must be true or false; got '{word}'"):
+        with pytest.raises(
+            ConfigError, match=f"rules.enabled: must be true or false; got '{word}'"
+        ):
             load_config(p)
 
 
