@@ -107,6 +107,23 @@ def build_routes(rem: Remediation) -> list[web.RouteDef]:
     async def remediation_status(_: web.Request) -> web.Response:
         return web.json_response(rem.status(), dumps=json_dumps)
 
+    routes = [
+        web.get("/api/v1/actions", list_actions),
+        web.get("/api/v1/actions/history", history),
+        web.get("/api/v1/remediation", remediation_status),
+        web.get("/api/v1/engine/ready", engine_ready(rem)),
+        web.post("/api/v1/actions/{name}", auth.require(run_action)),
+    ]
+    if rem.config.actions.alertmanager_webhook:
+        routes.append(web.post("/api/v1/alertmanager", auth.require(webhook(rem))))
+    return routes
+
+
+def webhook(rem: Remediation) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """``POST /api/v1/alertmanager``: Alertmanager's notifications as alert transitions
+    (kcops.agent.actions.alertmanager); over the cap, what fits is taken and the rest
+    counted, answered 200 so Alertmanager neither retries it nor loses what was taken."""
+
     async def alertmanager(request: web.Request) -> web.Response:
         payload = await read_json(request)
         try:
@@ -124,16 +141,7 @@ def build_routes(rem: Remediation) -> list[web.RouteDef]:
         # 200 even with alerts dropped: a 4xx is not retried and would lose what was taken.
         return web.json_response(delivery.answer())
 
-    routes = [
-        web.get("/api/v1/actions", list_actions),
-        web.get("/api/v1/actions/history", history),
-        web.get("/api/v1/remediation", remediation_status),
-        web.get("/api/v1/engine/ready", engine_ready(rem)),
-        web.post("/api/v1/actions/{name}", auth.require(run_action)),
-    ]
-    if rem.config.actions.alertmanager_webhook:
-        routes.append(web.post("/api/v1/alertmanager", auth.require(alertmanager)))
-    return routes
+    return alertmanager
 
 
 def engine_ready(rem: Remediation) -> Callable[[web.Request], Awaitable[web.Response]]:
