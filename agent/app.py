@@ -29,16 +29,17 @@ from kcops.agent.collectors.base import Collector
 from kcops.agent.collectors.enginepid import EnginePid
 from kcops.agent.component import AgentContext, Component
 from kcops.agent.config import Config
-from kcops.agent.control import build_app, check_exposure, core_routes, error_body
+from kcops.agent.control import build_app, core_routes, error_body
 from kcops.agent.engine import Engine
 from kcops.agent.events import EventBus
 from kcops.agent.exporter import build_registry
+from kcops.agent.preflight import preflight
 from kcops.agent.query import QueryComponent
 from kcops.agent.samples import Sample
 from kcops.agent.signals import register_all
 from kcops.agent.store import Store
 from kcops.agent.telemetry import build_metric_exporters, build_tracer_provider
-from kcops.auth import TokenCheck, load_token
+from kcops.auth import TokenCheck
 from kcops.errors import ConfigError
 from kcops.httpedge import JsonErrorRunner
 
@@ -70,9 +71,9 @@ class Agent:
         self.registry = build_registry(self.store, clock, config.store.stale_after_s)
         self.tracer_provider = build_tracer_provider(config.exporters.otlp)
         state_dir = Path(config.agent.state_dir)
-        if token is None:
-            token = load_token(config.agent.token_file)
-        check_exposure(config.agent.host_port()[0], token is not None)
+        # Everything `kcops agent check-config` checks too, by the same function.
+        checked = preflight(config, token)
+        token = checked.token
         self.ctx = AgentContext(
             config=config,
             store=self.store,
@@ -103,7 +104,7 @@ class Agent:
         # Tick order is the list order: collectors (health feeds the engine's
         # lifecycle, the process watcher reads exits), rules, supervisor, remediation.
         self.components: list[Component] = [self.collector_runner]
-        rules = rules_pkg.build(self.ctx)
+        rules = rules_pkg.build(self.ctx, checked.ruleset)
         self.components += rules
         self.components += actions_pkg.build(
             self.ctx, self.engine, pids, rules[0] if rules else None

@@ -35,6 +35,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("kcops.agent.control")
 
 MAX_BODY_BYTES = 1 << 20
+# Alertmanager's webhook: max_alerts (1000) alerts of a few kB each, labels, annotations and
+# a generatorURL holding the whole expression, do not fit in 1 MiB, and a 413 loses them all.
+MAX_WEBHOOK_BYTES = 4 << 20
+LARGE_BODIES = {"/api/v1/alertmanager": MAX_WEBHOOK_BYTES}
 M = TypeVar("M", bound=BaseModel)
 
 
@@ -101,11 +105,48 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
         return error_response(500, "internal error")
 
 
+class _NotJson(ValueError):
+    pass
+
+
+def _constant(name: str) -> object:
+    raise _NotJson(f"bare {name} is not JSON (RFC 8259 has no such number)")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _NotJson(f"the number {text[:40]} is out of range")
+    return value
+
+
+def _no_repeats(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _NotJson(f"the key {key[:60]!r} appears twice in one object")
+            seen.add(key)
+    return out
+
+
+def strict_json(text: str) -> object:
+    """``json.loads`` without Python's extensions: no bare ``NaN``/``Infinity``, no number
+    that overflows to infinity (``1e999``), no key twice in one object."""
+    return json.loads(
+        text, parse_constant=_constant, parse_float=_finite, object_pairs_hook=_no_repeats
+    )
+
+
 async def read_json(request: web.Request) -> object:
-    """The JSON body, or BadRequest 400 (not JSON, not UTF-8, nested too deeply)."""
+    """The JSON body (strict: :func:`strict_json`), or BadRequest 400 (not JSON, not UTF-8,
+    nested too deeply, NaN)."""
     raw = await request.read()
     try:
-        return json.loads(raw.decode("utf-8")) if raw else {}
+        return strict_json(raw.decode("utf-8")) if raw else {}
+    except _NotJson as exc:
+        raise BadRequest(400, f"body is not a JSON document: {exc}") from None
     except (ValueError, RecursionError):
         raise BadRequest(400, "body is not a JSON document (UTF-8)") from None
 
@@ -142,10 +183,19 @@ def check_exposure(host: str, token_configured: bool) -> None:
         )
 
 
+@web.middleware
+async def body_limits(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """A larger body limit where a request may rightly be larger (:data:`LARGE_BODIES`)."""
+    limit = LARGE_BODIES.get(request.path)
+    if limit is not None and request.method == "POST":
+        request = request.clone(client_max_size=limit)
+    return await handler(request)
+
+
 def build_app(body_timeout_s: float = BODY_TIMEOUT_S) -> web.Application:
-    """The aiohttp application: JSON errors, the body size limit, the body deadline."""
+    """The aiohttp application: JSON errors, the body size limits, the body deadline."""
     return web.Application(
-        middlewares=[json_errors, body_deadline(error_body, body_timeout_s)],
+        middlewares=[json_errors, body_limits, body_deadline(error_body, body_timeout_s)],
         client_max_size=MAX_BODY_BYTES,
     )
 

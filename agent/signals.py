@@ -131,6 +131,11 @@ SIGNALS: dict[str, Meta] = {
     "kcops_alert_state": Meta(GAUGE, "1 for the current state of each alert (pending, firing)."),
     "ALERTS": Meta(GAUGE, "Prometheus-compatible ALERTS series of the local rule engine."),
     "kcops_action_runs_total": Meta(COUNTER, "Remediation action runs, by action and outcome."),
+    "kcops_webhook_alerts_dropped_total": Meta(
+        COUNTER,
+        "Alertmanager webhook alerts not taken, by reason: over_cap (past 1000 in one request; "
+        "the most severe were taken) or truncated_by_alertmanager (its max_alerts).",
+    ),
     "kcops_desired_replicas": Meta(GAUGE, "Replica count the agent asks the HPA for."),
     "kcops_ladder_instances_refused_total": Meta(
         COUNTER, "Firing alert instances not tracked: their ladder holds the most it tracks."

@@ -9,16 +9,24 @@ walks or prints the result), nesting at most :data:`MAX_DEPTH` deep, at most
 column, what is wrong, and a short excerpt — never a whole value. A scalar
 YAML cannot construct (an impossible timestamp, an integer past Python's
 digit limit or beyond a float's range) is refused here too.
+
+It is strict where YAML 1.1 is loose: a key repeated in one mapping is refused
+(naming the key and both lines; PyYAML keeps the last silently), and only
+``true`` and ``false`` are booleans (YAML 1.2's core schema, lower case):
+YAML 1.1's ``yes``/``no``/``on``/``off``/``y``/``n`` load as strings, which a
+typed field then refuses ("must be true or false") or takes as the text
+written (a label value ``yes``, a collector switch ``on``).
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 import yaml
 from yaml.events import Event
-from yaml.nodes import Node
+from yaml.nodes import MappingNode, Node, ScalarNode
 
 from kcops.errors import ConfigError
 
@@ -29,6 +37,7 @@ EXCERPT_CHARS = 60
 # An integer beyond a float's range (hex is not bounded by Python's 4300-digit
 # limit) means nothing to any field, and printing it would be slow or fail.
 MAX_INT_BITS = 1024
+BOOL_TAG = "tag:yaml.org,2002:bool"
 
 
 def excerpt(value: object, limit: int = EXCERPT_CHARS) -> str:
@@ -89,6 +98,35 @@ class _BoundedLoader(yaml.SafeLoader):
         if isinstance(data, int) and data.bit_length() > MAX_INT_BITS:
             raise _Refused(f"integer out of range ({data.bit_length()} bits; at most 1e308)", node)
         return data
+
+    def construct_mapping(self, node: MappingNode, deep: bool = False) -> dict[Any, Any]:
+        # A repeated key is a mistake (which of the two did the author mean?), never
+        # "the last one wins" as PyYAML and YAML 1.1 parsers do.
+        self.flatten_mapping(node)
+        first: dict[object, int] = {}
+        for key_node, _ in node.value:
+            if not isinstance(key_node, ScalarNode):
+                continue  # a complex key: unhashable, refused by PyYAML itself
+            key = self.construct_object(key_node)
+            try:
+                seen = key in first
+            except TypeError:
+                continue
+            if seen:
+                raise _Refused(
+                    f"duplicate key {excerpt(key)} (first at line {first[key]})", key_node
+                )
+            first[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep)  # type: ignore[no-any-return]
+
+
+# Booleans are `true` and `false` only (YAML 1.2's core schema, lower case): YAML 1.1's
+# yes/no/on/off/y/n and the capitalised forms resolve to strings.
+_BoundedLoader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag != BOOL_TAG]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_BoundedLoader.add_implicit_resolver(BOOL_TAG, re.compile(r"^(?:true|false)$"), list("tf"))
 
 
 def _one_line(exc: yaml.YAMLError) -> str:

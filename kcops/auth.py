@@ -19,19 +19,55 @@ from kcops.errors import ConfigError
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
+MAX_TOKEN_BYTES = 4096
+
+
+def check_token(token: str, source: str) -> str:
+    """``token`` if it is one: visible ASCII (RFC 6750's bearer characters are a subset),
+    no space or control character inside; else a one-line ConfigError naming ``source``.
+
+    The environment hands undecodable bytes over as surrogates (``surrogateescape``):
+    those are named as not UTF-8, never a traceback where the token is first encoded.
+    """
+    raw = token.encode("utf-8", "surrogateescape")
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{source}: the token is not UTF-8 (byte 0x{raw[exc.start]:02x} at offset {exc.start})"
+        ) from None
+    if len(raw) > MAX_TOKEN_BYTES:
+        raise ConfigError(f"{source}: the token is {len(raw)} bytes; at most {MAX_TOKEN_BYTES}")
+    bad = next((i for i, c in enumerate(token) if not "!" <= c <= "~"), None)
+    if bad is not None:
+        raise ConfigError(
+            f"{source}: the token may hold only visible ASCII characters; found "
+            f"{token[bad]!r} at offset {bad}"
+        )
+    return token
+
+
+def read_token_file(token_file: Path, option: str = "--token-file") -> str:
+    """The token a file holds (surrounding whitespace dropped), checked by :func:`check_token`."""
+    try:
+        with open(token_file, "rb") as fh:
+            raw = fh.read(MAX_TOKEN_BYTES + 64)
+    except OSError as exc:
+        raise ConfigError(f"{option} {token_file}: cannot read: {exc.strerror or exc}") from None
+    token = raw.strip().decode("utf-8", "surrogateescape")
+    if not token:
+        raise ConfigError(f"{option} {token_file}: file is empty")
+    return check_token(token, f"{option} {token_file}")
+
+
 def load_token(token_file: Path | None = None, env: dict[str, str] | None = None) -> str | None:
-    """The configured token, or None. A token file that cannot be read is a ConfigError."""
+    """The configured token, or None. A token file that cannot be read, or a token (file or
+    ``$KCOPS_TOKEN``) that is not UTF-8 or holds other than visible ASCII, is a ConfigError."""
     env = os.environ if env is None else env  # type: ignore[assignment]
     if token_file is not None:
-        try:
-            token = Path(token_file).read_text().strip()
-        except OSError as exc:
-            raise ConfigError(f"--token-file {token_file}: cannot read: {exc.strerror}") from None
-        if not token:
-            raise ConfigError(f"--token-file {token_file}: file is empty")
-        return token
+        return read_token_file(Path(token_file))
     token = (env or {}).get("KCOPS_TOKEN", "").strip()
-    return token or None
+    return check_token(token, "KCOPS_TOKEN") if token else None
 
 
 class TokenCheck:

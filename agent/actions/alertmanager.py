@@ -5,10 +5,22 @@ its fingerprint and ``startsAt`` travel in reserved annotations so the
 remediation component can deduplicate it against local evaluation.
 
 The body is input from the network: it is bounded before anything is kept —
-at most :data:`MAX_ALERTS` alerts per request (413 beyond: set ``max_alerts``
-in Alertmanager's webhook_config), :data:`MAX_LABELS` labels or annotations
-per alert, names up to :data:`MAX_NAME_CHARS` and values up to
-:data:`MAX_VALUE_CHARS` characters (400 beyond, naming the alert).
+:data:`MAX_LABELS` labels or annotations per alert, names up to
+:data:`MAX_NAME_CHARS` and values up to :data:`MAX_VALUE_CHARS` characters (400
+beyond, naming the alert) — and read strictly in Alertmanager's own types
+(``template.Data``): ``version`` the string ``"4"``, labels and annotations
+string to string (a number as ``alertname`` is refused), ``status`` firing or
+resolved, ``startsAt``/``endsAt`` RFC 3339 timestamps (``endsAt`` may be Go's
+zero time ``0001-01-01T00:00:00Z``, "not ended"), never before one another.
+
+**Over the cap.** A request with more than :data:`MAX_ALERTS` alerts is not
+refused whole (Alertmanager does not retry a 4xx, so every alert of it would be
+lost): the :data:`MAX_ALERTS` most severe are taken (severity ``page`` or
+``critical``, then ``ticket`` or ``warning``, then the rest; firing before
+resolved; in their order otherwise), the rest are counted, and the answer is a
+2xx that names them, so Alertmanager does not send again what was taken.
+Alertmanager's own ``max_alerts`` (deploy/alertmanager/) keeps requests under
+the cap; the alerts it truncated (``truncatedAlerts``) are counted too.
 
 **Scope policy.** Alertmanager hands a notification to one agent of the fleet
 (through a Service: an arbitrary one), and the alerts it evaluates aggregate
@@ -30,13 +42,16 @@ started by such an alert may run here:
 from __future__ import annotations
 
 import os
+import re
 import socket
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kcops.agent.events import AlertTransition
+from kcops.agent.samples import Sample
 
 if TYPE_CHECKING:
     from kcops.agent.config import Config
@@ -53,10 +68,46 @@ MAX_VALUE_CHARS = 2048
 MAX_LADDER_INSTANCES = 256
 
 
+# Severity order for what is taken over the cap: page first (critical in Alertmanager's
+# usual words), then ticket (warning); any other severity, or none, last.
+SEVERITY_RANK = {"page": 0, "critical": 0, "ticket": 1, "warning": 1}
+_RFC3339 = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{1,9})?(Z|[+-]\d\d:\d\d)")
+ZERO_TIME = datetime.fromisoformat("0001-01-01T00:00:00+00:00")
+OVER_CAP = "over_cap"
+TRUNCATED = "truncated_by_alertmanager"
+
+
 class BadPayload(ValueError):
     def __init__(self, message: str, status: int = 400) -> None:
         super().__init__(message)
         self.status = status
+
+
+@dataclass
+class Delivery:
+    """One webhook request: the transitions taken, and what was not (by severity class)."""
+
+    events: list[AlertTransition]
+    dropped: dict[str, int] = field(default_factory=dict)  # page/ticket/other -> count
+    truncated: int = 0  # alerts Alertmanager itself left out (its max_alerts)
+
+    @property
+    def dropped_total(self) -> int:
+        return sum(self.dropped.values())
+
+    def answer(self) -> dict[str, object]:
+        out: dict[str, object] = {"accepted": len(self.events)}
+        if self.dropped:
+            out["dropped"] = self.dropped_total
+            out["dropped_by_severity"] = dict(self.dropped)
+            out["warning"] = (
+                f"{self.dropped_total} alerts over the cap of {MAX_ALERTS} per request were "
+                "dropped (the most severe were taken): set max_alerts in Alertmanager's "
+                "webhook_config (deploy/alertmanager/)"
+            )
+        if self.truncated:
+            out["truncated_by_alertmanager"] = self.truncated
+        return out
 
 
 def _short(v: object) -> str:
@@ -71,34 +122,58 @@ def _strings(raw: Any, what: str) -> dict[str, str]:
         raise BadPayload(f"{what}: {len(raw)} entries, at most {MAX_LABELS}")
     out = {}
     for k, v in raw.items():
-        if isinstance(v, dict | list) or v is None:
-            raise BadPayload(f"{what}[{_short(k)}]: values must be strings")
-        value = str(v)
-        if len(k) > MAX_NAME_CHARS or len(value) > MAX_VALUE_CHARS:
+        if not isinstance(v, str):  # Alertmanager's LabelSet/KV: string to string
+            raise BadPayload(f"{what}[{_short(k)}]: must be a string, got {_short(v)}")
+        if len(k) > MAX_NAME_CHARS or len(v) > MAX_VALUE_CHARS:
             raise BadPayload(
                 f"{what}[{_short(k)}]: names up to {MAX_NAME_CHARS} and values up to "
                 f"{MAX_VALUE_CHARS} characters"
             )
-        out[str(k)] = value
+        out[k] = v
     return out
 
 
+def _time(a: dict[str, Any], name: str, where: str) -> datetime | None:
+    """An RFC 3339 timestamp (Go's time.Time in JSON), or None when absent."""
+    v = a.get(name)
+    if v is None:
+        return None
+    if not isinstance(v, str) or not _RFC3339.fullmatch(v):
+        raise BadPayload(
+            f"{where}.{name}: {_short(v)} is not an RFC 3339 timestamp "
+            "(e.g. 2024-05-01T12:00:00.5Z)"
+        )
+    try:
+        return datetime.fromisoformat(v)
+    except ValueError as exc:
+        raise BadPayload(f"{where}.{name}: {_short(v)} is not a real time: {exc}") from None
+
+
 def _one(i: int, a: Any, now: float) -> AlertTransition:
+    where = f"alerts[{i}]"
     if not isinstance(a, dict) or not isinstance(a.get("labels"), dict):
-        raise BadPayload(f"alerts[{i}]: needs a 'labels' object")
-    labels = _strings(a["labels"], f"alerts[{i}].labels")
+        raise BadPayload(f"{where}: needs a 'labels' object")
+    labels = _strings(a["labels"], f"{where}.labels")
     name = labels.get("alertname")
     if not name:
-        raise BadPayload(f"alerts[{i}]: labels have no alertname")
+        raise BadPayload(f"{where}: labels have no alertname")
     status = a.get("status")
     if status not in ("firing", "resolved"):
-        raise BadPayload(f"alerts[{i}]: status {_short(status)}; allowed: firing, resolved")
-    annotations = _strings(a.get("annotations") or {}, f"alerts[{i}].annotations")
-    for key, field in ((FINGERPRINT, "fingerprint"), (STARTS_AT, "startsAt")):
-        v = a.get(field)
+        raise BadPayload(f"{where}: status {_short(status)}; allowed: firing, resolved")
+    annotations = _strings(a.get("annotations") or {}, f"{where}.annotations")
+    starts, ends = _time(a, "startsAt", where), _time(a, "endsAt", where)
+    if starts is not None and starts == ZERO_TIME:
+        raise BadPayload(f"{where}.startsAt: the zero time; an alert has started")
+    if starts is not None and ends is not None and ends != ZERO_TIME and ends < starts:
+        raise BadPayload(f"{where}: endsAt {a['endsAt']!r} is before startsAt {a['startsAt']!r}")
+    for key in ("generatorURL", "fingerprint"):
+        if key in a and not isinstance(a[key], str):
+            raise BadPayload(f"{where}.{key}: must be a string, got {_short(a[key])}")
+    for key, fld in ((FINGERPRINT, "fingerprint"), (STARTS_AT, "startsAt")):
+        v = a.get(fld)
         if v:
-            if not isinstance(v, str) or len(v) > MAX_NAME_CHARS:
-                raise BadPayload(f"alerts[{i}].{field}: a string up to {MAX_NAME_CHARS} chars")
+            if len(v) > MAX_NAME_CHARS:
+                raise BadPayload(f"{where}.{fld}: a string up to {MAX_NAME_CHARS} chars")
             annotations[key] = v
     firing = status == "firing"
     return AlertTransition(
@@ -112,23 +187,59 @@ def _one(i: int, a: Any, now: float) -> AlertTransition:
     )
 
 
-def transitions(payload: Any, now: float) -> list[AlertTransition]:
-    """Parse a webhook body; raises BadPayload naming what is wrong (and its HTTP status)."""
+def _severity(a: Any) -> str:
+    labels = a.get("labels") if isinstance(a, dict) else None
+    sev = labels.get("severity") if isinstance(labels, dict) else None
+    rank = SEVERITY_RANK.get(sev, 2) if isinstance(sev, str) else 2
+    return ("page", "ticket", "other")[rank]
+
+
+def _rank(a: Any) -> tuple[int, int]:
+    """Sort key over the cap: severity class, then firing before resolved."""
+    firing = isinstance(a, dict) and a.get("status") == "firing"
+    return (("page", "ticket", "other").index(_severity(a)), 0 if firing else 1)
+
+
+def parse_webhook(payload: Any, now: float) -> Delivery:
+    """A webhook body as a :class:`Delivery`; raises BadPayload naming what is wrong.
+
+    Over :data:`MAX_ALERTS` alerts, the most severe are taken and the rest counted (only
+    what is taken is validated: one bad alert that is not taken fails nothing).
+    """
     if not isinstance(payload, dict):
         raise BadPayload("body must be a JSON object")
-    version = payload.get("version", "")
-    if not isinstance(version, str | int) or str(version) != "4":
+    version = payload.get("version")
+    if version != "4":
         raise BadPayload(f"unsupported webhook version {_short(version)}; allowed: '4'")
     alerts = payload.get("alerts")
     if not isinstance(alerts, list):
         raise BadPayload("'alerts' must be a list")
+    truncated = payload.get("truncatedAlerts", 0)
+    if not isinstance(truncated, int) or isinstance(truncated, bool) or truncated < 0:
+        raise BadPayload(f"truncatedAlerts: {_short(truncated)} is not a count")
+    dropped: dict[str, int] = {}
+    taken = list(range(len(alerts)))
     if len(alerts) > MAX_ALERTS:
-        raise BadPayload(
-            f"{len(alerts)} alerts in one request, at most {MAX_ALERTS}: set max_alerts in "
-            "Alertmanager's webhook_config",
-            status=413,
-        )
-    return [_one(i, a, now) for i, a in enumerate(alerts)]
+        order = sorted(taken, key=lambda i: _rank(alerts[i]))  # stable: their order within
+        taken = sorted(order[:MAX_ALERTS])
+        for i in order[MAX_ALERTS:]:
+            sev = _severity(alerts[i])
+            dropped[sev] = dropped.get(sev, 0) + 1
+    events = [_one(i, alerts[i], now) for i in taken]
+    return Delivery(events, dropped, truncated)
+
+
+def transitions(payload: Any, now: float) -> list[AlertTransition]:
+    """The transitions a webhook body carries (see :func:`parse_webhook`)."""
+    return parse_webhook(payload, now).events
+
+
+def dropped_samples(counts: Mapping[str, int]) -> list[Sample]:
+    """``kcops_webhook_alerts_dropped_total{reason}``: over the cap, or truncated upstream."""
+    return [
+        Sample.of("kcops_webhook_alerts_dropped_total", counts.get(r, 0), {"reason": r})
+        for r in (OVER_CAP, TRUNCATED)
+    ]
 
 
 # -- scope policy --------------------------------------------------------------

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from kcops.agent.actions.alertmanager import Addressed, identity_of
+from kcops.agent.actions.alertmanager import Addressed, dropped_samples, identity_of
 from kcops.agent.actions.audit import AuditLog
 from kcops.agent.actions.base import Registry, SupervisorHandle
 from kcops.agent.actions.driver import LadderDriver
@@ -129,6 +129,8 @@ class Remediation:
         )
         self._identify_at = 0.0
         self._subscribed = False
+        # Webhook alerts not taken, by reason (kcops_webhook_alerts_dropped_total).
+        self.webhook_dropped: dict[str, int] = {}
 
     # What tests and routes read of the parts.
     @property
@@ -300,7 +302,8 @@ class Remediation:
                 self.instances_refused,
                 self.persist.file.set_aside_count,
                 self.audit.torn_repairs,
-            ),
+            )
+            + dropped_samples(self.webhook_dropped),
             now,
         )
 

@@ -10,6 +10,7 @@ until its audit records are on disk (:meth:`AuditLog.sync`).
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
@@ -17,13 +18,15 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
-from kcops.agent.actions.alertmanager import BadPayload, transitions
+from kcops.agent.actions.alertmanager import OVER_CAP, TRUNCATED, BadPayload, parse_webhook
 from kcops.agent.actions.audit import read_audit
 from kcops.agent.actions.records import JSONObject, Trigger
 from kcops.agent.control import json_dumps, read_json, read_json_model
 
 if TYPE_CHECKING:
     from kcops.agent.actions.remediation import Remediation
+
+log = logging.getLogger("kcops.agent.actions")
 
 STATUS_OF = {
     "ok": 200,
@@ -104,17 +107,6 @@ def build_routes(rem: Remediation) -> list[web.RouteDef]:
     async def remediation_status(_: web.Request) -> web.Response:
         return web.json_response(rem.status(), dumps=json_dumps)
 
-    async def alertmanager(request: web.Request) -> web.Response:
-        payload = await read_json(request)
-        try:
-            events = transitions(payload, rem.clock())
-        except BadPayload as exc:
-            return web.json_response({"error": str(exc)}, status=exc.status)
-        for ev in events:
-            rem.ctx.bus.publish(ev)
-        await rem.audit.sync()  # the decisions are on disk before Alertmanager hears "ok"
-        return web.json_response({"accepted": len(events)})
-
     routes = [
         web.get("/api/v1/actions", list_actions),
         web.get("/api/v1/actions/history", history),
@@ -123,8 +115,33 @@ def build_routes(rem: Remediation) -> list[web.RouteDef]:
         web.post("/api/v1/actions/{name}", auth.require(run_action)),
     ]
     if rem.config.actions.alertmanager_webhook:
-        routes.append(web.post("/api/v1/alertmanager", auth.require(alertmanager)))
+        routes.append(web.post("/api/v1/alertmanager", auth.require(webhook(rem))))
     return routes
+
+
+def webhook(rem: Remediation) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """``POST /api/v1/alertmanager``: Alertmanager's notifications as alert transitions
+    (kcops.agent.actions.alertmanager); over the cap, what fits is taken and the rest
+    counted, answered 200 so Alertmanager neither retries it nor loses what was taken."""
+
+    async def alertmanager(request: web.Request) -> web.Response:
+        payload = await read_json(request)
+        try:
+            delivery = parse_webhook(payload, rem.clock())
+        except BadPayload as exc:
+            return web.json_response({"error": str(exc)}, status=exc.status)
+        for ev in delivery.events:
+            rem.ctx.bus.publish(ev)
+        counts = rem.webhook_dropped
+        counts[OVER_CAP] = counts.get(OVER_CAP, 0) + delivery.dropped_total
+        counts[TRUNCATED] = counts.get(TRUNCATED, 0) + delivery.truncated
+        if delivery.dropped:
+            log.warning("alertmanager webhook: %s", delivery.answer()["warning"])
+        await rem.audit.sync()  # the decisions are on disk before Alertmanager hears "ok"
+        # 200 even with alerts dropped: a 4xx is not retried and would lose what was taken.
+        return web.json_response(delivery.answer())
+
+    return alertmanager
 
 
 def engine_ready(rem: Remediation) -> Callable[[web.Request], Awaitable[web.Response]]:

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from kcops.agent.collectors.enginepid import EnginePid
     from kcops.agent.collectors.procwatch import EngineWatch
     from kcops.agent.component import AgentContext
+    from kcops.agent.config import Config
     from kcops.agent.engine import Engine
     from kcops.kernels.wire import Histogram
 
@@ -112,22 +113,30 @@ def _local(
     return out
 
 
+def check_sources(config: Config) -> None:
+    """ConfigError for a collector switched ``on`` whose source the config does not name
+    (``kcops.agent.preflight``: ``agent run`` and ``check-config`` alike)."""
+    from kcops.errors import ConfigError
+
+    cfg = config.collectors
+    for section, what in ((cfg.health, "health"), (cfg.scrape, "scrape")):
+        if section.enabled == "on" and config.engine.url is None:
+            raise ConfigError(
+                f"collectors.{what}.enabled: 'on' needs engine.url (or --engine-url); "
+                "allowed without it: auto, off"
+            )
+
+
 def _http(ctx: AgentContext, pids: EnginePid, engine: Engine | None) -> list[Collector]:
     """Health and /metrics of the engine at engine.url, over one shared poll."""
     from kcops.agent.collectors.engine_http import EngineClient
     from kcops.agent.collectors.health import HealthCollector
     from kcops.agent.collectors.scrape import EngineScrapeCollector
-    from kcops.errors import ConfigError
 
     cfg = ctx.config.collectors
     eng = ctx.config.engine
     has_url = eng.url is not None
-    for section, what in ((cfg.health, "health"), (cfg.scrape, "scrape")):
-        if section.enabled == "on" and not has_url:
-            raise ConfigError(
-                f"collectors.{what}.enabled: 'on' needs engine.url (or --engine-url); "
-                "allowed without it: auto, off"
-            )
+    check_sources(ctx.config)
     want_health = _on(cfg.health.enabled, has_url)
     want_scrape = _on(cfg.scrape.enabled, has_url)
     if eng.url is None or not (want_health or want_scrape):

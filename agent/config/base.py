@@ -1,7 +1,7 @@
 """Base model for every configuration section: unknown keys are errors.
 
-Booleans are strict (``StrictBool``: ``"false"`` or ``"yes"`` quoted is refused,
-YAML's unquoted ``true``/``false``/``on``/``off`` are booleans already), and a
+Booleans are strict (``StrictBool``: only YAML's ``true``/``false``; the loader reads
+YAML 1.1's ``yes``/``no``/``on``/``off`` as strings, which a boolean refuses), and a
 length of time is :data:`kcops.agent.duration.Duration` (seconds, or a
 Prometheus duration string such as ``5m``).
 """
@@ -14,7 +14,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict
 
 
 def _switch(v: object) -> object:
-    # YAML 1.1 reads unquoted `on` and `off` as booleans: take them as meant.
+    # `on`/`off` arrive as strings (kcops.agent.yamlload); true/false mean on/off.
     if isinstance(v, bool):
         return "on" if v else "off"
     return v

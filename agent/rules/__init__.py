@@ -16,12 +16,14 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from kcops.agent.component import AgentContext
     from kcops.agent.rules.component import RulesComponent
+    from kcops.agent.rules.loader import RuleSet
 
 
-def build(ctx: AgentContext) -> list[RulesComponent]:
+def build(ctx: AgentContext, ruleset: RuleSet | None = None) -> list[RulesComponent]:
     """The rules component (remediation gets it as its alerts view); none when disabled.
 
-    Raises :class:`~kcops.errors.ConfigError` (exit 2) when the rule
+    ``ruleset``: the one :func:`kcops.agent.preflight.preflight` loaded; else it is read
+    here. Raises :class:`~kcops.errors.ConfigError` (exit 2) when the rule
     file is bad, naming the rule and the reason.
     """
     from kcops.agent.rules.component import RulesComponent
@@ -29,4 +31,6 @@ def build(ctx: AgentContext) -> list[RulesComponent]:
 
     if not ctx.config.rules.enabled:
         return []
-    return [RulesComponent(ctx, ruleset_from_config(ctx.config))]
+    return [
+        RulesComponent(ctx, ruleset if ruleset is not None else ruleset_from_config(ctx.config))
+    ]

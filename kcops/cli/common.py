@@ -67,12 +67,32 @@ class DurationParam(click.ParamType):
             self.fail(str(exc), param, ctx)
 
 
+class FiniteFloat(click.FloatRange):
+    """A number flag, optionally in a range: click's FloatRange lets ``nan`` through every
+    bound (no comparison with NaN is true) and ``inf`` past an open end. Every float flag
+    of every command uses this one."""
+
+    def __init__(self, min: float | None = None, max: float | None = None) -> None:
+        super().__init__(min, max)
+
+    def convert(
+        self, value: object, param: click.Parameter | None, ctx: click.Context | None
+    ) -> float:
+        import math
+
+        rv = super().convert(value, param, ctx)  # type: ignore[arg-type]
+        if not math.isfinite(rv):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return float(rv)
+
+
 def parse_params(pairs: tuple[str, ...], option: str = "--param") -> dict[str, object]:
     """``NAME=VALUE`` flags (``--param`` of ``alerts``, ``dashboards`` and ``actions run``).
 
     VALUE is one YAML value read by the bounded loader, so ``0.25`` is a number,
     ``false`` a boolean and ``5m`` a string; an empty VALUE is the empty string.
-    A pair without ``=``, or bad YAML, is a :class:`ConfigError` (exit 2).
+    A pair without ``=``, bad YAML, or a value JSON cannot carry (``.nan``, ``.inf``, a
+    timestamp, bytes, a set) is a :class:`ConfigError` (exit 2).
     """
     from kcops.agent.yamlload import excerpt, parse_yaml
 
@@ -82,8 +102,29 @@ def parse_params(pairs: tuple[str, ...], option: str = "--param") -> dict[str, o
         name = name.strip()
         if not sep or not name:
             raise ConfigError(f"{option} {excerpt(pair)}: expected NAME=VALUE")
-        out[name] = parse_yaml(raw, f"{option} {excerpt(name)}") if raw.strip() else ""
+        where = f"{option} {excerpt(name)}"
+        out[name] = _json_value(parse_yaml(raw, where), where) if raw.strip() else ""
     return out
+
+
+def _json_value(value: object, where: str) -> object:
+    """``value`` if JSON holds it as is (the agent reads params as JSON); else ConfigError."""
+    import math
+
+    from kcops.agent.yamlload import excerpt
+
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{where}: {value} is not a finite number")
+    if value is None or isinstance(value, str | bool | int | float):
+        return value
+    if isinstance(value, list):
+        return [_json_value(v, where) for v in value]
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        return {k: _json_value(v, where) for k, v in value.items()}
+    raise ConfigError(
+        f"{where}: {excerpt(value)} is a {type(value).__name__}; a value is a number, a "
+        "string, true/false, or a list or mapping of those (quote it to pass text)"
+    )
 
 
 def token_headers(token_file: str | None = None) -> dict[str, str]:

@@ -123,15 +123,15 @@ def push_cmd(
     from grafana_client import GrafanaApi
     from grafana_client.client import GrafanaClientError
 
+    from kcops.auth import check_token, read_token_file
     from kcops.dashboards.build import build_all
 
-    try:
-        token = (
-            Path(token_file).read_text().strip() if token_file else os.environ.get("GRAFANA_TOKEN")
-        )
-    except OSError as exc:
-        click.echo(f"error: --token-file {token_file}: cannot read: {exc.strerror}", err=True)
-        sys.exit(2)
+    # One token reader (kcops.auth): not UTF-8, unreadable or empty is one line, exit 2.
+    token = os.environ.get("GRAFANA_TOKEN", "").strip()
+    if token_file:
+        token = read_token_file(Path(token_file))
+    elif token:
+        token = check_token(token, "GRAFANA_TOKEN")
     if not token:
         click.echo("error: no Grafana token: set $GRAFANA_TOKEN or --token-file", err=True)
         sys.exit(2)

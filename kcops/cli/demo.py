@@ -24,7 +24,7 @@ from pathlib import Path
 import click
 
 from kcops.cli import drills as drills_mod
-from kcops.cli.common import EXIT_FAILURE, handle_errors
+from kcops.cli.common import EXIT_FAILURE, FiniteFloat, handle_errors
 from kcops.cli.demo_env import LOAD_USERS, DemoEnv, DemoFailed, kcops_exe, summary
 from kcops.cli.load.run import LocustRun, summary_lines
 from kcops.cli.timefmt import duration
@@ -114,7 +114,13 @@ def run_demo(env: DemoEnv, chosen: list[drills_mod.Drill], load_seconds: float) 
 @click.option(
     "--model", default="smollm2", show_default=True, help="Worker model: smollm2, tiny or PATH."
 )
-@click.option("--load-seconds", default=20.0, show_default=True, help="Healthy load phase length.")
+@click.option(
+    "--load-seconds",
+    default=20.0,
+    show_default=True,
+    type=FiniteFloat(0, 86400),
+    help="Healthy load phase length.",
+)
 @click.option(
     "--drills", "drill_spec", default="default", show_default=True,
     help="default (NaN, hang), all, none, or alert names separated by commas.",

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from kcops.cli.common import handle_errors
+from kcops.cli.common import FiniteFloat, handle_errors
 
 if TYPE_CHECKING:
     import torch
@@ -282,7 +282,7 @@ def parse_policies(raw: str) -> tuple[str, ...]:
 @click.option("--eval-tokens", type=click.IntRange(1, 4096), default=32, show_default=True)
 @click.option(
     "--tolerance",
-    type=click.FloatRange(0.0, 100.0),
+    type=FiniteFloat(0.0, 100.0),
     default=1.0,
     show_default=True,
     help="Accuracy points below full attention still acceptable.",
@@ -504,7 +504,7 @@ def _save(out_dir: str | None, name: str, doc: object) -> None:
 
 @kc_group.command("report")
 @click.argument("folder")
-@click.option("--tolerance", type=click.FloatRange(0.0, 100.0), default=1.0, show_default=True)
+@click.option("--tolerance", type=FiniteFloat(0.0, 100.0), default=1.0, show_default=True)
 @click.option(
     "--tensorboard",
     is_flag=True,

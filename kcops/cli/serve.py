@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from kcops.cli.common import EXIT_USAGE, handle_errors
+from kcops.cli.common import EXIT_USAGE, FiniteFloat, handle_errors
 
 if TYPE_CHECKING:
     from kcops.worker.state import WorkerState
@@ -36,11 +36,11 @@ if TYPE_CHECKING:
 @click.option("--topn-min", default=16, show_default=True, type=click.IntRange(1))
 @click.option("--topn-max", default=1024, show_default=True, type=click.IntRange(1))
 @click.option("--dense-layers", default="0,1", show_default=True, help="Layers that stay dense.")
-@click.option("--shadow-fraction", default=0.0, show_default=True, type=click.FloatRange(0, 1))
+@click.option("--shadow-fraction", default=0.0, show_default=True, type=FiniteFloat(0, 1))
 @click.option(
     "--cache-budget-bytes", default=512 * 1024**2, show_default=True, type=click.IntRange(1)
 )
-@click.option("--cache-ttl-s", default=3600.0, show_default=True, type=click.FloatRange(min=1))
+@click.option("--cache-ttl-s", default=3600.0, show_default=True, type=FiniteFloat(min=1))
 @click.option(
     "--threads", default=2, show_default=True, type=click.IntRange(1), help="torch threads."
 )

@@ -11,7 +11,7 @@ import shutil
 
 import click
 
-from kcops.cli.common import agent_option, echo_json, handle_errors, token_headers
+from kcops.cli.common import FiniteFloat, agent_option, echo_json, handle_errors, token_headers
 from kcops.cli.topdata import AgentClient, snapshot
 from kcops.cli.topdata import as_json as as_json_frame
 from kcops.errors import ConfigError
@@ -30,9 +30,7 @@ def _need_tui() -> None:
 @click.command("top", help="Live view of an agent: serving, memory, K(C), alerts, actions.")
 @agent_option
 @click.option("--once", is_flag=True, help="Print one frame and exit.")
-@click.option(
-    "--refresh", "refresh_s", default=2.0, show_default=True, type=click.FloatRange(0.2, 60)
-)
+@click.option("--refresh", "refresh_s", default=2.0, show_default=True, type=FiniteFloat(0.2, 60))
 @click.option("--token-file", type=click.Path(dir_okay=False), help="Bearer token for actions.")
 @click.option("--width", type=click.IntRange(40, 400), help="Columns for --once (default: tty).")
 @click.option("--json", "as_json", is_flag=True, help="With --once: the frame's data as JSON.")

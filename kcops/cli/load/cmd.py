@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from kcops.cli.common import echo_json, handle_errors
+from kcops.cli.common import FiniteFloat, echo_json, handle_errors
 from kcops.cli.load.run import AlertWatch, LocustRun, as_json, summary_lines
 
 
@@ -21,11 +21,11 @@ from kcops.cli.load.run import AlertWatch, LocustRun, as_json, summary_lines
 @click.option("--agent", "agent_url", envvar="KCOPS_AGENT", help="Agent to watch for alerts.")
 @click.option("--users", default=8, show_default=True, type=click.IntRange(1, 10_000))
 @click.option(
-    "--spawn-rate", default=1.0, show_default=True, type=click.FloatRange(0.01, 1000),
+    "--spawn-rate", default=1.0, show_default=True, type=FiniteFloat(0.01, 1000),
     help="Users started per second: the ramp.",
 )  # fmt: skip
 @click.option(
-    "--run-time", "run_time_s", default=60.0, show_default=True, type=click.FloatRange(1, 86400)
+    "--run-time", "run_time_s", default=60.0, show_default=True, type=FiniteFloat(1, 86400)
 )
 @click.option("--max-tokens", default=16, show_default=True, type=click.IntRange(1, 4096))
 @click.option("--out", type=click.Path(file_okay=False), help="Keep Locust's CSV and log here.")

@@ -88,11 +88,18 @@ def test_booleans_are_strict(data: dict) -> None:  # type: ignore[type-arg]
 def test_yaml_booleans_and_switches_read_as_written(tmp_path: Path) -> None:
     p = tmp_path / "c.yaml"
     p.write_text(
-        "rules: {enabled: no}\ncollectors: {nvml: {enabled: off}, process: {enabled: on}}\n"
+        "rules: {enabled: false}\ncollectors: {nvml: {enabled: off}, process: {enabled: on}}\n"
     )
     cfg = load_config(p)
     assert cfg.rules.enabled is False
     assert (cfg.collectors.nvml.enabled, cfg.collectors.process.enabled) == ("off", "on")
+    # Booleans are true/false only (issue 24, class 12): YAML 1.1's yes/no/on/off are text.
+    for word in ("no", "yes", "on", "off", "n", "Y", "False", "TRUE"):
+        p.write_text(f"rules: {{enabled: {word}}}\n")
+        with pytest.raises(
+            ConfigError, match=f"rules.enabled: must be true or false; got '{word}'"
+        ):
+            load_config(p)
 
 
 def test_lengths_of_time_take_numbers_or_prometheus_durations() -> None:
