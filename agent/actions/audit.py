@@ -165,7 +165,8 @@ class AuditLog:
             if torn:
                 self.torn_repairs += 1
                 self.torn_bytes += torn
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            # read-write: the check that the log ends in a newline reads its last byte
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
         return self._fd
 
     def _error(self, what: str, exc: OSError) -> None:
