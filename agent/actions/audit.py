@@ -89,7 +89,8 @@ def encode(record: AuditRecord | JSONObject) -> bytes:
     obj = record.as_json() if isinstance(record, BaseModel) else record
     text, paths = strict_json(obj)
     if paths:
-        text, _ = strict_json({**json.loads(text), "nonfinite": paths})
+        named: list[JsonValue] = list(paths)
+        text, _ = strict_json({**json.loads(text), "nonfinite": named})
         log.warning("audit record: non-finite number(s) written as null: %s", ", ".join(paths))
     return text.encode() + b"\n"
 

@@ -275,7 +275,7 @@ def _action(lad: Ladder) -> str:
     return cur.action if cur else "?"
 
 
-_DID = {
+_DID: dict[str, str] = {
     Outcome.OK: "{a} ran",
     Outcome.DRY_RUN: "{a} would have run (dry run)",
     Outcome.FAILED: "{a} ran and failed",

@@ -237,8 +237,13 @@ class Remediation:
 
     def _mark_dirty(self) -> None:
         # Guard state must be on disk before an action acts, so that a crash
-        # during the action never lets a restarted agent repeat it.
-        self.save()
+        # during the action never lets a restarted agent repeat it. A disk that
+        # refuses it (full) does not stop remediation: saved again each tick.
+        try:
+            self.save()
+        except OSError as exc:
+            self.persist.touch()
+            log.warning("cannot save %s: %s", self.persist.file.path, exc.strerror or exc)
 
     def save(self) -> None:
         """Write the state now, on the loop (before an action acts; at stop)."""

@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -150,7 +151,7 @@ class Gate:
             raise ActionRejected("the engine is still starting", Refusal.STARTING)
 
     async def act(self, ctx: ActionContext, _: NoParams) -> ActionResult:
-        kinds = [r["kind"] for r in read_audit(self.path)]
+        kinds = [str(r["kind"]) for r in read_audit(self.path)]
         self.seen_started.append(kinds[-1])
         await self.go.wait()
         return ActionResult(detail="done")
@@ -189,7 +190,7 @@ def test_started_is_on_disk_before_the_run_acts_and_a_kill_leaves_it_interrupted
         gate2 = Gate(killed / "audit.jsonl")
         rem2, _ = await _rem(killed, gate2)
         await rem2.stop()
-        recs = list(read_audit(killed / "audit.jsonl"))
+        recs: list[Any] = list(read_audit(killed / "audit.jsonl"))
         started = [r for r in recs if r["kind"] == "started"]
         assert [r["action"] for r in started] == ["gate"]
         ends = [r for r in recs if r["kind"] == "action"]
@@ -226,7 +227,7 @@ def test_a_refusal_repeated_while_its_cause_lasts_is_recorded_once_with_a_count(
         clock.advance(120.0)
         await rem.tick(clock())
         await rem.stop()
-        recs = list(read_audit(tmp_path / "audit.jsonl"))
+        recs: list[Any] = list(read_audit(tmp_path / "audit.jsonl"))
         shape = [(r["kind"], r.get("outcome") or r.get("count")) for r in recs]
         assert shape == [
             ("action", "skipped_starting"),
@@ -289,3 +290,32 @@ def test_a_page_says_how_each_step_that_ran_ended() -> None:
     page = next(d for d in ds if isinstance(d, L.Escalate))
     assert "evict_cache ran; restart_worker ran and failed" in page.message
     assert "skipped: fallback_to_base" in page.message
+
+
+def test_history_reads_the_new_kinds_and_skips_a_torn_line(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from kcops.cli import cli
+
+    now = 1_800_000_000.0
+    lines = [
+        json.dumps({"kind": "started", "ts": now, "run_id": "a-1", "action": "restart_worker"}),
+        '{"kind":"action","ts":1800000001,"run_id":"a-1","act',  # torn by a full disk
+        json.dumps({"kind": "action", "ts": now + 2, "run_id": "a-1", "action": "restart_worker",
+                    "outcome": "interrupted", "error": "the agent stopped while it ran"}),
+        json.dumps({"kind": "repeated", "ts": now + 150, "count": 149, "first_ts": now + 3,
+                    "last_ts": now + 150, "why": "changed",
+                    "of": {"action": "restore_route", "outcome": "skipped_starting"}}),
+        json.dumps({"kind": "ladder", "ts": now + 151, "event": "nothing_ran", "alertname": "A",
+                    "steps": ["restart_worker"], "ran": [],
+                    "skipped": ["restart_worker (cooling down)"]}),
+    ]  # fmt: skip
+    (tmp_path / "audit.jsonl").write_text("\n".join(lines) + "\n")
+    res = CliRunner().invoke(cli, ["actions", "history", "--state-dir", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    out = res.output.splitlines()
+    assert len(out) == 4, out
+    assert "restart_worker" in out[0] and "started" in out[0]
+    assert "interrupted" in out[1]
+    assert "repeated 149 more time(s) over 147s (changed): restore_route skipped_starting" in out[2]
+    assert "nothing_ran" in out[3] and "skipped: restart_worker (cooling down)" in out[3]
