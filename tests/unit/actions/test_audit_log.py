@@ -319,3 +319,25 @@ def test_history_reads_the_new_kinds_and_skips_a_torn_line(tmp_path: Path) -> No
     assert "interrupted" in out[1]
     assert "repeated 149 more time(s) over 147s (changed): restore_route skipped_starting" in out[2]
     assert "nothing_ran" in out[3] and "skipped: restart_worker (cooling down)" in out[3]
+
+
+def test_the_same_page_again_is_counted_not_written_again(tmp_path: Path) -> None:
+    from kcops.agent.actions.paging import Pager
+    from kcops.agent.config.actions import NotifySection
+
+    clock = ManualClock(1000.0)
+    log = AuditLog(tmp_path / "a.jsonl")
+    sent: list[tuple[str, str]] = []
+    pager = Pager(NotifySection(), log, clock, lambda a, o: sent.append((a, o)))
+    for _ in range(50):
+        pager.page("engine crash loop: exit 137", alertname="KcopsEngineDown")
+        clock.advance(2.0)
+    pager.page("engine back", alertname="KcopsEngineDown")
+    log.close()
+    recs: list[Any] = list(read_audit(tmp_path / "a.jsonl"))
+    assert [(r["kind"], r.get("count")) for r in recs] == [
+        ("page", None),
+        ("repeated", 49),
+        ("page", None),
+    ]
+    assert len(sent) == 51 and pager.pages == 51  # every page still counted and sent
