@@ -146,6 +146,18 @@ SIGNALS: dict[str, Meta] = {
     "kcops_audit_torn_repairs_total": Meta(
         COUNTER, "Torn last records of the audit log (a crash mid-write) moved aside at start."
     ),
+    "kcops_audit_write_errors_total": Meta(
+        COUNTER, "Audit log writes and fsyncs that failed (ENOSPC, EIO); the record is kept."
+    ),
+    "kcops_audit_records_held": Meta(
+        GAUGE, "Audit records the disk refused, held in memory until it takes them."
+    ),
+    "kcops_audit_records_dropped_total": Meta(
+        COUNTER, "Audit records dropped: the disk refused them and the in-memory backlog was full."
+    ),
+    "kcops_audit_repeats_suppressed_total": Meta(
+        COUNTER, "Repeated audit records counted in a kind: repeated summary instead of written."
+    ),
     "kcops_collector_errors_total": Meta(COUNTER, "Collector failures, by collector and reason."),
     "kcops_collector_up": Meta(GAUGE, "1 when the collector's last run succeeded."),
     "kcops_agent_tick_seconds": Meta(HISTOGRAM, "Duration of one agent tick."),

@@ -1,39 +1,98 @@
-"""The audit log: append-only JSON lines, written at once, made durable in batches.
+"""The audit log: append-only JSON lines; a record is acknowledged only once it is durable.
 
-Every decision the runner takes lands here — runs, dry runs, refusals by a
-guard, ladder steps, pages, restores — with the alert transition that
-triggered it. It survives agent restarts; ``kcops actions history`` reads it.
+Every decision the runner takes lands here — runs (a ``started`` record before a
+run acts, its outcome after), dry runs, refusals by a guard, ladder steps, pages,
+restores — with the alert transition that triggered it. It survives agent
+restarts; ``kcops actions history`` reads it.
 
-Durability: :meth:`AuditLog.append` writes the line at once (readers see it)
-but does not fsync on the event loop; the fsync runs in a worker thread, one
-for every record written since the last one (batched). Whoever acknowledges a
-record to the outside (an HTTP answer) awaits :meth:`AuditLog.sync` first, so
-an acknowledged record is on disk. Outside an event loop ``append`` fsyncs
-itself, as before.
+Writing: :meth:`AuditLog.append` writes the line at once (readers see it) and
+checks the write: a short write is completed, and a write that fails (``ENOSPC``,
+``EIO``) is undone (the file cut back to where the record began), so no fragment
+is left for the next record to be glued to. A record that could not be written
+is kept in memory, in order (at most ``BACKLOG_RECORDS``/``BACKLOG_BYTES``; past
+that a record is dropped and counted), and written before any newer one once the
+disk takes it again: never twice, never out of order.
 
-A crash in the middle of a write leaves a torn last line; the next start
-moves those bytes to ``<log>.torn`` (kept, counted in ``torn_repairs``) and
-truncates the log to its last full line, so the next record is not glued to
-the torn one.
+Durability: the fsync runs in a worker thread, batched. Whoever acknowledges a
+record to the outside (an HTTP answer) awaits :meth:`AuditLog.sync`, which is
+True only when every record appended so far is on disk; outside an event loop
+``append`` fsyncs itself.
+
+Torn lines: the next start moves a torn last line (a crash mid-write) to
+``<log>.torn``; a fragment the agent could not cut back is ended with a newline
+before the next record; readers skip a line that is not a record (counted), and
+recover a whole record glued to a fragment (:func:`parse_line`).
+
+Strict JSON: a non-finite number is written as ``null`` and its field named in
+the record's ``nonfinite`` list; no ``NaN`` or ``Infinity`` token is written.
+Repeats: see :mod:`.auditrepeat`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import logging
 import os
 import threading
-from collections.abc import Iterator
+import time
+from collections import deque
 from pathlib import Path
 
-from pydantic import BaseModel
+from pydantic import BaseModel, JsonValue
 
-from kcops.agent.actions.records import AuditRecord, JSONObject, parse_record
+from kcops.agent.actions.auditread import (  # noqa: F401 - the log's readers, here too
+    ReadStats,
+    parse_line,
+    read_audit,
+    read_records,
+    unfinished,
+)
+from kcops.agent.actions.auditrepeat import Key, Repeats, Stream
+from kcops.agent.actions.records import AuditRecord, JSONObject
 
 log = logging.getLogger("kcops.agent.actions")
 
 MAX_RECORD_BYTES = 1 << 20  # a record is a few hundred bytes; the tail scan stops here
+BACKLOG_RECORDS = 10_000  # records kept in memory while the disk refuses them
+BACKLOG_BYTES = 16 << 20
+_ERROR_LOG_EVERY_S = 10.0
+
+
+def strict_json(obj: JsonValue) -> tuple[str, list[str]]:
+    """``obj`` as compact JSON with no NaN/Infinity token: (text, the paths set to null)."""
+    try:
+        return _dumps(obj), []
+    except ValueError:
+        paths: list[str] = []
+        return _dumps(_finite(obj, "", paths)), paths
+
+
+def _dumps(obj: object) -> str:
+    return json.dumps(obj, sort_keys=True, default=str, separators=(",", ":"), allow_nan=False)
+
+
+def _finite(v: object, path: str, paths: list[str]) -> object:
+    if isinstance(v, float) and (v != v or v in (float("inf"), float("-inf"))):
+        paths.append(path or "<record>")
+        return None
+    if isinstance(v, dict):
+        return {k: _finite(x, f"{path}.{k}" if path else str(k), paths) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [_finite(x, f"{path}[{i}]", paths) for i, x in enumerate(v)]
+    return v
+
+
+def encode(record: AuditRecord | JSONObject) -> bytes:
+    """One line of the log: strict JSON; non-finite numbers as null, named in ``nonfinite``."""
+    obj = record.as_json() if isinstance(record, BaseModel) else record
+    text, paths = strict_json(obj)
+    if paths:
+        named: list[JsonValue] = list(paths)
+        text, _ = strict_json({**json.loads(text), "nonfinite": named})
+        log.warning("audit record: non-finite number(s) written as null: %s", ", ".join(paths))
+    return text.encode() + b"\n"
 
 
 def repair_torn_tail(path: Path) -> int:
@@ -53,7 +112,7 @@ def repair_torn_tail(path: Path) -> int:
         aside = path.with_name(path.name + ".torn")
         afd = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
-            os.write(afd, torn + b"\n")
+            _write_all(afd, torn + b"\n")
             os.fsync(afd)
         finally:
             os.close(afd)
@@ -65,91 +124,198 @@ def repair_torn_tail(path: Path) -> int:
     return len(torn)
 
 
+def _write_all(fd: int, data: bytes) -> None:
+    """Write all of ``data`` (a short write is completed) or raise OSError."""
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        if n <= 0:
+            raise OSError(errno.EIO, "write wrote nothing")
+        view = view[n:]
+
+
 class AuditLog:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, repeats: Repeats | None = None) -> None:
         self.path = path
+        self.repeats = repeats or Repeats()
         self._fd: int | None = None
         self._lock = threading.Lock()  # one fsync at a time; counters below
-        self._written = 0  # records written (page cache)
-        self._synced = 0  # records known on disk
-        self._pending: asyncio.Task[None] | None = None
+        self._seq = 0  # records appended (a record's number, from 1)
+        self._written = 0  # the last record written (page cache), by number
+        self._synced = 0  # the last record known on disk
+        self._backlog: deque[tuple[int, bytes]] = deque()  # not written yet (disk refused)
+        self._backlog_bytes = 0
+        self._tail_suspect = False  # a fragment may end the file: end it before writing
+        self._pending: asyncio.Task[bool] | None = None
+        self._last_error_log = 0.0
         self.torn_repairs = 0
         self.torn_bytes = 0
+        self.write_errors = 0  # failed writes and fsyncs (ENOSPC, EIO, ...)
+        self.dropped = 0  # records lost: the backlog was full
+        self.last_error: str | None = None
 
     def _open(self) -> int:
         if self._fd is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            torn = repair_torn_tail(self.path)
+            try:
+                torn = repair_torn_tail(self.path)
+            except OSError as exc:  # no room to set it aside: end it with a newline instead
+                self._error("cannot set a torn last record aside", exc)
+                self._tail_suspect = True
+                torn = 0
             if torn:
                 self.torn_repairs += 1
                 self.torn_bytes += torn
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            # read-write: the check that the log ends in a newline reads its last byte
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
         return self._fd
 
-    def append(self, record: AuditRecord | JSONObject) -> None:
-        """Write one record now; on an event loop its fsync follows in a thread (see module).
+    def _error(self, what: str, exc: OSError) -> None:
+        self.write_errors += 1
+        self.last_error = f"{what}: {exc.strerror or exc}"
+        now = time.monotonic()
+        if now - self._last_error_log >= _ERROR_LOG_EVERY_S:
+            self._last_error_log = now
+            log.error(
+                "audit log %s: %s (%d record(s) held in memory, %d dropped)",
+                self.path, self.last_error, len(self._backlog), self.dropped,
+            )  # fmt: skip
 
-        The agent writes the models of :mod:`~kcops.agent.actions.records`; a plain JSON
-        object is written as it is.
+    def append(
+        self,
+        record: AuditRecord | JSONObject,
+        *,
+        stream: Stream | None = None,
+        key: Key | None = None,
+        of: JSONObject | None = None,
+    ) -> int | None:
+        """Write one record now (see module); its number, or None when it was not kept
+        (counted as a repeat of ``stream``'s last record, or dropped: backlog full).
+
+        ``stream`` and ``key``: a record that may repeat (:mod:`.auditrepeat`); ``of``
+        names it in the summary. A plain JSON object is written as it is.
         """
-        obj = record.as_json() if isinstance(record, BaseModel) else record
-        line = json.dumps(obj, sort_keys=True, default=str, separators=(",", ":")) + "\n"
-        fd = self._open()
-        os.write(fd, line.encode())  # O_APPEND and one write: a record is never interleaved
-        self._written += 1
+        if stream is not None:
+            ts = record.ts if isinstance(record, BaseModel) else record.get("ts")
+            t = float(ts) if isinstance(ts, int | float) else time.time()
+            err = getattr(record, "error", None)
+            summaries, write = self.repeats.note(stream, key, of or {}, t, err)
+            for s in summaries:
+                self._append(s)
+            if not write:
+                return None
+        return self._append(record)
+
+    def tick(self, now: float) -> None:
+        """Write the summaries of repeats that ended, and what the disk refused before."""
+        for s in self.repeats.due(now):
+            self._append(s)
+        if self._backlog:
+            self._drain()
+
+    def _append(self, record: AuditRecord | JSONObject) -> int | None:
+        line = encode(record)
+        if len(self._backlog) >= BACKLOG_RECORDS or self._backlog_bytes + len(line) > BACKLOG_BYTES:
+            self._drain()
+            if self._backlog:
+                self.dropped += 1
+                log.error("audit log %s: backlog full, record dropped: %s", self.path, line[:300])
+                return None
+        self._seq += 1
+        self._backlog.append((self._seq, line))
+        self._backlog_bytes += len(line)
+        self._drain()
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             self._fsync()
-            return
-        if self._pending is None or self._pending.done():
+            return self._seq
+        if self._written > self._synced and (self._pending is None or self._pending.done()):
             self._pending = loop.create_task(self.sync())
+        return self._seq
 
-    def _fsync(self) -> None:
+    def _drain(self) -> bool:
+        """Write the backlog, oldest first; False when the disk refused (the rest kept)."""
+        while self._backlog:
+            seq, line = self._backlog[0]
+            if not self._write(line):
+                return False
+            self._backlog.popleft()
+            self._backlog_bytes -= len(line)
+            self._written = seq
+        return True
+
+    def _write(self, line: bytes) -> bool:
+        """``line`` at the end of the log, whole, or nothing of it (False)."""
+        try:
+            fd = self._open()
+            if self._tail_suspect:
+                size = os.fstat(fd).st_size
+                if size and os.pread(fd, 1, size - 1) != b"\n":
+                    _write_all(fd, b"\n")  # end the fragment: the record starts its own line
+                self._tail_suspect = False
+            start = os.fstat(fd).st_size  # this process is the log's one writer
+        except OSError as exc:
+            self._error("cannot open or check the log", exc)
+            return False
+        try:
+            _write_all(fd, line)  # O_APPEND: a record is never interleaved
+        except OSError as exc:
+            self._error("write failed", exc)
+            try:
+                os.ftruncate(fd, start)  # cut back what part of it landed
+            except OSError:
+                self._tail_suspect = True
+            return False
+        return True
+
+    def _fsync(self) -> bool:
         with self._lock:
             target = self._written
             if self._synced >= target or self._fd is None:
-                return
-            os.fsync(self._fd)
-            self._synced = target
+                return True
+            try:
+                os.fsync(self._fd)
+            except OSError as exc:
+                self._error("fsync failed", exc)
+                return False
+            self._synced = max(self._synced, target)
+            return True
 
-    async def sync(self) -> None:
-        """Return once every record appended so far is on disk (fsync in a thread)."""
+    async def sync(self, upto: int | None = None) -> bool:
+        """Wait until records up to number ``upto`` (default: all appended so far) are
+        on disk; True if they are. False: the disk refused some (they stay in memory
+        and are written when it takes them: :meth:`tick`)."""
+        target = self._seq if upto is None else upto
+        if self._backlog:
+            self._drain()
         if self._synced < self._written:
             await asyncio.to_thread(self._fsync)
+        return self._synced >= target
+
+    def durable(self, seq: int | None) -> bool:
+        return seq is not None and self._synced >= seq
 
     @property
     def unsynced(self) -> int:
-        """Records written but not yet known on disk."""
-        return self._written - self._synced
+        """Records appended but not yet known on disk (held in memory included)."""
+        return self._seq - self._synced
+
+    @property
+    def held(self) -> int:
+        """Records the disk refused, kept in memory until it takes them."""
+        return len(self._backlog)
 
     def close(self) -> None:
+        for s in self.repeats.flush():
+            self._append(s)
+        self._drain()
         if self._fd is not None:
             self._fsync()
             os.close(self._fd)
             self._fd = None
-
-
-def read_audit(path: Path, since: float | None = None) -> Iterator[JSONObject]:
-    """Records with ``ts >= since``, as stored; a torn or corrupt line (crash mid-write)
-    is skipped. :func:`read_records` gives them as models."""
-    try:
-        fh = open(path, "rb")  # noqa: SIM115 - closed below
-    except FileNotFoundError:
-        return
-    with fh:
-        for raw in fh:
-            try:
-                rec = json.loads(raw)
-                ts = float(rec.get("ts", 0)) if isinstance(rec, dict) else None
-            except (ValueError, TypeError, RecursionError):
-                continue
-            if ts is None or (since is not None and ts < since):
-                continue
-            yield rec
-
-
-def read_records(path: Path, since: float | None = None) -> Iterator[AuditRecord]:
-    """:func:`read_audit`'s records as the models of their kinds (``parse_record``)."""
-    for raw in read_audit(path, since):
-        yield parse_record(raw)
+        if self._backlog:
+            log.error(
+                "audit log %s: %d record(s) never written (%s)",
+                self.path, len(self._backlog), self.last_error,
+            )  # fmt: skip

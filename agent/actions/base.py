@@ -49,9 +49,10 @@ class Params(BaseModel):
     (an int is still a float). Parameters come from rule files, the CLI and the
     control API already typed; a string where a boolean belongs is a mistake
     to refuse, not to guess (``drop_running: "no"`` must never preempt requests).
+    A number is finite: ``hold_s: Infinity`` is refused, never run.
     """
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
 class NoParams(Params):

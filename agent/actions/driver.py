@@ -185,6 +185,8 @@ class LadderDriver:
                 extra["ran"] = list(d.ran)
             if d.refused is not None:
                 extra["refused"] = list(d.refused)
+            if d.skipped:
+                extra["skipped"] = list(d.skipped)
         if by is not None:
             extra["by"] = by
         rec = LadderRecord(

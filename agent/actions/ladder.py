@@ -5,10 +5,12 @@ alert is still active climbs to the next step. A step that cannot apply here
 (``refused``/``invalid``: unsupported by the engine, not configured, no
 target) did not run: the ladder moves straight to the next step, having
 spent nothing. Past the last step the ladder ends at the alert's own
-severity: a page for a page alert, a ticket record otherwise — "remediation
-ran and it is still active" when some step ran, "no applicable remediation"
-when none could. A refusal by cooldown counts as the step having run
-recently (wait its window); one by budget stops the ladder (the circuit
+severity: a page for a page alert, a ticket record otherwise, saying what
+was done: each step that ran and how it ended (ok, failed, timed out, dry
+run, interrupted by an agent restart), each step skipped and why, and "no
+applicable remediation" when none could run. A refusal by cooldown (the step
+ran recently, before this ladder) waits that run's verify window, but is
+recorded as skipped, never as run; one by budget stops the ladder (the circuit
 breaker pages). Everything here is plain data, persisted with the guard
 state so a restarted agent resumes where it was without repeating a step.
 
@@ -52,13 +54,15 @@ RUN, RUNNING, VERIFY, EXHAUSTED, BLOCKED = (
 
 @dataclass(frozen=True)
 class Left:
-    """A step the ladder left behind: ``ran`` False when it could not apply here."""
+    """A step the ladder left behind: ``ran`` False when it did not run in this ladder
+    (not applicable here, or skipped for cooldown); ``outcome``: how its run ended."""
 
     step: int
     action: str | None
     t: float
     why: str
     ran: bool = True
+    outcome: str | None = None  # None: a record of an older agent (``ran`` says it all)
 
     def __post_init__(self) -> None:
         if self.step < 0:
@@ -81,6 +85,10 @@ class Ladder:
     # the alert shows up again (pending counts) the ladder holds, and closes as
     # resolved only when this passes without it.
     unconfirmed_until: float | None = None
+    # How the current step's run was decided (VERIFY: what the window is for), and
+    # why it was skipped for cooldown (the guard's words).
+    outcome: str | None = None
+    skip_why: str | None = None
     # Firing instances: fingerprint -> source.
     instances: dict[str, AlertSource] = field(default_factory=dict)
     # One entry per step left behind.
@@ -121,6 +129,7 @@ class Ladder:
             lad.phase = Phase.VERIFY
             lad.verify_until = now + (cur.verify_s if cur else 0.0)
             lad.run_id = None
+            lad.outcome = Outcome.INTERRUPTED
         return lad
 
 
@@ -164,6 +173,7 @@ class Audit:
     why: str | None = None
     ran: tuple[str, ...] | None = None
     refused: tuple[str, ...] | None = None
+    skipped: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -201,7 +211,12 @@ def _tick(lad: Ladder, now: float, out: list[Decision]) -> None:
     if lad.phase is Phase.VERIFY:
         if lad.verify_until is not None and now < lad.verify_until:
             return
-        _leave(lad, now, "not resolved within the verify window", ran=True, out=out)
+        if lad.outcome == Outcome.SKIPPED_COOLDOWN:
+            # It did not run in this ladder: the window was the earlier run's.
+            why = f"step {_action(lad)} skipped_cooldown ({lad.skip_why or 'ran recently'}); "
+            _leave(lad, now, why + "not resolved within the verify window", ran=False, out=out)
+        else:
+            _leave(lad, now, "not resolved within the verify window", ran=True, out=out)
     if lad.phase is not Phase.RUN:
         return  # RUNNING: wait for its Decided; EXHAUSTED, BLOCKED: wait for resolution
     if lad.retry_at is not None and now < lad.retry_at:
@@ -222,6 +237,8 @@ def _decided(lad: Ladder, ev: Decided, retry_s: float, out: list[Decision]) -> N
         return
     lad.run_id = ev.run_id
     o = ev.outcome
+    lad.outcome = Outcome.INTERRUPTED if o is None else o
+    lad.skip_why = ev.error if o is Outcome.SKIPPED_COOLDOWN else None
     if o is None or o in (Outcome.OK, Outcome.DRY_RUN, Outcome.SKIPPED_COOLDOWN):
         # Cooldown: the step ran recently; give that run its window.
         lad.phase = Phase.VERIFY
@@ -244,24 +261,58 @@ def _decided(lad: Ladder, ev: Decided, retry_s: float, out: list[Decision]) -> N
 
 def _leave(lad: Ladder, now: float, why: str, *, ran: bool, out: list[Decision]) -> None:
     cur = lad.current
-    lad.history.append(Left(lad.step, cur.action if cur else None, now, why, ran))
+    left = Left(lad.step, cur.action if cur else None, now, why, ran, lad.outcome)
+    lad.history.append(left)
     lad.step += 1
     lad.phase = Phase.RUN
     lad.verify_until = None
+    lad.outcome = lad.skip_why = None
     out.append(Audit("climb" if ran else "skipped", why=why))
 
 
+def _action(lad: Ladder) -> str:
+    cur = lad.current
+    return cur.action if cur else "?"
+
+
+_DID: dict[str, str] = {
+    Outcome.OK: "{a} ran",
+    Outcome.DRY_RUN: "{a} would have run (dry run)",
+    Outcome.FAILED: "{a} ran and failed",
+    Outcome.TIMEOUT: "{a} ran and timed out",
+    Outcome.INTERRUPTED: "{a} was interrupted by an agent restart (it may have acted)",
+}
+
+
+def _did(h: Left) -> str:
+    """What a step that ran did, in the words of a page."""
+    return _DID.get(h.outcome or Outcome.OK, "{a} ran").format(a=h.action)
+
+
 def _end(lad: Ladder, out: list[Decision]) -> None:
+    """Past the last step: audit what ran, what was skipped and what could not apply,
+    and tell a human exactly that (never "ran" for a step that did not)."""
     lad.phase = Phase.EXHAUSTED
-    ran = tuple(str(h.action) for h in lad.history if h.ran)
-    refused = tuple(f"{h.action} ({h.why})" for h in lad.history if not h.ran)
+    ran_h = [h for h in lad.history if h.ran]
+    ran = tuple(str(h.action) for h in ran_h)
+    cooled = [h for h in lad.history if not h.ran and h.outcome == Outcome.SKIPPED_COOLDOWN]
+    skipped = tuple(f"{h.action} ({h.why})" for h in cooled)
+    refused = tuple(f"{h.action} ({h.why})" for h in lad.history if not h.ran and h not in cooled)
     page = lad.severity in PAGE_SEVERITIES
     if ran:
-        msg = f"{lad.alertname}: remediation ran ({', '.join(ran)}) and it is still active"
-        if refused:
-            msg += f"; not applicable: {'; '.join(refused)}"
-        out.append(Audit("exhausted", ran=ran, refused=refused))
+        msg = f"{lad.alertname} is still active after remediation: {'; '.join(map(_did, ran_h))}"
+        event = "exhausted"
+    elif skipped:
+        msg = f"{lad.alertname} is still active and no remediation ran in this ladder"
+        event = "nothing_ran"
     else:
         msg = f"{lad.alertname}: no applicable remediation: {'; '.join(refused) or 'no steps'}"
         out.append(Audit("no_applicable_remediation", refused=refused))
+        out.append(Escalate(msg, page=page, severity=lad.severity))
+        return
+    if skipped:
+        msg += f"; skipped: {'; '.join(skipped)}"
+    if refused:
+        msg += f"; not applicable: {'; '.join(refused)}"
+    out.append(Audit(event, ran=ran, refused=refused, skipped=skipped))
     out.append(Escalate(msg, page=page, severity=lad.severity))

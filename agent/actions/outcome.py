@@ -24,6 +24,9 @@ class Outcome(StrEnum):
     SKIPPED_BUSY = "skipped_busy"
     SKIPPED_OFF = "skipped_off"
     SKIPPED_STARTING = "skipped_starting"
+    # Written by a restarted agent for a run that had started (``kind: started``) and
+    # has no outcome: the agent was killed while it ran. It may have acted.
+    INTERRUPTED = "interrupted"
 
     @property
     def ran(self) -> bool:

@@ -58,7 +58,14 @@ class Pager:
             "last_exit": last_exit,
         }
         context = {k: v for k, v in named.items() if v is not None}
-        self.audit.append(PageRecord(ts=now, message=message, **context))
+        # The same page again (a crash loop that pages each crash) is counted, and summed
+        # up in a ``kind: repeated`` record; the webhook still gets every one.
+        self.audit.append(
+            PageRecord(ts=now, message=message, **context),
+            stream=("page", alertname or "", scope or "", action or ""),
+            key=(message,),
+            of={"kind": "page", "message": message[:200], **context},
+        )
         log.error("PAGE: %s", message)
         cfg = self.notify
         if not cfg.url:

@@ -12,6 +12,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from kcops.agent.actions.alertmanager import Addressed
+from kcops.agent.actions.audit import AuditLog
 from kcops.agent.actions.guards import Guards, GuardsSummary
 from kcops.agent.actions.ladder import Ladder
 from kcops.agent.actions.records import JSONObject
@@ -79,6 +80,11 @@ class RemediationStatus(BaseModel):
     instances_refused: int
     state_files_set_aside: int
     audit_torn_repairs: int
+    # Records the disk refused (held in memory until it takes them), and dropped.
+    audit_held: int = 0
+    audit_dropped: int = 0
+    audit_write_errors: int = 0
+    audit_last_error: str | None = None
 
     @classmethod
     def of(
@@ -90,7 +96,7 @@ class RemediationStatus(BaseModel):
         pages: int,
         instances_refused: int,
         set_aside: int,
-        torn_repairs: int,
+        audit: AuditLog,
     ) -> JSONObject:
         open_breakers = guards["breakers_open"]
         return cls(
@@ -106,5 +112,9 @@ class RemediationStatus(BaseModel):
             pages=pages,
             instances_refused=instances_refused,
             state_files_set_aside=set_aside,
-            audit_torn_repairs=torn_repairs,
+            audit_torn_repairs=audit.torn_repairs,
+            audit_held=audit.held,
+            audit_dropped=audit.dropped,
+            audit_write_errors=audit.write_errors,
+            audit_last_error=audit.last_error,
         ).model_dump(mode="json")

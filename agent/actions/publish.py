@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from kcops.agent.actions.audit import AuditLog
 from kcops.agent.samples import Sample
 
 
@@ -12,7 +13,7 @@ def samples(
     desired_replicas: int | None,
     instances_refused: int,
     state_files_set_aside: int,
-    audit_torn_repairs: int,
+    audit: AuditLog,
 ) -> list[Sample]:
     """``runs``: (action, outcome) -> count, pages included (action "page")."""
     out = [
@@ -24,6 +25,10 @@ def samples(
     out += [
         Sample.of("kcops_ladder_instances_refused_total", instances_refused),
         Sample.of("kcops_state_files_set_aside_total", state_files_set_aside),
-        Sample.of("kcops_audit_torn_repairs_total", audit_torn_repairs),
+        Sample.of("kcops_audit_torn_repairs_total", audit.torn_repairs),
+        Sample.of("kcops_audit_write_errors_total", audit.write_errors),
+        Sample.of("kcops_audit_records_held", audit.held),
+        Sample.of("kcops_audit_records_dropped_total", audit.dropped),
+        Sample.of("kcops_audit_repeats_suppressed_total", audit.repeats.suppressed),
     ]
     return out

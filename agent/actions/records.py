@@ -119,6 +119,38 @@ class ActionRecord(_Record):
     refusal: str | None = None
 
 
+class StartedRecord(_Record):
+    """A run about to act (``kind: started``), durable before it acts: a ``kill -9``
+    during the run leaves it on record (a restarted agent writes its ``interrupted``
+    outcome), and explains the cooldown it spent."""
+
+    kind: ClassVar[str] = "started"
+    run_id: str
+    action: str
+    params: JSONObject = {}
+    target: str = ""
+    mode: str = ""
+    trigger: Trigger | None = None
+    ladder: LadderRef | None = None
+    forced: bool = False
+    reason: str | None = None
+
+
+class RepeatedRecord(_Record):
+    """A record that repeated (``kind: repeated``): ``count`` more times than written,
+    ``first_ts``..``last_ts``; ``of`` names it (action, outcome, refusal, alert).
+    ``why``: changed, ended (quiet), ongoing (long), stopping, forgotten."""
+
+    kind: ClassVar[str] = "repeated"
+    of: JSONObject = {}
+    count: int
+    first_ts: float
+    last_ts: float
+    since: float | None = None  # the record it repeats was written at this time
+    why: str = ""
+    error: str | None = None
+
+
 class LadderRecord(_Record):
     """A ladder event (``kind: ladder``): started, climb, skipped, exhausted, resolved, ..."""
 
@@ -133,6 +165,8 @@ class LadderRecord(_Record):
     why: str | None = None
     ran: list[str] | None = None
     refused: list[str] | None = None
+    # Steps that were due but did not run in this ladder (cooldown: run recently).
+    skipped: list[str] | None = None
     by: Trigger | None = None  # superseded: the alert that started it over
 
 
@@ -185,6 +219,8 @@ class OtherRecord(_Record):
 
 AuditRecord = (
     ActionRecord
+    | StartedRecord
+    | RepeatedRecord
     | LadderRecord
     | AlertRecord
     | PageRecord
@@ -195,7 +231,16 @@ AuditRecord = (
 
 KINDS: dict[str, type[_Record]] = {
     m.kind: m
-    for m in (ActionRecord, LadderRecord, AlertRecord, PageRecord, EscalationRecord, FleetRecord)
+    for m in (
+        ActionRecord,
+        StartedRecord,
+        RepeatedRecord,
+        LadderRecord,
+        AlertRecord,
+        PageRecord,
+        EscalationRecord,
+        FleetRecord,
+    )
 }
 
 

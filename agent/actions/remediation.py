@@ -20,16 +20,17 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from kcops.agent.actions.alertmanager import Addressed, dropped_samples, identity_of
-from kcops.agent.actions.audit import AuditLog
+from kcops.agent.actions.audit import AuditLog, unfinished
 from kcops.agent.actions.base import Registry, SupervisorHandle
 from kcops.agent.actions.driver import LadderDriver
 from kcops.agent.actions.guards import Guards
 from kcops.agent.actions.intake import Alert, AlertState, AlertsView, fingerprint, parse_time
 from kcops.agent.actions.ladder import Ladder
+from kcops.agent.actions.outcome import Outcome
 from kcops.agent.actions.paging import Pager
 from kcops.agent.actions.persist import Persist, RemediationStatus
 from kcops.agent.actions.publish import samples
-from kcops.agent.actions.records import FleetRecord, JSONObject
+from kcops.agent.actions.records import ActionRecord, FleetRecord, JSONObject, StartedRecord
 from kcops.agent.actions.registry import default_registry
 from kcops.agent.actions.remediation_state import RemediationState, RestoreState
 from kcops.agent.actions.restore import Restores
@@ -169,12 +170,40 @@ class Remediation:
             # code cannot take): the same as a corrupt file, never a failed start.
             self.persist.file.set_aside(f"cannot be rebuilt ({type(exc).__name__}: {exc!s:.120})")
             self._load(RemediationState(), now)
+        await self._interrupted(now)
         for lad in self.ladders.values():
             self.driver.record(lad, "resumed", now)
         if not self._subscribed:
             self.ctx.bus.subscribe(self.on_transition)
             self._subscribed = True
         self.persist.dirty = bool(self.ladders)
+
+    async def _interrupted(self, now: float) -> None:
+        """An ``interrupted`` outcome for each run the last agent started and never
+        finished (killed while it ran): the run is on record, its cooldown explained."""
+        for raw in await asyncio.to_thread(unfinished, self.audit.path):
+            try:
+                st = StartedRecord.model_validate({k: v for k, v in raw.items() if k != "kind"})
+            except ValueError:
+                continue
+            rec = ActionRecord(
+                ts=now,
+                run_id=st.run_id,
+                action=st.action,
+                params=st.params,
+                target=st.target,
+                mode=st.mode,
+                outcome=Outcome.INTERRUPTED,
+                error=f"the agent stopped while it ran (started at {st.ts:.3f}, no outcome "
+                "recorded): it may have acted; its cooldown and budget stay spent",
+                trigger=st.trigger,
+                ladder=st.ladder,
+                forced=st.forced,
+                reason=st.reason,
+            )
+            self.audit.append(rec)
+            self._count(st.action, Outcome.INTERRUPTED)
+            log.warning("action %s (run %s) was interrupted by an agent stop", st.action, st.run_id)
 
     def _load(self, st: RemediationState, now: float) -> None:
         """Guards, ladders, restores and replicas from a validated state (empty: defaults)."""
@@ -210,8 +239,13 @@ class Remediation:
 
     def _mark_dirty(self) -> None:
         # Guard state must be on disk before an action acts, so that a crash
-        # during the action never lets a restarted agent repeat it.
-        self.save()
+        # during the action never lets a restarted agent repeat it. A disk that
+        # refuses it (full) does not stop remediation: saved again each tick.
+        try:
+            self.save()
+        except OSError as exc:
+            self.persist.touch()
+            log.warning("cannot save %s: %s", self.persist.file.path, exc.strerror or exc)
 
     def save(self) -> None:
         """Write the state now, on the loop (before an action acts; at stop)."""
@@ -290,6 +324,7 @@ class Remediation:
         self.driver.tick(now)
         self.restorer.tick(now, self.active)
         self.holds.poll(now)
+        self.audit.tick(now)
         self.publish(now)
         if self.persist.dirty:
             await self.save_async()
@@ -301,7 +336,7 @@ class Remediation:
                 self.replicas.desired,
                 self.instances_refused,
                 self.persist.file.set_aside_count,
-                self.audit.torn_repairs,
+                self.audit,
             )
             + dropped_samples(self.webhook_dropped),
             now,
@@ -317,7 +352,7 @@ class Remediation:
             pages=self.pages,
             instances_refused=self.instances_refused,
             set_aside=self.persist.file.set_aside_count,
-            torn_repairs=self.audit.torn_repairs,
+            audit=self.audit,
         )
 
     def routes(self) -> list[web.RouteDef]:

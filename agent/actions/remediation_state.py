@@ -35,6 +35,8 @@ class LadderState(_Record):
     run_id: str | None = None
     retry_at: float | None = None
     unconfirmed_until: float | None = None
+    outcome: str | None = None
+    skip_why: str | None = None
     instances: dict[str, AlertSource] = Field(default_factory=dict, max_length=MAX_ENTRIES)
     history: list[Left] = Field(default_factory=list, max_length=MAX_ENTRIES)
 
@@ -61,6 +63,8 @@ class LadderState(_Record):
             run_id=self.run_id,
             retry_at=self.retry_at,
             unconfirmed_until=self.unconfirmed_until,
+            outcome=self.outcome,
+            skip_why=self.skip_why,
             instances=dict(self.instances),
             history=list(self.history),
         )

@@ -79,8 +79,10 @@ def build_routes(rem: Remediation) -> list[web.RouteDef]:
         if run.task is not None:
             timeout = rem.config.actions.guards.action_timeout_s + 5
             await asyncio.wait([run.task], timeout=timeout)
-        await rem.audit.sync()
+        durable = await rem.audit.sync()
         rec = run.record().as_json()
+        if not durable:  # never acknowledge a record that is not on disk
+            return web.json_response(not_durable(rem, rec), status=503, dumps=json_dumps)
         status = STATUS_OF.get(run.outcome or "", 409)
         return web.json_response(rec, status=status, dumps=json_dumps)
 
@@ -137,11 +139,23 @@ def webhook(rem: Remediation) -> Callable[[web.Request], Awaitable[web.Response]
         counts[TRUNCATED] = counts.get(TRUNCATED, 0) + delivery.truncated
         if delivery.dropped:
             log.warning("alertmanager webhook: %s", delivery.answer()["warning"])
-        await rem.audit.sync()  # the decisions are on disk before Alertmanager hears "ok"
+        # The decisions are on disk before Alertmanager hears "ok"; else it sends again.
+        if not await rem.audit.sync():
+            return web.json_response(not_durable(rem, None), status=503, dumps=json_dumps)
         # 200 even with alerts dropped: a 4xx is not retried and would lose what was taken.
         return web.json_response(delivery.answer())
 
     return alertmanager
+
+
+def not_durable(rem: Remediation, record: JSONObject | None) -> JSONObject:
+    """The 503 answer while the audit log's disk refuses records (held, not acknowledged)."""
+    audit = rem.audit
+    return {
+        "error": f"audit log not durable ({audit.last_error}): {audit.held} record(s) held "
+        "in memory, written when the disk takes them; this one is not acknowledged",
+        "record": record,
+    }
 
 
 def engine_ready(rem: Remediation) -> Callable[[web.Request], Awaitable[web.Response]]:

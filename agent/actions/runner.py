@@ -19,7 +19,6 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Coroutine, Mapping
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from opentelemetry.trace import Span, Status, StatusCode, Tracer
@@ -38,7 +37,8 @@ from kcops.agent.actions.base import (
 )
 from kcops.agent.actions.guards import BreakerOpen, Guards
 from kcops.agent.actions.outcome import Outcome, Refusal
-from kcops.agent.actions.records import ActionRecord, JSONObject, LadderRef, Trigger
+from kcops.agent.actions.records import JSONObject, LadderRef, Trigger
+from kcops.agent.actions.run import Run, scope_of
 from kcops.agent.clock import Clock
 from kcops.agent.config import Config
 from kcops.agent.engine import Engine
@@ -54,70 +54,6 @@ log = logging.getLogger("kcops.agent.actions")
 OK, FAILED, TIMEOUT, DRY_RUN = Outcome.OK, Outcome.FAILED, Outcome.TIMEOUT, Outcome.DRY_RUN
 REFUSED, INVALID = Outcome.REFUSED, Outcome.INVALID
 SKIPPED = outcome_mod.SKIPPED
-
-_SCOPES = {"notify": "notify", "scale_out": "replicas"}
-
-
-def scope_of(action: str, trigger: Trigger | None = None) -> str:
-    """What an action acts on, for one-in-flight and cooldown: the engine unless said.
-
-    A notice is about its alert: ``notify:<alertname>`` when an alert started it, so
-    the notice for one alert is never held back by another's cooldown (the per-hour
-    budget still bounds them all); ``notify`` when asked by hand.
-    """
-    scope = _SCOPES.get(action, "engine")
-    alertname = trigger.alertname if trigger is not None else None
-    if scope == "notify" and alertname:
-        return f"notify:{alertname}"
-    return scope
-
-
-@dataclass
-class Run:
-    id: str
-    action: str
-    params: JSONObject
-    target: str
-    mode: str
-    t: float
-    trigger: Trigger | None = None
-    ladder: LadderRef | None = None
-    forced: bool = False
-    reason: str | None = None
-    outcome: Outcome | None = None
-    error: str | None = None
-    # Why it was refused, as a code (unsupported, not_configured, at_bound, ...).
-    refusal: str | None = None
-    result: ActionResult | None = None
-    duration_s: float = 0.0
-    task: asyncio.Task[None] | None = field(default=None, repr=False)
-
-    @property
-    def done(self) -> bool:
-        return self.outcome is not None
-
-    def record(self) -> ActionRecord:
-        res = self.result
-        return ActionRecord(
-            ts=self.t,
-            run_id=self.id,
-            action=self.action,
-            params=self.params,
-            target=self.target,
-            mode=self.mode,
-            outcome=self.outcome,
-            error=self.error,
-            duration_s=round(self.duration_s, 6),
-            before=res.before if res else None,
-            after=res.after if res else None,
-            detail=res.detail if res else None,
-            result=res.data if res else None,
-            trigger=self.trigger,
-            ladder=self.ladder,
-            forced=self.forced,
-            reason=self.reason,
-            refusal=self.refusal,
-        )
 
 
 class Runner:
@@ -163,7 +99,13 @@ class Runner:
         run.error = error
         key = (run.action, outcome)
         self.counts[key] = self.counts.get(key, 0) + 1
-        self.audit.append(run.record())
+        stream = run.stream
+        rkey = run.repeat_key()
+        what: JSONObject = {
+            "action": run.action, "target": run.target, "outcome": outcome,
+            "refusal": run.refusal, "alertname": stream[3] or None,
+        }  # fmt: skip
+        self.audit.append(run.record(), stream=stream, key=rkey, of=what)
         level = logging.INFO if outcome in (Outcome.OK, Outcome.DRY_RUN) else logging.WARNING
         log.log(
             level,
@@ -250,7 +192,10 @@ class Runner:
             return run
         self.guards.start(action, run.target, run.id, now, owner)
         self.on_change()
-        self._start(run, self._execute(run, spec, parsed))
+        # On record before it acts (durable: _execute awaits it), so that a kill -9
+        # while it runs leaves it, and the cooldown it spent, explained.
+        seq = self.audit.append(run.started(), stream=run.stream)
+        self._start(run, self._execute(run, spec, parsed, seq))
         return run
 
     def _start(self, run: Run, coro: Coroutine[object, object, None]) -> None:
@@ -351,7 +296,14 @@ class Runner:
         self._finish(run, outcome, str(exc))
         self._span(run, outcome, str(exc))
 
-    async def _execute(self, run: Run, spec: ActionSpec, parsed: Params) -> None:
+    async def _execute(
+        self, run: Run, spec: ActionSpec, parsed: Params, started: int | None = None
+    ) -> None:
+        if not await self.audit.sync(started):
+            # The disk refuses the log: the record is held in memory and written when
+            # it takes it again. Remediation does not wait for the disk (a full disk
+            # may be what it is for).
+            log.warning("action %s: acting before its started record is durable", run.action)
         t0 = time.monotonic()
         outcome, error = Outcome.OK, None
         with self.tracer.start_as_current_span(

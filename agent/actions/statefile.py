@@ -41,7 +41,7 @@ State = BaseModel | Mapping[str, object]
 
 def encode(data: State) -> bytes:
     obj = data.model_dump(mode="json") if isinstance(data, BaseModel) else data
-    return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
 
 
 def write_atomic(path: Path, data: State) -> None:

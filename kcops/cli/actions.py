@@ -18,6 +18,8 @@ from kcops.agent.actions.records import (
     EscalationRecord,
     LadderRecord,
     PageRecord,
+    RepeatedRecord,
+    StartedRecord,
     parse_record,
 )
 from kcops.cli.common import (
@@ -84,9 +86,23 @@ def format_record(r: AuditRecord) -> str:
         elif r.detail:
             line += f"  {r.detail}"
         return line
+    if isinstance(r, StartedRecord):
+        alert = (r.ladder.alertname if r.ladder else None) or (
+            r.trigger.source if r.trigger else None
+        )
+        return f"{when}  {r.action:<17} {'started':<17} {r.mode:<8} {'':>7}  {alert or ''}"
+    if isinstance(r, RepeatedRecord):
+        of = r.of
+        what = " ".join(str(of[k]) for k in ("action", "outcome", "alertname") if of.get(k))
+        span = max(0.0, r.last_ts - r.first_ts)
+        return f"{when}  repeated {r.count} more time(s) over {span:.0f}s ({r.why}): {what}" + (
+            f"  last error: {r.error}" if r.error else ""
+        )
     if isinstance(r, LadderRecord):
-        return f"{when}  ladder {r.alertname}: {r.event} (step {r.step + 1}/{len(r.steps)})" + (
-            f" {r.why}" if r.why else ""
+        return (
+            f"{when}  ladder {r.alertname}: {r.event} (step {r.step + 1}/{len(r.steps)})"
+            + (f" {r.why}" if r.why else "")
+            + (f" skipped: {'; '.join(r.skipped)}" if r.skipped else "")
         )
     if isinstance(r, PageRecord):
         return f"{when}  PAGE  {r.message}"

@@ -90,7 +90,7 @@ def test_manual_run_needs_token_and_obeys_guards(tmp_path: Path) -> None:
                 r = await c.get("/api/v1/actions")
                 assert "evict_cache" in [a["name"] for a in r.json()["actions"]]
                 r = await c.get("/api/v1/actions/history")
-                outcomes = [x.get("outcome") for x in r.json()["records"]]
+                outcomes = [x.get("outcome") for x in r.json()["records"] if x["kind"] == "action"]
                 assert outcomes[:4] == ["ok", "skipped_cooldown", "ok", "dry_run"]
                 r = await c.get("/api/v1/remediation")
                 assert r.json()["mode"] == "enforce"

@@ -1,0 +1,116 @@
+"""One run of an action, as the runner decides and executes it, and what it writes."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from kcops.agent.actions import outcome as outcome_mod
+from kcops.agent.actions.base import ActionResult
+from kcops.agent.actions.outcome import Outcome
+from kcops.agent.actions.records import (
+    ActionRecord,
+    JSONObject,
+    LadderRef,
+    StartedRecord,
+    Trigger,
+)
+
+__all__ = ["Run", "scope_of"]
+
+_SCOPES = {"notify": "notify", "scale_out": "replicas"}
+
+
+def scope_of(action: str, trigger: Trigger | None = None) -> str:
+    """What an action acts on, for one-in-flight and cooldown: the engine unless said.
+
+    A notice is about its alert: ``notify:<alertname>`` when an alert started it, so
+    the notice for one alert is never held back by another's cooldown (the per-hour
+    budget still bounds them all); ``notify`` when asked by hand.
+    """
+    scope = _SCOPES.get(action, "engine")
+    alertname = trigger.alertname if trigger is not None else None
+    if scope == "notify" and alertname:
+        return f"notify:{alertname}"
+    return scope
+
+
+@dataclass
+class Run:
+    id: str
+    action: str
+    params: JSONObject
+    target: str
+    mode: str
+    t: float
+    trigger: Trigger | None = None
+    ladder: LadderRef | None = None
+    forced: bool = False
+    reason: str | None = None
+    outcome: Outcome | None = None
+    error: str | None = None
+    # Why it was refused, as a code (unsupported, not_configured, at_bound, ...).
+    refusal: str | None = None
+    result: ActionResult | None = None
+    duration_s: float = 0.0
+    task: asyncio.Task[None] | None = field(default=None, repr=False)
+
+    @property
+    def done(self) -> bool:
+        return self.outcome is not None
+
+    def started(self) -> StartedRecord:
+        """The record written (durably) before the run acts."""
+        return StartedRecord(
+            ts=self.t,
+            run_id=self.id,
+            action=self.action,
+            params=self.params,
+            target=self.target,
+            mode=self.mode,
+            trigger=self.trigger,
+            ladder=self.ladder,
+            forced=self.forced,
+            reason=self.reason,
+        )
+
+    @property
+    def stream(self) -> tuple[str, str, str, str]:
+        """What a repeat of this run's decision is counted against (:mod:`.auditrepeat`)."""
+        alert = (self.ladder.alertname if self.ladder else None) or (
+            self.trigger.alertname if self.trigger else None
+        )
+        return ("action", self.action, self.target, alert or "")
+
+    def repeat_key(self) -> tuple[str, ...] | None:
+        """A decision that did not act and may repeat while its cause lasts (a refusal
+        of a ladder step, a restore, a retry); None: written every time (a run that
+        acted, or anything asked by hand or over the API)."""
+        if self.outcome is None or self.outcome in outcome_mod.RAN:
+            return None
+        if self.trigger is None or self.trigger.source == "api":
+            return None  # asked by hand: every answer acknowledges its own record
+        return (self.outcome, self.refusal or "", self.mode)
+
+    def record(self) -> ActionRecord:
+        res = self.result
+        return ActionRecord(
+            ts=self.t,
+            run_id=self.id,
+            action=self.action,
+            params=self.params,
+            target=self.target,
+            mode=self.mode,
+            outcome=self.outcome,
+            error=self.error,
+            duration_s=round(self.duration_s, 6),
+            before=res.before if res else None,
+            after=res.after if res else None,
+            detail=res.detail if res else None,
+            result=res.data if res else None,
+            trigger=self.trigger,
+            ladder=self.ladder,
+            forced=self.forced,
+            reason=self.reason,
+            refusal=self.refusal,
+        )
