@@ -132,9 +132,7 @@ class Supervisor:
             return "the engine is in a crash loop; supervision stopped"
         if self.respawning():
             wait = max(0.0, (self.respawn_at or 0.0) - self.clock())
-            return (
-                f"the engine exited ({self.last_exit}); the supervisor respawns it in {wait:.1f}s"
-            )
+            return f"engine exited ({self.last_exit}); the supervisor respawns it in {wait:.1f}s"
         return None
 
     def respawning(self) -> bool:

@@ -10,12 +10,12 @@ live process maps it once its users are gone.
 from __future__ import annotations
 
 import multiprocessing as mp
-import time
+import signal
 from typing import Any
 
 
 def _child(lock: Any) -> None:
-    time.sleep(3600)
+    signal.pause()  # until killed
 
 
 if __name__ == "__main__":
@@ -24,4 +24,4 @@ if __name__ == "__main__":
     child = ctx.Process(target=_child, args=(lock,), daemon=True)
     child.start()
     print("ready sem." + lock._semlock.name.lstrip("/"), flush=True)  # type: ignore[attr-defined]
-    time.sleep(3600)
+    signal.pause()  # until killed
