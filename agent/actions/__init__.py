@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from kcops.agent.actions.remediation import Remediation
     from kcops.agent.collectors.enginepid import EnginePid
     from kcops.agent.component import AgentContext, Component
     from kcops.agent.engine import Engine
@@ -37,7 +38,7 @@ def build(
             clock=ctx.clock,
             store=ctx.store,
             engine=engine,
-            page=lambda message, **kw: rem.page(message, **kw),
+            page=lambda message, **kw: crash_loop(rem, message, **kw),
         )
         if pids is not None:
             pids.supervisor_pid = sup.pid  # the collectors' pid source, built before this
@@ -51,3 +52,11 @@ def build(
     )
     out.append(rem)
     return out
+
+
+def crash_loop(rem: Remediation, message: str, **kw: int | None) -> None:
+    """The supervisor gave up (a crash loop): page; with ``actions.restart.crash_loop:
+    evict_pod``, also evict this pod, as a guarded, audited run."""
+    rem.page(message, **kw)  # type: ignore[arg-type]
+    if rem.config.actions.restart.crash_loop == "evict_pod":
+        rem.runner.submit("evict_pod", reason=message)

@@ -10,6 +10,7 @@ from dataclasses import replace
 
 from kcops.agent.actions import (
     evict_cache,
+    evict_pod,
     fallback_to_base,
     lower_topn,
     notify,
@@ -67,6 +68,7 @@ def default_registry() -> Registry:
         lower_topn.SPEC,
         raise_topn.SPEC,
         restart_worker.SPEC,
+        evict_pod.SPEC,
         replace(scale_out.SPEC, precheck=has_scaler),
         notify.SPEC,
     ):

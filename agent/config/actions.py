@@ -90,6 +90,11 @@ class RestartSection(Section):
     stable_s: Duration = Field(60.0, ge=0, description="up this long resets the backoff")
     crash_loop_max: int = Field(5, ge=1, description="crashes within the window, then stop")
     crash_loop_window_s: Duration = Field(600.0, gt=0)
+    crash_loop: Literal["page", "evict_pod"] = Field(
+        "page",
+        description="after a supervised engine's crash loop (supervision stops): page, or "
+        "page and evict this pod (Kubernetes: the Deployment schedules a fresh pod)",
+    )
     startup_grace_s: Duration = Field(
         180.0,
         ge=0,
