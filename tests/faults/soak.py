@@ -31,10 +31,33 @@ from tests.unit.kernels.test_wire import sample_frame
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--minutes", type=float, default=10.0)
-    ap.add_argument("--max-growth", type=float, default=0.05)
+    ap.add_argument("--minutes", type=float, default=10.0, help="how long (default 10)")
+    ap.add_argument("--duration", help="how long, as 30m or 1800s (overrides --minutes)")
+    ap.add_argument(
+        "--from-minute",
+        type=int,
+        help="growth is measured from this minute to the end (default 2; 10 for 20 min or more)",
+    )
+    ap.add_argument(
+        "--max-growth",
+        type=float,
+        help="allowed growth (default 0.05 from minute 2, 0.02 from minute 10: issue 24)",
+    )
     ap.add_argument("--retention-s", type=float, default=60.0, help="the store's retention")
     args = ap.parse_args()
+    if args.duration:
+        from kcops.agent.duration import parse_duration
+
+        try:
+            args.minutes = parse_duration(args.duration) / 60
+        except ValueError as exc:
+            ap.error(f"--duration {args.duration!r}: {exc}")
+    if args.minutes <= 0:
+        ap.error("the soak needs a positive duration")
+    if args.from_minute is None:
+        args.from_minute = 10 if args.minutes >= 20 else 2
+    if args.max_growth is None:
+        args.max_growth = 0.02 if args.from_minute >= 10 else 0.05
     agent = start_agent(
         Path(tempfile.mkdtemp(prefix="kcops-soak-")),
         extra={"store": {"retention_s": args.retention_s}},
@@ -67,10 +90,11 @@ def main() -> int:
     finally:
         sock.close()
         stop_agent(agent)
-    base = rss.get(2, rss[min(rss)])
+    base = rss.get(args.from_minute, rss[min(rss)])
     growth = (end - base) / base
     print(
-        f"RSS growth from minute 2 to the end: {growth * 100:+.1f}% ({base / 2**20:.1f} -> "
+        f"RSS growth from minute {args.from_minute} to the end: {growth * 100:+.1f}% "
+        f"({base / 2**20:.1f} -> "
         f"{end / 2**20:.1f} MiB; goal <= {args.max_growth * 100:.0f}%)"
     )
     return 0 if growth <= args.max_growth else 1
