@@ -125,12 +125,16 @@ def read_saved(path: Path) -> Saved:
 
 
 def encode_saved(saved: Saved) -> bytes:
+    # Strict JSON (issue 24): an entry whose times are not finite is not saved (the
+    # loader would refuse it, and a bare NaN is not JSON).
     alerts = [
         {"rule": rule, "labels": dict(labels), "active_at": st.active_at, "seen_at": st.seen_at}
         for rule, insts in sorted(saved.items())
         for labels, st in sorted(insts.items())
+        if math.isfinite(st.active_at) and math.isfinite(st.seen_at)
     ][:MAX_ENTRIES]
-    return json.dumps({"version": 1, "alerts": alerts}, separators=(",", ":")).encode()
+    doc = {"version": 1, "alerts": alerts}
+    return json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
 
 
 class ForStateKeeper:

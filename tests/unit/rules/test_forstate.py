@@ -205,3 +205,22 @@ def test_the_file_is_bounded_and_written_atomically(tmp_path: Path) -> None:
     _tick_until(comp, T0, T0 + 2, [])
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
     assert read_saved(path)["Always"]
+
+
+def test_a_non_finite_time_is_not_saved_and_the_file_stays_strict_json() -> None:
+    """Issue 24, strict data: no bare NaN/Infinity in any file the agent writes."""
+    import json
+    import math
+
+    from kcops.agent.rules.forstate import ForState, encode_saved
+
+    saved = {
+        "A": {
+            (("alertname", "A"),): ForState(100.0, 101.0),
+            (("alertname", "A"), ("pod", "x")): ForState(math.nan, 101.0),
+            (("alertname", "A"), ("pod", "y")): ForState(100.0, math.inf),
+        }
+    }
+    text = encode_saved(saved).decode()  # type: ignore[arg-type]
+    doc = json.loads(text, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)))
+    assert [e["labels"] for e in doc["alerts"]] == [{"alertname": "A"}]
