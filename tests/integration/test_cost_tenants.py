@@ -75,6 +75,9 @@ def test_two_tenants_show_in_kcops_cost(tmp_path: Path) -> None:
         cli = [kcops_bin(), "cost", "--agent", agent_url, "--since", "10m"]
         out = subprocess.run([*cli, "--json"], capture_output=True, text=True, timeout=60)
         text = subprocess.run(cli, capture_output=True, text=True, timeout=60)
+        page = tmp_path / "report.html"
+        report = [kcops_bin(), "report", "--agent", agent_url, "--since", "10m", "--out", str(page)]
+        reported = subprocess.run(report, capture_output=True, text=True, timeout=120)
     sdk.close()
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
@@ -92,3 +95,7 @@ def test_two_tenants_show_in_kcops_cost(tmp_path: Path) -> None:
     assert total["cost_full"] == pytest.approx(sum(r["cost_full"] for r in rows.values()))
     assert total["saving"] == pytest.approx(total["cost_full"] - total["cost_effective"])
     assert text.returncode == 0 and "acme" in text.stdout and "globex" in text.stdout
+    # the same table as a section of kcops report
+    assert reported.returncode == 0, reported.stderr
+    html = page.read_text()
+    assert "Cost by effective context" in html and "acme" in html and "globex" in html
