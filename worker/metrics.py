@@ -149,6 +149,13 @@ class WorkerMetrics:
             "kcops_worker_shadow_checks", "Shadow checks of optimized requests."
         ).labels(model_name)
         self._routed = counter("kcops_worker_requests_routed", "Requests by path.", ["path"])
+        self._per_request(r)
+        r.register(_LiveCollector(model_name, read_live))
+
+    def success(self, finished_reason: str) -> None:
+        self._success.labels(self.model_name, finished_reason).inc()
+
+    def _per_request(self, registry: CollectorRegistry) -> None:
         # Per request, labelled by model and by bounded tenant (kcops.worker.tenant).
         by_tenant = ["model", "tenant"]
         self._context = Histogram(
@@ -156,26 +163,22 @@ class WorkerMetrics:
             "Full context of finished requests: prompt + generated tokens.",
             by_tenant,
             buckets=CONTEXT_BUCKETS,
-            registry=r,
+            registry=registry,
         )
         self._effective = Histogram(
             "kcops_worker_request_effective_context_tokens",
             "Effective context of finished requests the probe sampled: mean K_p of their rows.",
             by_tenant,
             buckets=CONTEXT_BUCKETS,
-            registry=r,
+            registry=registry,
         )
         self._priced = Counter(
             "kcops_worker_request_priced_effective_tokens",
             "Effective context tokens as priced: the effective context of sampled requests, "
             "the full context of requests the probe did not sample (no saving claimed).",
             by_tenant,
-            registry=r,
+            registry=registry,
         )
-        r.register(_LiveCollector(model_name, read_live))
-
-    def success(self, finished_reason: str) -> None:
-        self._success.labels(self.model_name, finished_reason).inc()
 
     def request_context(self, tenant: str, full: int, effective: float | None) -> None:
         """One finished request: its full context and, when sampled, its effective context
