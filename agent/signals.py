@@ -75,6 +75,24 @@ SIGNALS: dict[str, Meta] = {
     "kcops_shadow_checks_total": Meta(COUNTER, "Tokens shadow-checked against full attention."),
     "kcops_attention_topn": Meta(GAUGE, "Current attention budget N of the engine."),
     "kcops_route_fallback": Meta(GAUGE, "1 when the engine routes everything to the base model."),
+    # K(C) into cost (issue 25; docs/kc.md "Effective context and cost"), by model and tenant
+    "kcops_request_context_tokens": Meta(
+        HISTOGRAM, "Full context of finished requests (prompt + generated tokens)."
+    ),
+    "kcops_request_effective_context_tokens": Meta(
+        HISTOGRAM, "Effective context of finished requests the probe sampled (mean K_p)."
+    ),
+    "kcops_request_priced_effective_tokens_total": Meta(
+        COUNTER,
+        "Effective context tokens as priced: sampled requests' effective context, unsampled "
+        "requests' full context.",
+    ),
+    "kcops_cost_full_total": Meta(
+        COUNTER, "Cost of finished requests priced at their full context (cost.prices)."
+    ),
+    "kcops_cost_effective_total": Meta(
+        COUNTER, "Cost of finished requests priced at their effective context (cost.prices)."
+    ),
     # device and process
     "kcops_device_memory_used_bytes": Meta(
         GAUGE, "Device memory used (NVML, or CPU process tree)."

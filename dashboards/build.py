@@ -320,6 +320,43 @@ ATTENTION = Dashboard(
             (q("sum(rate(kcops_probe_dropped_total{$SEL}[${rate_window}]))", "dropped/s"),),
             unit="ops",
         ),
+        Panel(
+            "Cost at full vs effective context, by tenant (${baseline_window})",
+            (
+                q(
+                    "sum by (tenant) (increase(kcops_cost_full_total{$SEL}[${baseline_window}]))",
+                    "{{tenant}} full",
+                ),
+                q(
+                    "sum by (tenant) "
+                    "(increase(kcops_cost_effective_total{$SEL}[${baseline_window}]))",
+                    "{{tenant}} effective",
+                ),
+            ),
+            description="Finished requests priced (cost.prices) at their full context and at "
+            "their effective context (mean K_p; unsampled requests at full). The gap is the "
+            "saving a K(C)-sized budget would give. kcops cost prints the table.",
+        ),
+        Panel(
+            "Context per request: full vs effective (mean over ${baseline_window})",
+            (
+                q(
+                    "sum by (tenant) (increase(kcops_request_context_tokens_sum{$SEL}"
+                    "[${baseline_window}])) / sum by (tenant) "
+                    "(increase(kcops_request_context_tokens_count{$SEL}[${baseline_window}]))",
+                    "{{tenant}} full",
+                ),
+                q(
+                    "sum by (tenant) (increase(kcops_request_effective_context_tokens_sum{$SEL}"
+                    "[${baseline_window}])) / sum by (tenant) "
+                    "(increase(kcops_request_effective_context_tokens_count{$SEL}"
+                    "[${baseline_window}]))",
+                    "{{tenant}} effective",
+                ),
+            ),
+            description="Mean full context (prompt + generated) of finished requests, and "
+            "mean effective context of those the probe sampled.",
+        ),
     ),
 )
 

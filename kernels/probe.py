@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from kcops.kernels import attribution
 from kcops.kernels.aggregate import Aggregator
 from kcops.kernels.config import ProbeConfig
 from kcops.kernels.errcheck import ErrorCheck
@@ -257,15 +258,26 @@ class Probe:
             is_causal=inputs.is_causal,
             max_batch=cfg.max_batch_rows,
         )
+        owners = attribution.current()  # read here: the engine's thread knows the batch
         if inputs.query.is_cuda and not cfg.record:
-            self._deferred.append(("kc", (layer, result)))
+            self._deferred.append(("kc", (layer, result, owners)))
         else:
-            self._record(layer, result)
+            self._record(layer, result, owners)
 
-    def _record(self, layer: str, result: KcResult) -> None:
+    def _record(
+        self,
+        layer: str,
+        result: KcResult,
+        owners: tuple[attribution.RequestKC | None, ...] | None = None,
+    ) -> None:
         p0 = self._p0
         for row in result.to_rows():
-            self.aggregator.observe_kc(layer, row.k_union[p0], row.kappa(p0), row.topn_mass)
+            k = row.k_union[p0]
+            self.aggregator.observe_kc(layer, k, row.kappa(p0), row.topn_mass)
+            if owners is not None and row.batch < len(owners):
+                owner = owners[row.batch]
+                if owner is not None:
+                    owner.add(k)
             if self.config.record:
                 self.records.append((layer, row))
 

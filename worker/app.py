@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import threading
 from dataclasses import dataclass, field
@@ -20,11 +21,12 @@ from kcops.auth import TokenCheck
 from kcops.httpedge import JsonErrorRunner
 from kcops.worker.cache import PrefixCache, release_freed_memory
 from kcops.worker.control import Control
-from kcops.worker.engine import Engine
+from kcops.worker.engine import MAX_COHORT, Engine
 from kcops.worker.faults import Faults
 from kcops.worker.metrics import WorkerMetrics
 from kcops.worker.redis_tier import RedisTier
 from kcops.worker.server import WorkerState, build_app, error_body, live_state
+from kcops.worker.tenant import DEFAULT_CAP, DEFAULT_HEADER, TenantLabels
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -54,6 +56,8 @@ class WorkerOptions:
     install_probe: bool = True
     progress: bool = True
     pidfile: Path | None = None
+    tenant_header: str | None = DEFAULT_HEADER
+    tenant_cap: int = DEFAULT_CAP
 
 
 def install_probe() -> str:
@@ -72,7 +76,11 @@ def install_probe() -> str:
         # KCOPS_PROBE_* settings (sample rate, rows, p…) as for `kcops.kernels.run` and the
         # vLLM plugin. Its series say engine="kcops" (the agent's adapter name for this
         # worker), also when a probe was installed before (by `python -m kcops.kernels.run`).
-        install(kernels.ProbeConfig.from_env()).set_engine(ENGINE)
+        # A cohort decodes up to MAX_COHORT requests in one batch: a sampled call recomputes
+        # a row of each, so that every request can get K(C) samples (kernels/attribution.py).
+        config = kernels.ProbeConfig.from_env()
+        config = dataclasses.replace(config, max_batch_rows=max(config.max_batch_rows, MAX_COHORT))
+        install(config).set_engine(ENGINE)
     except Exception as exc:  # the probe must never stop the engine
         log.warning("kcops.kernels.install() failed: %s", exc)
         return f"probe install failed: {exc}"
@@ -139,6 +147,7 @@ def build(
         redis=redis_tier,
         cache_ttl_s=opts.cache_ttl_s,
         enable_faults=opts.enable_faults,
+        tenants=TenantLabels(opts.tenant_cap, opts.tenant_header),
     )
     holder["state"] = state
 

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from kcops.kernels.attribution import RequestKC, attribute
 from kcops.kernels.kvkeep import (
     LayerKV,
     cache_nbytes,
@@ -82,6 +83,8 @@ class GenRequest:
     logprobs: int | None = None  # record the top-k logprobs of each sampled token
     token_logprobs: list[tuple[int, float, list[tuple[int, float]]]] = field(default_factory=list)
     last_token_s: float | None = None
+    tenant: str = "none"  # bounded label (kcops.worker.tenant)
+    kc: RequestKC = field(default_factory=RequestKC)  # the probe's K(C) of its rows
     _gen: torch.Generator | None = None
 
 
@@ -274,7 +277,10 @@ class Engine:
             kv_cache.update(k[None], v[None], layer)
         # Logits of the last position only (at 8k tokens, all of them are 1.6 GB); the
         # heavy-hitter scores only for the path that keeps a budget.
-        with capture_scores() if req.route == OPTIMIZED else contextlib.nullcontext() as cap:
+        with (
+            capture_scores() if req.route == OPTIMIZED else contextlib.nullcontext() as cap,
+            attribute((req.kc,)),
+        ):
             out = self._forward(
                 policy, kv_cache, input_ids=torch.tensor([ids[n_cached:]]), **self._last_logits
             )
@@ -339,6 +345,7 @@ class Engine:
     def _accept(self, req: GenRequest, token: int) -> bool:
         """Append a token, emit text, finish when due. True while the request goes on."""
         if req.cancelled:
+            self._context_done(req)
             req.emit(Event("done", finish_reason="abort", usage=self._usage(req)))
             return False
         now = self.clock()
@@ -371,9 +378,15 @@ class Engine:
         if finish is not None:
             self.metrics.e2e.observe(self.clock() - req.arrival_s)
             self.metrics.success(finish)
+            self._context_done(req)
             req.emit(Event("done", finish_reason=finish, usage=self._usage(req)))
             return False
         return True
+
+    def _context_done(self, req: GenRequest) -> None:
+        # Full context: what the request's last step attended (prompt + generated tokens).
+        full = len(req.prompt_ids) + len(req.generated)
+        self.metrics.request_context(req.tenant, full, req.kc.mean)
 
     @staticmethod
     def _usage(req: GenRequest) -> dict[str, int]:
@@ -434,13 +447,14 @@ class Engine:
         last = torch.tensor([[r.generated[-1]] for r in reqs])
         mask = torch.cat([cohort.mask, torch.ones(len(reqs), 1, dtype=torch.long)], dim=1)
         policy = self.control.policy(cohort.route, inject_nan=self.faults.nan)
-        out = self._forward(
-            policy,
-            cohort.cache,
-            input_ids=last,
-            attention_mask=mask,
-            position_ids=cohort.pos[:, None],
-        )
+        with attribute([r.kc for r in reqs]):  # batch entry i is reqs[i]
+            out = self._forward(
+                policy,
+                cohort.cache,
+                input_ids=last,
+                attention_mask=mask,
+                position_ids=cohort.pos[:, None],
+            )
         cohort.mask, cohort.pos = mask, cohort.pos + 1
         if cohort.route == OPTIMIZED:  # H2O: cut back to N after each step; a lowered N too
             budget = self.control.policy(OPTIMIZED)

@@ -74,7 +74,14 @@ def _emitter(
 class Generation:
     """The choices of one request, submitted together; events in arrival order."""
 
-    def __init__(self, engine: Engine, prompts: list[list[int]], n: int, s: Sampling) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        prompts: list[list[int]],
+        n: int,
+        s: Sampling,
+        tenant: str = "none",
+    ) -> None:
         self.engine, self.n = engine, n
         self._events: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
         loop = asyncio.get_running_loop()
@@ -92,6 +99,7 @@ class Generation:
                     # n samples of one seeded request differ, and are reproducible.
                     seed=None if s.seed is None else (s.seed + j) % 2**63,
                     logprobs=s.logprobs,
+                    tenant=tenant,
                 )
                 self.choices.append(Choice(index, ids, req))
 

@@ -23,6 +23,8 @@ TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40
 # vLLM's inter-token latency buckets.
 ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0)
 ITERATION_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+# Tokens of context per request (full and effective): powers of two, 8 .. 128Ki.
+CONTEXT_BUCKETS = tuple(float(2**i) for i in range(3, 18))
 TRANSFER_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 
 
@@ -147,10 +149,47 @@ class WorkerMetrics:
             "kcops_worker_shadow_checks", "Shadow checks of optimized requests."
         ).labels(model_name)
         self._routed = counter("kcops_worker_requests_routed", "Requests by path.", ["path"])
+        self._per_request(r)
         r.register(_LiveCollector(model_name, read_live))
 
     def success(self, finished_reason: str) -> None:
         self._success.labels(self.model_name, finished_reason).inc()
+
+    def _per_request(self, registry: CollectorRegistry) -> None:
+        # Per request, labelled by model and by bounded tenant (kcops.worker.tenant).
+        by_tenant = ["model", "tenant"]
+        self._context = Histogram(
+            "kcops_worker_request_context_tokens",
+            "Full context of finished requests: prompt + generated tokens.",
+            by_tenant,
+            buckets=CONTEXT_BUCKETS,
+            registry=registry,
+        )
+        self._effective = Histogram(
+            "kcops_worker_request_effective_context_tokens",
+            "Effective context of finished requests the probe sampled: mean K_p of their rows.",
+            by_tenant,
+            buckets=CONTEXT_BUCKETS,
+            registry=registry,
+        )
+        self._priced = Counter(
+            "kcops_worker_request_priced_effective_tokens",
+            "Effective context tokens as priced: the effective context of sampled requests, "
+            "the full context of requests the probe did not sample (no saving claimed).",
+            by_tenant,
+            registry=registry,
+        )
+
+    def request_context(self, tenant: str, full: int, effective: float | None) -> None:
+        """One finished request: its full context and, when sampled, its effective context
+        (capped at the full context)."""
+        self._context.labels(self.model_name, tenant).observe(full)
+        if effective is None:
+            self._priced.labels(self.model_name, tenant).inc(full)
+            return
+        eff = min(float(full), effective)
+        self._effective.labels(self.model_name, tenant).observe(eff)
+        self._priced.labels(self.model_name, tenant).inc(eff)
 
     def routed(self, path: str) -> None:
         self._routed.labels(self.model_name, path).inc()

@@ -145,7 +145,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
         raise ApiError("'echo' with 'logprobs' is not supported (no prompt logprobs)", param="echo")
     budget = check_context(prompts, body.max_tokens, state.context_tokens)
     sampling = _sampling(body, budget, body.logprobs)
-    gen = Generation(state.engine, prompts, body.n, sampling)
+    tenant = state.tenants.of_request(request.headers, body.user)
+    gen = Generation(state.engine, prompts, body.n, sampling, tenant)
     echo = {}
     if body.echo:
         texts = [str(tok.decode(p)) for p in prompts]
@@ -164,7 +165,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     budget = check_context([prompt], body.token_budget(), state.context_tokens)
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     sampling = _sampling(body, budget, logprobs)
-    gen = Generation(state.engine, [prompt], body.n, sampling)
+    tenant = state.tenants.of_request(request.headers, body.user)
+    gen = Generation(state.engine, [prompt], body.n, sampling, tenant)
     shape = ChatShape(state.engine.tok, body.logprobs)
     return await _respond(request, state, gen, shape, body.stream, body.include_usage())
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from aiohttp import web
 
@@ -13,6 +13,7 @@ from kcops.worker.engine import Engine
 from kcops.worker.faults import Faults
 from kcops.worker.metrics import LiveState, WorkerMetrics
 from kcops.worker.redis_tier import RedisTier
+from kcops.worker.tenant import TenantLabels
 
 
 @dataclass
@@ -29,6 +30,7 @@ class WorkerState:
     enable_faults: bool = False
     admitting: bool = True
     in_flight: int = 0
+    tenants: TenantLabels = field(default_factory=TenantLabels)
 
 
 STATE = web.AppKey("kcops_worker_state", WorkerState)

@@ -158,7 +158,8 @@ def _http(ctx: AgentContext, pids: EnginePid, engine: Engine | None) -> list[Col
     # store, judges stalled), then health (steps the lifecycle and exports it).
     out: list[Collector] = []
     if want_scrape:
-        out.append(EngineScrapeCollector(client, eng.adapter, engine))
+        prices = ctx.config.cost.per_1k()
+        out.append(EngineScrapeCollector(client, eng.adapter, engine, prices=prices))
         if engine is not None:
             out.append(_stall_watch(ctx, engine))
     if want_health:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from kcops.agent.collectors import promtext
 from kcops.agent.collectors.engine_http import EngineClient
+from kcops.agent.cost import cost_samples
 from kcops.agent.engine import Engine
 from kcops.agent.engines import AUTO, Adapter, EngineKind, EngineRegistry, default_registry
 from kcops.agent.samples import Sample
@@ -27,8 +28,10 @@ class EngineScrapeCollector:
         adapter: str = AUTO,
         engine: Engine | None = None,
         registry: EngineRegistry | None = None,
+        prices: dict[str, float] | None = None,
     ) -> None:
         self.client = client
+        self.prices = prices or {}  # per 1,000 context tokens, by model (kcops.agent.cost)
         self.engine = engine
         # The engine's registry when there is an engine: both must know the same kinds.
         self.registry = registry or (engine.registry if engine is not None else default_registry())
@@ -94,5 +97,6 @@ class EngineScrapeCollector:
         if body == self._last_body:  # an idle engine serves the same page: parse once
             return list(self._last_samples)
         samples = self.kind.adapter.map(self._parser.parse(text, self._wanted))
+        samples += cost_samples(samples, self.prices)
         self._last_body, self._last_samples = body, samples
         return list(samples)

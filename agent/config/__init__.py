@@ -15,6 +15,7 @@ from kcops.agent.config.actions import ActionsSection
 from kcops.agent.config.agent import AgentSection, StoreSection
 from kcops.agent.config.base import Section
 from kcops.agent.config.collectors import CollectorsSection
+from kcops.agent.config.cost import CostSection
 from kcops.agent.config.engine import EngineSection
 from kcops.agent.config.exporters import ExportersSection
 from kcops.agent.config.rules import RulesSection
@@ -33,6 +34,7 @@ class Config(Section):
     rules: RulesSection = Field(default_factory=RulesSection)
     actions: ActionsSection = Field(default_factory=ActionsSection)
     exporters: ExportersSection = Field(default_factory=ExportersSection)
+    cost: CostSection = Field(default_factory=CostSection)
 
 
 def format_validation_error(exc: ValidationError, source: str) -> str:

@@ -25,6 +25,22 @@ ADAPTER = Adapter(
         Map("kcops_route_fallback", GAUGE, ("kcops_worker_route_fallback",)),
         Map("kcops_shadow_agreement_ratio", GAUGE, ("kcops_worker_shadow_agreement_ratio",)),
         Map("kcops_shadow_checks", COUNTER, ("kcops_worker_shadow_checks",)),
+        # per request, by model and tenant (issue 25): cost is derived from these
+        Map(
+            "kcops_request_context_tokens",
+            HISTOGRAM,
+            ("kcops_worker_request_context_tokens",),
+        ),
+        Map(
+            "kcops_request_effective_context_tokens",
+            HISTOGRAM,
+            ("kcops_worker_request_effective_context_tokens",),
+        ),
+        Map(
+            "kcops_request_priced_effective_tokens",
+            COUNTER,
+            ("kcops_worker_request_priced_effective_tokens",),
+        ),
     ),
     markers=("kcops_worker_",),
     rename_labels={"engine": "engine_index"},

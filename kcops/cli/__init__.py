@@ -29,6 +29,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "top": ("kcops.cli.top", "top_cmd"),
     "load": ("kcops.cli.load.cmd", "load_cmd"),
     "report": ("kcops.cli.report.cmd", "report_cmd"),
+    "cost": ("kcops.cli.cost", "cost_cmd"),
     "dashboards": ("kcops.cli.dashboards", "dashboards_group"),
 }
 

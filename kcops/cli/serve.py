@@ -53,6 +53,19 @@ if TYPE_CHECKING:
     help="Drills (with --enable-faults): wait the seconds this file holds before loading "
     "the model, as a slow model store would (missing or empty: no wait).",
 )
+@click.option(
+    "--tenant-header",
+    default="X-Tenant",
+    show_default=True,
+    help="Request header naming the tenant (else OpenAI's `user`); '' to use `user` only.",
+)
+@click.option(
+    "--tenant-cap",
+    default=50,
+    show_default=True,
+    type=click.IntRange(1, 10_000),
+    help="Distinct tenant labels kept; later new tenants are `other`.",
+)
 @handle_errors
 def serve_cmd(
     model: str,
@@ -74,8 +87,16 @@ def serve_cmd(
     pidfile: Path | None,
     no_probe: bool,
     start_delay_file: Path | None,
+    tenant_header: str,
+    tenant_cap: int,
 ) -> None:
     from kcops.auth import load_token
+    from kcops.worker.tenant import check_header_name
+
+    try:
+        header = check_header_name(tenant_header) if tenant_header else None
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--tenant-header") from None
 
     dense = _check_usage(dense_layers, top_n, topn_min, topn_max, redis_url)
     token = load_token(token_file)
@@ -104,6 +125,8 @@ def serve_cmd(
         shadow_fraction=shadow_fraction,
         cache_budget_bytes=cache_budget_bytes,
         cache_ttl_s=cache_ttl_s,
+        tenant_header=header,
+        tenant_cap=tenant_cap,
     )
     try:
         state = build(opts)

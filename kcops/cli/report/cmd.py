@@ -28,11 +28,21 @@ def write_report(
     try:
         step = max(1.0, (end - start) / 240)
         tl = collect(client, start, end, step)
+        extra_html += cost_section(client, start, end)
     finally:
         client.close()
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(render(tl, all_pngs(tl), title, extra_html))
     return out
+
+
+def cost_section(client: AgentClient, start: float, end: float) -> str:
+    """``kcops cost``'s table for the window, as HTML (empty when the agent has no such
+    series: an engine other than the kcops worker)."""
+    from kcops.cli.cost import gather, render_html
+
+    rows = gather(client, start, end)
+    return render_html(rows) if rows else ""
 
 
 @click.command("report", help="Write one self-contained HTML page of plots from a running agent.")

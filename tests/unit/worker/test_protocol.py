@@ -71,8 +71,10 @@ def test_hostile_json_is_a_400_with_a_short_message(raw: bytes) -> None:
 
 
 def test_unknown_openai_fields_are_ignored_admin_fields_refused() -> None:
-    body = parse(CompletionRequest, b'{"prompt": "hi", "user": "me", "presence_penalty": 0}')
-    assert body.model_extra == {"user": "me", "presence_penalty": 0}
+    raw = b'{"prompt": "hi", "user": "me", "presence_penalty": 0, "logit_bias": {}}'
+    body = parse(CompletionRequest, raw)
+    assert body.model_extra == {"presence_penalty": 0, "logit_bias": {}}
+    assert body.user == "me"  # OpenAI's end-user id: a tenant source (kcops.worker.tenant)
     with pytest.raises(ApiError):
         parse(EvictBody, b'{"policy": "lru", "fractoin": 0.5}')
 

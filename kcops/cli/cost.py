@@ -1,0 +1,196 @@
+"""``kcops cost --agent URL --since 24h``: queries, context and cost by model and tenant.
+
+Per (model, tenant), over the window: queries (finished requests), how many the
+probe sampled, their full context tokens, their effective context tokens as
+priced (sampled: mean K_p; unsampled: full), the cost at full and at effective
+context (``cost.prices`` in the agent's config), and the saving a K(C)-sized
+budget would give (full − effective). The totals row is the sum of the rows.
+
+A counter's increase over the window is exact (last value − value at the start)
+unless the engine restarted inside it (a reset), where Prometheus's
+``increase()`` is used. A series first seen inside the window counts from 0
+(its counter was born with its first request). The agent keeps
+``store.retention_s`` of samples (default 65 minutes): a longer window covers
+only what it holds. docs/kc.md ("Effective context and cost").
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import time
+from dataclasses import asdict, dataclass
+
+import click
+
+from kcops.cli.common import agent_option, handle_errors
+
+QUERIES = "kcops_request_context_tokens_count"
+SAMPLED = "kcops_request_effective_context_tokens_count"
+CONTEXT = "kcops_request_context_tokens_sum"
+EFFECTIVE = "kcops_request_priced_effective_tokens_total"
+COST_FULL = "kcops_cost_full_total"
+COST_EFFECTIVE = "kcops_cost_effective_total"
+COLUMNS = (
+    "model", "tenant", "queries", "sampled", "context tokens", "effective tokens",
+    "cost full", "cost effective", "saving",
+)  # fmt: skip
+
+
+@dataclass
+class CostRow:
+    model: str
+    tenant: str
+    queries: float = 0.0
+    sampled: float = 0.0
+    context_tokens: float = 0.0
+    effective_tokens: float = 0.0
+    cost_full: float | None = None  # None: the model has no price
+    cost_effective: float | None = None
+
+    @property
+    def saving(self) -> float | None:
+        if self.cost_full is None or self.cost_effective is None:
+            return None
+        return self.cost_full - self.cost_effective
+
+    def as_json(self) -> dict[str, object]:
+        return {**asdict(self), "saving": self.saving}
+
+
+def totals(rows: list[CostRow]) -> CostRow:
+    """The sum of the rows; a cost column sums its priced rows (None when none is)."""
+    out = CostRow("total", "")
+    for f in ("queries", "sampled", "context_tokens", "effective_tokens"):
+        setattr(out, f, sum(getattr(r, f) for r in rows))
+    for f in ("cost_full", "cost_effective"):
+        priced = [getattr(r, f) for r in rows if getattr(r, f) is not None]
+        setattr(out, f, sum(priced) if priced else None)
+    return out
+
+
+def _key(labels: dict[str, str]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((k, v) for k, v in labels.items() if k != "__name__"))
+
+
+def window_increase(
+    client: object, metric: str, start: float, end: float
+) -> dict[tuple[str, str], float]:
+    """The increase of ``metric`` over ``start..end``, summed by (model, tenant)."""
+    w = f"{max(1, round(end - start))}s"
+    vec = client.vector  # type: ignore[attr-defined]
+    last = {_key(m): v for m, v in vec(f"last_over_time({metric}[{w}])", at=end)}
+    first = {_key(m): v for m, v in vec(metric, at=start)}
+    resets = {_key(m): v for m, v in vec(f"resets({metric}[{w}])", at=end)}
+    approx: dict[tuple[tuple[str, str], ...], float] | None = None
+    out: dict[tuple[str, str], float] = {}
+    for key, v_end in last.items():
+        if resets.get(key, 0.0) > 0:
+            if approx is None:
+                approx = {_key(m): v for m, v in vec(f"increase({metric}[{w}])", at=end)}
+            inc = approx.get(key, 0.0)
+        else:
+            inc = max(0.0, v_end - first.get(key, 0.0))
+        labels = dict(key)
+        mt = (labels.get("model", ""), labels.get("tenant", ""))
+        out[mt] = out.get(mt, 0.0) + inc
+    return out
+
+
+def gather(client: object, start: float, end: float) -> list[CostRow]:
+    """One row per (model, tenant) seen in the window, sorted by cost then name."""
+    got = {
+        name: window_increase(client, name, start, end)
+        for name in (QUERIES, SAMPLED, CONTEXT, EFFECTIVE, COST_FULL, COST_EFFECTIVE)
+    }
+    rows: dict[tuple[str, str], CostRow] = {}
+    for mt, v in got[QUERIES].items():
+        if v > 0:
+            rows[mt] = CostRow(mt[0], mt[1], queries=v)
+    for mt, row in rows.items():
+        row.sampled = got[SAMPLED].get(mt, 0.0)
+        row.context_tokens = got[CONTEXT].get(mt, 0.0)
+        row.effective_tokens = got[EFFECTIVE].get(mt, 0.0)
+        row.cost_full = got[COST_FULL].get(mt)
+        row.cost_effective = got[COST_EFFECTIVE].get(mt)
+    return sorted(rows.values(), key=lambda r: (-(r.cost_full or 0.0), r.model, r.tenant))
+
+
+def _cells(r: CostRow) -> list[str]:
+    def money(v: float | None) -> str:
+        return "—" if v is None else f"{v:.6f}"
+
+    saving = r.saving
+    pct = f" ({100 * saving / r.cost_full:.0f}%)" if saving is not None and r.cost_full else ""
+    return [
+        r.model, r.tenant, f"{r.queries:.0f}", f"{r.sampled:.0f}", f"{r.context_tokens:.0f}",
+        f"{r.effective_tokens:.1f}", money(r.cost_full), money(r.cost_effective),
+        money(saving) + pct,
+    ]  # fmt: skip
+
+
+def render_text(rows: list[CostRow]) -> str:
+    table = [list(COLUMNS)] + [_cells(r) for r in rows] + [_cells(totals(rows))]
+    widths = [max(len(line[i]) for line in table) for i in range(len(COLUMNS))]
+    lines = [
+        "  ".join(
+            c.ljust(w) if i < 2 else c.rjust(w)
+            for i, (c, w) in enumerate(zip(line, widths, strict=True))
+        )
+        for line in table
+    ]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    lines.insert(len(lines) - 1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def render_html(rows: list[CostRow]) -> str:
+    """The same table for ``kcops report``."""
+    if not rows:
+        return "<h2>Cost by effective context</h2><p>No finished request in the window.</p>"
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in COLUMNS)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in _cells(r)) + "</tr>"
+        for r in [*rows, totals(rows)]
+    )
+    return (
+        "<h2>Cost by effective context</h2><p>Per model and tenant: cost at full context, at "
+        "effective context (mean K_p of the probe's samples; unsampled requests at full), "
+        "and the saving a K(C)-sized budget would give (docs/kc.md).</p>"
+        f"<table><tr>{head}</tr>{body}</table>"
+    )
+
+
+@click.command("cost", help="Queries, context and cost at full and effective context.")
+@agent_option
+@click.option("--since", default="24h", show_default=True, help="Window: 30m, 24h, an ISO time.")
+@click.option("--json", "as_json", is_flag=True, help="Rows and totals as JSON.")
+@handle_errors
+def cost_cmd(agent_url: str, since: str, as_json: bool) -> None:
+    from kcops.cli.actions import parse_since
+    from kcops.cli.topdata import AgentClient
+
+    end = time.time()
+    start = parse_since(since, end)
+    assert start is not None
+    if start >= end:
+        raise click.BadParameter(f"{since!r} is not in the past", param_hint="--since")
+    client = AgentClient(agent_url, timeout_s=10)
+    try:
+        rows = gather(client, start, end)
+    finally:
+        client.close()
+    if as_json:
+        doc = {"start": start, "end": end, "rows": [r.as_json() for r in rows]}
+        doc["total"] = totals(rows).as_json()
+        click.echo(json.dumps(doc, indent=2))
+        return
+    if not rows:
+        click.echo("no finished request in the window (is the engine the kcops worker?)")
+        return
+    click.echo(render_text(rows))
+    if all(r.cost_full is None for r in rows):
+        click.echo("no price configured: set cost.prices in the agent's config (docs/kc.md)")
+
+
+__all__ = ["CostRow", "cost_cmd", "gather", "render_html", "render_text", "totals"]

@@ -1,0 +1,63 @@
+"""Attributing the probe's K(C) rows to the requests they belong to.
+
+An engine that knows which request each batch entry of a forward pass serves
+says so with :func:`attribute` around the forward; the probe reads
+:func:`current` when it measures a sampled call and adds each recomputed row's
+K_p to the :class:`RequestKC` of its batch entry. Torch-free; costs one context
+variable read per sampled call, nothing on other calls.
+
+Which figure a request keeps (DESIGN §4, docs/kc.md "Effective context and
+cost"): the **mean** over its sampled rows (every layer, every sampled step) of
+``k_union`` at the probe's first p. The mean, not the max, because a KV budget
+is paid by every layer at every step (the KV held is the sum over layers of the
+keys kept, so the mean over layers times L is the total), and because a max
+grows with the number of samples, so it would depend on the sampling rate and
+on the request's length rather than on its traffic.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from contextvars import ContextVar
+
+
+class RequestKC:
+    """The K(C) samples of one request: count, sum and max of K_p (tokens)."""
+
+    __slots__ = ("count", "peak", "total")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.total = 0
+        self.peak = 0
+
+    def add(self, k: int) -> None:
+        self.count += 1
+        self.total += k
+        if k > self.peak:
+            self.peak = k
+
+    @property
+    def mean(self) -> float | None:
+        """Mean K_p over the samples; None when the probe sampled none of its rows."""
+        return self.total / self.count if self.count else None
+
+
+# Batch entry b of the current forward pass serves requests[b] (None: not attributed).
+_ROWS: ContextVar[tuple[RequestKC | None, ...] | None] = ContextVar("kcops_kc_rows", default=None)
+
+
+@contextlib.contextmanager
+def attribute(requests: Sequence[RequestKC | None]) -> Iterator[None]:
+    """Within the block, batch entry ``b`` of attention calls belongs to ``requests[b]``."""
+    token = _ROWS.set(tuple(requests))
+    try:
+        yield
+    finally:
+        _ROWS.reset(token)
+
+
+def current() -> tuple[RequestKC | None, ...] | None:
+    """The requests of the current forward's batch entries, or None when nobody said."""
+    return _ROWS.get()

@@ -1,0 +1,101 @@
+"""Issue 25 acceptance: a real agent scraping a real ``kcops serve --model tiny``; two tenants
+(one by the ``X-Tenant`` header, one by OpenAI's ``user``) send requests, and ``kcops cost``
+shows both, with a table that adds up."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.services import free_port, kcops_bin, running, wait_http, wait_until
+
+pytestmark = pytest.mark.slow
+PRICE = 0.5  # per 1,000 context tokens
+
+
+def costs(agent_url: str) -> dict[tuple[str, str], float]:
+    out: dict[tuple[str, str], float] = {}
+    for fam in text_string_to_metric_families(httpx.get(agent_url + "/metrics", timeout=5).text):
+        for s in fam.samples:
+            if s.name == "kcops_cost_full_total":
+                out[(s.labels["tenant"], s.labels["model"])] = s.value
+    return out
+
+
+def test_two_tenants_show_in_kcops_cost(tmp_path: Path) -> None:
+    aport, wport = free_port(), free_port()
+    agent_url, worker_url = f"http://127.0.0.1:{aport}", f"http://127.0.0.1:{wport}"
+    (tmp_path / "agent.yaml").write_text(
+        "engine:\n  canary: {enabled: false}\n"
+        f"cost:\n  prices:\n    tiny: {{per_1k_context_tokens: {PRICE}}}\n"
+    )
+    agent_cmd = [
+        kcops_bin(), "agent", "run", "--config", str(tmp_path / "agent.yaml"),
+        "--listen", f"127.0.0.1:{aport}", "--state-dir", str(tmp_path / "state"),
+        "--mode", "off", "--engine-url", worker_url, "--tick", "0.5",
+    ]  # fmt: skip
+    worker_cmd = [kcops_bin(), "serve", "--model", "tiny", "--port", str(wport), "--threads", "1"]
+    # every attention call sampled: every request gets K(C) samples
+    env = {"KCOPS_PROBE_SAMPLE_RATE": "1.0", "KCOPS_PROBE_SOCKET": str(tmp_path / "probe.sock")}
+    sdk = openai.OpenAI(base_url=worker_url + "/v1", api_key="x", max_retries=0, timeout=120)
+    with (
+        running(agent_cmd, log_path=tmp_path / "agent.log", env=env) as agent,
+        running(worker_cmd, log_path=tmp_path / "worker.log", env=env) as worker,
+    ):
+        wait_http(agent_url + "/healthz", 30, agent)
+        wait_http(worker_url + "/health", 180, worker)
+        for i in range(3):
+            sdk.completions.create(
+                model="tiny",
+                prompt=f"Acme's question number {i}: " + "tell me more. " * 20,
+                max_tokens=4,
+                temperature=0,
+                extra_headers={"X-Tenant": "acme"},
+            )
+        for i in range(2):
+            sdk.chat.completions.create(
+                model="tiny",
+                messages=[{"role": "user", "content": f"Globex asks {i}: " + "why? " * 30}],
+                max_tokens=4,
+                temperature=0,
+                user="globex",
+            )
+        wait_until(
+            lambda: len(costs(agent_url)) == 2 or None,
+            30,
+            "cost series of both tenants on the agent",
+            lambda: str(costs(agent_url)),
+        )
+        cli = [kcops_bin(), "cost", "--agent", agent_url, "--since", "10m"]
+        out = subprocess.run([*cli, "--json"], capture_output=True, text=True, timeout=60)
+        text = subprocess.run(cli, capture_output=True, text=True, timeout=60)
+        page = tmp_path / "report.html"
+        report = [kcops_bin(), "report", "--agent", agent_url, "--since", "10m", "--out", str(page)]
+        reported = subprocess.run(report, capture_output=True, text=True, timeout=120)
+    sdk.close()
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    print(text.stdout)
+    rows = {r["tenant"]: r for r in doc["rows"]}
+    assert set(rows) == {"acme", "globex"}
+    assert rows["acme"]["queries"] == 3 and rows["globex"]["queries"] == 2
+    for r in rows.values():
+        assert r["sampled"] == r["queries"]  # every call sampled
+        assert 0 < r["effective_tokens"] <= r["context_tokens"]
+        assert r["cost_full"] == pytest.approx(PRICE * r["context_tokens"] / 1000)
+        assert r["cost_effective"] == pytest.approx(PRICE * r["effective_tokens"] / 1000)
+        assert r["saving"] == pytest.approx(r["cost_full"] - r["cost_effective"])
+    total = doc["total"]
+    assert total["cost_full"] == pytest.approx(sum(r["cost_full"] for r in rows.values()))
+    assert total["saving"] == pytest.approx(total["cost_full"] - total["cost_effective"])
+    assert text.returncode == 0 and "acme" in text.stdout and "globex" in text.stdout
+    # the same table as a section of kcops report
+    assert reported.returncode == 0, reported.stderr
+    html = page.read_text()
+    assert "Cost by effective context" in html and "acme" in html and "globex" in html
