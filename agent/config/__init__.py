@@ -17,6 +17,7 @@ from kcops.agent.config.base import Section
 from kcops.agent.config.collectors import CollectorsSection
 from kcops.agent.config.engine import EngineSection
 from kcops.agent.config.exporters import ExportersSection
+from kcops.agent.config.kcrec import RecommendationSection
 from kcops.agent.config.rules import RulesSection
 from kcops.agent.validation import one_line
 from kcops.agent.yamlload import load_yaml_file
@@ -33,6 +34,7 @@ class Config(Section):
     rules: RulesSection = Field(default_factory=RulesSection)
     actions: ActionsSection = Field(default_factory=ActionsSection)
     exporters: ExportersSection = Field(default_factory=ExportersSection)
+    recommendation: RecommendationSection = Field(default_factory=RecommendationSection)
 
 
 def format_validation_error(exc: ValidationError, source: str) -> str:
