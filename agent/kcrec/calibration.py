@@ -26,7 +26,7 @@ def read_sweep(path: Path, context: int | None = None) -> dict[str, Any]:
     ConfigError naming the file and what is wrong."""
     f = path / REC_FILE if path.is_dir() else path
     try:
-        doc = json.loads(f.read_text(encoding="utf-8"))
+        doc: Any = json.loads(f.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ConfigError(f"{f}: cannot read the sweep's recommendation: {exc.strerror}") from None
     except ValueError as exc:
@@ -40,7 +40,8 @@ def read_sweep(path: Path, context: int | None = None) -> dict[str, Any]:
     if not items:
         which = f" for context {context}" if context is not None else ""
         raise ConfigError(f"{f}: the sweep recommends no N{which}")
-    return dict(max(items, key=lambda x: int(x.get("context") or 0)))
+    best: dict[str, Any] = max(items, key=lambda x: int(x.get("context") or 0))
+    return dict(best)
 
 
 def from_entry(entry: Calibration, probe_p: float) -> Coverage:

@@ -59,8 +59,9 @@ def recommend(
     """The document's recommendation part: ``status``, ``layers``, ``uniform``, ``reason``."""
     dense = inp.dense_layers or frozenset()
     over = uniform_over
-    if over == "auto":
-        over = "non_dense" if dense else "all"
+    if over == "auto":  # the non-dense layers, when the engine keeps some layers dense
+        some = any(not (lay.isdigit() and int(lay) in dense) for lay in inp.kc)
+        over = "non_dense" if dense and some else "all"
     layers: list[dict[str, Any]] = []
     quants: dict[str, Quantile] = {}
     short: list[str] = []
