@@ -6,7 +6,7 @@ attention calls. The bridge: on the sweep's own corpus, per layer, every window 
 K_p (the last ``OBS_WINDOW`` prompt rows of each sequence; union over a KV group's query
 heads, the largest group: the value the probe records for a call), for a grid of p; then
 the call quantile q at which the live-style uniform N (the largest layer's q-quantile,
-estimated from the probe's own buckets, :mod:`kcops.kernels.kcbudget`) equals the
+estimated from the probe's own buckets, :mod:`kcops.kcbudget`) equals the
 recommended N. The agent configured with ``{p, quantile}`` then recommends, on live
 traffic, the N that covers calls as the sweep's N covered its corpus.
 """
@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from kcops.kernels.kcbudget import KC_BOUNDS, bucket_counts, matching_quantile, uniform_at
+from kcops.kcbudget import KC_BOUNDS, bucket_counts, matching_quantile, uniform_at
 
 if TYPE_CHECKING:
     import torch

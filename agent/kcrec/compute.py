@@ -1,7 +1,7 @@
 """The recommendation document from a window's K(C) buckets: a pure step, no I/O.
 
 Per layer, the budget that holds mass p for a share q of the window's attention calls
-(the q-quantile of K_p, with the interval its bucket gives, :mod:`kcops.kernels.kcbudget`);
+(the q-quantile of K_p, with the interval its bucket gives, :mod:`kcops.kcbudget`);
 the uniform N over the layers the configuration names; the evidence. A layer with fewer
 than ``min_samples`` observations makes the whole document ``insufficient_samples``: it
 says which layers and how many, and recommends nothing.
@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kcops.kernels.kcbudget import Quantile, quantile, uniform
+from kcops.kcbudget import Quantile, quantile, uniform
 
 OK = "ok"
 INSUFFICIENT = "insufficient_samples"

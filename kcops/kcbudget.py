@@ -1,8 +1,9 @@
 """The budget that holds mass p for a share q of attention calls, read from K(C) buckets.
 
-Stdlib only: the agent's live recommendation (``kcops.agent.kcrec``) and ``kc sweep``'s
-calibration (``kcops.kernels.sweepcal``) compute it with the same function, so the sweep's
-coverage and the live figure are the same measure.
+Stdlib only (and the wire format's buckets): the agent's live recommendation
+(``kcops.agent.kcrec``) and ``kc sweep``'s calibration (``kcops.kernels.sweepcal``)
+compute it with the same function, so the sweep's coverage and the live figure are the
+same measure.
 
 A layer's budget at quantile q is the q-quantile of its K_p observations (K_p: the keys
 that hold mass p, union over a KV group's heads), estimated as Prometheus's
@@ -20,7 +21,7 @@ from bisect import bisect_left
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from kcops.kernels.histogram import BUCKETS, KC_TOKENS
+from kcops.kernels.wire import BUCKETS, KC_TOKENS
 
 KC_BOUNDS = BUCKETS[KC_TOKENS]
 
