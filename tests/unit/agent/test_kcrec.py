@@ -243,3 +243,14 @@ def test_kv_share_follows_the_budget_and_the_dense_layers() -> None:
     assert kv_share(ctx, 50, 4, 1) == pytest.approx((1 + 3 * 100 / 1100) / 4)
     # contexts below the worker's long_threshold run dense
     assert kv_share(ctx, 50, 4, 0, long_threshold=500) == pytest.approx(150 / 1100)
+
+
+def test_cli_errors_are_one_line() -> None:
+    from click.testing import CliRunner
+
+    from kcops.cli.kc import kc_group
+
+    res = CliRunner().invoke(kc_group, ["recommend", "--agent", "http://127.0.0.1:1"])
+    assert res.exit_code == 3 and "cannot reach the agent" in res.output
+    res = CliRunner().invoke(kc_group, ["recommend", "--sweep", "/nonexistent/kc-run"])
+    assert res.exit_code == 2 and "--sweep /nonexistent/kc-run: no such folder" in res.output
