@@ -24,8 +24,8 @@ from kcops.agent.samples import Sample, SeriesKey, histogram_samples
 from kcops.agent.store import Store
 from kcops.auth import TokenCheck
 from kcops.errors import ConfigError
-from kcops.kernels import wire
 from kcops.kcbudget import bucket_counts, matching_quantile, quantile, uniform, uniform_at
+from kcops.kernels import wire
 from kcops.kernels.sweepcal import coverage
 
 T0 = 1_700_000_000.0
