@@ -65,7 +65,7 @@ class Recommender:
             return
         if now >= self.due and (self.task is None or self.task.done()):
             self.due = now + self.cfg.interval_s
-            self.task = asyncio.create_task(self.refresh(now))
+            self.task = asyncio.create_task(self.scheduled(now))
         self.write(now)
 
     # -- computing ---------------------------------------------------------------
@@ -81,6 +81,14 @@ class Recommender:
         except (KcopsError, OSError) as exc:
             return None, str(exc)[:200]
         return dict(got), None
+
+    async def scheduled(self, now: float) -> dict[str, Any]:
+        """A scheduled refresh: a bug is logged (the last document stays), never raised."""
+        try:
+            return await self.refresh(now)
+        except Exception:
+            log.exception("the live K(C) recommendation failed")
+            return self.doc or {}
 
     async def refresh(self, now: float | None = None) -> dict[str, Any]:
         state, why = await self.engine_state()
