@@ -33,6 +33,7 @@ from kcops.agent.control import build_app, core_routes, error_body
 from kcops.agent.engine import Engine
 from kcops.agent.events import EventBus
 from kcops.agent.exporter import build_registry
+from kcops.agent.kcrec import Recommender
 from kcops.agent.preflight import preflight
 from kcops.agent.query import QueryComponent
 from kcops.agent.samples import Sample
@@ -110,6 +111,7 @@ class Agent:
             self.ctx, self.engine, pids, rules[0] if rules else None
         )
         self.components.append(QueryComponent(self.ctx))
+        self.components.append(Recommender(self.ctx, self.engine))
         self.components += build_metric_exporters(self.ctx, self.started_at)
         self.components += list(extra_components or [])
         self._stop = asyncio.Event()

@@ -93,6 +93,19 @@ SIGNALS: dict[str, Meta] = {
     "kcops_cost_effective_total": Meta(
         COUNTER, "Cost of finished requests priced at their effective context (cost.prices)."
     ),
+    # K(C) decisions, agent-computed (agent/kcrec; docs/kc.md "The live recommendation")
+    "kcops_kc_recommended_tokens": Meta(
+        GAUGE, "Live budget per layer: tokens that hold mass p for the chosen share of calls."
+    ),
+    "kcops_kc_recommended_n": Meta(
+        GAUGE, "Live uniform attention budget N covering the same calls (absent: too few samples)."
+    ),
+    "kcops_kc_recommended_kv_ratio": Meta(
+        GAUGE, "KV the current load would hold at the recommended N, over what it holds now."
+    ),
+    "kcops_kc_recommended_more_sequences": Meta(
+        GAUGE, "Concurrent sequences more that the current load's KV memory would fit at N."
+    ),
     # device and process
     "kcops_device_memory_used_bytes": Meta(
         GAUGE, "Device memory used (NVML, or CPU process tree)."

@@ -316,6 +316,29 @@ ATTENTION = Dashboard(
             ),
         ),
         Panel(
+            "Attention budget: configured N vs live K(C) recommendation",
+            (
+                q("max(kcops_attention_topn{$SEL})", "configured N"),
+                q("max(kcops_kc_recommended_n{$SEL})", "recommended N"),
+                q("max by (layer) (kcops_kc_recommended_tokens{$SEL})", "layer {{layer}}"),
+            ),
+            description="The live recommendation (docs/kc.md): per layer, the tokens that "
+            "hold the probe's mass p for the chosen share of calls over the last hour; "
+            "absent while too few samples. Above ${budget_over_ratio}x or below it: "
+            "KcopsBudgetMismatch.",
+            alert="KcopsBudgetMismatch",
+        ),
+        Panel(
+            "KV at the recommended N (computed)",
+            (
+                q("max(kcops_kc_recommended_kv_ratio{$SEL})", "KV vs now"),
+                q("max(kcops_kc_recommended_more_sequences{$SEL})", "more sequences"),
+            ),
+            description="What the current load's KV would be at the recommended N, as a share "
+            "of what it holds now, and how many more concurrent sequences that memory would "
+            "fit: an estimate from the window's context lengths, not a measurement.",
+        ),
+        Panel(
             "Probe records dropped",
             (q("sum(rate(kcops_probe_dropped_total{$SEL}[${rate_window}]))", "dropped/s"),),
             unit="ops",

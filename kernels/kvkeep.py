@@ -194,6 +194,10 @@ class Capture:
     scores: dict[int, torch.Tensor] = field(default_factory=dict)
     kp: dict[int, float] = field(default_factory=dict)
     with_kp: bool = False
+    # ``kc sweep``'s calibration: per layer and p, every window row's K_p as the probe
+    # measures a call's (kcops.kernels.sweepcal.row_kps)
+    p_grid: tuple[float, ...] = ()
+    rows: dict[int, dict[float, list[int]]] = field(default_factory=dict)
 
 
 KP_MASS = 0.9
@@ -203,9 +207,9 @@ _CAPTURE: contextvars.ContextVar[Capture | None] = contextvars.ContextVar(
 
 
 @contextlib.contextmanager
-def capture_scores(*, with_kp: bool = False) -> Iterator[Capture]:
+def capture_scores(*, with_kp: bool = False, p_grid: tuple[float, ...] = ()) -> Iterator[Capture]:
     """Inside the block, attention calls record per-layer key scores (and K_p)."""
-    cap = Capture(with_kp=with_kp)
+    cap = Capture(with_kp=with_kp, p_grid=p_grid)
     token = _CAPTURE.set(cap)
     try:
         yield cap
@@ -233,6 +237,10 @@ def record_scores(
     cap.scores[layer] = weights.sum(dim=2)
     if cap.with_kp:
         cap.kp[layer] = group_kp(weights, h // hkv, w)
+    if cap.p_grid:
+        from kcops.kernels.sweepcal import row_kps
+
+        cap.rows[layer] = row_kps(weights, h // hkv, w, cap.p_grid)
 
 
 def group_kp(weights: torch.Tensor, g: int, w: int) -> float:

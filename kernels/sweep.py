@@ -31,7 +31,7 @@ import statistics
 import sysconfig
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
@@ -205,9 +205,12 @@ class Prefilled:
     feed: torch.Tensor  # (S, E) tokens fed while decoding
     target: torch.Tensor  # (S, E) the text's next tokens
     start: int  # position of the first fed token
+    rows: dict[int, dict[float, list[int]]] = field(default_factory=dict)  # sweepcal's K_p
 
 
-def prefill(model: PreTrainedModel, seqs: torch.Tensor, eval_tokens: int) -> Prefilled:
+def prefill(
+    model: PreTrainedModel, seqs: torch.Tensor, eval_tokens: int, p_grid: tuple[float, ...] = ()
+) -> Prefilled:
     from transformers import DynamicCache
 
     context = seqs.shape[1] - 1
@@ -218,11 +221,16 @@ def prefill(model: PreTrainedModel, seqs: torch.Tensor, eval_tokens: int) -> Pre
     kw: dict[str, Any] = {_cache_kw(model): cache}
     if "logits_to_keep" in inspect.signature(model.forward).parameters:
         kw["logits_to_keep"] = 1  # unused here; all of them are S x C x vocab floats
-    with torch.inference_mode(), use_policy(DENSE), capture_scores(with_kp=True) as cap:
+    with (
+        torch.inference_mode(),
+        use_policy(DENSE),
+        capture_scores(with_kp=True, p_grid=p_grid) as cap,
+    ):
         model(input_ids=seqs[:, :start], use_cache=True, **kw)
     layers: list[Any] = list(cache.layers)  # DynamicLayer: keys/values set by the forward
     kv = [(layer.keys, layer.values) for layer in layers]
-    return Prefilled(kv, cap.scores, cap.kp, seqs[:, start:context], seqs[:, start + 1 :], start)
+    feed, target = seqs[:, start:context], seqs[:, start + 1 :]
+    return Prefilled(kv, cap.scores, cap.kp, feed, target, start, cap.rows)
 
 
 def _kept_layer(pre: Prefilled, i: int, n: int | None, heavy: bool) -> KeptLayer:
@@ -433,6 +441,7 @@ class Recommendation(TypedDict, total=False):
     agreement: float
     kv_bytes_saved_ratio: float
     tokens_per_s_ratio: float
+    kc_coverage: dict[str, Any]  # kcops.kernels.sweepcal.coverage: the live calibration
 
 
 def recommend(rows: Sequence[Row], tolerance_points: float) -> list[Recommendation]:

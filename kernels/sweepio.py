@@ -104,6 +104,13 @@ def markdown(rows: Sequence[Row], rec: Sequence[Recommendation], tolerance: floa
                 else ""
             )
         )
+        cov = item.get("kc_coverage")
+        if cov and cov.get("quantile") is not None:
+            lines.append(
+                f"  - K(C) coverage of N={item['n']} (the live recommendation's calibration): "
+                f"K_{cov['p']:g} at call quantile {cov['quantile']:.3f} ({cov['match']}, "
+                f"{cov['layers']} layers, {cov['samples_per_layer']} rows a layer)"
+            )
     return "\n".join(lines) + "\n"
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from kcops.kernels.sweep import Row, chunks, corpus_text, recommend, sweep_context
+from kcops.kernels.sweepcal import coverage, measure_rows
 from kcops.kernels.sweepio import append_row, load_done, markdown, write_tables
 
 
@@ -66,6 +67,11 @@ def run_sweep(
                 tick=tick,
             )
     rec = recommend(rows, tolerance)
+    for item in rec:  # the K(C) coverage of each recommended N: the agent's calibration
+        n = item.get("n")
+        if n is not None:
+            kc = measure_rows(model, chunks(ids, sequences, item["context"]), eval_tokens)
+            item["kc_coverage"] = coverage(kc, n, item.get("policy"))
     if out is not None:
         write_tables(out, rows, rec, tolerance)
     return {

@@ -18,6 +18,7 @@ from kcops.agent.config.collectors import CollectorsSection
 from kcops.agent.config.cost import CostSection
 from kcops.agent.config.engine import EngineSection
 from kcops.agent.config.exporters import ExportersSection
+from kcops.agent.config.kcrec import RecommendationSection
 from kcops.agent.config.rules import RulesSection
 from kcops.agent.validation import one_line
 from kcops.agent.yamlload import load_yaml_file
@@ -35,6 +36,7 @@ class Config(Section):
     actions: ActionsSection = Field(default_factory=ActionsSection)
     exporters: ExportersSection = Field(default_factory=ExportersSection)
     cost: CostSection = Field(default_factory=CostSection)
+    recommendation: RecommendationSection = Field(default_factory=RecommendationSection)
 
 
 def format_validation_error(exc: ValidationError, source: str) -> str:

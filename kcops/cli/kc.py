@@ -530,3 +530,12 @@ def report_cmd(folder: str, tolerance: float, tensorboard: bool) -> None:
     click.echo(str(page))
     if tensorboard:
         click.echo(str(Path(folder) / "tensorboard"))
+
+
+def _add_recommend() -> None:
+    from kcops.cli.kc_recommend import recommend_cmd  # torch-free, reads the agent
+
+    kc_group.add_command(recommend_cmd)
+
+
+_add_recommend()

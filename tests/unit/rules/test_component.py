@@ -64,7 +64,7 @@ def test_engine_down_fires_after_5s_and_resolves(tmp_path: Path) -> None:
     firing = next(tr for tr in seen if tr.state == "firing")
     assert [s.action for s in firing.remediation] == ["restart_worker"]
     assert firing.labels["engine"] == "e1" and firing.labels["severity"] == "page"
-    assert "KcopsEngineDown" in comp.rule_names() and len(comp.rule_names()) == 14
+    assert "KcopsEngineDown" in comp.rule_names() and len(comp.rule_names()) == 15
     # state series for the exporter and for rules over ALERTS
     key = SeriesKey.of("kcops_alert_state", {"alertname": "KcopsEngineDown", "state": "inactive"})
     assert ctx.store.latest(key) == (T0 + 59, 1.0)

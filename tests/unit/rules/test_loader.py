@@ -102,7 +102,7 @@ def test_packaged_table_loads_with_ladders() -> None:
 
     rs = load_rules(default_rules_path())
     alerts = {a.name: a for a in rs.alerts()}
-    assert len(alerts) == 14
+    assert len(alerts) == 15
     mem = alerts["KcopsDeviceMemoryHigh"]
     assert [(s.action, dict(s.params)) for s in mem.remediation] == [
         ("evict_cache", {"policy": "expired"}),

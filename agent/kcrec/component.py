@@ -1,0 +1,254 @@
+"""The recommender: the live K(C) budget recommendation, on a schedule and on demand.
+
+Every ``recommendation.interval_s`` (and on ``GET /api/v1/kc/recommendation?refresh=1``)
+it reads the window's K(C) buckets from the store, asks the engine for its current
+budget (the admin state, where the engine has one; else ``kcops_attention_topn``),
+and builds the document (:mod:`.compute`, :mod:`.capacity`). Its gauges are written every
+tick from the last document, so they stay fresh for the exporter and the rules; a
+document that recommends nothing removes them (staleness markers): unknown is absent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from kcops.agent.kcrec.calibration import coverage_for
+from kcops.agent.kcrec.capacity import capacity
+from kcops.agent.kcrec.compute import OK, Coverage, Inputs, recommend, topn_coverage
+from kcops.agent.kcrec.window import int_layers, latest_max, latest_sum, window_buckets
+from kcops.agent.samples import SeriesKey
+from kcops.errors import KcopsError
+
+if TYPE_CHECKING:
+    from kcops.agent.component import AgentContext
+    from kcops.agent.engine import Engine
+
+log = logging.getLogger("kcops.agent.kcrec")
+
+ROUTE = "/api/v1/kc/recommendation"
+ENGINE_TIMEOUT_S = 3.0
+RETENTION_MARGIN_S = 300.0  # the window stays this far inside the store's retention
+LOOKBACK_S = 300.0  # a gauge older than this (Prometheus's lookback) is not "now"
+MISMATCH_BELOW, MISMATCH_ABOVE = "below", "above"
+ABOVE_RATIO = 4.0
+
+
+class Recommender:
+    name = "recommendation"
+
+    def __init__(self, ctx: AgentContext, engine: Engine | None) -> None:
+        self.ctx = ctx
+        self.cfg = ctx.config.recommendation
+        self.engine = engine
+        self.doc: dict[str, Any] | None = None
+        self.due = 0.0
+        self.task: asyncio.Task[dict[str, Any]] | None = None
+        self.written: set[SeriesKey] = set()
+        self.runs = 0
+
+    async def start(self) -> None:
+        # A calibration that cannot be read refuses the start, with its file and reason.
+        for model in self.cfg.calibration:
+            coverage_for(self.cfg, model)
+
+    async def stop(self) -> None:
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+
+    async def tick(self, now: float) -> None:
+        if not self.cfg.enabled:
+            return
+        if now >= self.due and (self.task is None or self.task.done()):
+            self.due = now + self.cfg.interval_s
+            self.task = asyncio.create_task(self.scheduled(now))
+        self.write(now)
+
+    # -- computing ---------------------------------------------------------------
+
+    async def engine_state(self) -> tuple[dict[str, Any] | None, str | None]:
+        """The engine's admin state, or why there is none."""
+        if self.engine is None or self.ctx.config.engine.url is None:
+            return None, "no engine url configured"
+        try:
+            got = await asyncio.wait_for(self.engine.state_doc(), ENGINE_TIMEOUT_S)
+        except TimeoutError:
+            return None, f"the engine's state did not answer in {ENGINE_TIMEOUT_S:g}s"
+        except (KcopsError, OSError) as exc:
+            return None, str(exc)[:200]
+        return dict(got), None
+
+    async def scheduled(self, now: float) -> dict[str, Any]:
+        """A scheduled refresh: a bug is logged (the last document stays), never raised."""
+        try:
+            return await self.refresh(now)
+        except Exception:
+            log.exception("the live K(C) recommendation failed")
+            return self.doc or {}
+
+    async def refresh(self, now: float | None = None) -> dict[str, Any]:
+        state, why = await self.engine_state()
+        at = self.ctx.clock() if now is None else max(now, self.ctx.clock())
+        doc = self.compute(at, state, why)
+        self.doc = doc
+        self.runs += 1
+        self.write(at)
+        return doc
+
+    def window_s(self) -> float:
+        return max(60.0, min(self.cfg.window_s, self.ctx.store.retention_s - RETENTION_MARGIN_S))
+
+    def compute(
+        self, now: float, state: dict[str, Any] | None, state_error: str | None = None
+    ) -> dict[str, Any]:
+        store, cfg = self.ctx.store, self.cfg
+        window = self.window_s()
+        start = now - window
+        configured = self.configured(now, state, state_error)
+        model = cfg.model or configured.get("model")
+        try:
+            cov = coverage_for(cfg, model)
+        except KcopsError as exc:  # a calibration file changed under a running agent
+            cov = Coverage(cfg.p, cfg.quantile, False, "default", (f"calibration: {exc}",))
+        kc = window_buckets(store, "kcops_kc_tokens", "layer", start, now)
+        topn = window_buckets(store, "kcops_topn_mass_ratio", "n", start, now)
+        dense = configured.get("dense_layers")
+        inp = Inputs(kc, topn, frozenset(dense) if dense is not None else None)
+        rec = recommend(inp, cov, min_samples=cfg.min_samples, uniform_over=cfg.uniform_over)
+        uni = rec["uniform"]
+        n_rec = uni["tokens"] if rec["status"] == OK and uni else None
+        layer_ids = int_layers(kc)
+        n_layers = len(layer_ids) or len(kc)
+        dense_set = set(dense or ()) & set(layer_ids.values())
+        n_now = configured.get("effective_top_n")
+        doc: dict[str, Any] = {
+            "computed_at": round(now, 3),
+            "window_s": window,
+            "window_start": round(start, 3),
+            "interval_s": cfg.interval_s,
+            "model": model,
+            "p": cov.p,
+            "quantile": cov.quantile,
+            "min_samples": cfg.min_samples,
+            "calibration": cov.as_json(),
+            **rec,
+            "configured": configured,
+            "topn_mass": topn_coverage(topn, cov.p),
+            "capacity": capacity(
+                context=window_buckets(store, "kcops_context_tokens", None, start, now).get(""),
+                layers=n_layers,
+                dense_now=len(dense_set) if n_now is not None else 0,
+                n_now=n_now,
+                long_threshold=float(configured.get("long_threshold") or 0),
+                n_rec=n_rec,
+                dense_rec=len(dense_set) if rec["uniform_over"] == "non_dense" else 0,
+                kv_bytes=latest_sum(store, "kcops_kv_cache_bytes", now, LOOKBACK_S),
+                kv_usage=latest_max(store, "kcops_kv_cache_usage_ratio", now, LOOKBACK_S),
+                running=latest_sum(store, "kcops_requests_running", now, LOOKBACK_S),
+            ),
+        }
+        doc["comparison"] = compare(n_now, n_rec)
+        return doc
+
+    def configured(
+        self, now: float, state: dict[str, Any] | None, state_error: str | None
+    ) -> dict[str, Any]:
+        """The engine's current budget: its admin state, else its exported top-N gauge."""
+        out: dict[str, Any] = {
+            "source": None,
+            "top_n": None,
+            "dense_layers": None,
+            "route_mode": None,
+            "long_threshold": None,
+            "model": None,
+            "engine_state_error": state_error,
+        }
+        if state is not None:
+            top_n = state.get("top_n")
+            dense = state.get("dense_layers")
+            out.update(
+                source="engine admin state",
+                top_n=top_n if isinstance(top_n, int) else None,
+                dense_layers=sorted(int(x) for x in dense) if isinstance(dense, list) else None,
+                route_mode=state.get("route_mode"),
+                long_threshold=state.get("long_threshold"),
+                model=state.get("model") if isinstance(state.get("model"), str) else None,
+            )
+        else:
+            got = latest_max(self.ctx.store, "kcops_attention_topn", now, LOOKBACK_S)
+            if got is not None and math.isfinite(got):
+                out.update(source="kcops_attention_topn", top_n=int(got))
+        # fallback mode sends everything to full attention: no budget is in force
+        fallback = out["route_mode"] == "fallback"
+        out["effective_top_n"] = None if fallback else out["top_n"]
+        return out
+
+    # -- gauges ------------------------------------------------------------------
+
+    def write(self, now: float) -> None:
+        store = self.ctx.store
+        doc = self.doc
+        keys: dict[SeriesKey, float] = {}
+        if doc is not None and doc.get("status") == OK:
+            for row in doc["layers"]:
+                if "tokens" in row:
+                    key = SeriesKey.of("kcops_kc_recommended_tokens", {"layer": row["layer"]})
+                    keys[key] = float(row["tokens"])
+            keys[SeriesKey.of("kcops_kc_recommended_n")] = float(doc["uniform"]["tokens"])
+            cap = doc["capacity"]
+            if cap.get("kv_ratio_at_recommended") is not None:
+                keys[SeriesKey.of("kcops_kc_recommended_kv_ratio")] = cap["kv_ratio_at_recommended"]
+            if cap.get("more_sequences") is not None:
+                key = SeriesKey.of("kcops_kc_recommended_more_sequences")
+                keys[key] = float(cap["more_sequences"])
+        for key, value in keys.items():
+            store.append(key, now, value)
+        for key in self.written - keys.keys():
+            store.mark_stale(key, now)
+        self.written = set(keys)
+
+    # -- API ---------------------------------------------------------------------
+
+    def status(self) -> dict[str, object]:
+        doc = self.doc
+        if not self.cfg.enabled:
+            return {"healthy": True, "summary": "disabled"}
+        if doc is None:
+            return {"healthy": True, "summary": "not computed yet"}
+        n = doc["uniform"]["tokens"] if doc.get("uniform") else None
+        return {
+            "healthy": True,
+            "summary": f"{doc['status']}: N={n} ({doc['calibration']['status']}), "
+            f"{self.runs} run(s)",
+        }
+
+    def routes(self) -> list[web.RouteDef]:
+        async def get(request: web.Request) -> web.Response:
+            if not self.cfg.enabled:
+                return web.json_response({"status": "disabled"})
+            fresh = request.query.get("refresh", "") not in ("", "0", "false")
+            if fresh or self.doc is None:
+                if self.task is not None and not self.task.done():
+                    await self.task
+                if fresh or self.doc is None:
+                    await self.refresh()
+            return web.json_response(self.doc)
+
+        return [web.get(ROUTE, get)]
+
+
+def compare(n_now: int | None, n_rec: int | None) -> dict[str, Any]:
+    """The configured N against the recommended one (the rule KcopsBudgetMismatch's test)."""
+    if n_now is None or n_rec is None:
+        return {"ratio": None, "verdict": None}
+    ratio = n_now / n_rec
+    verdict = "ok"
+    if n_now < n_rec:
+        verdict = MISMATCH_BELOW
+    elif n_now > ABOVE_RATIO * n_rec:
+        verdict = MISMATCH_ABOVE
+    return {"ratio": round(ratio, 3), "verdict": verdict}

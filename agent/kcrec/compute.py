@@ -1,0 +1,142 @@
+"""The recommendation document from a window's K(C) buckets: a pure step, no I/O.
+
+Per layer, the budget that holds mass p for a share q of the window's attention calls
+(the q-quantile of K_p, with the interval its bucket gives, :mod:`kcops.kcbudget`);
+the uniform N over the layers the configuration names; the evidence. A layer with fewer
+than ``min_samples`` observations makes the whole document ``insufficient_samples``: it
+says which layers and how many, and recommends nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kcops.kcbudget import Quantile, quantile, uniform
+
+OK = "ok"
+INSUFFICIENT = "insufficient_samples"
+NO_DATA = "no_data"
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """The mass p and call quantile q the budget is sized for, and where they come from."""
+
+    p: float
+    quantile: float
+    calibrated: bool
+    source: str  # "default" or where the calibration came from
+    notes: tuple[str, ...] = ()
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "status": "calibrated" if self.calibrated else "uncalibrated",
+            "p": self.p,
+            "quantile": self.quantile,
+            "source": self.source,
+            "notes": list(self.notes),
+        }
+
+
+@dataclass
+class Inputs:
+    """What one computation reads: K(C) buckets by layer, top-N mass buckets by n."""
+
+    kc: Mapping[str, tuple[Sequence[float], Sequence[float]]]  # layer -> (bounds, counts)
+    topn: Mapping[str, tuple[Sequence[float], Sequence[float]]] = field(default_factory=dict)
+    dense_layers: frozenset[int] | None = None  # as the engine reports them; None: unknown
+
+
+def recommend(
+    inp: Inputs,
+    cov: Coverage,
+    *,
+    min_samples: int,
+    uniform_over: str,
+) -> dict[str, Any]:
+    """The document's recommendation part: ``status``, ``layers``, ``uniform``, ``reason``."""
+    dense = inp.dense_layers or frozenset()
+    over = uniform_over
+    if over == "auto":  # the non-dense layers, when the engine keeps some layers dense
+        some = any(not (lay.isdigit() and int(lay) in dense) for lay in inp.kc)
+        over = "non_dense" if dense and some else "all"
+    layers: list[dict[str, Any]] = []
+    quants: dict[str, Quantile] = {}
+    short: list[str] = []
+    for layer in sorted(inp.kc, key=_layer_order):
+        bounds, counts = inp.kc[layer]
+        n = round(sum(counts))
+        is_dense = layer.isdigit() and int(layer) in dense
+        row: dict[str, Any] = {"layer": layer, "samples": n, "dense": is_dense}
+        used = not (over == "non_dense" and is_dense)
+        row["in_uniform"] = used
+        if n < min_samples:
+            if used:
+                short.append(f"{layer} ({n})")
+        else:
+            got = quantile(cov.quantile, counts, bounds)
+            if got is not None:
+                row.update(_figures(got))
+                if used:
+                    quants[layer] = got
+        layers.append(row)
+    out: dict[str, Any] = {"layers": layers, "uniform_over": over, "uniform": None}
+    if not layers:
+        out.update(status=NO_DATA, reason="no K(C) observations in the window")
+        return out
+    if short:
+        for row in layers:  # nothing is recommended: no layer's figure either
+            for k in ("tokens", "estimate", "interval"):
+                row.pop(k, None)
+        out.update(
+            status=INSUFFICIENT,
+            reason=f"{len(short)} layer(s) below {min_samples} K(C) samples in the window: "
+            + ", ".join(short[:8])
+            + (" ..." if len(short) > 8 else ""),
+        )
+        return out
+    uni = uniform(quants)
+    if uni is None:
+        out.update(status=NO_DATA, reason="no layer is covered by the uniform N")
+        return out
+    binding = max(quants, key=lambda lay: quants[lay].tokens)
+    out["uniform"] = {
+        **_figures(uni),
+        "binding_layer": binding,
+        "layers": sorted(quants, key=_layer_order),
+    }
+    out.update(status=OK, reason=None)
+    return out
+
+
+def topn_coverage(
+    topn: Mapping[str, tuple[Sequence[float], Sequence[float]]], p: float
+) -> dict[str, dict[str, Any]]:
+    """Per n: the share of sampled calls whose top-n keys hold more than ``b`` of the mass,
+    ``b`` the largest bucket bound at or below p (the buckets cannot say more)."""
+    out: dict[str, dict[str, Any]] = {}
+    for n in sorted(topn, key=_layer_order):
+        bounds, counts = topn[n]
+        total = sum(counts)
+        below = [i for i, b in enumerate(bounds) if b <= p + 1e-12]
+        if total <= 0 or not below:
+            continue
+        i = below[-1]
+        at_most = sum(counts[: i + 1])
+        out[n] = {
+            "samples": round(total),
+            "mass_above": bounds[i],
+            "share_of_calls": round(1.0 - at_most / total, 4),
+        }
+    return out
+
+
+def _figures(q: Quantile) -> dict[str, Any]:
+    high = None if q.high == float("inf") else q.high
+    return {"tokens": q.budget, "estimate": round(q.tokens, 2), "interval": [q.low, high]}
+
+
+def _layer_order(layer: str) -> tuple[int, int | str]:
+    return (0, int(layer)) if layer.isdigit() else (1, layer)

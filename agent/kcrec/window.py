@@ -1,0 +1,96 @@
+"""Histogram buckets over a window, read from the agent's store.
+
+What a window holds is each bucket series' increase from the window's start to its end,
+summed over the series that share the grouping label (``engine`` and ``process`` are
+summed away). Unlike PromQL's ``increase()`` nothing is extrapolated: these are counts of
+observations, the evidence the recommendation shows. A counter reset (the agent's probe
+sums of a process forgotten and started again) adds the new value, as Prometheus does; a
+series born inside the window counts from zero, which needs the store to keep samples
+from before the window (the recommender keeps its window within the store's retention).
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Iterable
+
+from kcops.agent.samples import SeriesKey
+from kcops.agent.store import Store
+
+
+def increase(store: Store, key: SeriesKey, start: float, end: float) -> float:
+    """Observations added to the cumulative series ``key`` in ``(start, end]``."""
+    base = store.latest(key, at=start)
+    prev = base[1] if base is not None else 0.0
+    _ts, vs = store.range_arrays(key, start, end, left_open=True)
+    if not vs:
+        return 0.0
+    if (
+        not any(map(math.isnan, vs))
+        and vs[0] >= prev
+        and not any(map(operator.lt, vs[1:], vs[:-1]))
+    ):
+        return vs[-1] - prev
+    total = 0.0
+    for v in vs:  # resets or staleness markers: the slow walk
+        if math.isnan(v):
+            continue
+        total += v - prev if v >= prev else v
+        prev = v
+    return total
+
+
+def _parse_le(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return math.inf if text.strip().lower() in ("+inf", "inf") else None
+
+
+def window_buckets(
+    store: Store, name: str, by: str | None, start: float, end: float
+) -> dict[str, tuple[tuple[float, ...], list[float]]]:
+    """Per value of label ``by`` (``""`` for all when None): the finite bucket bounds and the
+    non-cumulative counts (+Inf last) of histogram ``name`` over ``(start, end]``."""
+    cum: dict[str, dict[float, float]] = {}
+    for key in store.keys(name + "_bucket"):
+        labels = dict(key.labels)
+        ub = _parse_le(labels.get("le", ""))
+        if ub is None:
+            continue
+        group = labels.get(by, "") if by else ""
+        got = increase(store, key, start, end)
+        per = cum.setdefault(group, {})
+        per[ub] = per.get(ub, 0.0) + got
+    out: dict[str, tuple[tuple[float, ...], list[float]]] = {}
+    for group, per in cum.items():
+        if math.inf not in per:
+            continue
+        bounds = sorted(per)
+        counts: list[float] = []
+        top = 0.0
+        for ub in bounds:
+            c = max(per[ub], top)  # cumulative counts never fall
+            counts.append(c - top)
+            top = c
+        out[group] = (tuple(bounds[:-1]), counts)
+    return out
+
+
+def latest_sum(store: Store, name: str, at: float, lookback_s: float) -> float | None:
+    """The sum of the newest values of every series of ``name`` (None when none has one)."""
+    got = [store.latest(k, at=at, lookback_s=lookback_s) for k in store.keys(name)]
+    vals = [v for _, v in (g for g in got if g is not None) if math.isfinite(v)]
+    return sum(vals) if vals else None
+
+
+def latest_max(store: Store, name: str, at: float, lookback_s: float) -> float | None:
+    got = [store.latest(k, at=at, lookback_s=lookback_s) for k in store.keys(name)]
+    vals = [v for _, v in (g for g in got if g is not None) if math.isfinite(v)]
+    return max(vals) if vals else None
+
+
+def int_layers(layers: Iterable[str]) -> dict[str, int]:
+    """The layer labels that are layer indices."""
+    return {lay: int(lay) for lay in layers if lay.isdigit()}

@@ -1,0 +1,195 @@
+"""``kcops kc recommend``: the agent's live K(C) budget recommendation, beside the
+configured N and (``--sweep DIR``) the offline sweep's. No torch: it reads the agent's
+``GET /api/v1/kc/recommendation`` and the sweep's recommendation.json."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+
+from kcops.cli.common import agent_option, agent_request, echo_json, handle_errors
+from kcops.errors import ConfigError, KcopsError
+
+ROUTE = "/api/v1/kc/recommendation"
+
+
+def fetch(agent_url: str, refresh: bool) -> dict[str, Any]:
+    resp = agent_request("GET", agent_url, ROUTE + ("?refresh=1" if refresh else ""), timeout_s=30)
+    if resp.status_code == 404:
+        raise KcopsError(
+            f"the agent at {agent_url} has no {ROUTE} (an agent older than the live recommendation)"
+        )
+    if resp.status_code >= 400:
+        raise KcopsError(f"GET {ROUTE}: HTTP {resp.status_code}: {resp.text[:300]}")
+    try:
+        doc = resp.json()
+    except ValueError:
+        raise KcopsError(f"GET {ROUTE}: not JSON: {resp.text[:200]}") from None
+    if not isinstance(doc, dict):
+        raise KcopsError(f"GET {ROUTE}: not a JSON object")
+    return doc
+
+
+def sweep_summary(folder: str) -> dict[str, Any]:
+    """The sweep's recommendation (largest context) and the model it ran on."""
+    from kcops.agent.kcrec.calibration import read_sweep
+
+    path = Path(folder)
+    if not path.exists():
+        raise ConfigError(f"--sweep {folder}: no such folder or file")
+    rec = read_sweep(path)
+    model = None
+    rows = (path if path.is_dir() else path.parent) / "rows.jsonl"
+    try:
+        model = json.loads(rows.read_text(encoding="utf-8").splitlines()[0])["settings"]["model"]
+    except (OSError, ValueError, IndexError, KeyError, TypeError):
+        pass
+    return {**rec, "model": model, "folder": str(path)}
+
+
+def _iv(interval: list[float | None]) -> str:
+    low, high = interval
+    return f"({low:g}, {'inf' if high is None else f'{high:g}'}]"
+
+
+def _bytes(n: float | None) -> str:
+    if n is None:
+        return "unknown"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def lines(doc: dict[str, Any], sweep: dict[str, Any] | None) -> list[str]:
+    cal = doc["calibration"]
+    out = [
+        f"Live K(C) budget recommendation, model {doc.get('model') or 'unknown'}: "
+        f"K_{doc['p']:g} (the keys holding {doc['p']:.0%} of the attention mass) for "
+        f"{doc['quantile']:.1%} of attention calls, over the last {doc['window_s'] / 60:g} min "
+        f"({cal['status']}{': ' + cal['source'] if cal['status'] == 'calibrated' else ''})",
+    ]
+    out += [f"  note: {n}" for n in cal.get("notes", [])]
+    out.append(f"status: {doc['status']}" + (f" — {doc['reason']}" if doc.get("reason") else ""))
+    out += [
+        "",
+        "| layer | samples | budget (tokens) | interval | dense | in N |",
+        "|---|---:|---:|---|---|---|",
+    ]
+    for row in doc["layers"]:
+        budget = row.get("tokens", "—")
+        iv = _iv(row["interval"]) if "interval" in row else "—"
+        out.append(
+            f"| {row['layer']} | {row['samples']} | {budget} | {iv} "
+            f"| {'yes' if row['dense'] else ''} | {'yes' if row['in_uniform'] else ''} |"
+        )
+    uni = doc.get("uniform")
+    out.append("")
+    if uni:
+        over = "all layers" if doc["uniform_over"] == "all" else "the non-dense layers"
+        out.append(
+            f"uniform N = {uni['tokens']} (interval {_iv(uni['interval'])}, over {over}; "
+            f"binding layer {uni['binding_layer']})"
+        )
+    else:
+        out.append("uniform N: none recommended")
+    conf = doc["configured"]
+    if conf.get("top_n") is not None:
+        cmp = doc.get("comparison") or {}
+        verdict = {
+            "below": "BELOW the recommendation: accuracy at risk",
+            "above": "more than 4x above it: KV memory wasted",
+            "ok": "within [1x, 4x] of it",
+        }.get(cmp.get("verdict") or "", "")
+        ratio = f" = {cmp['ratio']:g}x the recommendation, {verdict}" if cmp.get("ratio") else ""
+        out.append(
+            f"configured: top_n {conf['top_n']}, dense layers {conf.get('dense_layers')}, "
+            f"route mode {conf.get('route_mode') or 'unknown'} (from {conf['source']}){ratio}"
+        )
+    else:
+        why = conf.get("engine_state_error") or "the engine exports no top-N"
+        out.append(f"configured: no top-N budget known (full attention?): {why}")
+    if sweep is not None:
+        cov = sweep.get("kc_coverage") or {}
+        same = sweep.get("model") in (None, doc.get("model"))
+        out.append(
+            f"offline sweep ({sweep['folder']}, model {sweep.get('model') or 'unknown'}"
+            f"{'' if same else ', NOT the served model'}): context {sweep['context']}: "
+            f"{sweep['policy']} N={sweep['n']}"
+            + (
+                f", K(C) coverage K_{cov['p']:g} at call quantile {cov['quantile']:.3f}"
+                if cov.get("quantile") is not None
+                else ", no K(C) coverage recorded (rerun kc sweep)"
+            )
+        )
+    out += ["", *capacity_lines(doc["capacity"], uni["tokens"] if uni else None)]
+    return out
+
+
+def capacity_lines(cap: dict[str, Any], n: int | None) -> list[str]:
+    running = cap.get("running_sequences")
+    out = [
+        f"capacity (computed; mean context {cap.get('mean_context_tokens') or 'unknown'} tokens "
+        f"of the window's sampled calls):",
+        f"  KV held now: {_bytes(cap.get('kv_bytes_now'))}"
+        + (
+            f", usage ratio {cap['kv_usage_ratio_now']:.3f}"
+            if cap.get("kv_usage_ratio_now") is not None
+            else ""
+        )
+        + f", {round(running) if running is not None else 'unknown'} running sequences"
+        + (
+            f", {cap['kv_share_now']:.3f} of their full-context KV"
+            if cap.get("kv_share_now") is not None
+            else ""
+        ),
+    ]
+    if n is None or cap.get("kv_ratio_at_recommended") is None:
+        out.append("  at the recommended budget: unknown (no recommendation or no context lengths)")
+        return out
+    held = cap.get("kv_bytes_at_recommended")
+    usage = cap.get("kv_usage_ratio_at_recommended")
+    out.append(
+        f"  at N={n}: {cap['kv_share_at_recommended']:.3f} of full-context KV, "
+        f"{cap['kv_ratio_at_recommended']:.3f}x what is held now"
+        + (f" = {_bytes(held)}" if held is not None else "")
+        + (f" (usage ratio {usage:.3f})" if usage is not None else "")
+    )
+    if cap.get("kv_bytes_per_token_estimate") is not None:
+        out.append(f"  model KV per token (estimated): {cap['kv_bytes_per_token_estimate']} bytes")
+    if cap.get("sequences_at_same_memory") is not None:
+        out.append(
+            f"  the same memory would hold {cap['sequences_at_same_memory']} concurrent "
+            f"sequences: {cap['more_sequences']} more"
+        )
+    else:
+        out.append(
+            f"  the same memory would hold {1 / cap['kv_ratio_at_recommended']:.2f}x the sequences"
+        )
+    return out
+
+
+@click.command("recommend")
+@agent_option
+@click.option("--sweep", "sweep_dir", default=None, help="A kc sweep --out folder to compare with.")
+@click.option("--refresh", is_flag=True, help="Have the agent recompute now, not at its schedule.")
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print the agent's document (and the sweep's)."
+)
+@handle_errors
+def recommend_cmd(agent_url: str, sweep_dir: str | None, refresh: bool, as_json: bool) -> None:
+    """The live K(C) budget per layer and the uniform N, beside the configured N."""
+    sweep = sweep_summary(sweep_dir) if sweep_dir else None
+    doc = fetch(agent_url, refresh)
+    if doc.get("status") == "disabled":
+        raise KcopsError(
+            f"the agent at {agent_url} has the recommendation disabled (recommendation.enabled)"
+        )
+    if as_json:
+        echo_json({"live": doc, "sweep": sweep})
+        return
+    click.echo("\n".join(lines(doc, sweep)))

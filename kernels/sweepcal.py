@@ -1,0 +1,95 @@
+"""``kc sweep``'s calibration of the live recommendation: the K(C) coverage of its N.
+
+Attention mass and accuracy are different measures. The sweep knows which N keeps
+accuracy (its recommendation); the agent knows, live, how K_p is distributed over
+attention calls. The bridge: on the sweep's own corpus, per layer, every window row's
+K_p (the last ``OBS_WINDOW`` prompt rows of each sequence; union over a KV group's query
+heads, the largest group: the value the probe records for a call), for a grid of p; then
+the call quantile q at which the live-style uniform N (the largest layer's q-quantile,
+estimated from the probe's own buckets, :mod:`kcops.kcbudget`) equals the
+recommended N. The agent configured with ``{p, quantile}`` then recommends, on live
+traffic, the N that covers calls as the sweep's N covered its corpus.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from kcops.kcbudget import KC_BOUNDS, bucket_counts, matching_quantile, uniform_at
+
+if TYPE_CHECKING:
+    import torch
+
+P_GRID = (0.5, 0.8, 0.9, 0.95, 0.99)
+PROBE_P = 0.9  # the probe's default p (kcops.kernels.config.ProbeConfig.p_values[0])
+DENSE_FIRST = frozenset({0, 1})
+
+
+def row_kps(
+    weights: torch.Tensor, g: int, w: int, p_grid: Sequence[float]
+) -> dict[float, list[int]]:
+    """Per p, each row's K_p as the probe records it: the size of the union of the top-K_p
+    key sets of a KV group's ``g`` query heads, the largest group. ``weights``
+    (B, Hkv, g * w, T), head-major, rows at the last ``w`` positions (causal)."""
+    import torch
+
+    from kcops.kernels.kc import k_from_sorted
+
+    sorted_w, order = weights.sort(dim=-1, descending=True)
+    t = weights.shape[-1]
+    visible = torch.arange(t - w + 1, t + 1, device=weights.device).repeat(g)
+    b, hkv = weights.shape[:2]
+    out: dict[float, list[int]] = {}
+    for p in p_grid:
+        k = torch.minimum(k_from_sorted(sorted_w, p), visible)
+        keep_sorted = torch.arange(t, device=weights.device) < k[..., None]
+        keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
+        union = keep.view(b, hkv, g, w, t).any(2).sum(-1)  # (B, Hkv, w)
+        out[p] = [int(x) for x in union.amax(1).flatten().tolist()]
+    return out
+
+
+def measure_rows(
+    model: Any, seqs: torch.Tensor, eval_tokens: int
+) -> dict[int, dict[float, list[int]]]:
+    """K_p rows per layer and p of one context's prefill (the sweep's own prefill, again:
+    a resumed sweep may have measured every row without one)."""
+    from kcops.kernels.sweep import prefill
+
+    return prefill(model, seqs, eval_tokens, p_grid=P_GRID).rows
+
+
+def coverage(
+    rows: Mapping[int, Mapping[float, Sequence[int]]],
+    n: int,
+    policy: str | None,
+    probe_p: float = PROBE_P,
+) -> dict[str, Any]:
+    """The K(C) coverage that matches ``n``: per p of the grid, the call quantile at which
+    the live-style uniform N equals ``n`` (over the non-dense layers when ``policy`` is
+    ``dense_first``, else over all), and the entry for ``probe_p`` as ``p``/``quantile``."""
+    dense = DENSE_FIRST if policy == "dense_first" else frozenset()
+    used = sorted(i for i in rows if i not in dense)
+    by_p: dict[str, dict[str, Any]] = {}
+    for p in sorted({p for i in used for p in rows[i]}):
+        hists = {str(i): bucket_counts(rows[i][p], KC_BOUNDS) for i in used}
+        q, how = matching_quantile(n, hists, KC_BOUNDS)
+        by_p[f"{p:g}"] = {
+            "quantile": q,
+            "match": how,
+            "uniform_n_at_0.95": round(uniform_at(0.95, hists, KC_BOUNDS), 1),
+        }
+    main = by_p.get(f"{probe_p:g}")
+    return {
+        "p": probe_p,
+        "quantile": main["quantile"] if main else None,
+        "match": main["match"] if main else None,
+        "n": n,
+        "layers": "non_dense" if dense else "all",
+        "dense_layers": sorted(dense),
+        "samples_per_layer": min(
+            (len(rows[i][probe_p]) for i in used if probe_p in rows[i]), default=0
+        ),
+        "by_p": by_p,
+    }
