@@ -1,6 +1,8 @@
 """The budget that holds mass p for a share q of attention calls, read from K(C) buckets.
 
-Stdlib only (and the wire format's buckets): the agent's live recommendation
+Stdlib only (callers pass the bucket bounds: the wire format's, ``BUCKETS[KC_TOKENS]``
+of :mod:`kcops.kernels.wire`, so this module imports no kernel and the agent may use
+it): the agent's live recommendation
 (``kcops.agent.kcrec``) and ``kc sweep``'s calibration (``kcops.kernels.sweepcal``)
 compute it with the same function, so the sweep's coverage and the live figure are the
 same measure.
@@ -21,10 +23,6 @@ from bisect import bisect_left
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from kcops.kernels.wire import BUCKETS, KC_TOKENS
-
-KC_BOUNDS = BUCKETS[KC_TOKENS]
-
 
 @dataclass(frozen=True)
 class Quantile:
@@ -42,7 +40,7 @@ class Quantile:
         return max(1, math.ceil(self.tokens - 1e-9))
 
 
-def bucket_counts(values: Iterable[float], bounds: Sequence[float] = KC_BOUNDS) -> list[int]:
+def bucket_counts(values: Iterable[float], bounds: Sequence[float]) -> list[int]:
     """Non-cumulative counts of ``values`` in ``bounds`` (+Inf last), as the probe fills them."""
     counts = [0] * (len(bounds) + 1)
     for v in values:
@@ -50,9 +48,7 @@ def bucket_counts(values: Iterable[float], bounds: Sequence[float] = KC_BOUNDS) 
     return counts
 
 
-def quantile(
-    q: float, counts: Sequence[float], bounds: Sequence[float] = KC_BOUNDS
-) -> Quantile | None:
+def quantile(q: float, counts: Sequence[float], bounds: Sequence[float]) -> Quantile | None:
     """The q-quantile (0 < q <= 1) of non-cumulative bucket ``counts``; None when empty."""
     if not 0.0 < q <= 1.0:
         raise ValueError(f"quantile {q!r}: allowed (0, 1]")
@@ -93,16 +89,14 @@ def uniform(per_layer: Mapping[str, Quantile]) -> Quantile | None:
     )
 
 
-def uniform_at(
-    q: float, hists: Mapping[str, Sequence[float]], bounds: Sequence[float] = KC_BOUNDS
-) -> float:
+def uniform_at(q: float, hists: Mapping[str, Sequence[float]], bounds: Sequence[float]) -> float:
     """The uniform estimate at quantile ``q`` over non-empty ``hists`` (0 when none)."""
     got = [quantile(q, c, bounds) for c in hists.values()]
     return max((x.tokens for x in got if x is not None), default=0.0)
 
 
 def matching_quantile(
-    n: float, hists: Mapping[str, Sequence[float]], bounds: Sequence[float] = KC_BOUNDS
+    n: float, hists: Mapping[str, Sequence[float]], bounds: Sequence[float]
 ) -> tuple[float, str]:
     """The call quantile q at which :func:`uniform_at` equals ``n``, and how it matched:
     ``exact``; ``above_all`` (``n`` is above every call's K_p: q = 1); ``below_all``

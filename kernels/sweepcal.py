@@ -16,7 +16,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from kcops.kcbudget import KC_BOUNDS, bucket_counts, matching_quantile, uniform_at
+from kcops.kcbudget import bucket_counts, matching_quantile, uniform_at
+from kcops.kernels.wire import BUCKETS, KC_TOKENS
+
+KC_BOUNDS = BUCKETS[KC_TOKENS]
 
 if TYPE_CHECKING:
     import torch

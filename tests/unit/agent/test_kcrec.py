@@ -27,7 +27,9 @@ from kcops.errors import ConfigError
 from kcops.kcbudget import bucket_counts, matching_quantile, quantile, uniform, uniform_at
 from kcops.kernels import wire
 from kcops.kernels.sweepcal import coverage
+from kcops.kernels.wire import BUCKETS, KC_TOKENS
 
+B = BUCKETS[KC_TOKENS]  # the probe's K_p buckets
 T0 = 1_700_000_000.0
 
 
@@ -51,7 +53,7 @@ def draws(seed: int, n: int) -> list[int]:
 @pytest.mark.parametrize("q", [0.05, 0.5, 0.9, 0.95, 0.99, 1.0])
 def test_quantile_interval_holds_the_raw_samples_quantile(seed: int, q: float) -> None:
     values = draws(seed, 50 + 97 * seed)
-    got = quantile(q, bucket_counts(values))
+    got = quantile(q, bucket_counts(values, B), B)
     assert got is not None and got.samples == len(values)
     truth = order_stat(values, q)
     assert got.low < truth <= got.high, (got, truth)
@@ -63,7 +65,7 @@ def test_quantile_interval_holds_the_raw_samples_quantile(seed: int, q: float) -
 @pytest.mark.parametrize("seed", range(6))
 def test_uniform_interval_holds_the_max_of_the_layers_quantiles(seed: int) -> None:
     layers = {str(i): draws(seed * 10 + i, 400) for i in range(4)}
-    per = {k: quantile(0.95, bucket_counts(v)) for k, v in layers.items()}
+    per = {k: quantile(0.95, bucket_counts(v, B), B) for k, v in layers.items()}
     uni = uniform({k: v for k, v in per.items() if v is not None})
     assert uni is not None
     truth = max(order_stat(v, 0.95) for v in layers.values())
@@ -71,12 +73,12 @@ def test_uniform_interval_holds_the_max_of_the_layers_quantiles(seed: int) -> No
 
 
 def test_matching_quantile_inverts_the_uniform_estimate() -> None:
-    hists = {str(i): bucket_counts(draws(i, 500)) for i in range(3)}
-    target = uniform_at(0.8, hists)
-    q, how = matching_quantile(target, hists)
+    hists = {str(i): bucket_counts(draws(i, 500), B) for i in range(3)}
+    target = uniform_at(0.8, hists, B)
+    q, how = matching_quantile(target, hists, B)
     assert how == "exact" and abs(q - 0.8) < 1e-3
-    assert matching_quantile(1e9, hists) == (1.0, "above_all")
-    assert matching_quantile(0.0, hists)[1] == "below_all"
+    assert matching_quantile(1e9, hists, B) == (1.0, "above_all")
+    assert matching_quantile(0.0, hists, B)[1] == "below_all"
 
 
 def test_sweep_coverage_matches_its_n_over_the_layers_the_policy_budgets() -> None:
@@ -84,8 +86,8 @@ def test_sweep_coverage_matches_its_n_over_the_layers_the_policy_budgets() -> No
     rows = {i: {0.9: [rng.randint(1, 40 * (i + 1)) for _ in range(256)]} for i in range(4)}
     cov = coverage(rows, 60, "uniform")
     assert cov["layers"] == "all" and cov["samples_per_layer"] == 256
-    hists = {str(i): bucket_counts(rows[i][0.9]) for i in rows}
-    assert abs(uniform_at(cov["quantile"], hists) - 60) < 0.5
+    hists = {str(i): bucket_counts(rows[i][0.9], B) for i in rows}
+    assert abs(uniform_at(cov["quantile"], hists, B) - 60) < 0.5
     dense = coverage(rows, 60, "dense_first")
     assert dense["layers"] == "non_dense" and dense["dense_layers"] == [0, 1]
 
@@ -200,7 +202,7 @@ def test_calibration_from_config_is_used_for_its_model_only(tmp_path: Path) -> N
     feed(r.ctx.store, values, T0 + 900)
     doc = r.compute(T0 + 1000, dict(STATE))
     assert doc["calibration"]["status"] == "calibrated" and doc["quantile"] == 0.5
-    expected = quantile(0.5, bucket_counts(values["2"]))
+    expected = quantile(0.5, bucket_counts(values["2"], B), B)
     assert expected is not None
     assert next(x for x in doc["layers"] if x["layer"] == "2")["tokens"] == expected.budget
     other = r.compute(T0 + 1000, {**STATE, "model": "smollm2"})
