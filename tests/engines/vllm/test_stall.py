@@ -118,8 +118,20 @@ def stopped(pid: int) -> Iterator[None]:
             os.kill(pid, signal.SIGCONT)
 
 
+def restart_cooldown_s(stack: Stack) -> float:
+    """Seconds left of restart_worker's cooldown on the engine (0 when none)."""
+    status = httpx.get(f"{stack.agent_url}/api/v1/status", timeout=5).json()
+    cools = status["components"]["remediation"]["guards"]["cooldowns"]
+    return max(0.0, float(cools.get("restart_worker|engine", 0.0)))
+
+
 def test_stalled_engine_core_pages_leaves_rotation_and_is_restarted(after_soak: Stack) -> None:
     stack = after_soak
+    # test_restart.py restarted this engine minutes ago: the shipped 5-minute cooldown
+    # would (rightly) refuse a second restart_worker. The stall must meet a restart the
+    # guards allow, so it waits the cooldown out (the suite's order, not the feature).
+    wait_until(lambda: restart_cooldown_s(stack) == 0.0, 330, "restart_worker's cooldown over",
+               stack.log_tail, interval_s=5.0)  # fmt: skip
     load_s = stack.ready_at - stack.started_at  # this session's cold start: one engine load
     assert stack.ready_at and load_s > 0, (stack.started_at, stack.ready_at)
     wait_until(lambda: ready_status(stack) == 200, 300, "readiness 200", stack.log_tail)
