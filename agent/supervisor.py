@@ -13,13 +13,13 @@ it forks. A requested restart is graceful:
 3. once the whole group is gone, remove the POSIX shared memory that tree held
    (:mod:`kcops.agent.engine.shm`), then respawn at once.
 
-A restart abandoned before the kill resumes admitting. A stalled or hung engine
-cannot drain: ``restart(drain=False)`` skips 1 and SIGKILLs the group at once. A
-crash respawns after an exponential backoff; too many within the window is a crash
-loop: supervision stops and pages. The supervisor is the one owner of restarts:
-while it backs off, ``restart_worker`` is refused. How the child died is recorded
-as what is known (exit code, signal, who sent it); an out-of-memory verdict needs
-evidence and is the process watcher's (:mod:`kcops.agent.collectors.procwatch`).
+A restart abandoned before the kill resumes admitting. A stalled or hung engine cannot
+drain: ``restart(drain=False)`` skips 1 and SIGKILLs the group at once. A crash
+respawns after an exponential backoff; too many within the window is a crash loop:
+supervision stops and pages. The supervisor is the one owner of restarts: while it
+backs off, ``restart_worker`` is refused. How the child died is recorded as what is
+known (exit code, signal, who sent it); an out-of-memory verdict needs evidence and
+is the process watcher's (:mod:`kcops.agent.collectors.procwatch`).
 """
 
 from __future__ import annotations
@@ -130,14 +130,14 @@ class Supervisor:
         """Why the supervisor owns the engine's next start now, or None."""
         if self.gave_up:
             return "the engine is in a crash loop; supervision stopped"
-        if self.respawning():
-            wait = max(0.0, (self.respawn_at or 0.0) - self.clock())
-            return f"engine exited ({self.last_exit}); the supervisor respawns it in {wait:.1f}s"
-        return None
+        code, wait = self.proc and self.proc.returncode, (self.respawn_at or 0.0) - self.clock()
+        respawn = f"engine exited ({code}); the supervisor respawns it in {max(0.0, wait):.1f}s"
+        return respawn if self.respawning() else None
 
     def respawning(self) -> bool:
-        """True from an exit until the respawn (the engine comes back by itself)."""
-        return self.respawn_at is not None and not self.gave_up
+        """True from an exit (even one the next tick has yet to see) until the respawn."""
+        exited = self.proc is not None and self.proc.returncode is not None
+        return (self.respawn_at is not None or exited) and not self.gave_up and not self._stopping
 
     def pid(self) -> int | None:
         if self.proc is None or self.proc.returncode is not None:

@@ -89,6 +89,9 @@ class Ladder:
     # why it was skipped for cooldown (the guard's words).
     outcome: str | None = None
     skip_why: str | None = None
+    # When the current step was first refused for cooldown: it is tried again until its
+    # verify window has passed since, then left as skipped.
+    cooled_since: float | None = None
     # Firing instances: fingerprint -> source.
     instances: dict[str, AlertSource] = field(default_factory=dict)
     # One entry per step left behind.
@@ -239,12 +242,22 @@ def _decided(lad: Ladder, ev: Decided, retry_s: float, out: list[Decision]) -> N
     o = ev.outcome
     lad.outcome = Outcome.INTERRUPTED if o is None else o
     lad.skip_why = ev.error if o is Outcome.SKIPPED_COOLDOWN else None
-    if o is None or o in (Outcome.OK, Outcome.DRY_RUN, Outcome.SKIPPED_COOLDOWN):
-        # Cooldown: the step ran recently; give that run its window.
+    if o is None or o in (Outcome.OK, Outcome.DRY_RUN):
         lad.phase = Phase.VERIFY
         lad.verify_until = ev.now + cur.verify_s
         if cur.action == "fallback_to_base" and o in (Outcome.OK, Outcome.DRY_RUN):
             out.append(HoldRestore(ev.run_id, dict(ev.params)))
+    elif o is Outcome.SKIPPED_COOLDOWN:
+        # The step ran recently, maybe for another incident (a restart for
+        # KcopsEngineDown, then a stall): try it again as the cooldown allows, for one
+        # verify window; then leave it as skipped (a verify window that ends now).
+        lad.cooled_since = ev.now if lad.cooled_since is None else lad.cooled_since
+        if ev.now - lad.cooled_since < cur.verify_s:
+            lad.phase = Phase.RUN
+            lad.retry_at = ev.now + retry_s
+        else:
+            lad.phase = Phase.VERIFY
+            lad.verify_until = ev.now
     elif o in (Outcome.SKIPPED_BUSY, Outcome.SKIPPED_STARTING, Outcome.SKIPPED_OFF):
         lad.phase = Phase.RUN
         lad.retry_at = ev.now + retry_s
@@ -267,6 +280,7 @@ def _leave(lad: Ladder, now: float, why: str, *, ran: bool, out: list[Decision])
     lad.phase = Phase.RUN
     lad.verify_until = None
     lad.outcome = lad.skip_why = None
+    lad.cooled_since = None
     out.append(Audit("climb" if ran else "skipped", why=why))
 
 

@@ -37,6 +37,7 @@ class LadderState(_Record):
     unconfirmed_until: float | None = None
     outcome: str | None = None
     skip_why: str | None = None
+    cooled_since: float | None = None
     instances: dict[str, AlertSource] = Field(default_factory=dict, max_length=MAX_ENTRIES)
     history: list[Left] = Field(default_factory=list, max_length=MAX_ENTRIES)
 
@@ -65,6 +66,7 @@ class LadderState(_Record):
             unconfirmed_until=self.unconfirmed_until,
             outcome=self.outcome,
             skip_why=self.skip_why,
+            cooled_since=self.cooled_since,
             instances=dict(self.instances),
             history=list(self.history),
         )

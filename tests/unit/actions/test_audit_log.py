@@ -271,7 +271,8 @@ def _drive(lad: L.Ladder, outcomes: list[Outcome]) -> list[L.Decision]:
 
 
 def test_a_step_skipped_for_cooldown_is_not_audited_or_paged_as_run() -> None:
-    ds = _drive(_ladder("restart_worker"), [Outcome.SKIPPED_COOLDOWN])
+    # Refused for cooldown for a whole verify window (tried again meanwhile), then left.
+    ds = _drive(_ladder("restart_worker"), [Outcome.SKIPPED_COOLDOWN] * 2)
     end = [d for d in ds if isinstance(d, L.Audit)][-1]
     assert end.event == "nothing_ran" and end.ran == ()
     assert end.skipped is not None and end.skipped[0].startswith("restart_worker (")
@@ -283,7 +284,9 @@ def test_a_step_skipped_for_cooldown_is_not_audited_or_paged_as_run() -> None:
 
 def test_a_page_says_how_each_step_that_ran_ended() -> None:
     lad = _ladder("evict_cache", "fallback_to_base", "restart_worker")
-    ds = _drive(lad, [Outcome.OK, Outcome.SKIPPED_COOLDOWN, Outcome.FAILED])
+    ds = _drive(
+        lad, [Outcome.OK, Outcome.SKIPPED_COOLDOWN, Outcome.SKIPPED_COOLDOWN, Outcome.FAILED]
+    )
     end = [d for d in ds if isinstance(d, L.Audit)][-1]
     assert end.event == "exhausted" and end.ran == ("evict_cache", "restart_worker")
     assert end.skipped is not None and len(end.skipped) == 1
@@ -341,3 +344,13 @@ def test_the_same_page_again_is_counted_not_written_again(tmp_path: Path) -> Non
         ("page", None),
     ]
     assert len(sent) == 51 and pager.pages == 51  # every page still counted and sent
+
+
+def test_a_step_cooling_down_from_another_incident_runs_once_the_cooldown_allows() -> None:
+    """KcopsEngineDown restarted the engine; seconds later it stalls: the stall ladder's
+    restart_worker is refused for cooldown, tried again, and runs (it used to wait a
+    verify window for a run that was not its own and leave the engine stalled)."""
+    ds = _drive(_ladder("restart_worker"), [Outcome.SKIPPED_COOLDOWN, Outcome.OK])
+    assert sum(isinstance(d, L.Submit) for d in ds) == 2
+    page = next(d for d in ds if isinstance(d, L.Escalate))  # its own run not enough
+    assert "restart_worker ran" in page.message and "no remediation ran" not in page.message

@@ -61,10 +61,10 @@ CASES = [
         ["hold_restore"],
     ),
     (
-        "cooldown: it ran recently",
+        "cooldown: it ran recently: tried again as the cooldown allows",
         {"phase": R},
         L.Decided(1, Outcome.SKIPPED_COOLDOWN),
-        L.Phase.VERIFY,
+        L.Phase.RUN,
         0,
         [],
     ),

@@ -102,6 +102,14 @@ def test_an_engine_action_waits_while_the_supervisor_respawns(tmp_path: Path) ->
             first = sup.pid()
             assert first is not None
             os.kill(first, signal.SIGKILL)  # the kernel's OOM kill
+
+            async def reaped() -> bool:  # the exit known, no tick has seen it yet
+                await asyncio.sleep(0.02)
+                return sup.proc is not None and sup.proc.returncode is not None
+
+            await wait_until_async(reaped, 30, "the engine's exit status")
+            early = rem.runner.submit("lower_topn", reason="KcopsEngineOOM, same tick")
+            assert early.refusal == "starting", early  # the OOM alert can beat the tick
             await _exited(sup, clock)
             assert rem.engine.state is lc.EngineState.DOWN and sup.respawning()
             run = rem.runner.submit("lower_topn", reason="KcopsEngineOOM")
