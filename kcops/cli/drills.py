@@ -168,6 +168,12 @@ DRILLS: tuple[Drill, ...] = (
         "KcopsEngineStartSlow", "the worker restarted with its model load held back 150 s",
         c.slow_start, c.end_slow_start, fire_within_s=300, estimate_s=240,
     ),
+    Drill(
+        "KcopsBudgetMismatch", "the worker's N held below the live K(C) recommendation",
+        lambda e: None, lambda e: None, fire_within_s=0, estimate_s=0,
+        needs="a live recommendation within the demo's minutes (200 K(C) samples a layer "
+        "at its 3% probe rate, then the rule's for): not built yet (issue 25)",
+    ),
 )  # fmt: skip
 
 
