@@ -298,6 +298,7 @@ AGENT_REQUESTS = st.one_of(
         _get("/api/v1/alerts"),
         _get("/api/v1/rules"),
         _get("/api/v1/engine/ready"),
+        _get("/api/v1/kc/recommendation", refresh=query_values),
         _get("/api/v1/actions/history", since=query_values, limit=query_values),
         _get("/api/v1/query", **_INSTANT),
         _get("/api/v1/query_range", **_RANGE),
@@ -345,7 +346,7 @@ def test_every_route_is_fuzzed(tmp_path: Path) -> None:
         "/healthz", "/readyz", "/api/v1/status", "/metrics", "/api/v1/actions",
         "/api/v1/actions/history", "/api/v1/remediation", "/api/v1/actions/{name}",
         "/api/v1/alertmanager", "/api/v1/query", "/api/v1/query_range", "/api/v1/alerts",
-        "/api/v1/rules", "/api/v1/engine/ready",
+        "/api/v1/rules", "/api/v1/engine/ready", "/api/v1/kc/recommendation",
     }  # fmt: skip
     agent = Agent(parse_config({"agent": {"state_dir": str(tmp_path)}}), token="t")
     routes = {r.path for r in core_routes(agent)}  # type: ignore[attr-defined]
