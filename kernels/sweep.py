@@ -384,12 +384,15 @@ def sweep_context(
     on_row: Callable[[Row], None],
     tick: Callable[[], None] = lambda: None,
     groups_per_pass: int = GROUPS_PER_PASS,
+    kc_rows: dict[int, dict[int, dict[float, list[int]]]] | None = None,
 ) -> list[Row]:
     """All rows of one context (full attention first); rows in ``done`` are reused.
 
     Up to ``groups_per_pass`` rows (full attention in the first pass, always: the
     others' agreement needs its tokens) decode in one batch (:func:`decode_groups`);
-    then each new row's speed is timed on its own."""
+    then each new row's speed is timed on its own. ``kc_rows``, when given, receives the
+    prefill's K_p rows (kcops.kernels.sweepcal) under the context, so that the
+    calibration needs no second prefill."""
     context = seqs.shape[1] - 1
     jobs = [(p, n) for p in policies for n in ns]
     full_key = row_key(FULL, None, context)
@@ -398,7 +401,13 @@ def sweep_context(
         for _ in wanted:
             tick()
         return [done[k] for k in wanted]
-    pre = prefill(model, seqs, eval_tokens)
+    if kc_rows is None:
+        pre = prefill(model, seqs, eval_tokens)
+    else:
+        from kcops.kernels.sweepcal import P_GRID
+
+        pre = prefill(model, seqs, eval_tokens, p_grid=P_GRID)
+        kc_rows[context] = pre.rows
     layers = len(pre.kv)
     todo = [(p, n) for p, n in jobs if row_key(p, n, context) not in done]
     dense: list[int | None] = [None] * layers
@@ -441,23 +450,28 @@ class Recommendation(TypedDict, total=False):
     agreement: float
     kv_bytes_saved_ratio: float
     tokens_per_s_ratio: float
+    positions: int
     kc_coverage: dict[str, Any]  # kcops.kernels.sweepcal.coverage: the live calibration
 
 
 def recommend(rows: Sequence[Row], tolerance_points: float) -> list[Recommendation]:
-    """Per context: the smallest KV budget whose accuracy is within ``tolerance_points``
-    (percentage points) of full attention's, and what it saves."""
+    """Per context: the smallest KV budget whose accuracy loss is within ``tolerance_points``
+    (percentage points) of full attention's *with confidence* (Δ − 2 SE ≥ −tolerance,
+    SE the paired standard error), and what it saves. Where no row is confident, the
+    smallest whose point estimate is within the tolerance, marked ``within_noise``
+    (the positions cannot tell its loss from a larger one)."""
     out: list[Recommendation] = []
     for context in sorted({r.context for r in rows}):
         ctx = [r for r in rows if r.context == context]
         full = next((r for r in ctx if r.policy == FULL), None)
         if full is None:
             continue
-        ok = [
-            r
-            for r in ctx
-            if r.policy != FULL and r.accuracy >= full.accuracy - tolerance_points / 100.0
+        tol = tolerance_points / 100.0
+        budgeted = [r for r in ctx if r.policy != FULL]
+        confident = [
+            r for r in budgeted if r.accuracy - full.accuracy - 2 * r.accuracy_delta_se >= -tol
         ]
+        ok = confident or [r for r in budgeted if r.accuracy >= full.accuracy - tol]
         if not ok:
             out.append(Recommendation(context=context, policy=None, n=None, full=full.as_json()))
             continue
@@ -471,12 +485,11 @@ def recommend(rows: Sequence[Row], tolerance_points: float) -> list[Recommendati
                 n=best.n,
                 accuracy_delta_points=delta,
                 accuracy_delta_se_points=se,
-                # Δ - 2 SE below -tolerance: the positions cannot tell this budget's loss
-                # from one larger than the tolerance (more --sequences / --eval-tokens)
-                within_noise=delta - 2 * se < -tolerance_points,
+                within_noise=not confident,
                 agreement=best.agreement,
                 kv_bytes_saved_ratio=1.0 - best.kv_bytes / full.kv_bytes,
                 tokens_per_s_ratio=best.tokens_per_s / full.tokens_per_s,
+                positions=best.positions,
             )
         )
     return out

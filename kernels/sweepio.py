@@ -3,12 +3,14 @@
 Rows are appended to ``rows.jsonl`` in the output folder as soon as they are
 measured, keyed by policy, N and context, under a header line that names the
 run's settings; a second run with the same settings skips them (resume), a run
-with different settings refuses the folder rather than mixing numbers.
+with different settings refuses the folder rather than mixing numbers. Each
+invocation appends its wall time and peak RSS to ``runs.jsonl``.
 """
 
 from __future__ import annotations
 
 import csv
+import datetime
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,6 +18,7 @@ from pathlib import Path
 from kcops.kernels.sweep import FULL, Recommendation, Row, SweepError
 
 ROWS_FILE = "rows.jsonl"
+RUNS_FILE = "runs.jsonl"
 COLUMNS = (
     "policy",
     "n",
@@ -65,6 +68,26 @@ def append_row(out: Path, row: Row) -> None:
         fh.write(json.dumps(row.as_json()) + "\n")
 
 
+def run_record(began: float, measured: int) -> dict[str, object]:
+    """What one invocation cost: wall time since ``began`` (``time.monotonic``), this
+    process's peak RSS (the model, the prefill and the decode caches), rows measured."""
+    import resource
+    import time
+
+    return {
+        "finished": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "wall_s": round(time.monotonic() - began, 1),
+        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "rows_measured": measured,
+    }
+
+
+def append_run(out: Path, run: dict[str, object]) -> None:
+    """``runs.jsonl``: one line per invocation (a resumed sweep has several)."""
+    with (out / RUNS_FILE).open("a", encoding="utf-8") as fh:
+        fh.write(json.dumps(run) + "\n")
+
+
 def _full(rows: Sequence[Row], context: int) -> Row | None:
     return next((r for r in rows if r.context == context and r.policy == FULL), None)
 
@@ -86,7 +109,11 @@ def markdown(rows: Sequence[Row], rec: Sequence[Recommendation], tolerance: floa
             f"| {1000 * r.latency_s_per_token:.1f} | {r.tokens_per_s:.1f} "
             f"| {r.kv_bytes / 1024:.0f} | {kv_ratio:.3f} | {r.keys_attended:.0f} |"
         )
-    lines += ["", f"Recommendation (accuracy within {tolerance:g} point(s) of full attention):"]
+    lines += [
+        "",
+        f"Recommendation (the smallest KV whose accuracy is within {tolerance:g} point(s) of "
+        f"full attention with confidence, Δ − 2 SE ≥ −{tolerance:g}):",
+    ]
     for item in rec:
         if item.get("policy") is None:
             lines.append(f"- context {item['context']}: no budget stays within the tolerance")
@@ -98,8 +125,9 @@ def markdown(rows: Sequence[Row], rec: Sequence[Recommendation], tolerance: floa
             f"{item['agreement']:.3f}, KV bytes −{100 * item['kv_bytes_saved_ratio']:.0f}%, "
             f"decode tokens/s ×{item['tokens_per_s_ratio']:.2f}"
             + (
-                f" — within noise: Δ − 2 SE is below −{tolerance:g} pts, so these positions "
-                "cannot tell it from a larger loss (more --sequences / --eval-tokens)"
+                f" — within noise: no budget has Δ − 2 SE ≥ −{tolerance:g} pts; this is the "
+                "smallest whose Δ alone is within the tolerance, and these positions cannot "
+                "tell it from a larger loss (more --sequences / --eval-tokens)"
                 if item["within_noise"]
                 else ""
             )

@@ -6,13 +6,21 @@ the worker and import none of it."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from kcops.kernels.sweep import Row, chunks, corpus_text, recommend, sweep_context
 from kcops.kernels.sweepcal import coverage, measure_rows
-from kcops.kernels.sweepio import append_row, load_done, markdown, write_tables
+from kcops.kernels.sweepio import (
+    append_row,
+    append_run,
+    load_done,
+    markdown,
+    run_record,
+    write_tables,
+)
 
 
 def run_sweep(
@@ -45,6 +53,8 @@ def run_sweep(
     ids = tok(corpus_text(corpus, need_chars), add_special_tokens=False).input_ids
     total = len(contexts) * (1 + len(ns) * len(policies))
     rows: list[Row] = []
+    kc_rows: dict[int, dict[int, dict[float, list[int]]]] = {}  # the prefills' K_p rows
+    began = time.monotonic()
     with tqdm(total=total, desc="kc sweep", unit="row", disable=not progress) as bar:
 
         def tick() -> None:
@@ -65,16 +75,22 @@ def run_sweep(
                 done=done,
                 on_row=on_row,
                 tick=tick,
+                kc_rows=kc_rows,
             )
     rec = recommend(rows, tolerance)
     for item in rec:  # the K(C) coverage of each recommended N: the agent's calibration
         n = item.get("n")
         if n is not None:
-            kc = measure_rows(model, chunks(ids, sequences, item["context"]), eval_tokens)
+            kc = kc_rows.get(item["context"]) or measure_rows(
+                model, chunks(ids, sequences, item["context"]), eval_tokens
+            )
             item["kc_coverage"] = coverage(kc, n, item.get("policy"))
+    run = run_record(began, measured=sum(1 for r in rows if r.key not in done))
     if out is not None:
         write_tables(out, rows, rec, tolerance)
+        append_run(out, run)
     return {
+        "run": run,
         "rows": [r.as_json() for r in rows],
         "recommendation": rec,
         "markdown": markdown(rows, rec, tolerance),

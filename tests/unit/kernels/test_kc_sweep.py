@@ -196,7 +196,11 @@ def test_paired_standard_error_and_a_recommendation_within_noise() -> None:
         _row("uniform", 64, 0.495, 0.010, 63),  # -0.5 ± 1.0 pts: could be -2.5
         _row("uniform", 256, 0.50, 0.002, 250),  # 0.0 ± 0.2 pts
     ]
+    # N=64's Δ is within 1 point but not with confidence; N=256's is: it is the one
     (rec,) = recommend(rows, 1.0)
+    assert (rec["n"], rec["within_noise"]) == (256, False)
+    # with no confident row, the point estimate's choice, marked within noise
+    (rec,) = recommend(rows[:2], 1.0)
     assert (rec["n"], rec["within_noise"]) == (64, True)
     assert rec["accuracy_delta_se_points"] == pytest.approx(1.0)
     table = markdown(rows, [rec], 1.0)
@@ -274,3 +278,36 @@ def test_heavy_hitter_step_equals_eager_attention_masked_per_layer_and_head(tiny
     got = decode(model, pre, [n] * len(pre.kv), True, steps=1)["logits"][:, 0]
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     assert torch.equal(got.argmax(-1), want.argmax(-1))
+
+
+def test_the_calibration_comes_from_the_shared_prefill_and_each_run_is_recorded(
+    tiny: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The recommended N's K(C) coverage is computed from the rows' own prefill (no second
+    one), equal to a separate measurement; ``runs.jsonl`` holds each invocation's cost."""
+    from kcops.kernels import sweepcal
+    from kcops.kernels.sweeprun import run_sweep
+
+    model, tok, _ = tiny
+    kw: dict[str, Any] = dict(
+        model_name="tiny", corpus="pydoc", ns=[8, 64], contexts=[128], sequences=2,
+        policies=["uniform"], eval_tokens=6, tolerance=100.0, model=model, tok=tok,
+        progress=False,
+    )  # fmt: skip
+    calls: list[int] = []
+    real = sweepcal.measure_rows
+
+    def counting(*a: Any, **k: Any) -> Any:
+        calls.append(1)
+        return real(*a, **k)
+
+    monkeypatch.setattr("kcops.kernels.sweeprun.measure_rows", counting)
+    doc = run_sweep(out=tmp_path, **kw)
+    (rec,) = doc["recommendation"]
+    assert rec["n"] == 8 and calls == []  # tolerance 100: the smallest; no second prefill
+    ids = tok(corpus_text("pydoc", 40_000), add_special_tokens=False).input_ids
+    alone = sweepcal.coverage(real(model, chunks(ids, 2, 128), 6), 8, "uniform")
+    assert rec["kc_coverage"] == alone
+    run = json.loads((tmp_path / "runs.jsonl").read_text().splitlines()[-1])
+    assert run["rows_measured"] == 3 and run["wall_s"] > 0 and run["peak_rss_bytes"] > 10**7
+    assert doc["run"] == run
