@@ -33,7 +33,8 @@ RAMP_SECONDS = 240  # reaching RAMP_TOP in 4 min: the 10m trend then says "full 
 SEGMENT_DELAY_S = 0.15  # added to each Redis request burst: over the 50 ms p99 threshold
 HOT_TIER_BYTES = 8 * 1024**2  # the memory tier while the segment drill runs: < the hot KV
 TOKEN_DELAY_MS = 3000  # added to each decode step: over the demo's 2.5 s p99 threshold
-FLUCTUATION_MS = 3000  # added to each request: more than the demo's mean latency
+FLUCTUATION_MS = 3000  # added to each request, at least: more than a quiet demo's mean latency
+FLUCTUATION_OF_MEAN = 1.5  # ... and 1.5x the mean latency the agent sees when the drill starts
 OVERLOAD_USERS = 36  # Locust users added: requests queue behind prefills even when idle
 LOW_TOP_N = 2  # keys kept per head: far below what the traffic needs
 START_DELAY_S = DEMO_STARTUP_TIMEOUT_S + 30
@@ -229,6 +230,32 @@ def slow_start(env: DemoEnv) -> None:
 def end_slow_start(env: DemoEnv) -> None:
     env.start_delay_file.write_text("")  # the next start is normal again
     wait_new_worker(env)
+
+
+MEAN_LATENCY = (
+    "sum(rate(kcops_request_latency_seconds_sum[10m]))"
+    " / sum(rate(kcops_request_latency_seconds_count[10m]))"
+)
+
+
+def fluctuation_ms(mean_latency_s: float | None) -> int:
+    """The delay that moves the mean latency off its baseline whatever the baseline is.
+
+    A fixed 3 s did not fire on a loaded machine: with a 15 s mean, +3 s is +20% at
+    most, and the 10m baseline soon takes the delay in too. 1.5x the mean keeps the
+    1m mean over the 10m baseline's 1.2x until the baseline is two thirds delayed."""
+    if mean_latency_s is None or not mean_latency_s > 0:
+        return FLUCTUATION_MS
+    from kcops.worker.faults import MAX_LATENCY_MS
+
+    wanted = int(1000 * FLUCTUATION_OF_MEAN * mean_latency_s)
+    return int(min(MAX_LATENCY_MS, max(FLUCTUATION_MS, wanted)))
+
+
+def fluctuate(env: DemoEnv) -> None:
+    delay = fluctuation_ms(env.query(MEAN_LATENCY))
+    click.echo(f"  every request delayed {delay / 1000:.1f} s (the mean latency's 1.5x, >= 3 s)")
+    env.fault({"latency_ms": delay})
 
 
 def overload(env: DemoEnv) -> None:

@@ -93,8 +93,9 @@ DRILLS: tuple[Drill, ...] = (
     # First of the slow drills: its baseline is the mean latency of the last 10m,
     # which every later disturbance (and its recovery) moves.
     Drill(
-        "KcopsLatencyFluctuation", "every request delayed 3 s: mean latency off its baseline",
-        lambda e: e.fault({"latency_ms": c.FLUCTUATION_MS}), lambda e: e.fault({"latency_ms": 0}),
+        "KcopsLatencyFluctuation",
+        "every request delayed 1.5x the mean latency (>= 3 s): mean latency off its baseline",
+        c.fluctuate, lambda e: e.fault({"latency_ms": 0}),
         fire_within_s=420, estimate_s=240,
     ),
     Drill(

@@ -106,3 +106,25 @@ def test_a_real_cgroup_limit_is_enforced_by_the_kernel() -> None:
         assert cg.oom_kills() == before + 1
     finally:
         cg.remove()
+
+
+@pytest.mark.parametrize("baseline_s", [0.2, 1.0, 4.0, 15.0, 60.0, 300.0])
+def test_the_fluctuation_drill_moves_the_mean_past_the_rule_whatever_the_baseline(
+    baseline_s: float,
+) -> None:
+    """KcopsLatencyFluctuation: |mean(1m) / mean(10m) - 1| > 0.2. With the delay on, the 1m
+    mean is baseline + delay; the 10m baseline is a mix. The drill's delay must keep the
+    ratio over 0.2 until half the baseline's requests are delayed, on a quiet machine and
+    on a loaded one (a fixed 3 s did not fire at a 15 s mean)."""
+    from kcops.cli.drill_causes import FLUCTUATION_MS, fluctuation_ms
+    from kcops.worker.faults import MAX_LATENCY_MS
+
+    delay = fluctuation_ms(baseline_s) / 1000
+    assert FLUCTUATION_MS / 1000 <= delay <= MAX_LATENCY_MS / 1000
+    delayed_share = 0.5
+    ratio = (baseline_s + delay) / (baseline_s + delayed_share * delay) - 1
+    if delay < MAX_LATENCY_MS / 1000:  # a capped delay can only do what the cap allows
+        assert ratio > 0.2, (baseline_s, delay, ratio)
+    assert fluctuation_ms(None) == fluctuation_ms(0.0) == FLUCTUATION_MS  # no traffic yet
+    fixed = FLUCTUATION_MS / 1000
+    assert baseline_s <= 6 or (baseline_s + fixed) / (baseline_s + delayed_share * fixed) - 1 < 0.2
