@@ -96,7 +96,9 @@ DRILLS: tuple[Drill, ...] = (
         "KcopsLatencyFluctuation",
         "every request delayed 1.5x the mean latency (>= 3 s): mean latency off its baseline",
         c.fluctuate, lambda e: e.fault({"latency_ms": 0}),
-        fire_within_s=420, estimate_s=240,
+        # 4 min of the usual load first: with 20 s of history the 10m baseline is the
+        # 1m mean itself and the two rise together (the last full run never fired)
+        fire_within_s=420, estimate_s=420, history_s=240,
     ),
     Drill(
         "KcopsP99LatencyHigh",
@@ -121,7 +123,7 @@ DRILLS: tuple[Drill, ...] = (
     # agreement gauge (the last 32 checks) takes minutes of mixed traffic to recover.
     Drill(
         "KcopsAccuracyDrop", "attention budget N lowered to 2 keys: shadow agreement falls",
-        c.lower_budget, c.restore_budget, fire_within_s=600, estimate_s=300,
+        c.lower_budget, c.restore_budget, fire_within_s=600, estimate_s=300, history_s=240,
     ),
     Drill(
         "KcopsKCSurge",

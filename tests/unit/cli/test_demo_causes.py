@@ -128,3 +128,20 @@ def test_the_fluctuation_drill_moves_the_mean_past_the_rule_whatever_the_baselin
     assert fluctuation_ms(None) == fluctuation_ms(0.0) == FLUCTUATION_MS  # no traffic yet
     fixed = FLUCTUATION_MS / 1000
     assert baseline_s <= 6 or (baseline_s + fixed) / (baseline_s + delayed_share * fixed) - 1 < 0.2
+
+
+def test_a_drill_whose_rule_compares_with_a_baseline_waits_for_history() -> None:
+    """A rule over ``${baseline_window}`` compares the cause with itself when the window
+    holds no load from before it: the drill must ask for history first."""
+    import yaml
+
+    from kcops.cli.drills import DEMO_PARAMS
+
+    doc = yaml.safe_load(Path("alerts/rules.yaml").read_text())
+    rules = [r for g in doc["groups"] for r in g["rules"] if "alert" in r]
+    baseline = {r["alert"] for r in rules if "${baseline_window}" in r["expr"]}
+    assert baseline >= {"KcopsLatencyFluctuation", "KcopsKCSurge"}
+    window_s = int(str(DEMO_PARAMS["baseline_window"]).rstrip("m")) * 60
+    for drill in DRILLS:
+        if drill.alert in baseline and drill.needs is None:
+            assert drill.history_s >= window_s / 3, drill.alert
