@@ -536,6 +536,9 @@ def _add_recommend() -> None:
     from kcops.cli.kc_recommend import recommend_cmd  # torch-free, reads the agent
 
     kc_group.add_command(recommend_cmd)
+    from kcops.cli.kc_claim import claim_cmd  # reads sweep folders
+
+    kc_group.add_command(claim_cmd)
 
 
 _add_recommend()

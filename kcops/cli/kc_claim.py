@@ -1,0 +1,45 @@
+"""``kcops kc claim``: is "30–50% less KV at kept accuracy" true on these sweeps?
+
+Reads ``kc sweep --out`` folders only (no model, no torch at import beyond the
+kernels' sweep module): see :mod:`kcops.kernels.sweepclaim`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from kcops.cli.common import echo_json, handle_errors
+
+
+@click.command("claim")
+@click.argument("folders", nargs=-1, required=True, type=click.Path(file_okay=False))
+@click.option(
+    "--tolerance",
+    type=click.FloatRange(0.0, 100.0),
+    default=1.0,
+    show_default=True,
+    help="Accuracy points below full attention still counted as kept.",
+)
+@click.option(
+    "--saving",
+    type=click.FloatRange(0.0, 1.0, min_open=True, max_open=True),
+    default=0.30,
+    show_default=True,
+    help="KV bytes saved that the claim promises (the documents say 30–50%).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the verdicts as JSON.")
+@handle_errors
+def claim_cmd(folders: tuple[str, ...], tolerance: float, saving: float, as_json: bool) -> None:
+    """Decide the K(C) claim on sweep folders: per corpus and context, confirmed (a budget
+    saving SAVING of the KV keeps accuracy within TOLERANCE points with confidence,
+    Δ − 2 SE ≥ −TOLERANCE), refuted (every such budget loses more, Δ + 2 SE < −TOLERANCE)
+    or undecided; beside it the smallest KV kept within the tolerance, and the sweep's
+    wall time and peak RSS."""
+    from kcops.kernels.sweepclaim import markdown, verdicts
+
+    items = verdicts([Path(f) for f in folders], tolerance, saving)
+    if as_json:
+        echo_json([v.as_json() for v in items])
+    else:
+        click.echo(markdown(items, tolerance, saving), nl=False)

@@ -1,0 +1,229 @@
+"""``kc claim``: the source documents' claim, decided from ``kc sweep`` folders.
+
+The claim: a budget chosen from K(C) keeps the model's accuracy while cutting 30–50%
+of inference resources. Per sweep folder and context, with the paired standard error
+of each row's accuracy difference against full attention (same positions):
+
+- **confirmed**: some budget that saves at least ``saving`` of the KV bytes loses at
+  most ``tolerance`` points *with confidence* (Δ − 2 SE ≥ −tolerance);
+- **refuted**: every budget that saves that much loses more than the tolerance with
+  confidence (Δ + 2 SE < −tolerance);
+- **undecided**: neither; the positions cannot tell (more of them would).
+
+Beside the verdict: the smallest KV fraction kept within the tolerance with confidence
+(the sweep's recommendation), its Δ ± SE, KV per sequence and decode speed ratio, and
+what the sweep cost to run (``runs.jsonl``: wall time, peak RSS).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from kcops.kernels.sweep import FULL, Row, SweepError, recommend
+from kcops.kernels.sweepio import ROWS_FILE, RUNS_FILE
+
+SAVING = 0.30  # the documents' "30–50%": the claim holds from its lower end
+
+
+@dataclass
+class Verdict:
+    folder: str
+    corpus: str
+    context: int
+    positions: int
+    full_accuracy: float
+    policy: str | None  # the smallest KV within the tolerance with confidence
+    n: int | None
+    kv_fraction: float | None
+    delta_points: float | None
+    se_points: float | None
+    kv_kib_per_seq: float | None
+    tokens_per_s_ratio: float | None
+    verdict: str  # confirmed | refuted | undecided
+    why: str
+    wall_s: float | None
+    peak_rss_bytes: int | None
+
+    def as_json(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def read_folder(folder: Path) -> tuple[dict[str, object], list[Row]]:
+    """The sweep's settings and its rows (the last measurement of each key)."""
+    path = folder / ROWS_FILE
+    if not path.is_file():
+        raise SweepError(f"{folder}: no {ROWS_FILE} (give the --out folder of kc sweep)")
+    lines = path.read_text(encoding="utf-8").splitlines()
+    try:
+        head = json.loads(lines[0]) if lines else {}
+    except ValueError:
+        head = {}
+    settings = head.get("settings") if isinstance(head, dict) else None
+    if not isinstance(settings, dict):
+        raise SweepError(f"{path}: its first line is not a kc sweep settings header")
+    rows: dict[str, Row] = {}
+    for line in lines[1:]:
+        try:
+            row = Row(**json.loads(line))
+        except (ValueError, TypeError):
+            continue  # a line cut by an interrupted run
+        rows[row.key] = row
+    return settings, list(rows.values())
+
+
+def run_cost(folder: Path) -> tuple[float | None, int | None]:
+    """Total wall time and the largest peak RSS over the folder's invocations."""
+    path = folder / RUNS_FILE
+    if not path.is_file():
+        return None, None
+    runs = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            runs.append(json.loads(line))
+        except ValueError:
+            continue
+    if not runs:
+        return None, None
+    return (
+        round(sum(float(r.get("wall_s", 0.0)) for r in runs), 1),
+        max(int(r.get("peak_rss_bytes", 0)) for r in runs),
+    )
+
+
+def decide(
+    rows: Sequence[Row], tolerance: float, saving: float = SAVING
+) -> list[tuple[int, str, str]]:
+    """Per context: ``(context, verdict, why)``."""
+    out = []
+    tol = tolerance / 100.0
+    for context in sorted({r.context for r in rows}):
+        ctx = [r for r in rows if r.context == context]
+        full = next((r for r in ctx if r.policy == FULL), None)
+        if full is None or not full.kv_bytes:
+            continue
+        saving_rows = [
+            r for r in ctx if r.policy != FULL and 1.0 - r.kv_bytes / full.kv_bytes >= saving
+        ]
+        if not saving_rows:
+            out.append((context, "undecided", f"no budget in the sweep saves {saving:.0%}"))
+            continue
+
+        base = full.accuracy
+
+        def lo(r: Row, base: float = base) -> float:
+            return r.accuracy - base - 2 * r.accuracy_delta_se
+
+        def hi(r: Row, base: float = base) -> float:
+            return r.accuracy - base + 2 * r.accuracy_delta_se
+
+        good = [r for r in saving_rows if lo(r) >= -tol]
+        if good:
+            best = max(good, key=lambda r: 1.0 - r.kv_bytes / full.kv_bytes)
+            why = (
+                f"{best.policy} N={best.n} saves {1 - best.kv_bytes / full.kv_bytes:.0%} "
+                f"with Δ − 2 SE = {100 * lo(best):+.1f} ≥ −{tolerance:g} pts"
+            )
+            out.append((context, "confirmed", why))
+        elif all(hi(r) < -tol for r in saving_rows):
+            closest = max(saving_rows, key=hi)
+            why = (
+                f"every budget saving ≥ {saving:.0%} loses more than {tolerance:g} pts with "
+                f"confidence (the closest, {closest.policy} N={closest.n}: Δ + 2 SE = "
+                f"{100 * hi(closest):+.1f})"
+            )
+            out.append((context, "refuted", why))
+        else:
+            open_rows = [r for r in saving_rows if hi(r) >= -tol]
+            why = (
+                f"{len(open_rows)} budget(s) saving ≥ {saving:.0%} could be within "
+                f"{tolerance:g} pts but none is with confidence (more positions)"
+            )
+            out.append((context, "undecided", why))
+    return out
+
+
+def verdicts(folders: Sequence[Path], tolerance: float, saving: float = SAVING) -> list[Verdict]:
+    out: list[Verdict] = []
+    for folder in folders:
+        settings, rows = read_folder(folder)
+        wall, rss = run_cost(folder)
+        recs = {r["context"]: r for r in recommend(rows, tolerance)}
+        for context, verdict, why in decide(rows, tolerance, saving):
+            full = next(r for r in rows if r.context == context and r.policy == FULL)
+            rec = recs.get(context, {})
+            confident = rec.get("policy") is not None and not rec.get("within_noise", True)
+            row = next(
+                (
+                    r
+                    for r in rows
+                    if confident
+                    and r.context == context
+                    and (r.policy, r.n) == (rec.get("policy"), rec.get("n"))
+                ),
+                None,
+            )
+            out.append(
+                Verdict(
+                    folder=str(folder),
+                    corpus=str(settings.get("corpus")),
+                    context=context,
+                    positions=full.positions,
+                    full_accuracy=full.accuracy,
+                    policy=row.policy if row else None,
+                    n=row.n if row else None,
+                    kv_fraction=row.kv_bytes / full.kv_bytes if row else None,
+                    delta_points=100 * (row.accuracy - full.accuracy) if row else None,
+                    se_points=100 * row.accuracy_delta_se if row else None,
+                    kv_kib_per_seq=row.kv_bytes / 1024 if row else None,
+                    tokens_per_s_ratio=(
+                        row.tokens_per_s / full.tokens_per_s if row and full.tokens_per_s else None
+                    ),
+                    verdict=verdict,
+                    why=why,
+                    wall_s=wall,
+                    peak_rss_bytes=rss,
+                )
+            )
+    return out
+
+
+def markdown(items: Sequence[Verdict], tolerance: float, saving: float = SAVING) -> str:
+    lines = [
+        f"| corpus | context | positions | full acc | smallest KV within {tolerance:g} pt "
+        "(confident) | KV fraction | Δ ± SE (pts) | KV MiB/seq | decode tokens/s vs full "
+        f"| ≥ {saving:.0%} saving at kept accuracy | wall | peak RSS |",
+        "|---|---:|---:|---:|---|---:|---:|---:|---:|---|---:|---:|",
+    ]
+    for v in items:
+        pick = f"{v.policy} N={v.n}" if v.policy else "none"
+        lines.append(
+            f"| {v.corpus} | {v.context} | {v.positions} | {v.full_accuracy:.3f} | {pick} "
+            f"| {_f(v.kv_fraction, '.3f')} "
+            f"| {_pm(v.delta_points, v.se_points)} "
+            f"| {_f(v.kv_kib_per_seq and v.kv_kib_per_seq / 1024, '.1f')} "
+            f"| {_f(v.tokens_per_s_ratio, '.2f', '×')} | **{v.verdict}**: {v.why} "
+            f"| {_dur(v.wall_s)} | {_gb(v.peak_rss_bytes)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _f(x: float | None, fmt: str, prefix: str = "") -> str:
+    return "—" if x is None else f"{prefix}{x:{fmt}}"
+
+
+def _pm(d: float | None, se: float | None) -> str:
+    return "—" if d is None or se is None else f"{d:+.1f} ± {se:.1f}"
+
+
+def _gb(b: int | None) -> str:
+    return "—" if not b else f"{b / 1024**3:.1f} GB"
+
+
+def _dur(s: float | None) -> str:
+    if s is None:
+        return "—"
+    m, sec = divmod(round(s), 60)
+    return f"{m} min {sec:02d} s"
