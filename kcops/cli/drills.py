@@ -48,6 +48,10 @@ class Drill:
     # Seconds of the demo's usual load wanted before the cause: a rule that compares
     # with a baseline window would otherwise compare the cause with itself.
     history_s: float = 0.0
+    # Seconds its alert may stay active once the cause is gone: a rule that compares
+    # with a baseline window sees the cause in the baseline until the window passes it
+    # (|1m / 10m - 1| then reads the recovery as a fluctuation the other way).
+    settle_s: float = 0.0
 
 
 @dataclass
@@ -59,6 +63,7 @@ class DrillResult:
     resolved: bool = False
     note: str = ""
     relieved: bool | None = None  # for drills with a ``relief``: did the action do it
+    settle_by: float | None = None  # wall clock by which its alert should be inactive
 
     @property
     def ok(self) -> bool:
@@ -81,6 +86,8 @@ DEMO_PARAMS = {
 # shipped 5m and 10m would make thirteen drills take an hour and a half).
 DEMO_MAX_FOR = "2m"
 DEMO_MAX_KEEP_FIRING_FOR = "1m"
+# the demo's 10m baseline window, its 1m keep_firing_for, and margin
+BASELINE_SETTLE_S = 600 + 60 + 90
 QUIET_WITHIN_S = 240  # an alert's 1m rate window plus its keep_firing_for, and margin
 RELIEF_WITHIN_S = 300  # a ladder's first steps and their verify windows
 
@@ -98,7 +105,7 @@ DRILLS: tuple[Drill, ...] = (
         c.fluctuate, lambda e: e.fault({"latency_ms": 0}),
         # 4 min of the usual load first: with 20 s of history the 10m baseline is the
         # 1m mean itself and the two rise together (the last full run never fired)
-        fire_within_s=420, estimate_s=420, history_s=240,
+        fire_within_s=420, estimate_s=420, history_s=240, settle_s=BASELINE_SETTLE_S,
     ),
     Drill(
         "KcopsP99LatencyHigh",
@@ -271,6 +278,8 @@ def run_drill(env: DemoEnv, drill: Drill) -> DrillResult:
         click.echo(f"  {exc}")
     finally:
         drill.stop(env)
+        if drill.settle_s:
+            res.settle_by = time.time() + drill.settle_s
     return res
 
 
@@ -306,6 +315,8 @@ def settle(env: DemoEnv, results: list[DrillResult], timeout_s: float) -> None:
     pending = [r for r in results if r.fired]
     if not pending:
         return
+    # A baseline rule's alert stays active until its window has passed the cause.
+    timeout_s = max([timeout_s] + [r.settle_by - time.time() for r in pending if r.settle_by])
 
     def all_resolved() -> bool:
         for r in pending:

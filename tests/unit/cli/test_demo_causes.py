@@ -142,6 +142,38 @@ def test_a_drill_whose_rule_compares_with_a_baseline_waits_for_history() -> None
     baseline = {r["alert"] for r in rules if "${baseline_window}" in r["expr"]}
     assert baseline >= {"KcopsLatencyFluctuation", "KcopsKCSurge"}
     window_s = int(str(DEMO_PARAMS["baseline_window"]).rstrip("m")) * 60
+    # |x / baseline - 1|: the recovery reads as a fluctuation until the window passes it
+    both_ways = {r["alert"] for r in rules if "abs(" in r["expr"]} & baseline
+    assert "KcopsLatencyFluctuation" in both_ways
     for drill in DRILLS:
         if drill.alert in baseline and drill.needs is None:
             assert drill.history_s >= window_s / 3, drill.alert
+        if drill.alert in both_ways:
+            assert drill.settle_s >= window_s + 60, drill.alert
+
+
+def test_settling_waits_for_a_baseline_drill_past_its_window(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from kcops.cli import drills
+
+    class Env:
+        def __init__(self) -> None:
+            self.asked = 0
+
+        def alert_state(self, alert: str) -> str:
+            self.asked += 1
+            return "firing" if self.asked < 3 else "inactive"
+
+    res = drills.DrillResult("KcopsLatencyFluctuation", fired=True)
+    res.settle_by = time.time() + 30
+    seen: list[float] = []
+    real = drills.wait
+
+    def spy(what: str, timeout_s: float, *a: object, **k: object) -> object:
+        seen.append(timeout_s)
+        return real(what, timeout_s, *a, **k)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(drills, "wait", spy)
+    drills.settle(Env(), [res], timeout_s=5)  # type: ignore[arg-type]
+    assert res.resolved and 25 < seen[0] <= 30
