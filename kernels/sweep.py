@@ -81,6 +81,14 @@ class Row:
     keys_attended: float
     positions: int
     budgets: list[int | None]
+    # the same difference's standard error over sequence means (positions of one
+    # sequence share its context and are not independent); None in older sweeps
+    accuracy_delta_se_seq: float | None = None
+
+    @property
+    def delta_se(self) -> float:
+        """The error the recommendation trusts: the larger of the two."""
+        return max(self.accuracy_delta_se, self.accuracy_delta_se_seq or 0.0)
 
     @property
     def key(self) -> str:
@@ -346,6 +354,7 @@ def score_row(
         context=context,
         accuracy=float((pred == pre.target).float().mean()),
         accuracy_delta_se=paired_se(pred, agree, pre.target),
+        accuracy_delta_se_seq=paired_se_by_sequence(pred, agree, pre.target),
         agreement=float((pred == agree).float().mean()),
         perplexity=float(math.exp(float(nll))),
         latency_s_per_token=res["step_s"],
@@ -364,6 +373,17 @@ def paired_se(pred: torch.Tensor, full_pred: torch.Tensor, target: torch.Tensor)
     positions where exactly one of the two is right move it."""
     d = ((pred == target).double() - (full_pred == target).double()).flatten()
     return float(d.std() / math.sqrt(d.numel())) if d.numel() > 1 else 0.0
+
+
+def paired_se_by_sequence(
+    pred: torch.Tensor, full_pred: torch.Tensor, target: torch.Tensor
+) -> float | None:
+    """The paired difference's standard error over the S sequences' mean differences
+    (a cluster-robust estimate: a sequence's positions share its text); None below 2."""
+    d = (pred == target).double() - (full_pred == target).double()  # (S, E)
+    if d.dim() != 2 or d.shape[0] < 2:
+        return None
+    return float(d.mean(dim=1).std() / math.sqrt(d.shape[0]))
 
 
 def _timed(
@@ -457,7 +477,8 @@ class Recommendation(TypedDict, total=False):
 def recommend(rows: Sequence[Row], tolerance_points: float) -> list[Recommendation]:
     """Per context: the smallest KV budget whose accuracy loss is within ``tolerance_points``
     (percentage points) of full attention's *with confidence* (Δ − 2 SE ≥ −tolerance,
-    SE the paired standard error), and what it saves. Where no row is confident, the
+    SE the larger of the paired standard errors by position and by sequence:
+    :attr:`Row.delta_se`), and what it saves. Where no row is confident, the
     smallest whose point estimate is within the tolerance, marked ``within_noise``
     (the positions cannot tell its loss from a larger one)."""
     out: list[Recommendation] = []
@@ -468,16 +489,14 @@ def recommend(rows: Sequence[Row], tolerance_points: float) -> list[Recommendati
             continue
         tol = tolerance_points / 100.0
         budgeted = [r for r in ctx if r.policy != FULL]
-        confident = [
-            r for r in budgeted if r.accuracy - full.accuracy - 2 * r.accuracy_delta_se >= -tol
-        ]
+        confident = [r for r in budgeted if r.accuracy - full.accuracy - 2 * r.delta_se >= -tol]
         ok = confident or [r for r in budgeted if r.accuracy >= full.accuracy - tol]
         if not ok:
             out.append(Recommendation(context=context, policy=None, n=None, full=full.as_json()))
             continue
         best = min(ok, key=lambda r: (r.kv_bytes, r.n or 0, POLICIES.index(r.policy)))
         delta = 100.0 * (best.accuracy - full.accuracy)
-        se = 100.0 * best.accuracy_delta_se
+        se = 100.0 * best.delta_se
         out.append(
             Recommendation(
                 context=context,

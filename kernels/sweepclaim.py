@@ -114,10 +114,10 @@ def decide(
         base = full.accuracy
 
         def lo(r: Row, base: float = base) -> float:
-            return r.accuracy - base - 2 * r.accuracy_delta_se
+            return r.accuracy - base - 2 * r.delta_se
 
         def hi(r: Row, base: float = base) -> float:
-            return r.accuracy - base + 2 * r.accuracy_delta_se
+            return r.accuracy - base + 2 * r.delta_se
 
         good = [r for r in saving_rows if lo(r) >= -tol]
         if good:
@@ -176,7 +176,7 @@ def verdicts(folders: Sequence[Path], tolerance: float, saving: float = SAVING) 
                     n=row.n if row else None,
                     kv_fraction=row.kv_bytes / full.kv_bytes if row else None,
                     delta_points=100 * (row.accuracy - full.accuracy) if row else None,
-                    se_points=100 * row.accuracy_delta_se if row else None,
+                    se_points=100 * row.delta_se if row else None,
                     kv_kib_per_seq=row.kv_bytes / 1024 if row else None,
                     tokens_per_s_ratio=(
                         row.tokens_per_s / full.tokens_per_s if row and full.tokens_per_s else None

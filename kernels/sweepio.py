@@ -25,6 +25,7 @@ COLUMNS = (
     "context",
     "accuracy",
     "accuracy_delta_se",
+    "accuracy_delta_se_seq",
     "agreement",
     "perplexity",
     "latency_s_per_token",
@@ -104,7 +105,7 @@ def markdown(rows: Sequence[Row], rec: Sequence[Recommendation], tolerance: floa
         kv_ratio = r.kv_bytes / full.kv_bytes if full and full.kv_bytes else 1.0
         lines.append(
             f"| {r.policy} | {r.n if r.n is not None else '—'} | {r.context} "
-            f"| {r.accuracy:.3f} | {d_acc:+.1f} ± {100 * r.accuracy_delta_se:.1f} "
+            f"| {r.accuracy:.3f} | {d_acc:+.1f} ± {100 * r.delta_se:.1f} "
             f"| {r.agreement:.3f} | {r.perplexity:.2f} "
             f"| {1000 * r.latency_s_per_token:.1f} | {r.tokens_per_s:.1f} "
             f"| {r.kv_bytes / 1024:.0f} | {kv_ratio:.3f} | {r.keys_attended:.0f} |"

@@ -311,3 +311,29 @@ def test_the_calibration_comes_from_the_shared_prefill_and_each_run_is_recorded(
     run = json.loads((tmp_path / "runs.jsonl").read_text().splitlines()[-1])
     assert run["rows_measured"] == 3 and run["wall_s"] > 0 and run["peak_rss_bytes"] > 10**7
     assert doc["run"] == run
+
+
+def test_the_error_by_sequence_counts_when_one_text_holds_the_losses() -> None:
+    """Positions of one sequence share its text: when all the losses sit in one of them,
+    the per-sequence error is larger than the per-position one, and the recommendation
+    trusts the larger."""
+    import statistics
+
+    from kcops.kernels.sweep import paired_se, paired_se_by_sequence, recommend
+
+    target = torch.ones(4, 50, dtype=torch.long)
+    full = target.clone()
+    pred = target.clone()
+    pred[0, :6] = 0  # six losses, all in sequence 0
+    by_pos = paired_se(pred, full, target)
+    by_seq = paired_se_by_sequence(pred, full, target)
+    assert by_seq == pytest.approx(statistics.stdev([-6 / 50, 0, 0, 0]) / 2)
+    assert by_seq is not None and by_seq > by_pos
+    assert paired_se_by_sequence(pred[:1], full[:1], target[:1]) is None
+    loss = -6 / 200
+    rows = [_row(FULL, None, 0.5, 0.0, 1000), _row("uniform", 64, 0.5 + loss, by_pos, 100)]
+    rows[1].accuracy_delta_se_seq = by_seq
+    # by position alone it passes a 6-point tolerance with confidence, by sequence not
+    assert 100 * (loss - 2 * by_pos) >= -6 > 100 * (loss - 2 * by_seq)
+    (rec,) = recommend(rows, 6.0)
+    assert rec["within_noise"] and rec["accuracy_delta_se_points"] == pytest.approx(100 * by_seq)
