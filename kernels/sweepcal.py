@@ -63,17 +63,9 @@ def measure_rows(
     return prefill(model, seqs, eval_tokens, p_grid=P_GRID).rows
 
 
-def coverage(
-    rows: Mapping[int, Mapping[float, Sequence[int]]],
-    n: int,
-    policy: str | None,
-    probe_p: float = PROBE_P,
-) -> dict[str, Any]:
-    """The K(C) coverage that matches ``n``: per p of the grid, the call quantile at which
-    the live-style uniform N equals ``n`` (over the non-dense layers when ``policy`` is
-    ``dense_first``, else over all), and the entry for ``probe_p`` as ``p``/``quantile``."""
-    dense = DENSE_FIRST if policy == "dense_first" else frozenset()
-    used = sorted(i for i in rows if i not in dense)
+def _by_p(
+    rows: Mapping[int, Mapping[float, Sequence[int]]], used: Sequence[int], n: int
+) -> dict[str, dict[str, Any]]:
     by_p: dict[str, dict[str, Any]] = {}
     for p in sorted({p for i in used for p in rows[i]}):
         hists = {str(i): bucket_counts(rows[i][p], KC_BOUNDS) for i in used}
@@ -83,16 +75,50 @@ def coverage(
             "match": how,
             "uniform_n_at_0.95": round(uniform_at(0.95, hists, KC_BOUNDS), 1),
         }
+    return by_p
+
+
+def coverage(
+    rows: Mapping[int, Mapping[float, Sequence[int]]],
+    n: int,
+    policy: str | None,
+    probe_p: float = PROBE_P,
+) -> dict[str, Any]:
+    """The K(C) coverage that matches ``n``: per p of the grid, the call quantile at which
+    the live-style uniform N equals ``n`` (over the non-dense layers when ``policy`` is
+    ``dense_first``, else over all), and the entry for ``probe_p`` as ``p``/``quantile``.
+
+    ``by_layers`` has the same for both layer sets (``all``; ``non_dense``: all but
+    ``DENSE_FIRST``): the live recommendation takes its uniform N over the layers the
+    engine budgets (the reference worker keeps 0 and 1 dense by default, whatever the
+    sweep's policy), and its quantile must be matched over the same layers. Over all
+    layers SmolLM2's layer 0 (K_0.9 ~ 0.9 of the context on every row) makes any N
+    below it ``below_all``."""
+    dense = DENSE_FIRST if policy == "dense_first" else frozenset()
+    sets = {
+        "all": sorted(rows),
+        "non_dense": sorted(i for i in rows if i not in DENSE_FIRST),
+    }
+    by_layers: dict[str, dict[str, Any]] = {
+        name: {"dense_layers": sorted(DENSE_FIRST) if name == "non_dense" else [],
+               "by_p": _by_p(rows, used, n)}
+        for name, used in sets.items()
+        if used
+    }  # fmt: skip
+    name = "non_dense" if dense else "all"
+    used = sets[name]
+    by_p = by_layers.get(name, {}).get("by_p", {})
     main = by_p.get(f"{probe_p:g}")
     return {
         "p": probe_p,
         "quantile": main["quantile"] if main else None,
         "match": main["match"] if main else None,
         "n": n,
-        "layers": "non_dense" if dense else "all",
+        "layers": name,
         "dense_layers": sorted(dense),
         "samples_per_layer": min(
             (len(rows[i][probe_p]) for i in used if probe_p in rows[i]), default=0
         ),
         "by_p": by_p,
+        "by_layers": by_layers,
     }

@@ -14,6 +14,7 @@ import datetime
 import json
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from kcops.kernels.sweep import FULL, Recommendation, Row, SweepError
 
@@ -139,8 +140,18 @@ def markdown(rows: Sequence[Row], rec: Sequence[Recommendation], tolerance: floa
                 f"  - K(C) coverage of N={item['n']} (the live recommendation's calibration): "
                 f"K_{cov['p']:g} at call quantile {cov['quantile']:.3f} ({cov['match']}, "
                 f"{cov['layers']} layers, {cov['samples_per_layer']} rows a layer)"
+                + _other_layers(cov)
             )
     return "\n".join(lines) + "\n"
+
+
+def _other_layers(cov: dict[str, Any]) -> str:
+    """The coverage over the other layer set (``by_layers``), when the sweep recorded it."""
+    other = "non_dense" if cov.get("layers") == "all" else "all"
+    got = ((cov.get("by_layers") or {}).get(other) or {}).get("by_p", {}).get(f"{cov['p']:g}")
+    if not got:
+        return ""
+    return f"; over {other} layers: call quantile {got['quantile']:.3f} ({got['match']})"
 
 
 def write_tables(

@@ -44,8 +44,38 @@ def read_sweep(path: Path, context: int | None = None) -> dict[str, Any]:
     return dict(best)
 
 
-def from_entry(entry: Calibration, probe_p: float) -> Coverage:
-    """A configured calibration as a Coverage; raises ConfigError for an unusable file."""
+def _for_layers(
+    cov: dict[str, Any], over: str | None, dense: frozenset[int] | None
+) -> tuple[dict[str, Any], list[str]]:
+    """The sweep's ``by_p`` matched over the layer set ``over`` (the live uniform N's), when
+    the sweep recorded it (``by_layers``), else its policy's; and notes on a mismatch."""
+    notes: list[str] = []
+    sets = cov.get("by_layers") or {}
+    got = sets.get(over) if over is not None else None
+    if isinstance(got, dict):
+        want = sorted(dense or ())
+        if over == "non_dense" and dense is not None and got.get("dense_layers") != want:
+            notes.append(
+                f"the sweep's non-dense layers leave out {got.get('dense_layers')}, "
+                f"the engine keeps {want} dense"
+            )
+        return dict(got.get("by_p") or {}), notes
+    if over is not None and cov.get("layers") not in (None, over):
+        notes.append(
+            f"the sweep matched its N over {cov.get('layers')} layers, the live uniform N "
+            f"covers {over} layers (rerun kc sweep with this version)"
+        )
+    return dict(cov.get("by_p") or {}), notes
+
+
+def from_entry(
+    entry: Calibration,
+    probe_p: float,
+    over: str | None = None,
+    dense: frozenset[int] | None = None,
+) -> Coverage:
+    """A configured calibration as a Coverage, for a live uniform N over ``over`` (``all``,
+    ``non_dense``; None: the sweep's own set); raises ConfigError for an unusable file."""
     if entry.file is None:
         assert entry.p is not None and entry.quantile is not None  # the model validator
         notes: tuple[str, ...] = ()
@@ -59,26 +89,35 @@ def from_entry(entry: Calibration, probe_p: float) -> Coverage:
             f"{entry.file}: the sweep's recommendation has no kc_coverage "
             "(rerun kc sweep with this version)"
         )
-    by_p = cov.get("by_p") or {}
+    by_p, caveats = _for_layers(cov, over, dense)
     got = by_p.get(f"{probe_p:g}")
     if not isinstance(got, dict) or got.get("quantile") is None:
         raise ConfigError(f"{entry.file}: no coverage at the probe's p={probe_p:g}")
-    caveats: list[str] = []
     if got.get("match") != "exact":
         caveats.append(
             f"the sweep's N={rec.get('n')} is {got.get('match')} of its calls' K_{probe_p:g}: "
             "the coverage is a bound, not a match"
         )
-    source = f"{entry.file} (context {rec.get('context')}, N={rec.get('n')}, {rec.get('policy')})"
+    layers = over if over in (cov.get("by_layers") or {}) else cov.get("layers")
+    source = (
+        f"{entry.file} (context {rec.get('context')}, N={rec.get('n')}, {rec.get('policy')}, "
+        f"matched over {layers} layers)"
+    )
     return Coverage(probe_p, float(got["quantile"]), True, source, tuple(caveats))
 
 
-def coverage_for(cfg: RecommendationSection, model: str | None) -> Coverage:
-    """The coverage for ``model`` under ``cfg``; uncalibrated when none is configured."""
+def coverage_for(
+    cfg: RecommendationSection,
+    model: str | None,
+    over: str | None = None,
+    dense: frozenset[int] | None = None,
+) -> Coverage:
+    """The coverage for ``model`` under ``cfg`` for a uniform N over ``over``;
+    uncalibrated when none is configured."""
     entry = cfg.calibration.get(model) if model is not None else None
     if entry is None:
         notes: tuple[str, ...] = ()
         if cfg.calibration:
             notes = (f"no calibration for model {model!r} (configured: {sorted(cfg.calibration)})",)
         return Coverage(cfg.p, cfg.quantile, False, "default", notes)
-    return from_entry(entry, cfg.p)
+    return from_entry(entry, cfg.p, over, dense)

@@ -19,7 +19,14 @@ from aiohttp import web
 
 from kcops.agent.kcrec.calibration import coverage_for
 from kcops.agent.kcrec.capacity import capacity
-from kcops.agent.kcrec.compute import OK, Coverage, Inputs, recommend, topn_coverage
+from kcops.agent.kcrec.compute import (
+    OK,
+    Coverage,
+    Inputs,
+    recommend,
+    resolve_over,
+    topn_coverage,
+)
 from kcops.agent.kcrec.window import int_layers, latest_max, latest_sum, window_buckets
 from kcops.agent.samples import SeriesKey
 from kcops.errors import KcopsError
@@ -110,15 +117,16 @@ class Recommender:
         start = now - window
         configured = self.configured(now, state, state_error)
         model = cfg.model or configured.get("model")
-        try:
-            cov = coverage_for(cfg, model)
-        except KcopsError as exc:  # a calibration file changed under a running agent
-            cov = Coverage(cfg.p, cfg.quantile, False, "default", (f"calibration: {exc}",))
         kc = window_buckets(store, "kcops_kc_tokens", "layer", start, now)
         topn = window_buckets(store, "kcops_topn_mass_ratio", "n", start, now)
         dense = configured.get("dense_layers")
         inp = Inputs(kc, topn, frozenset(dense) if dense is not None else None)
-        rec = recommend(inp, cov, min_samples=cfg.min_samples, uniform_over=cfg.uniform_over)
+        over = resolve_over(cfg.uniform_over, kc, inp.dense_layers)
+        try:  # the calibration matched over the layers this uniform N covers
+            cov = coverage_for(cfg, model, over, inp.dense_layers)
+        except KcopsError as exc:  # a calibration file changed under a running agent
+            cov = Coverage(cfg.p, cfg.quantile, False, "default", (f"calibration: {exc}",))
+        rec = recommend(inp, cov, min_samples=cfg.min_samples, uniform_over=over)
         uni = rec["uniform"]
         n_rec = uni["tokens"] if rec["status"] == OK and uni else None
         layer_ids = int_layers(kc)

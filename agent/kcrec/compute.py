@@ -9,7 +9,7 @@ says which layers and how many, and recommends nothing.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,10 +58,7 @@ def recommend(
 ) -> dict[str, Any]:
     """The document's recommendation part: ``status``, ``layers``, ``uniform``, ``reason``."""
     dense = inp.dense_layers or frozenset()
-    over = uniform_over
-    if over == "auto":  # the non-dense layers, when the engine keeps some layers dense
-        some = any(not (lay.isdigit() and int(lay) in dense) for lay in inp.kc)
-        over = "non_dense" if dense and some else "all"
+    over = resolve_over(uniform_over, inp.kc, inp.dense_layers)
     layers: list[dict[str, Any]] = []
     quants: dict[str, Quantile] = {}
     short: list[str] = []
@@ -109,6 +106,16 @@ def recommend(
     }
     out.update(status=OK, reason=None)
     return out
+
+
+def resolve_over(uniform_over: str, layers: Iterable[str], dense: frozenset[int] | None) -> str:
+    """``all`` or ``non_dense``: ``auto`` is the non-dense layers when the engine keeps some
+    layers dense (and budgets some), else all."""
+    if uniform_over != "auto":
+        return uniform_over
+    dense = dense or frozenset()
+    some = any(not (lay.isdigit() and int(lay) in dense) for lay in layers)
+    return "non_dense" if dense and some else "all"
 
 
 def topn_coverage(

@@ -115,13 +115,19 @@ def lines(doc: dict[str, Any], sweep: dict[str, Any] | None) -> list[str]:
         out.append(f"configured: no top-N budget known (full attention?): {why}")
     if sweep is not None:
         cov = sweep.get("kc_coverage") or {}
+        live = str(doc.get("uniform_over"))
+        sets = cov.get("by_layers") or {}
+        by = (sets.get(live) or {}).get("by_p", {}).get(f"{cov.get('p'):g}")
+        if by and live != cov.get("layers"):  # matched over the layers the live N covers
+            cov = {**cov, "quantile": by["quantile"], "match": by["match"], "layers": live}
         same = sweep.get("model") in (None, doc.get("model"))
         out.append(
             f"offline sweep ({sweep['folder']}, model {sweep.get('model') or 'unknown'}"
             f"{'' if same else ', NOT the served model'}): context {sweep['context']}: "
             f"{sweep['policy']} N={sweep['n']}"
             + (
-                f", K(C) coverage K_{cov['p']:g} at call quantile {cov['quantile']:.3f}"
+                f", K(C) coverage K_{cov['p']:g} at call quantile {cov['quantile']:.3f} "
+                f"({cov.get('match')}, {cov.get('layers')} layers)"
                 if cov.get("quantile") is not None
                 else ", no K(C) coverage recorded (rerun kc sweep)"
             )

@@ -92,6 +92,21 @@ def test_sweep_coverage_matches_its_n_over_the_layers_the_policy_budgets() -> No
     assert dense["layers"] == "non_dense" and dense["dense_layers"] == [0, 1]
 
 
+def test_sweep_coverage_is_matched_over_both_layer_sets() -> None:
+    # layer 0 spreads its mass over every key (K_p near the context), as SmolLM2's does:
+    # over all layers any smaller N is below_all; over the non-dense ones it matches
+    rng = random.Random(2)
+    rows = {0: {0.9: [rng.randint(700, 950) for _ in range(256)]}}
+    rows |= {i: {0.9: [rng.randint(10, 300 + 40 * i) for _ in range(256)]} for i in (1, 2, 3)}
+    cov = coverage(rows, 256, "uniform")
+    assert cov["layers"] == "all" and cov["match"] == "below_all"
+    assert cov["by_layers"]["all"]["by_p"] == cov["by_p"]
+    nd = cov["by_layers"]["non_dense"]
+    assert nd["dense_layers"] == [0, 1] and nd["by_p"]["0.9"]["match"] == "exact"
+    hists = {str(i): bucket_counts(rows[i][0.9], B) for i in (2, 3)}
+    assert abs(uniform_at(nd["by_p"]["0.9"]["quantile"], hists, B) - 256) < 0.5
+
+
 # -- the store's window --------------------------------------------------------------
 
 
@@ -226,6 +241,40 @@ def test_calibration_from_a_sweep_folder(tmp_path: Path) -> None:
     doc = r.compute(T0 + 1000, dict(STATE))
     assert doc["calibration"]["status"] == "calibrated" and doc["quantile"] == 0.8
     assert "N=64" in doc["calibration"]["source"]
+
+
+def test_calibration_is_matched_over_the_layers_the_live_n_covers(tmp_path: Path) -> None:
+    sweep = tmp_path / "kc-run"
+    sweep.mkdir()
+    by = {
+        "all": {"dense_layers": [], "by_p": {"0.9": {"quantile": 0.001, "match": "below_all"}}},
+        "non_dense": {"dense_layers": [0, 1], "by_p": {"0.9": {"quantile": 0.3, "match": "exact"}}},
+    }
+    cov = {"p": 0.9, "quantile": 0.001, "match": "below_all", "layers": "all",
+           "by_p": by["all"]["by_p"], "by_layers": by}  # fmt: skip
+    rec = [{"context": 256, "policy": "uniform", "n": 64, "kc_coverage": cov}]
+    (sweep / "recommendation.json").write_text(json.dumps(rec))
+    r = make(tmp_path, {"calibration": {"tiny": {"file": str(sweep)}}, "min_samples": 10})
+    feed(r.ctx.store, layer_values(5, 300), T0 + 900)
+    # the engine keeps layers 0 and 1 dense: the live N covers layer 2, matched over non-dense
+    doc = r.compute(T0 + 1000, {**STATE, "dense_layers": [0, 1]})
+    assert doc["uniform_over"] == "non_dense" and doc["quantile"] == 0.3
+    assert "matched over non_dense layers" in doc["calibration"]["source"]
+    assert doc["calibration"]["notes"] == []
+    # the engine keeps only layer 0 dense: still non-dense, and the mismatch is noted
+    doc = r.compute(T0 + 1000, dict(STATE))
+    assert doc["quantile"] == 0.3 and "engine keeps [0] dense" in doc["calibration"]["notes"][0]
+    # every layer budgeted: matched over all (a bound here, and noted as one)
+    doc = r.compute(T0 + 1000, {**STATE, "dense_layers": []})
+    assert doc["uniform_over"] == "all" and doc["quantile"] == 0.001
+    assert "below_all" in doc["calibration"]["notes"][0]
+    # a file from before by_layers: its own set, and the mismatch noted
+    del cov["by_layers"]
+    (sweep / "recommendation.json").write_text(json.dumps(rec))
+    doc = r.compute(T0 + 1000, {**STATE, "dense_layers": [0, 1]})
+    assert doc["quantile"] == 0.001
+    assert any("over all layers, the live uniform N covers non_dense" in x
+               for x in doc["calibration"]["notes"])  # fmt: skip
 
 
 def test_a_calibration_file_that_cannot_be_read_refuses_the_start(tmp_path: Path) -> None:
