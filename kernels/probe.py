@@ -13,6 +13,7 @@ engine.
 from __future__ import annotations
 
 import logging
+import math
 import random
 import threading
 import time
@@ -36,6 +37,8 @@ log = logging.getLogger("kcops.kernels")
 
 # Deferred GPU readings waiting for the flush; beyond this many the oldest go.
 MAX_DEFERRED = 4096
+# The skip count of a probe that never samples (sample_rate 0).
+NEVER = 1 << 62
 
 
 @dataclass
@@ -90,6 +93,8 @@ class Probe:
         self.patches: dict[str, Patch] = {}
         self._rate = config.sample_rate
         self._rng = random.Random(config.seed)
+        self._skip = self._draw_skip()  # unsampled calls before the next sampled one
+        self._check = config.check_every_call
         self._local = threading.local()
         self._deferred: deque[tuple[Any, Any]] = deque(maxlen=MAX_DEFERRED)
         self._names: dict[str, str] = {}
@@ -145,6 +150,18 @@ class Probe:
             name = self._names[layer] = f"kcops.attention.layer{layer}"
         return name
 
+    def _draw_skip(self) -> int:
+        """How many calls go unsampled before the next sampled one: a geometric draw, so
+        that every call is still sampled with probability ``sample_rate``, independently,
+        but the hot path pays a draw per *sampled* call, not per call."""
+        rate = self._rate
+        if rate <= 0.0:
+            return NEVER
+        if rate >= 1.0:
+            return 0
+        u = 1.0 - self._rng.random()  # (0, 1]
+        return min(NEVER, int(math.log(u) / math.log1p(-rate)))
+
     def busy(self) -> bool:
         """True while an instrumented call runs on this thread."""
         return getattr(self._local, "busy", False)
@@ -163,35 +180,54 @@ class Probe:
     ) -> Any:
         """Run ``fn(*args, **kwargs)`` for ``layer`` and measure it. Returns its result
         unchanged. A call made while another instrumented call runs on the same thread (an
-        integration calling another, e.g. transformers' sdpa calling torch's) passes through."""
+        integration calling another, e.g. transformers' sdpa calling torch's) passes through.
+
+        Every call is counted, runs inside its NVTX range and has its output checked for
+        NaN/Inf; a sampled one (see :meth:`_draw_skip`) is also timed and measured for K(C)
+        in :meth:`_observe_sampled`. The unsampled path is written out here, in one frame:
+        it runs on every attention call."""
         local = self._local
         if getattr(local, "busy", False):
             return fn(*args, **kwargs)
+        self.aggregator.call(layer, context_tokens)
+        skip = self._skip
         local.busy = True
         try:
-            return self._observe(
-                layer, fn, args, kwargs, context_tokens, device_tensor, output_of, kc_inputs
+            if skip:
+                self._skip = skip - 1
+                ranges = self.ranges
+                ranges.push(self.range_name(layer))
+                try:
+                    out = fn(*args, **kwargs)
+                except Exception:
+                    self.aggregator.error("exception")
+                    raise
+                finally:
+                    ranges.pop()
+                if self._check:
+                    self._measure(layer, out, output_of, None)
+                return out
+            self._skip = self._draw_skip()
+            return self._observe_sampled(
+                layer, fn, args, kwargs, device_tensor, output_of, kc_inputs
             )
         finally:
             local.busy = False
 
-    def _observe(
+    def _observe_sampled(
         self,
         layer: str,
         fn: Callable[..., Any],
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
-        context_tokens: int | None,
         device_tensor: torch.Tensor | None,
         output_of: Callable[[Any], torch.Tensor | None],
         kc_inputs: Callable[[], KcInputs | None] | None,
     ) -> Any:
-        self.aggregator.call(layer, context_tokens)
-        sampled = self._rate > 0.0 and self._rng.random() < self._rate
         cuda = device_tensor is not None and device_tensor.is_cuda
-        if sampled and cuda and torch.cuda.is_current_stream_capturing():
-            # CUDA graph capture: events and K(C) results would be graph-internal
-            sampled = False
+        sampled = not (cuda and torch.cuda.is_current_stream_capturing())
+        # under CUDA graph capture events and K(C) results would be graph-internal: the
+        # call is only counted and checked, like an unsampled one
         start_ev: Any = None
         t0 = 0
         self.ranges.push(self.range_name(layer))
@@ -216,7 +252,7 @@ class Probe:
                     self.aggregator.observe_seconds((time.perf_counter_ns() - t0) / 1e9)
         finally:
             self.ranges.pop()
-        if sampled or self.config.check_every_call:
+        if sampled or self._check:
             self._measure(layer, out, output_of, kc_inputs if sampled else None)
         return out
 
