@@ -100,6 +100,11 @@ class ErrorCheck:
             self._pending_dev = []
         self._check_device(pending)
 
+    def check_cpu_group(self, group: list[torch.Tensor]) -> None:
+        """Check small, floating, non-empty CPU outputs now, as one group (the probe's
+        unsampled calls, gathered by the probe itself)."""
+        self._check_cpu(group)
+
     def _check_cpu(self, group: list[torch.Tensor]) -> None:
         """One reduction for the group; the exact test per tensor only if it flags."""
         if group and not _all_finite(group):

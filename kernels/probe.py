@@ -27,7 +27,7 @@ import torch
 from kcops.kernels import attribution
 from kcops.kernels.aggregate import Aggregator
 from kcops.kernels.config import ProbeConfig
-from kcops.kernels.errcheck import ErrorCheck
+from kcops.kernels.errcheck import GROUP_CALLS, SMALL_NUMEL, ErrorCheck
 from kcops.kernels.kc import KcResult, KcRow, kc_rows
 from kcops.kernels.publisher import Publisher
 from kcops.kernels.ranges import Ranges
@@ -97,6 +97,8 @@ class Probe:
         self._check = config.check_every_call
         self._local = threading.local()
         self._deferred: deque[tuple[Any, Any]] = deque(maxlen=MAX_DEFERRED)
+        # unsampled calls not counted yet: (layer, context tokens, small CPU output or None)
+        self._pending: deque[tuple[str, int | None, torch.Tensor | None]] = deque()
         self._names: dict[str, str] = {}
         self._p0 = config.p_values[0]
         self._active = False
@@ -139,6 +141,7 @@ class Probe:
         publisher identity and thread."""
         if self._active:
             self._local = threading.local()
+            self._pending.clear()  # the parent counts its own calls
             self.aggregator.after_fork_in_child()
             self.publisher.after_fork_in_child()
 
@@ -182,37 +185,83 @@ class Probe:
         unchanged. A call made while another instrumented call runs on the same thread (an
         integration calling another, e.g. transformers' sdpa calling torch's) passes through.
 
-        Every call is counted, runs inside its NVTX range and has its output checked for
-        NaN/Inf; a sampled one (see :meth:`_draw_skip`) is also timed and measured for K(C)
-        in :meth:`_observe_sampled`. The unsampled path is written out here, in one frame:
-        it runs on every attention call."""
+        Every call is counted, runs inside its NVTX range (when a tool listens) and has its
+        output checked for NaN/Inf; a sampled one (see :meth:`_draw_skip`) is also timed
+        and measured for K(C) in :meth:`_observe_sampled`.
+
+        The unsampled path runs on every attention call, between kernels that evict it from
+        the CPU's caches, so what it costs is mostly how much code and data it touches: it
+        is written out here in one frame, and it only appends ``(layer, context, output)``
+        to a queue; every ``GROUP_CALLS`` calls (and before every flush) :meth:`_settle`
+        counts the queued calls and checks their outputs together."""
         local = self._local
         if getattr(local, "busy", False):
             return fn(*args, **kwargs)
-        self.aggregator.call(layer, context_tokens)
         skip = self._skip
+        if not skip:
+            self._skip = self._draw_skip()
+            local.busy = True
+            try:
+                self.aggregator.call(layer, context_tokens)
+                return self._observe_sampled(
+                    layer, fn, args, kwargs, device_tensor, output_of, kc_inputs
+                )
+            finally:
+                local.busy = False
+        self._skip = skip - 1
+        ranges: Ranges | None = self.ranges
+        if not self.ranges.active:
+            ranges = None
+        if ranges is not None:
+            ranges.push(self.range_name(layer))
         local.busy = True
         try:
-            if skip:
-                self._skip = skip - 1
-                ranges = self.ranges
-                ranges.push(self.range_name(layer))
-                try:
-                    out = fn(*args, **kwargs)
-                except Exception:
-                    self.aggregator.error("exception")
-                    raise
-                finally:
-                    ranges.pop()
-                if self._check:
-                    self._measure(layer, out, output_of, None)
-                return out
-            self._skip = self._draw_skip()
-            return self._observe_sampled(
-                layer, fn, args, kwargs, device_tensor, output_of, kc_inputs
-            )
+            out = fn(*args, **kwargs)
+        except Exception:
+            self.aggregator.call(layer, context_tokens)
+            self.aggregator.error("exception")
+            raise
         finally:
             local.busy = False
+            if ranges is not None:
+                ranges.pop()
+        tensor = None
+        if self._check:
+            try:
+                tensor = output_of(out)
+                if tensor is not None and (not tensor.is_cpu or tensor.numel() > SMALL_NUMEL):
+                    # on an accelerator (no sync there) or large (not worth pinning): now
+                    self.errcheck.check(tensor)
+                    tensor = None
+            except Exception as exc:
+                self._measure_failed(exc)
+                tensor = None
+        pending = self._pending
+        pending.append((layer, context_tokens, tensor))
+        if len(pending) >= GROUP_CALLS:
+            self._settle()
+        return out
+
+    def _settle(self) -> None:
+        """Count the queued unsampled calls and check their small CPU outputs as one group
+        (:meth:`ErrorCheck.check_cpu_group`). Engine threads and the publisher may settle
+        at once: each queued call is taken by one of them."""
+        pending = self._pending
+        batch: list[tuple[str, int | None, torch.Tensor | None]] = []
+        try:
+            for _ in range(len(pending)):
+                batch.append(pending.popleft())
+        except IndexError:  # another thread took the rest
+            pass
+        if not batch:
+            return
+        self.aggregator.call_many([(layer, tokens) for layer, tokens, _ in batch])
+        try:
+            outs = [t for _, _, t in batch if t is not None and t.is_floating_point() and t.numel()]
+            if outs:
+                self.errcheck.check_cpu_group(outs)
+        except Exception as exc:
+            self._measure_failed(exc)
 
     def _observe_sampled(
         self,
@@ -272,9 +321,12 @@ class Probe:
                 if inputs is not None:
                     self._kc(layer, inputs)
         except Exception as exc:
-            self._internal_error()
-            if self.internal_errors == 1:
-                log.warning("kcops probe: measuring failed (reported once): %r", exc)
+            self._measure_failed(exc)
+
+    def _measure_failed(self, exc: Exception) -> None:
+        self._internal_error()
+        if self.internal_errors == 1:
+            log.warning("kcops probe: measuring failed (reported once): %r", exc)
 
     def _internal_error(self) -> None:
         """Count a failure of the probe's own measuring, here and in the next frame."""
@@ -333,6 +385,7 @@ class Probe:
             except Exception:
                 self._internal_error()
         try:
+            self._settle()
             self.errcheck.drain()
         except Exception:
             self._internal_error()
