@@ -16,9 +16,9 @@ A large output (a prefill) is checked on its own at once: there the reduction's
 cost is small against the call, and holding it would pin memory.
 
 On a GPU nothing on the hot path syncs: one ``torch._foreach_norm(ord=inf)``
-(one fused kernel there) takes each output's max-abs, and a group (or a large output) adds its
-count of NaN / Inf calls to a per-device flag tensor, and the publisher thread
-reads the flags at flush. A call whose output holds both NaN and Inf counts as
+(one fused kernel there) takes each output's max-abs, a group (or a large
+output) adds its count of NaN / Inf calls to a per-device flag tensor, and the
+publisher thread reads the flags at flush. A call whose output holds both NaN and Inf counts as
 ``nan`` there (the max-abs is NaN).
 
 Pending outputs are checked at the latest by :meth:`ErrorCheck.drain`, which

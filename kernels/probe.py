@@ -209,9 +209,7 @@ class Probe:
             finally:
                 local.busy = False
         self._skip = skip - 1
-        ranges: Ranges | None = self.ranges
-        if not self.ranges.active:
-            ranges = None
+        ranges: Ranges | None = self.ranges if self.ranges.active else None
         if ranges is not None:
             ranges.push(self.range_name(layer))
         local.busy = True
@@ -239,7 +237,10 @@ class Probe:
         pending = self._pending
         pending.append((layer, context_tokens, tensor))
         if len(pending) >= GROUP_CALLS:
-            self._settle()
+            try:
+                self._settle()
+            except Exception as exc:  # the probe must not break the engine
+                self._measure_failed(exc)
         return out
 
     def _settle(self) -> None:
