@@ -53,6 +53,18 @@ class Aggregator:
                 h.counts[bisect_left(h.bounds, context_tokens)] += 1
                 h.sum += context_tokens
 
+    def call_many(self, calls: list[tuple[str, int | None]]) -> None:
+        """:meth:`call` for each ``(layer, context_tokens)``, under one lock."""
+        with self._lock:
+            counts = self.calls
+            h = self.hist[wire.CONTEXT_TOKENS]
+            bounds, buckets = h.bounds, h.counts
+            for layer, tokens in calls:
+                counts[layer] = counts.get(layer, 0) + 1
+                if tokens is not None:
+                    buckets[bisect_left(bounds, tokens)] += 1
+                    h.sum += tokens
+
     def error(self, kind: str, n: int = 1) -> None:
         with self._lock:
             self.errors[kind] += n

@@ -22,9 +22,9 @@ class ProbeConfig:
     - ``sample_rate``: share of attention calls (0..1) that get timing and K(C). The
       default, 0.003, samples about one call in 11 decode steps of a 30-layer model.
       Measured on a CPU decode step of SmolLM2 at 512 tokens (docs/benchmarks.md,
-      "Probe decode ratio"): the probe costs 1.027x on average at 0.003 (1.039x at
-      0.01), of which sampling is about 0.3 points; the rest is the per-call wrappers and
-      NaN/Inf check (NVTX ranges alone: 1.008-1.021x).
+      "Probe decode ratio"): the probe cost 1.027x on average at 0.003 (1.039x at
+      0.01), of which sampling is about 0.3 points; the rest is the per-call path, which
+      issue 26 cut from 39 to 21 Python-level calls per attention call.
     - ``rows``: query rows recomputed per sampled call: ``"last"`` (the decode
       row), ``"all"`` (every row; for ``kc measure`` only, costs a full
       attention matrix) or an int N (N rows spread evenly, the last included).

@@ -13,6 +13,7 @@ engine.
 from __future__ import annotations
 
 import logging
+import math
 import random
 import threading
 import time
@@ -26,7 +27,7 @@ import torch
 from kcops.kernels import attribution
 from kcops.kernels.aggregate import Aggregator
 from kcops.kernels.config import ProbeConfig
-from kcops.kernels.errcheck import ErrorCheck
+from kcops.kernels.errcheck import GROUP_CALLS, SMALL_NUMEL, ErrorCheck
 from kcops.kernels.kc import KcResult, KcRow, kc_rows
 from kcops.kernels.publisher import Publisher
 from kcops.kernels.ranges import Ranges
@@ -36,6 +37,8 @@ log = logging.getLogger("kcops.kernels")
 
 # Deferred GPU readings waiting for the flush; beyond this many the oldest go.
 MAX_DEFERRED = 4096
+# The skip count of a probe that never samples (sample_rate 0).
+NEVER = 1 << 62
 
 
 @dataclass
@@ -90,8 +93,12 @@ class Probe:
         self.patches: dict[str, Patch] = {}
         self._rate = config.sample_rate
         self._rng = random.Random(config.seed)
+        self._skip = self._draw_skip()  # unsampled calls before the next sampled one
+        self._check = config.check_every_call
         self._local = threading.local()
         self._deferred: deque[tuple[Any, Any]] = deque(maxlen=MAX_DEFERRED)
+        # unsampled calls not counted yet: (layer, context tokens, small CPU output or None)
+        self._pending: deque[tuple[str, int | None, torch.Tensor | None]] = deque()
         self._names: dict[str, str] = {}
         self._p0 = config.p_values[0]
         self._active = False
@@ -134,6 +141,7 @@ class Probe:
         publisher identity and thread."""
         if self._active:
             self._local = threading.local()
+            self._pending.clear()  # the parent counts its own calls
             self.aggregator.after_fork_in_child()
             self.publisher.after_fork_in_child()
 
@@ -144,6 +152,18 @@ class Probe:
         if name is None:
             name = self._names[layer] = f"kcops.attention.layer{layer}"
         return name
+
+    def _draw_skip(self) -> int:
+        """How many calls go unsampled before the next sampled one: a geometric draw, so
+        that every call is still sampled with probability ``sample_rate``, independently,
+        but the hot path pays a draw per *sampled* call, not per call."""
+        rate = self._rate
+        if rate <= 0.0:
+            return NEVER
+        if rate >= 1.0:
+            return 0
+        u = 1.0 - self._rng.random()  # (0, 1]
+        return min(NEVER, int(math.log(u) / math.log1p(-rate)))
 
     def busy(self) -> bool:
         """True while an instrumented call runs on this thread."""
@@ -163,35 +183,101 @@ class Probe:
     ) -> Any:
         """Run ``fn(*args, **kwargs)`` for ``layer`` and measure it. Returns its result
         unchanged. A call made while another instrumented call runs on the same thread (an
-        integration calling another, e.g. transformers' sdpa calling torch's) passes through."""
+        integration calling another, e.g. transformers' sdpa calling torch's) passes through.
+
+        Every call is counted, runs inside its NVTX range (when a tool listens) and has its
+        output checked for NaN/Inf; a sampled one (see :meth:`_draw_skip`) is also timed
+        and measured for K(C) in :meth:`_observe_sampled`.
+
+        The unsampled path runs on every attention call, between kernels that evict it from
+        the CPU's caches, so what it costs is mostly how much code and data it touches: it
+        is written out here in one frame, and it only appends ``(layer, context, output)``
+        to a queue; every ``GROUP_CALLS`` calls (and before every flush) :meth:`_settle`
+        counts the queued calls and checks their outputs together."""
         local = self._local
         if getattr(local, "busy", False):
             return fn(*args, **kwargs)
+        skip = self._skip
+        if not skip:
+            self._skip = self._draw_skip()
+            local.busy = True
+            try:
+                self.aggregator.call(layer, context_tokens)
+                return self._observe_sampled(
+                    layer, fn, args, kwargs, device_tensor, output_of, kc_inputs
+                )
+            finally:
+                local.busy = False
+        self._skip = skip - 1
+        ranges: Ranges | None = self.ranges if self.ranges.active else None
+        if ranges is not None:
+            ranges.push(self.range_name(layer))
         local.busy = True
         try:
-            return self._observe(
-                layer, fn, args, kwargs, context_tokens, device_tensor, output_of, kc_inputs
-            )
+            out = fn(*args, **kwargs)
+        except Exception:
+            self.aggregator.call(layer, context_tokens)
+            self.aggregator.error("exception")
+            raise
         finally:
             local.busy = False
+            if ranges is not None:
+                ranges.pop()
+        tensor = None
+        if self._check:
+            try:
+                tensor = output_of(out)
+                if tensor is not None and (not tensor.is_cpu or tensor.numel() > SMALL_NUMEL):
+                    # on an accelerator (no sync there) or large (not worth pinning): now
+                    self.errcheck.check(tensor)
+                    tensor = None
+            except Exception as exc:
+                self._measure_failed(exc)
+                tensor = None
+        pending = self._pending
+        pending.append((layer, context_tokens, tensor))
+        if len(pending) >= GROUP_CALLS:
+            try:
+                self._settle()
+            except Exception as exc:  # the probe must not break the engine
+                self._measure_failed(exc)
+        return out
 
-    def _observe(
+    def _settle(self) -> None:
+        """Count the queued unsampled calls and check their small CPU outputs as one group
+        (:meth:`ErrorCheck.check_cpu_group`). Engine threads and the publisher may settle
+        at once: each queued call is taken by one of them."""
+        pending = self._pending
+        batch: list[tuple[str, int | None, torch.Tensor | None]] = []
+        try:
+            for _ in range(len(pending)):
+                batch.append(pending.popleft())
+        except IndexError:  # another thread took the rest
+            pass
+        if not batch:
+            return
+        self.aggregator.call_many([(layer, tokens) for layer, tokens, _ in batch])
+        try:
+            outs = [t for _, _, t in batch if t is not None and t.is_floating_point() and t.numel()]
+            if outs:
+                self.errcheck.check_cpu_group(outs)
+        except Exception as exc:
+            self._measure_failed(exc)
+
+    def _observe_sampled(
         self,
         layer: str,
         fn: Callable[..., Any],
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
-        context_tokens: int | None,
         device_tensor: torch.Tensor | None,
         output_of: Callable[[Any], torch.Tensor | None],
         kc_inputs: Callable[[], KcInputs | None] | None,
     ) -> Any:
-        self.aggregator.call(layer, context_tokens)
-        sampled = self._rate > 0.0 and self._rng.random() < self._rate
         cuda = device_tensor is not None and device_tensor.is_cuda
-        if sampled and cuda and torch.cuda.is_current_stream_capturing():
-            # CUDA graph capture: events and K(C) results would be graph-internal
-            sampled = False
+        sampled = not (cuda and torch.cuda.is_current_stream_capturing())
+        # under CUDA graph capture events and K(C) results would be graph-internal: the
+        # call is only counted and checked, like an unsampled one
         start_ev: Any = None
         t0 = 0
         self.ranges.push(self.range_name(layer))
@@ -216,7 +302,7 @@ class Probe:
                     self.aggregator.observe_seconds((time.perf_counter_ns() - t0) / 1e9)
         finally:
             self.ranges.pop()
-        if sampled or self.config.check_every_call:
+        if sampled or self._check:
             self._measure(layer, out, output_of, kc_inputs if sampled else None)
         return out
 
@@ -236,9 +322,12 @@ class Probe:
                 if inputs is not None:
                     self._kc(layer, inputs)
         except Exception as exc:
-            self._internal_error()
-            if self.internal_errors == 1:
-                log.warning("kcops probe: measuring failed (reported once): %r", exc)
+            self._measure_failed(exc)
+
+    def _measure_failed(self, exc: Exception) -> None:
+        self._internal_error()
+        if self.internal_errors == 1:
+            log.warning("kcops probe: measuring failed (reported once): %r", exc)
 
     def _internal_error(self) -> None:
         """Count a failure of the probe's own measuring, here and in the next frame."""
@@ -297,6 +386,7 @@ class Probe:
             except Exception:
                 self._internal_error()
         try:
+            self._settle()
             self.errcheck.drain()
         except Exception:
             self._internal_error()

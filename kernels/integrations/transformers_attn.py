@@ -64,12 +64,13 @@ def wrap_attention(probe: Probe, fn: AttentionFn) -> AttentionFn:
                 bool(getattr(module, "is_causal", True)),
             )
 
+        shape = getattr(key, "shape", None)
         return probe.observe(
             layer,
             fn,
             (module, query, key, value, attention_mask, *args),
             kw,
-            context_tokens=int(key.shape[-2]) if hasattr(key, "shape") else None,
+            context_tokens=shape[-2] if shape is not None else None,  # torch.Size: ints
             device_tensor=query,
             output_of=_first,
             kc_inputs=kc_inputs,

@@ -143,6 +143,50 @@ def test_nan_counted_once_per_affected_call() -> None:
     assert probe.internal_errors == 0
 
 
+@pytest.mark.parametrize("rate", [0.0, kernels.ProbeConfig().sample_rate])
+def test_nan_counted_on_every_unsampled_call(rate: float) -> None:
+    """At the default rate (and with no sampling at all) a NaN in one layer's output is
+    counted on every call, though almost no call is sampled: 40 forwards, 120 calls, more
+    than three check groups and a partial one."""
+    from transformers.modeling_utils import AttentionInterface
+    from transformers.models.llama.modeling_llama import eager_attention_forward
+
+    def nan_out(module: Any, *args: Any, **kwargs: Any) -> Any:
+        out, weights = eager_attention_forward(module, *args, **kwargs)
+        if module.layer_idx == 2:  # the last layer: NaN cannot spread to a later one
+            out = out.clone()
+            out[0, -1, 0, 0] = float("nan")
+        return out, weights
+
+    AttentionInterface.register("kcops_test_nan_out", nan_out)
+    model = tiny_llama("eager", layers=3)
+    model.config._attn_implementation = "kcops_test_nan_out"
+    probe = kernels.install(cfg(sample_rate=rate))
+    with torch.no_grad():
+        for _ in range(40):
+            model(text_ids(6))
+    probe.resolve_pending()
+    assert probe.aggregator.errors == {"nan": 40, "inf": 0, "exception": 0}
+    assert probe.aggregator.calls == {"0": 40, "1": 40, "2": 40}
+    sampled = probe.aggregator.hist[wire.ATTENTION_SECONDS].count
+    assert sampled == 0 if rate == 0.0 else sampled <= 10
+    assert probe.internal_errors == 0
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_sampled_share_follows_the_rate(seed: int) -> None:
+    """The sampler draws a geometric skip count per sampled call instead of a random number
+    per call; every call is still sampled with probability ``sample_rate``: 4,000 calls at
+    0.1 give 400 sampled, binomial SD 19, within 5 SD."""
+    probe = kernels.install(cfg(sample_rate=0.1, seed=seed, integrations=("torch_sdpa",)))
+    q = torch.randn(1, 2, 3, 4)
+    for _ in range(4000):
+        torch.nn.functional.scaled_dot_product_attention(q, q, q)
+    probe.resolve_pending()
+    assert probe.aggregator.calls == {wire.UNKNOWN_LAYER: 4000}
+    assert 305 <= probe.aggregator.hist[wire.ATTENTION_SECONDS].count <= 495
+
+
 def test_kernel_exception_counted_and_reraised() -> None:
     from transformers.modeling_utils import AttentionInterface
 
@@ -174,6 +218,7 @@ def test_function_registered_after_install_is_instrumented() -> None:
     model.config._attn_implementation = "kcops_test_late"
     with torch.no_grad():
         model(text_ids(8))
+    probe.resolve_pending()
     assert seen == [0, 1]
     assert probe.aggregator.calls == {"0": 1, "1": 1}
     assert {layer for layer, _ in probe.records} == {"0", "1"}
@@ -190,6 +235,7 @@ def test_install_is_idempotent_and_uninstall_restores() -> None:
     model = tiny_llama("sdpa")
     with torch.no_grad():
         model(text_ids(8))
+    a.resolve_pending()
     assert a.aggregator.calls == {"0": 1, "1": 1}  # not counted twice
     kernels.uninstall()
     assert kernels.get_probe() is None
@@ -205,6 +251,7 @@ def test_plain_torch_sdpa() -> None:
     v = torch.randn(1, 4, 5, 8)
     ref = torch.nn.functional.scaled_dot_product_attention
     out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    probe.resolve_pending()
     assert probe.aggregator.calls == {wire.UNKNOWN_LAYER: 1}
     kernels.uninstall()
     assert torch.equal(out, ref.__wrapped__(q, k, v, is_causal=True))  # type: ignore[attr-defined]
@@ -215,6 +262,8 @@ def test_nvtx_ranges_pushed(monkeypatch: pytest.MonkeyPatch) -> None:
     probe = kernels.install(cfg(integrations=("torch_sdpa",)))
     names: list[str] = []
     monkeypatch.setattr(probe.ranges, "push", names.append)
+    monkeypatch.setattr(probe.ranges, "pop", lambda: None)
+    monkeypatch.setattr(probe.ranges, "active", True)  # as with a tool attached
     q = torch.randn(1, 2, 3, 4)
     torch.nn.functional.scaled_dot_product_attention(q, q, q)
     assert names == ["kcops.attention.layerunknown"]

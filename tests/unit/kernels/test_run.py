@@ -42,7 +42,7 @@ def test_child_process_is_instrumented(tmp_path: Path) -> None:
     code = (
         "import torch, kcops.kernels as k; p = k.get_probe(); q = torch.ones(1, 1, 2, 4);"
         "torch.nn.functional.scaled_dot_product_attention(q, q, q);"
-        "print(dict(p.aggregator.calls))"
+        "p.resolve_pending(); print(dict(p.aggregator.calls))"
     )
     out = subprocess.run(
         [sys.executable, "-m", "kcops.kernels.run", "--", sys.executable, "-c", code],
