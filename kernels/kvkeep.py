@@ -56,6 +56,10 @@ class KeptLayer(DynamicLayer):
         self.heavy = True  # False: sinks + recent window only (StreamingLLM)
         self.valid: torch.Tensor | None = None
         self.score: torch.Tensor | None = None
+        # Each slot's position, for a layer whose rows have no padding (``kc sweep``):
+        # with it, a decode step's cut moves the new key into the evicted one's slot
+        # instead of re-gathering the layer (:func:`evict`); slots leave position order.
+        self.pos: torch.Tensor | None = None
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
@@ -67,6 +71,9 @@ class KeptLayer(DynamicLayer):
             b, h = self.valid.shape[:2]
             self.valid = torch.cat([self.valid, self.valid.new_ones(b, h, new)], dim=-1)
             self.score = torch.cat([self.score, self.score.new_zeros(b, h, new)], dim=-1)
+            if self.pos is not None:
+                at = torch.arange(self.logical - new, self.logical).expand(b, h, new)
+                self.pos = torch.cat([self.pos, at], dim=-1)
         return out
 
     def get_seq_length(self) -> int:
@@ -80,6 +87,8 @@ class KeptLayer(DynamicLayer):
         if self.valid is not None and self.score is not None:
             self.valid = self.valid.index_select(0, indices)
             self.score = self.score.index_select(0, indices)
+            if self.pos is not None:
+                self.pos = self.pos.index_select(0, indices)
 
     @property
     def nbytes(self) -> int:
@@ -92,6 +101,12 @@ class KeptLayer(DynamicLayer):
         if self.valid is None or self.score is None or self.keys is None or self.values is None:
             raise ValueError("compress needs scores: prefill the layer under capture_scores()")
         if self.keys.shape[-2] <= n:
+            return
+        if self.pos is not None:
+            self.keys, self.values, self.valid, self.score, self.pos = select_by_pos(
+                self.keys, self.values, self.valid, self.score, self.pos, n, self.logical,
+                heavy=self.heavy,
+            )  # fmt: skip
             return
         self.keys, self.values, self.valid, self.score = select(
             self.keys, self.values, self.valid, self.score, n, heavy=self.heavy
@@ -121,6 +136,62 @@ def select(
     return _take(keys, idx), _take(values, idx), valid.gather(-1, idx), score.gather(-1, idx)
 
 
+def _priority(
+    valid: torch.Tensor, score: torch.Tensor, pos: torch.Tensor, n: int, logical: int, heavy: bool
+) -> torch.Tensor:
+    """:func:`select`'s priorities from slot positions (rows without padding): the
+    sinks are positions below ``sinks``, the recent window the last ``recent`` of
+    ``logical`` positions; both +inf, invalid slots -inf, the rest their score."""
+    sinks, recent = split_budget(n)
+    if not heavy:
+        recent = n - sinks
+    forced = valid & ((pos < sinks) | (pos >= logical - recent))
+    return score.float().masked_fill(~valid, float("-inf")).masked_fill(forced, float("inf"))
+
+
+def select_by_pos(
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    valid: torch.Tensor,
+    score: torch.Tensor,
+    pos: torch.Tensor,
+    n: int,
+    logical: int,
+    *,
+    heavy: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`select` for slots that carry their positions (any slot order)."""
+    pri = _priority(valid, score, pos, n, logical, heavy)
+    idx = pri.topk(n, dim=-1).indices.sort(dim=-1).values
+    return (
+        _take(keys, idx),
+        _take(values, idx),
+        valid.gather(-1, idx),
+        score.gather(-1, idx),
+        pos.gather(-1, idx),
+    )
+
+
+def drop_one(layer: KeptLayer, n: int) -> None:
+    """A decode step's cut of a layer holding ``n + 1`` keys: the lowest-priority slot
+    (the one :func:`select` would drop) takes the newest key, and the layer ends at
+    ``n`` slots (a view): no re-gather of the layer's keys and values."""
+    assert layer.keys is not None and layer.values is not None
+    assert layer.valid is not None and layer.score is not None and layer.pos is not None
+    pri = _priority(layer.valid, layer.score, layer.pos, n, layer.logical, layer.heavy)
+    victim = pri.argmin(dim=-1, keepdim=True)  # (B, Hkv, 1)
+    for name in ("valid", "score", "pos"):
+        t = getattr(layer, name)
+        t.scatter_(-1, victim, t[..., -1:])
+        setattr(layer, name, t[..., :n])
+    d = layer.keys.shape[-1]
+    at = victim[..., None].expand(*victim.shape, d)
+    for name in ("keys", "values"):
+        t = getattr(layer, name)
+        t.scatter_(-2, at, t[..., -1:, :])
+        setattr(layer, name, t[..., :n, :])
+
+
 def _take(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     """``x.gather(-2, idx[..., None].expand(..., D))`` as one row ``index_select`` of the
     flattened tensor: on a CPU ten times faster than gather with an expanded index."""
@@ -139,6 +210,12 @@ def evict(layers: Sequence[object], budgets: Sequence[int | None]) -> None:
     groups: dict[tuple[int, bool, tuple[int, ...], torch.dtype], list[KeptLayer]] = {}
     for layer, n in zip(layers, budgets, strict=True):
         if not isinstance(layer, KeptLayer) or layer.score is None or n is None:
+            continue
+        if layer.pos is not None and layer.keys is not None and layer.keys.shape[-2] == n + 1:
+            drop_one(layer, n)  # a step's cut: one slot, no gather
+            continue
+        if layer.pos is not None:
+            layer.compress(n)
             continue
         if layer.keys is not None and layer.keys.shape[-2] > n:
             shape = (n, layer.heavy, tuple(layer.keys.shape), layer.keys.dtype)

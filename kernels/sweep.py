@@ -249,6 +249,7 @@ def _kept_layer(pre: Prefilled, i: int, n: int | None, heavy: bool) -> KeptLayer
     if n is not None:
         layer.valid = torch.ones(k.shape[:3], dtype=torch.bool)
         layer.score = pre.scores[i].float().clone()
+        layer.pos = torch.arange(k.shape[-2]).expand(*k.shape[:3]).clone()
         layer.heavy = heavy
         layer.compress(n)
     return layer

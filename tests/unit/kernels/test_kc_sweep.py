@@ -337,3 +337,40 @@ def test_the_error_by_sequence_counts_when_one_text_holds_the_losses() -> None:
     assert 100 * (loss - 2 * by_pos) >= -6 > 100 * (loss - 2 * by_seq)
     (rec,) = recommend(rows, 6.0)
     assert rec["within_noise"] and rec["accuracy_delta_se_points"] == pytest.approx(100 * by_seq)
+
+
+def test_a_step_cut_in_place_equals_the_cut_by_gather(tiny: Any) -> None:
+    """The sweep's decode cut (the new key takes the evicted slot) keeps the same keys
+    as re-gathering in position order (the worker's cut): same logits for every step,
+    same KV and keys attended, for heavy-hitter and window layers."""
+    from kcops.kernels import sweep as sw
+    from kcops.kernels.sweep import decode, prefill
+
+    model, _, seqs = tiny
+    pre = prefill(model, seqs, EVAL)
+    real = sw._kept_layer
+
+    def by_gather(pre: Any, i: int, n: int | None, heavy: bool) -> Any:
+        layer = real(pre, i, n, heavy)
+        if layer.pos is not None:  # back to the gather path: slots in position order
+            order = layer.pos.argsort(dim=-1)
+            layer.keys = layer.keys.gather(-2, order[..., None].expand_as(layer.keys))
+            layer.values = layer.values.gather(-2, order[..., None].expand_as(layer.values))
+            layer.valid, layer.score = layer.valid.gather(-1, order), layer.score.gather(-1, order)
+            layer.pos = None
+        return layer
+
+    for n, heavy in ((16, True), (40, True), (16, False)):
+        per: list[int | None] = [n] * len(pre.kv)
+        fast = decode(model, pre, per, heavy)
+        sw._kept_layer = by_gather  # type: ignore[assignment]
+        try:
+            slow = decode(model, pre, per, heavy)
+        finally:
+            sw._kept_layer = real  # type: ignore[assignment]
+        torch.testing.assert_close(fast["logits"], slow["logits"], rtol=1e-4, atol=1e-4)
+        assert torch.equal(fast["logits"].argmax(-1), slow["logits"].argmax(-1))
+        assert (fast["kv_bytes"], fast["keys_attended"]) == (
+            slow["kv_bytes"],
+            slow["keys_attended"],
+        )
