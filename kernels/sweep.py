@@ -18,7 +18,9 @@ the worker does, so a compressed layer attends exactly N + 1 keys. Per row:
 Policies: ``uniform`` (N everywhere), ``per_layer`` (N scaled per layer by the
 layer's measured K_0.9, the same total N x layers, no layer above the context:
 :func:`share_budget`), ``dense_first`` (layers 0 and 1 whole),
-``window`` (sinks + recent only, no heavy hitters). A layer whose N covers the
+``window`` (sinks + recent only, no heavy hitters), ``kc_live`` (uniform at the cut,
+then the same total re-split while decoding from the decode rows' attention at each
+layer's budget edge: kcops.kernels.kclive). A layer whose N covers the
 whole context runs as full attention: nothing would ever be dropped.
 """
 
@@ -38,6 +40,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 import torch
 
 from kcops.errors import KcopsError
+from kcops.kernels.kclive import LiveBudget, observe_step
 from kcops.kernels.kvkeep import (
     KeptLayer,
     cache_nbytes,
@@ -52,7 +55,7 @@ from kcops.kernels.topn import DENSE, use_policy
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-POLICIES = ("uniform", "per_layer", "dense_first", "window")
+POLICIES = ("uniform", "per_layer", "dense_first", "window", "kc_live")
 FULL = "full"
 DENSE_FIRST = frozenset({0, 1})
 GROUPS_PER_PASS = 8  # rows decoded in one batch (kcops.kernels.sweepbatch)
@@ -84,6 +87,7 @@ class Row:
     # the same difference's standard error over sequence means (positions of one
     # sequence share its context and are not independent); None in older sweeps
     accuracy_delta_se_seq: float | None = None
+    live: dict[str, Any] | None = None  # kc_live: budgets over the steps, edge mass, kept K
 
     @property
     def delta_se(self) -> float:
@@ -154,7 +158,7 @@ def budgets(
     """Per-layer N (None: the layer keeps everything)."""
     if n is None:
         return [None] * layers
-    if policy in ("uniform", "window") or policy == "dense_first":
+    if policy in ("uniform", "window", "dense_first", "kc_live"):  # kc_live: its start
         per = [n] * layers
     elif policy == "per_layer":
         per = share_budget(n * layers, [max(kp.get(i, 1.0), 1.0) for i in range(layers)], context)
@@ -295,16 +299,26 @@ def decode(
 
 
 def decode_groups(
-    model: PreTrainedModel, pre: Prefilled, plans: Sequence[tuple[list[int | None], bool]]
+    model: PreTrainedModel,
+    pre: Prefilled,
+    plans: Sequence[tuple[list[int | None], bool]],
+    live: Sequence[LiveBudget | None] = (),
 ) -> list[dict[str, Any]]:
     """:func:`decode` of every ``(per_layer, heavy)`` plan at once, the plans' sequences
-    sharing each forward (kcops.kernels.sweepbatch); no timing."""
+    sharing each forward (kcops.kernels.sweepbatch); no timing. A plan with a
+    :class:`LiveBudget` in ``live`` (same order) takes its budgets from it at every
+    step, after feeding it the step's weights (``kc_live``)."""
     s, steps = pre.feed.shape
     g = len(plans)
+    lives = list(live) + [None] * (g - len(live))
     layers = [
         [_kept_layer(pre, i, per[i], heavy) for per, heavy in plans] for i in range(len(pre.kv))
     ]
     cache = grouped_cache(model.config, layers, s)
+    heads = model.config.num_attention_heads // model.config.num_key_value_heads
+    for layer in cache.layers:
+        layer.track = {x for x, lb in enumerate(lives) if lb is not None}
+    per_now = [list(per) for per, _ in plans]
     feed = pre.feed.repeat(g, 1)  # group-major: (G*S, E)
     logits: list[torch.Tensor] = []
     peak = [0] * g
@@ -320,16 +334,21 @@ def decode_groups(
             for x in range(g):
                 peak[x] = max(peak[x], group_nbytes(cache, x))
                 attended[x] += group_keys(cache, x)
+            for x, lb in enumerate(lives):
+                if lb is not None:
+                    observe_step(lb, cache.layers, x, heads)
+                    per_now[x] = list(lb.step())
             for i, layer in enumerate(cache.layers):
-                layer.evict([per[i] for per, _ in plans])
+                layer.evict([per[i] for per in per_now])
     stacked = torch.stack(logits, dim=1)  # (G*S, E, V)
     return [
         {
             "logits": stacked[x * s : (x + 1) * s],
             "kv_bytes": peak[x] // s,
             "keys_attended": attended[x] / steps,
+            "live": None if lb is None else lb.evidence(),
         }
-        for x in range(g)
+        for x, lb in enumerate(lives)
     ]
 
 
@@ -364,6 +383,7 @@ def score_row(
         keys_attended=float(res["keys_attended"]),
         positions=positions,
         budgets=per_layer,
+        live=res.get("live"),
     )
     return row, pred
 
@@ -442,7 +462,11 @@ def sweep_context(
     full_pred: torch.Tensor | None = None
     for start in range(0, len(plans), groups_per_pass):
         chunk = plans[start : start + groups_per_pass]
-        results = decode_groups(model, pre, [(per, heavy) for _, _, per, heavy in chunk])
+        lives = [
+            LiveBudget(list(per), context) if p == "kc_live" and any(per) else None
+            for p, _, per, _ in chunk
+        ]
+        results = decode_groups(model, pre, [(per, heavy) for _, _, per, heavy in chunk], lives)
         for (policy, n, per, heavy), res in zip(chunk, results, strict=True):
             if policy == FULL and full_key in done:  # recomputed only for its tokens
                 full_pred = res["logits"].argmax(-1)

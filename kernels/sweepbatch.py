@@ -35,6 +35,10 @@ class GroupedLayer(DynamicLayer):
         self.rows = rows
         self.logical = subs[0].logical
         self.is_initialized = True
+        # groups whose step weights are kept (``kc_live``): mass[g] (S, Hkv, T), the weights
+        # of the step's rows summed over each KV group's query heads
+        self.track: set[int] = set()
+        self.mass: dict[int, torch.Tensor] = {}
 
     def _slice(self, g: int) -> slice:
         return slice(g * self.rows, (g + 1) * self.rows)
@@ -63,7 +67,10 @@ class GroupedLayer(DynamicLayer):
             if sub.keys is None or sub.values is None:
                 raise ValueError("a grouped layer attends after its prefill")
             if sub.score is not None:
+                before = sub.score
                 outs.append(kept_attention(sub, q, sub.keys, sub.values, scaling))
+                if g in self.track:  # kept_attention added the step's weights to the scores
+                    self.mass[g] = sub.score - before
                 continue
             # a whole layer: the decode row sees every key, no mask
             out = torch.nn.functional.scaled_dot_product_attention(
