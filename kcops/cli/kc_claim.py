@@ -9,21 +9,21 @@ from pathlib import Path
 
 import click
 
-from kcops.cli.common import echo_json, handle_errors
+from kcops.cli.common import FiniteFloat, echo_json, handle_errors
 
 
 @click.command("claim")
 @click.argument("folders", nargs=-1, required=True, type=click.Path(file_okay=False))
 @click.option(
     "--tolerance",
-    type=click.FloatRange(0.0, 100.0),
+    type=FiniteFloat(0.0, 100.0),
     default=1.0,
     show_default=True,
     help="Accuracy points below full attention still counted as kept.",
 )
 @click.option(
     "--saving",
-    type=click.FloatRange(0.0, 1.0, min_open=True, max_open=True),
+    type=FiniteFloat(0.01, 0.99),
     default=0.30,
     show_default=True,
     help="KV bytes saved that the claim promises (the documents say 30–50%).",
