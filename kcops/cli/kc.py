@@ -536,6 +536,9 @@ def _add_recommend() -> None:
     from kcops.cli.kc_recommend import recommend_cmd  # torch-free, reads the agent
 
     kc_group.add_command(recommend_cmd)
+    from kcops.cli.kc_retrieve import retrieve_cmd  # torch inside the command
+
+    kc_group.add_command(retrieve_cmd)
 
 
 _add_recommend()
