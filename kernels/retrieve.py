@@ -204,10 +204,12 @@ def score_batch(
     first = pre.last.argmax(-1)  # (S,) the first answer token, full attention's
     layers = len(pre.kv)
     context = seqs.shape[1] - 1
-    specs = [
-        ([None] * layers if n is None else budgets(p, n, layers, context, pre.kp), p != "window")
-        for p, n in plans
-    ]
+    specs: list[tuple[list[int | None], bool]] = []
+    for p, n in plans:
+        per: list[int | None] = (
+            [None] * layers if n is None else budgets(p, n, layers, context, pre.kp)
+        )
+        specs.append((per, p != "window"))
     out: list[dict[str, Any]] = []
     for lo in range(0, len(specs), GROUPS_PER_PASS):
         for res in decode_groups(model, pre, specs[lo : lo + GROUPS_PER_PASS]):

@@ -160,7 +160,7 @@ def summarize(
         b = [x for c in ok for x in correct[(c["length"], c["depth"], p, n)]]
         f = [x for c in ok for x in correct[(c["length"], c["depth"], FULL, None)]]
         ratios = [kv[(c["length"], p, n)] / kv[(c["length"], FULL, None)] for c in ok]
-        entry = {"policy": p, "n": n, "items": len(b), **_compare(b, f)}
+        entry: dict[str, Any] = {"policy": p, "n": n, "items": len(b), **_compare(b, f)}
         entry["kv_ratio"] = sum(ratios) / len(ratios) if ratios else None
         entry["holds"] = bool(b) and entry["delta_points"] - 2 * entry["se_points"] >= -tolerance
         pooled.append(entry)

@@ -156,3 +156,36 @@ def test_bad_input_is_one_line_and_exit_2(flag: str, value: str, says: str) -> N
     res = CliRunner().invoke(kc_group, args)
     assert res.exit_code == 2, res.output
     assert says in res.output
+
+
+def _rows(length: int, depth: float, plan: tuple[str, int | None], correct: list[bool]) -> Any:
+    kv = {None: 1000, 64: 125, 128: 250}[plan[1]]
+    return {"length": length, "depth": depth, "items": [0, len(correct)], "policy": plan[0],
+            "n": plan[1], "correct": correct, "kv_bytes": kv, "keys_attended": 1.0}  # fmt: skip
+
+
+def test_budgets_are_compared_over_the_cells_where_full_attention_succeeds() -> None:
+    import statistics
+
+    from kcops.kernels.retrieverun import summarize
+
+    full, u64, u128 = (FULL, None), ("uniform", 64), ("uniform", 128)
+    t, f = True, False
+    rows = [
+        _rows(512, 0.1, full, [t, t, t, f]),
+        _rows(512, 0.1, u64, [t, f, f, f]),
+        _rows(512, 0.1, u128, [t, t, t, f]),
+        _rows(512, 0.9, full, [f, f, f, t]),  # 0.25 < 0.5: full attention fails here
+        _rows(512, 0.9, u64, [t, t, t, t]),  # so this cell's gain does not count
+        _rows(512, 0.9, u128, [f, f, f, t]),
+    ]
+    doc = summarize(rows, [full, u64, u128], min_full=0.5, tolerance=1.0)
+    assert [c["succeeds"] for c in doc["cells"]] == [True, False]
+    assert doc["succeeding"] == [[512, 0.1]] and doc["succeeding_items"] == 4
+    p64, p128 = doc["pooled"]
+    assert p64["items"] == 4 and p64["delta_points"] == pytest.approx(-50.0)
+    d = [0, -1, -1, 0]
+    assert p64["se_points"] == pytest.approx(100 * statistics.stdev(d) / 2)
+    assert not p64["holds"] and p128["holds"] and p128["se_points"] == 0.0
+    assert doc["recommendation"]["n"] == 128
+    assert [e["n"] for e in doc["neighbours"]] == [64, 128]
