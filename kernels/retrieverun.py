@@ -219,6 +219,9 @@ def markdown(doc: dict[str, Any]) -> str:
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for e in doc["pooled"]:
+        if not e["items"]:  # no cell where full attention succeeds: nothing to compare
+            lines.append(f"| {e['policy']} | {e['n']} | 0 | — | — | — | — |")
+            continue
         kv = f"{e['kv_ratio']:.3f}" if e["kv_ratio"] is not None else "—"
         lines.append(
             f"| {e['policy']} | {e['n']} | {e['items']} | {e['accuracy']:.3f} "
