@@ -218,10 +218,15 @@ class Prefilled:
     target: torch.Tensor  # (S, E) the text's next tokens
     start: int  # position of the first fed token
     rows: dict[int, dict[float, list[int]]] = field(default_factory=dict)  # sweepcal's K_p
+    last: torch.Tensor | None = None  # (S, V) the prefill's last logits (keep_last)
 
 
 def prefill(
-    model: PreTrainedModel, seqs: torch.Tensor, eval_tokens: int, p_grid: tuple[float, ...] = ()
+    model: PreTrainedModel,
+    seqs: torch.Tensor,
+    eval_tokens: int,
+    p_grid: tuple[float, ...] = (),
+    keep_last: bool = False,
 ) -> Prefilled:
     from transformers import DynamicCache
 
@@ -232,17 +237,18 @@ def prefill(
     cache = DynamicCache(config=model.config)
     kw: dict[str, Any] = {_cache_kw(model): cache}
     if "logits_to_keep" in inspect.signature(model.forward).parameters:
-        kw["logits_to_keep"] = 1  # unused here; all of them are S x C x vocab floats
+        kw["logits_to_keep"] = 1  # the sweep needs none; all of them are S x C x vocab floats
     with (
         torch.inference_mode(),
         use_policy(DENSE),
         capture_scores(with_kp=True, p_grid=p_grid) as cap,
     ):
-        model(input_ids=seqs[:, :start], use_cache=True, **kw)
+        out = model(input_ids=seqs[:, :start], use_cache=True, **kw)
+    last = out.logits[:, -1].float() if keep_last else None  # kc retrieve's first answer token
     layers: list[Any] = list(cache.layers)  # DynamicLayer: keys/values set by the forward
     kv = [(layer.keys, layer.values) for layer in layers]
     feed, target = seqs[:, start:context], seqs[:, start + 1 :]
-    return Prefilled(kv, cap.scores, cap.kp, feed, target, start, cap.rows)
+    return Prefilled(kv, cap.scores, cap.kp, feed, target, start, cap.rows, last)
 
 
 def _kept_layer(pre: Prefilled, i: int, n: int | None, heavy: bool) -> KeptLayer:

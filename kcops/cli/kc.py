@@ -539,6 +539,9 @@ def _add_recommend() -> None:
     from kcops.cli.kc_claim import claim_cmd  # reads sweep folders
 
     kc_group.add_command(claim_cmd)
+    from kcops.cli.kc_retrieve import retrieve_cmd  # torch inside the command
+
+    kc_group.add_command(retrieve_cmd)
 
 
 _add_recommend()
