@@ -47,6 +47,9 @@ class KcInputs:
     attention_mask: torch.Tensor | None
     scaling: float | None
     is_causal: bool = True
+    # The engine's batch entry of each of the B rows (kcops.kernels.attribution), when the
+    # integration left some out (paged_kc skips sequences it cannot read); None: entry b.
+    entries: tuple[int, ...] | None = None
 
 
 class Patch:
@@ -259,6 +262,8 @@ class Probe:
             max_batch=cfg.max_batch_rows,
         )
         owners = attribution.current()  # read here: the engine's thread knows the batch
+        if owners is not None and inputs.entries is not None:
+            owners = tuple(owners[i] if i < len(owners) else None for i in inputs.entries)
         if inputs.query.is_cuda and not cfg.record:
             self._deferred.append(("kc", (layer, result, owners)))
         else:
