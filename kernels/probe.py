@@ -30,7 +30,7 @@ from kcops.kernels.errcheck import ErrorCheck
 from kcops.kernels.kc import KcResult, KcRow, kc_rows
 from kcops.kernels.publisher import Publisher
 from kcops.kernels.ranges import Ranges
-from kcops.kernels.wire import check_engine
+from kcops.kernels.wire import check_engine, clip
 
 log = logging.getLogger("kcops.kernels")
 
@@ -113,6 +113,11 @@ class Probe:
         on: an integration that knows it (vLLM's plugin) overrides the configured one.
         Raises :class:`kcops.kernels.wire.WireError` for a name ``check_engine`` refuses."""
         self.publisher.engine = check_engine(engine)
+
+    def set_model(self, model: str) -> None:
+        """Name the served model (the ``model`` label of the request histograms an
+        integration that attributes K(C) to requests observes); cut to a label's length."""
+        self.publisher.model = clip(model).decode(errors="ignore")
 
     def ensure_integration(self, name: str, installer: Callable[[Probe], Patch | None]) -> bool:
         """Install one integration if not installed yet (idempotent); False if its engine is

@@ -51,12 +51,22 @@ REQUESTS = vllm_requests.Requests()
 _runner_hooked = False
 
 
-def hook_runner() -> None:
+def observe_finished(probe: Probe, done: vllm_requests.Finished) -> None:
+    """A finished vLLM request into the probe's request histograms (sent with the next
+    frame; the agent exports ``kcops_request_*{model, tenant="unknown"}``). A request
+    whose context the runner no longer knew is left out."""
+    if done.context_tokens is not None and done.context_tokens > 0:
+        probe.aggregator.observe_request(done.context_tokens, done.mean)
+
+
+def hook_runner(probe: Probe) -> None:
     """Wrap the model runner's ``execute_model`` once it is imported (cheap until then: one
-    dict lookup per attention call)."""
+    dict lookup per attention call), sending finished requests and the model to ``probe``."""
     global _runner_hooked
     if _runner_hooked:
         return
+    REQUESTS.on_finish = functools.partial(observe_finished, probe)
+    REQUESTS.on_model = probe.set_model
     try:
         wrapped = vllm_requests.install(REQUESTS)
     except Exception as exc:  # never into vLLM; rows stay unattributed
@@ -102,7 +112,7 @@ def wrap_forward(probe: Probe, forward: Callable[..., Any]) -> Callable[..., Any
     @functools.wraps(forward)
     def wrapped(self: Any, layer: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
         if not _runner_hooked:
-            hook_runner()
+            hook_runner(probe)
         attn_metadata = _arg(args, kwargs, 3, "attn_metadata")
 
         def kc_inputs() -> KcInputs | None:

@@ -12,6 +12,7 @@ defines its own. Around a step it
 
 - makes :func:`kcops.kernels.attribution.current` resolve, on sampled calls only, to the
   :class:`~kcops.kernels.attribution.RequestKC` of each request of the batch;
+- names the served model (``model_config.served_model_name``) once;
 - closes the requests the scheduler reports finished (``finished_req_ids``: finished,
   stopped or aborted, sent with the next step, also an empty one, so an idle engine
   closes its last requests): each becomes a :class:`Finished`, with its full context
@@ -75,7 +76,17 @@ class Requests:
         self.finished: deque[Finished] = deque(maxlen=max_finished)
         self.finished_total = 0
         self.dropped = 0  # opened past max_open: the oldest open one went unreported
+        self.errors = 0  # steps whose bookkeeping failed (the step itself ran)
         self.on_finish = on_finish
+        # The served model (``model_config.served_model_name``), read at the first step;
+        # ``on_model`` hears it once.
+        self.model: str | None = None
+        self.on_model: Callable[[str], None] | None = None
+
+    def set_model(self, model: str) -> None:
+        self.model = model
+        if self.on_model is not None and model:
+            self.on_model(model)
 
     def owners(self, req_ids: Iterable[str | None]) -> tuple[RequestKC | None, ...]:
         """The :class:`RequestKC` of each batch entry (opened on first sight)."""
@@ -118,6 +129,15 @@ def _context_tokens(runner: Any, rid: str) -> int | None:
     return n if isinstance(n, int) else None
 
 
+def served_model(runner: Any) -> str:
+    """The name vLLM serves the model under (its metrics' ``model_name``): the first of
+    ``--served-model-name``, else the model path; '' when the runner does not say."""
+    name = getattr(getattr(runner, "model_config", None), "served_model_name", None)
+    if isinstance(name, list):
+        name = name[0] if name else None
+    return name if isinstance(name, str) else ""
+
+
 def wrap_execute_model(requests: Requests, fn: Callable[..., Any]) -> Callable[..., Any]:
     """``execute_model(self, scheduler_output, …)`` that closes finished requests and
     attributes the step's sampled K(C) rows."""
@@ -126,9 +146,14 @@ def wrap_execute_model(requests: Requests, fn: Callable[..., Any]) -> Callable[.
 
     @functools.wraps(fn)
     def execute_model(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
-        for rid in getattr(scheduler_output, "finished_req_ids", None) or ():
-            if isinstance(rid, str):
-                requests.finish(rid, _context_tokens(self, rid))
+        try:
+            if requests.model is None:
+                requests.set_model(served_model(self))
+            for rid in getattr(scheduler_output, "finished_req_ids", None) or ():
+                if isinstance(rid, str):
+                    requests.finish(rid, _context_tokens(self, rid))
+        except Exception:  # never into vLLM: the step runs, its requests go uncounted
+            requests.errors += 1
 
         def resolve() -> tuple[RequestKC | None, ...] | None:
             ids = _batch_ids(self)

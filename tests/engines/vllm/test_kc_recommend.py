@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.engines.vllm.harness import MAX_MODEL_LEN, REC_MIN_SAMPLES, Stack
+from tests.engines.vllm.harness import MAX_MODEL_LEN, MODEL_NAME, REC_MIN_SAMPLES, Stack
 from tests.services import kcops_bin, wait_until
 
 pytestmark = pytest.mark.vllm
@@ -118,3 +118,40 @@ def test_the_worker_attributes_rows_to_vllm_requests(stack: Stack) -> None:
     text = stack.log_path.read_text(errors="replace")
     assert "not attributing K(C) to vLLM requests" not in text
     assert "measuring failed" not in text
+
+
+def test_effective_context_per_request_from_vllm(stack: Stack) -> None:
+    """Finished vLLM requests reach the agent with their full context and, for those the
+    probe sampled, their effective context (mean K_p of their rows: attributed through the
+    runner's batch, vllm_requests.py), labelled with the served model and tenant
+    ``unknown`` (the worker never sees headers). The light load's prompts are ~1570 tokens
+    with 24 generated: every request's context is that, and an effective context is at most
+    its request's."""
+    base = (("engine", "vllm"), ("model", MODEL_NAME), ("process", "VLLM::Worker"),
+            ("tenant", "unknown"))  # fmt: skip
+
+    def series() -> dict[str, float] | None:
+        m = stack.agent_metrics()
+        got = {n: v for (n, lp), v in m.items() if n.startswith("kcops_request_") and lp == base}
+        return got if got.get("kcops_request_effective_context_tokens_count", 0) >= 5 else None
+
+    got = wait_until(series, 600, "effective context of 5 sampled vLLM requests", stack.log_tail)
+    assert got is not None
+    print("per-request series:", got)
+    queries = got["kcops_request_context_tokens_count"]
+    sampled = got["kcops_request_effective_context_tokens_count"]
+    full_mean = got["kcops_request_context_tokens_sum"] / queries
+    eff_mean = got["kcops_request_effective_context_tokens_sum"] / sampled
+    assert sampled <= queries
+    assert 1500 <= full_mean <= MAX_MODEL_LEN, full_mean  # prompt ~1570 + up to 24 tokens
+    assert 1 <= eff_mean <= full_mean, (eff_mean, full_mean)
+    # priced = effective of the sampled + full of the others: between the two totals
+    priced = got["kcops_request_priced_effective_tokens_total"]
+    assert got["kcops_request_effective_context_tokens_sum"] <= priced
+    assert priced <= got["kcops_request_context_tokens_sum"]
+    # every series of the request histograms has exactly these labels
+    m = stack.agent_metrics()
+    labels = {
+        tuple(x for x in lp if x[0] != "le") for (n, lp) in m if n.startswith("kcops_request_")
+    }
+    assert labels == {base}, labels

@@ -6,6 +6,7 @@ real vLLM)."""
 
 from __future__ import annotations
 
+import functools
 import sys
 import types
 from collections.abc import Iterator
@@ -15,7 +16,8 @@ from typing import Any
 import pytest
 
 import kcops.kernels as kernels
-from kcops.kernels import attribution, paged_kc
+from kcops.agent.collectors.probe import ProbeReceiver
+from kcops.kernels import attribution, paged_kc, wire
 from kcops.kernels.integrations import vllm_plugin, vllm_requests
 from tests.unit.kernels.test_paged_kc import _case, _reference
 
@@ -179,3 +181,39 @@ def test_open_requests_are_bounded() -> None:
     requests.owners(["r1", "r2", "r3"])
     requests.owners(["r4", None])
     assert list(requests.open) == ["r2", "r3", "r4"] and requests.dropped == 1
+
+
+def test_finished_requests_reach_the_agent_with_model_and_tenant(fake: SimpleNamespace) -> None:
+    """A finished request goes into the probe's request histograms, which a version 5 frame
+    carries with the served model to the agent, which exports them under the names the
+    reference worker's map to: model from the frame, tenant ``unknown``."""
+    probe, requests, impl_cls = _setup(fake)
+    requests.on_finish = functools.partial(vllm_plugin.observe_finished, probe)
+    requests.on_model = probe.set_model
+    runner = fake.runner.GPUModelRunner()
+    runner.model_config = SimpleNamespace(served_model_name=["smollm2", "alias"])
+    ns, query, key, keys, paged = _case([30, 12])
+    step = (_impl(impl_cls, ns), query, key, keys, paged)
+    runner.execute_model(_out(set(), {"a": 12, "b": 30}, step))
+    runner.execute_model(_out({"a", "b"}, {"c": 7}, None))  # c: never sampled
+    runner.execute_model(_out({"c"}, {}, None))
+    k = {rid: _reference(query[i], keys[i]).k_union[0.9] for i, rid in enumerate(["b", "a"])}
+    frame = probe.aggregator.take(1, "VLLM::Worker", 0, "i", 1.0)
+    frame.engine, frame.model = "vllm", probe.publisher.model
+    r = ProbeReceiver("/nonexistent/probe.sock")
+    r.feed(wire.encode(frame))
+    got = {(s.name, dict(s.labels).get("le")): s.value for s in r.collect(0.0)
+           if dict(s.labels).get("model") == "smollm2"}  # fmt: skip
+    labels = {
+        tuple(x for x in s.labels if x[0] != "le")
+        for s in r.collect(0.0)
+        if s.name.startswith("kcops_request_")
+    }
+    assert labels == {(("engine", "vllm"), ("model", "smollm2"), ("process", "VLLM::Worker"),
+                       ("tenant", "unknown"))}  # fmt: skip
+    assert got[("kcops_request_context_tokens_count", None)] == 3
+    assert got[("kcops_request_context_tokens_sum", None)] == 12 + 30 + 7
+    assert got[("kcops_request_effective_context_tokens_count", None)] == 2  # a and b
+    assert got[("kcops_request_effective_context_tokens_sum", None)] == k["a"] + k["b"]
+    # priced: the effective context of the sampled ones, the full one of c
+    assert got[("kcops_request_priced_effective_tokens_total", None)] == k["a"] + k["b"] + 7
