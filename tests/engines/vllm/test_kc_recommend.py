@@ -108,13 +108,16 @@ def test_the_worker_attributes_rows_to_vllm_requests(stack: Stack) -> None:
     """The plugin found vLLM's model runner in the worker and wrapped its execute_model
     (kernels/integrations/vllm_requests.py): sampled K(C) rows are attributed to the
     request of their batch entry, and doing so never failed."""
-    line = r"kcops probe \(pid \d+\) wrapped (\w+)\.execute_model: sampled K\(C\) rows"
+    line = r"kcops probe \(pid \d+\) wrapped ([\w, ]+)\.execute_model: sampled K\(C\) rows"
 
     def wrapped() -> list[str] | None:
         return re.findall(line, stack.log_path.read_text(errors="replace")) or None
 
     found = wait_until(wrapped, 300, "the runner's execute_model wrapped", stack.log_tail)
-    assert found == ["GPUModelRunner"], found  # once, in the worker (CPUModelRunner inherits)
+    assert found is not None and len(found) == 1, found  # once, in the worker
+    # CPUModelRunner inherits GPUModelRunner's (other subclasses that define their own, if
+    # imported, are wrapped too)
+    assert "GPUModelRunner" in found[0].split(", "), found
     text = stack.log_path.read_text(errors="replace")
     assert "not attributing K(C) to vLLM requests" not in text
     assert "measuring failed" not in text
