@@ -23,6 +23,12 @@ pytestmark = pytest.mark.vllm
 
 LAYERS = 30  # SmolLM2-135M
 ROUTE = "/api/v1/kc/recommendation"
+# the per-request series (not kcops_request_latency_seconds, vLLM's own, mapped)
+REQUEST_SERIES = (
+    "kcops_request_context_tokens",
+    "kcops_request_effective_context_tokens",
+    "kcops_request_priced_effective_tokens",
+)
 
 
 def recommend(stack: Stack, *args: str) -> subprocess.CompletedProcess[str]:
@@ -135,7 +141,7 @@ def test_effective_context_per_request_from_vllm(stack: Stack) -> None:
 
     def series() -> dict[str, float] | None:
         m = stack.agent_metrics()
-        got = {n: v for (n, lp), v in m.items() if n.startswith("kcops_request_") and lp == base}
+        got = {n: v for (n, lp), v in m.items() if n.startswith(REQUEST_SERIES) and lp == base}
         return got if got.get("kcops_request_effective_context_tokens_count", 0) >= 5 else None
 
     got = wait_until(series, 600, "effective context of 5 sampled vLLM requests", stack.log_tail)
@@ -154,7 +160,5 @@ def test_effective_context_per_request_from_vllm(stack: Stack) -> None:
     assert priced <= got["kcops_request_context_tokens_sum"]
     # every series of the request histograms has exactly these labels
     m = stack.agent_metrics()
-    labels = {
-        tuple(x for x in lp if x[0] != "le") for (n, lp) in m if n.startswith("kcops_request_")
-    }
+    labels = {tuple(x for x in lp if x[0] != "le") for (n, lp) in m if n.startswith(REQUEST_SERIES)}
     assert labels == {base}, labels
