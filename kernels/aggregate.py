@@ -18,8 +18,11 @@ from bisect import bisect_left
 
 from kcops.kernels import wire
 
-# Histograms of every frame; kcops_kc_tokens goes by layer (``kc_by_layer``).
-PER_FRAME = tuple(n for n in wire.PLAIN_HISTOGRAMS if n != wire.KC_TOKENS)
+# Histograms of every frame; kcops_kc_tokens goes by layer (``kc_by_layer``), and the
+# request histograms only in frames of a flush interval that finished a request.
+PER_FRAME = tuple(
+    n for n in wire.PLAIN_HISTOGRAMS if n != wire.KC_TOKENS and n not in wire.REQUEST_HISTOGRAMS
+)
 
 
 class Aggregator:
@@ -40,6 +43,7 @@ class Aggregator:
         self.errors: dict[str, int] = dict.fromkeys(wire.ERROR_KINDS, 0)
         self.internal_errors = 0
         self.hist: dict[str, wire.Histogram] = {name: wire.Histogram.of(name) for name in PER_FRAME}
+        self.requests: dict[str, wire.Histogram] = {}
         self.topn: dict[int, wire.Histogram] = {
             n: wire.Histogram.of(wire.TOPN_MASS) for n in self._topn
         }
@@ -93,6 +97,20 @@ class Aggregator:
                 if t is not None:
                     t.observe(mass)
 
+    def observe_request(self, context_tokens: int, effective: float | None) -> None:
+        """One finished request: its full context and, when the probe sampled any of its
+        rows, its effective context (mean K_p, at most the full context); priced at the
+        effective context if sampled, else at the full (docs/kc.md)."""
+        with self._lock:
+            if not self.requests:
+                self.requests = {n: wire.Histogram.of(n) for n in wire.REQUEST_HISTOGRAMS}
+            self.requests[wire.REQUEST_CONTEXT].observe(context_tokens)
+            priced = float(context_tokens)
+            if effective is not None:
+                priced = min(priced, effective)
+                self.requests[wire.REQUEST_EFFECTIVE].observe(priced)
+            self.requests[wire.REQUEST_PRICED].observe(priced)
+
     def take(
         self, pid: int, process: str, seq: int, instance: str, ts: float, *, kc: bool = True
     ) -> wire.Frame:
@@ -102,6 +120,7 @@ class Aggregator:
         asks): every layer seen so far, zeros included."""
         with self._lock:
             calls, errors, hist, topn = self.calls, self.errors, self.hist, self.topn
+            hist.update(self.requests)
             internal = self.internal_errors
             self._reset()
             by_layer = {}

@@ -18,7 +18,7 @@ on the request's length rather than on its traffic.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextvars import ContextVar
 
 
@@ -44,8 +44,12 @@ class RequestKC:
         return self.total / self.count if self.count else None
 
 
-# Batch entry b of the current forward pass serves requests[b] (None: not attributed).
-_ROWS: ContextVar[tuple[RequestKC | None, ...] | None] = ContextVar("kcops_kc_rows", default=None)
+Rows = tuple[RequestKC | None, ...]
+Resolve = Callable[[], Sequence[RequestKC | None] | None]
+
+# Batch entry b of the current forward pass serves requests[b] (None: not attributed), or
+# a function that says so when asked (attribute_lazily).
+_ROWS: ContextVar[Rows | Resolve | None] = ContextVar("kcops_kc_rows", default=None)
 
 
 @contextlib.contextmanager
@@ -58,6 +62,22 @@ def attribute(requests: Sequence[RequestKC | None]) -> Iterator[None]:
         _ROWS.reset(token)
 
 
-def current() -> tuple[RequestKC | None, ...] | None:
+@contextlib.contextmanager
+def attribute_lazily(resolve: Resolve) -> Iterator[None]:
+    """Like :func:`attribute`, for an engine that builds its batch inside the block (vLLM's
+    model runner): ``resolve()`` is called only when a sampled call reads :func:`current`,
+    so unsampled calls cost nothing. It returns None when it cannot say."""
+    token = _ROWS.set(resolve)
+    try:
+        yield
+    finally:
+        _ROWS.reset(token)
+
+
+def current() -> Rows | None:
     """The requests of the current forward's batch entries, or None when nobody said."""
-    return _ROWS.get()
+    rows = _ROWS.get()
+    if callable(rows):
+        got = rows()
+        return None if got is None else tuple(got)
+    return rows

@@ -17,6 +17,14 @@ KC_TOKENS = "kcops_kc_tokens"
 KC_RATIO = "kcops_kc_ratio"
 CONTEXT_TOKENS = "kcops_context_tokens"
 TOPN_MASS = "kcops_topn_mass_ratio"
+# Per finished request (an engine whose probe attributes K(C) to requests: vLLM's plugin):
+# its full context, its effective context (mean K_p of its samples, only sampled ones) and
+# the tokens it is priced at (effective if sampled, else full; the agent exports the sum).
+REQUEST_CONTEXT = "kcops_request_context_tokens"
+REQUEST_EFFECTIVE = "kcops_request_effective_context_tokens"
+REQUEST_PRICED = "kcops_request_priced_effective_tokens"
+# The reference worker's buckets for the same series (worker/metrics.py): 8 .. 128Ki.
+_REQUEST_TOKENS = tuple(float(2**i) for i in range(3, 18))
 
 # Fixed bucket upper bounds (Prometheus ``le``) of each histogram; +Inf is
 # implicit and always the last count. Changing any of these needs a new wire.VERSION.
@@ -38,6 +46,9 @@ BUCKETS: dict[str, tuple[float, ...]] = {
         65536, 131072, 262144,
     ),
     TOPN_MASS: (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.97, 0.99, 1.0),
+    REQUEST_CONTEXT: _REQUEST_TOKENS,
+    REQUEST_EFFECTIVE: _REQUEST_TOKENS,
+    REQUEST_PRICED: _REQUEST_TOKENS,
 }  # fmt: skip
 
 

@@ -258,7 +258,7 @@ def kc_inputs(
     qsl = meta.query_start_loc.tolist()
     seq_lens = meta.seq_lens.tolist()
     n = min(len(qsl) - 1, len(seq_lens), max_seqs)
-    rows, keys = [], []
+    rows, keys, entries = [], [], []
     for i in range(max(0, n)):
         first, last_row, length = qsl[i], qsl[i + 1] - 1, int(seq_lens[i])
         if last_row < first or length <= 0 or last_row - first >= length:
@@ -276,6 +276,7 @@ def kc_inputs(
             k = k[:, max(0, length - window) :]
         rows.append(last_row)
         keys.append(k)
+        entries.append(i)
     if not rows:
         return None
     longest = max(k.shape[1] for k in keys)
@@ -286,4 +287,5 @@ def kc_inputs(
         kpad[b, :, : k.shape[1]] = k
         mask[b, 0, 0, : k.shape[1]] = True
     q = query[torch.tensor(rows, device=query.device)].unsqueeze(2)  # [B, Hq, 1, d]
-    return KcInputs(q, kpad, mask, float(getattr(impl, "scale", q.shape[-1] ** -0.5)), True)
+    scale = float(getattr(impl, "scale", q.shape[-1] ** -0.5))
+    return KcInputs(q, kpad, mask, scale, True, entries=tuple(entries))

@@ -31,7 +31,7 @@ from kcops.kernels.errcheck import GROUP_CALLS, SMALL_NUMEL, ErrorCheck
 from kcops.kernels.kc import KcResult, KcRow, kc_rows
 from kcops.kernels.publisher import Publisher
 from kcops.kernels.ranges import Ranges
-from kcops.kernels.wire import check_engine
+from kcops.kernels.wire import check_engine, clip
 
 log = logging.getLogger("kcops.kernels")
 
@@ -50,6 +50,9 @@ class KcInputs:
     attention_mask: torch.Tensor | None
     scaling: float | None
     is_causal: bool = True
+    # The engine's batch entry of each of the B rows (kcops.kernels.attribution), when the
+    # integration left some out (paged_kc skips sequences it cannot read); None: entry b.
+    entries: tuple[int, ...] | None = None
 
 
 class Patch:
@@ -117,6 +120,11 @@ class Probe:
         on: an integration that knows it (vLLM's plugin) overrides the configured one.
         Raises :class:`kcops.kernels.wire.WireError` for a name ``check_engine`` refuses."""
         self.publisher.engine = check_engine(engine)
+
+    def set_model(self, model: str) -> None:
+        """Name the served model (the ``model`` label of the request histograms an
+        integration that attributes K(C) to requests observes); cut to a label's length."""
+        self.publisher.model = clip(model).decode(errors="ignore")
 
     def ensure_integration(self, name: str, installer: Callable[[Probe], Patch | None]) -> bool:
         """Install one integration if not installed yet (idempotent); False if its engine is
@@ -348,6 +356,8 @@ class Probe:
             max_batch=cfg.max_batch_rows,
         )
         owners = attribution.current()  # read here: the engine's thread knows the batch
+        if owners is not None and inputs.entries is not None:
+            owners = tuple(owners[i] if i < len(owners) else None for i in inputs.entries)
         if inputs.query.is_cuda and not cfg.record:
             self._deferred.append(("kc", (layer, result, owners)))
         else:

@@ -60,6 +60,7 @@ class Publisher:
         self.before_flush = before_flush
         self.enabled = enabled
         self.engine = wire.check_engine(engine)  # sent with every frame: the `engine` label
+        self.model = ""  # the served model, when an integration knows it (wire.Frame.model)
         self.kc_every = max(1, kc_every)
         self.wait_for_attention = False
         self._stop = threading.Event()
@@ -132,6 +133,7 @@ class Publisher:
             elif self.wait_for_attention and not self._attention_seen:
                 return 0
             frame.engine = self.engine
+            frame.model = self.model
             return self._send_frame(frame)
 
     def _send_frame(self, frame: wire.Frame) -> int:

@@ -7,9 +7,9 @@ Every frame starts with the same header::
 
     magic b"KCPF" | version u16 (big endian) | payload length u32 | payload
 
-There is one version, 4: a compact binary payload in two parts, a *key* (pid, the
+There is one version, 5: a compact binary payload in two parts, a *key* (pid, the
 counts that fix the frame's shape, the top-N entries' N, the engine, process,
-instance and layer names), which stays byte for byte the same from one frame of a
+instance, model and layer names), which stays byte for byte the same from one frame of a
 probe to the next, and the *numbers* (seq, a block of u32 counters, a block of
 float64 sums). The key comes first and says its own length, so a receiver can
 recognise a frame it has seen the shape of by one lookup and add its numbers
@@ -41,6 +41,9 @@ from kcops.kernels.histogram import BUCKETS as BUCKETS
 from kcops.kernels.histogram import CONTEXT_TOKENS as CONTEXT_TOKENS
 from kcops.kernels.histogram import KC_RATIO as KC_RATIO
 from kcops.kernels.histogram import KC_TOKENS as KC_TOKENS
+from kcops.kernels.histogram import REQUEST_CONTEXT as REQUEST_CONTEXT
+from kcops.kernels.histogram import REQUEST_EFFECTIVE as REQUEST_EFFECTIVE
+from kcops.kernels.histogram import REQUEST_PRICED as REQUEST_PRICED
 from kcops.kernels.histogram import TOPN_MASS as TOPN_MASS
 from kcops.kernels.histogram import Histogram as Histogram
 from kcops.kernels.histogram import format_le as format_le
@@ -50,7 +53,7 @@ MAGIC = b"KCPF"
 # this one: the decoder checks the payload length against the counts it reads, and an agent
 # that predates a version refuses its frames as BadVersion ("unknown_version"), which names
 # the cause.
-VERSION = 4
+VERSION = 5
 HEADER = struct.Struct(">4sHI")
 # The largest frame (header included): the receiver reads a stream in buffers this much
 # larger than its read size, and the publisher splits a frame that would be larger.
@@ -78,8 +81,13 @@ _ENGINE_BYTES = re.compile(_ENGINE.pattern.encode())
 
 ERROR_KINDS: tuple[str, ...] = ("nan", "inf", "exception")
 
-# Histograms without labels, in the order they appear in a frame.
-PLAIN_HISTOGRAMS: tuple[str, ...] = (ATTENTION_SECONDS, KC_TOKENS, KC_RATIO, CONTEXT_TOKENS)
+# Histograms without labels, in the order they appear in a frame (mask bits 0..6). The
+# request histograms (version 5) come only from a probe that attributes K(C) to requests.
+PLAIN_HISTOGRAMS: tuple[str, ...] = (
+    ATTENTION_SECONDS, KC_TOKENS, KC_RATIO, CONTEXT_TOKENS,
+    REQUEST_CONTEXT, REQUEST_EFFECTIVE, REQUEST_PRICED,
+)  # fmt: skip
+REQUEST_HISTOGRAMS: tuple[str, ...] = (REQUEST_CONTEXT, REQUEST_EFFECTIVE, REQUEST_PRICED)
 
 # Layer label of calls whose layer index the integration cannot know.
 UNKNOWN_LAYER = "unknown"
@@ -183,6 +191,9 @@ class Frame:
     kc_by_layer: dict[str, Histogram] = field(default_factory=dict)
     internal_errors: int = 0
     dropped: int = 0
+    # The served model, when the probe knows it (vLLM's plugin): the ``model`` label of the
+    # request histograms. Empty: not known.
+    model: str = ""
 
     def is_empty(self) -> bool:
         """True when the frame carries no delta (a heartbeat)."""
@@ -202,22 +213,23 @@ def excerpt(value: object, limit: int = 40) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-# Version 4 payload, all big endian (docs/probe.md is the spec):
+# Version 5 payload, all big endian (docs/probe.md is the spec):
 #   key bytes u16 | key | numbers
-#   key: pid u32 | layers u16 | top-N entries u8 | mask u8 | engine, process, instance bytes
-#        u8 x3 | layer-name bytes u16 | N of each top-N entry u32, ascending
-#        | engine ASCII | process UTF-8 | instance UTF-8 | layer names, UTF-8 joined by NUL
+#   key: pid u32 | layers u16 | top-N entries u8 | mask u8 | engine, process, instance, model
+#        bytes u8 x4 | layer-name bytes u16 | N of each top-N entry u32, ascending
+#        | engine ASCII | process UTF-8 | instance UTF-8 | model UTF-8
+#        | layer names, UTF-8 joined by NUL
 #   numbers: seq u64
 #        | u32 block: errors nan, inf, exception | internal errors | dropped | one count per
-#          layer | with mask bit 4, per layer the buckets of its kcops_kc_tokens | the
-#          buckets of each mask histogram (bits 0-3: PLAIN_HISTOGRAMS) | those of each top-N
-#        | f64 block: ts | with bit 4, per layer its K(C) sum | the sums of the mask
+#          layer | with mask bit 7, per layer the buckets of its kcops_kc_tokens | the
+#          buckets of each mask histogram (bits 0-6: PLAIN_HISTOGRAMS) | those of each top-N
+#        | f64 block: ts | with bit 7, per layer its K(C) sum | the sums of the mask
 #          histograms | those of the top-N entries
 # Counts are deltas of one flush interval: u32 is ample, and exact in a float64, so the
 # decoder needs no range check on them. A histogram's count is the sum of its buckets.
-KEY_FIXED = struct.Struct(">IHBBBBBH")
+KEY_FIXED = struct.Struct(">IHBBBBBBH")
 KEY_LENGTH = struct.Struct(">H")
-KC_LAYERS_BIT = 1 << len(PLAIN_HISTOGRAMS)  # mask bit 4: per-layer K(C)
+KC_LAYERS_BIT = 1 << len(PLAIN_HISTOGRAMS)  # mask bit 7: per-layer K(C)
 LEADING_LANES = 5  # nan, inf, exception, internal, dropped
 _NAMES = re.compile(f"[^\\0]{{1,{MAX_LABEL_CHARS}}}(?:\\0[^\\0]{{1,{MAX_LABEL_CHARS}}})*")
 
@@ -229,7 +241,7 @@ class Layout(NamedTuple):
     numbers: struct.Struct  # seq, the u32 block, the f64 block
     lanes: int
     floats: int
-    kc: tuple[slice, ...]  # each layer's kcops_kc_tokens buckets (mask bit 4), else ()
+    kc: tuple[slice, ...]  # each layer's kcops_kc_tokens buckets (mask bit 7), else ()
     hists: tuple[tuple[str, slice, int], ...]  # mask histograms, then top-N: name, buckets, sum
     plain: int  # how many of ``hists`` are mask histograms
 
@@ -304,7 +316,7 @@ def _numbers(frame: Frame, calls: dict[bytes, int], kc: dict[bytes, Histogram],
 
 
 def encode(frame: Frame) -> bytes:
-    """Serialise one frame (version 4). Labels longer than :data:`MAX_LABEL_CHARS` are cut.
+    """Serialise one frame (version 5). Labels longer than :data:`MAX_LABEL_CHARS` are cut.
 
     Raises :class:`WireError` for a frame the decoder would refuse (a count over
     2**32 - 1 in one frame, a non-finite sum, an engine outside :func:`check_engine`)
@@ -323,12 +335,13 @@ def encode(frame: Frame) -> bytes:
         hists = [frame.histograms[name] for name, _, _ in lay.hists[: lay.plain]]
         numbers = _numbers(frame, calls, kc, lay, hists + [h for _, h in topn])
         process, instance, names = clip(frame.process), clip(frame.instance), b"\0".join(calls)
+        model = clip(frame.model)
         key = b"".join(
             (
                 KEY_FIXED.pack(frame.pid, len(calls), len(topn), mask, len(engine), len(process),
-                               len(instance), len(names)),
+                               len(instance), len(model), len(names)),
                 struct.pack(f">{len(topn)}I", *(n for n, _ in topn)),
-                engine, process, instance, names,
+                engine, process, instance, model, names,
             )
         )  # fmt: skip
     except (struct.error, OverflowError, TypeError) as exc:
@@ -351,6 +364,7 @@ class Key(NamedTuple):
     engine: str
     process: str
     instance: str
+    model: str
     names: str  # layer names, joined by NUL
     end: int  # where the numbers start
 
@@ -360,7 +374,7 @@ def _key(p: bytes) -> Key:
     (length,) = KEY_LENGTH.unpack_from(p, HEADER.size)
     start = HEADER.size + KEY_LENGTH.size
     end = start + length
-    pid, k, t, mask, ne, np, ni, nl = KEY_FIXED.unpack_from(p, start)
+    pid, k, t, mask, ne, np, ni, nm, nl = KEY_FIXED.unpack_from(p, start)
     if k > MAX_LAYERS:
         raise BadField("layers", k, f"0..{MAX_LAYERS}")
     if t > MAX_TOPN:
@@ -375,18 +389,20 @@ def _key(p: bytes) -> Key:
             raise BadField("top-N keys", ns, f"ascending in 1..{MAX_TOPN_N}")
         prev = n
     off += 4 * t
-    if off + ne + np + ni + nl != end or end > len(p):
+    if off + ne + np + ni + nm + nl != end or end > len(p):
         raise BadField("key length", length, "the sum of the key's label lengths")
     engine = engine_name(p[off : off + ne])
     off += ne
     process, instance = p[off : off + np].decode(), p[off + np : off + np + ni].decode()
-    names = p[off + np + ni : end].decode()
-    for label in (process, instance):
+    off += np + ni
+    model = p[off : off + nm].decode()
+    names = p[off + nm : end].decode()
+    for label in (process, instance, model):
         if len(label) > MAX_LABEL_CHARS or "\x00" in label:
             raise BadField("label", label, LABEL_ALLOWED)
     if (k or nl) and not _NAMES.fullmatch(names):
         raise BadField("layer names", names, f"{k} names of 1..{MAX_LABEL_CHARS} characters")
-    return Key(pid, k, t, mask, ns, engine, process, instance, names, end)
+    return Key(pid, k, t, mask, ns, engine, process, instance, model, names, end)
 
 
 def _decode(p: bytes) -> Frame:
@@ -424,7 +440,7 @@ def _decode(p: bytes) -> Frame:
         dict(zip(ERROR_KINDS, lanes[:3], strict=True)),
         {name: h for (name, _, _), h in zip(lay.hists[: lay.plain], built, strict=False)},
         dict(zip(key.ns, built[lay.plain :], strict=True)),
-        key.engine, kc, lanes[3], lanes[4],
+        key.engine, kc, lanes[3], lanes[4], key.model,
     )  # fmt: skip
 
 
@@ -509,6 +525,7 @@ def split(frame: Frame) -> list[Frame]:
                 kc_by_layer={n: frame.kc_by_layer[n] for n in names if n in frame.kc_by_layer},
                 internal_errors=frame.internal_errors if first else 0,
                 dropped=frame.dropped if first else 0,
+                model=frame.model,
             )
         )  # fmt: skip
     return parts

@@ -76,6 +76,7 @@ class Shape:
         "label",
         "layout",
         "mask",
+        "model",
         "names",
         "ns",
         "offs",
@@ -90,6 +91,7 @@ class Shape:
         self.layout = lay
         # (engine, process): the decoder kept both within their limits
         self.label = (frame.engine, frame.process or "unknown")
+        self.model = frame.model  # the request histograms' label (wire version 5)
         self.names: tuple[str, ...] = tuple(frame.calls_by_layer)  # the frame's order
         self.ns: tuple[int, ...] = tuple(frame.topn_mass)  # ascending, as sent
         self.u32_at = key_end + 8  # after seq

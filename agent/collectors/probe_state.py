@@ -6,6 +6,12 @@ monotonic across an engine restart. Bounds: past ``max_processes`` distinct
 ``max_layers`` distinct layers of a process, its call counts into ``layer="other"``,
 and past ``max_kc_layers`` its K(C) histograms (``kcops_kc_tokens{layer}``, 30 series
 a layer) likewise. A process that sent nothing for ``idle_s`` is forgotten.
+
+The request histograms (frame version 5: a probe that attributes K(C) to requests,
+vLLM's plugin) are exported under the names the reference worker's series map to, with
+``model`` (the frame's, ``unknown`` when it names none) and ``tenant="unknown"`` (the
+engine's worker never sees the request's headers); the priced histogram only as its sum,
+the counter ``kcops_request_priced_effective_tokens_total``.
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ OTHER = "other"
 MAX_LABEL = 64  # characters kept of a process or layer name sent by a probe
 K = TypeVar("K", str, int)
 KC_BOUNDS = wire.BUCKETS[wire.KC_TOKENS]
+UNKNOWN = "unknown"  # the model of a frame that names none; the tenant of every request
+PRICED_TOTAL = wire.REQUEST_PRICED + "_total"
 
 
 class Process:
@@ -37,6 +45,7 @@ class Process:
         self.topn: dict[int, wire.Histogram] = {}
         self.kc: dict[str, wire.Histogram] = {}  # kcops_kc_tokens by layer
         self.dropped = 0
+        self.model = ""  # the served model its frames name (the request histograms' label)
         self.seen = now
         # Frames summed in bulk but not yet folded into the dicts above, by shape.
         self.pending: dict[Shape, Pending] = {}
@@ -81,6 +90,8 @@ class ProbeSums:
     def add(self, f: wire.Frame) -> None:
         """A decoded frame."""
         p = self.proc_for((f.engine, f.process[:MAX_LABEL] or "unknown"), self.clock())
+        if f.model:
+            p.model = f.model
         self.add_calls(p, f.calls_by_layer.items())
         for kind, n in f.errors.items():
             p.errors[kind] = p.errors.get(kind, 0) + n
@@ -141,6 +152,8 @@ class ProbeSums:
     def commit(self, shape: Shape, a: int, b: int, sums: list[float], frames: int) -> None:
         """Frames of one shape, summed in bulk (``probe_bulk``)."""
         p = self.proc_for(shape.label, self.clock())
+        if shape.model:
+            p.model = shape.model
         acc = p.pending.get(shape)
         if acc is None:
             acc = p.pending[shape] = Pending(shape)
@@ -193,6 +206,14 @@ class ProbeSums:
                 lp3 = (eng, ("kind", kind), proc)
                 out.append(Sample("kcops_attention_errors_total", lp3, float(n)))
             for name, h in p.hist.items():
+                if name in wire.REQUEST_HISTOGRAMS:
+                    # labels sorted: engine < model < process < tenant
+                    rlp = (eng, ("model", p.model or UNKNOWN), proc, ("tenant", UNKNOWN))
+                    if name == wire.REQUEST_PRICED:
+                        out.append(Sample(PRICED_TOTAL, rlp, h.sum))
+                    else:
+                        histogram_samples(name, h, rlp, out)
+                    continue
                 histogram_samples(name, h, lp, out)
             for layer, h in p.kc.items():
                 histogram_samples(wire.KC_TOKENS, h, (eng, ("layer", layer), proc), out)

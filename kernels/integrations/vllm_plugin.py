@@ -36,6 +36,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from kcops.kernels.integrations import vllm_requests
 from kcops.kernels.probe import KcInputs, Patch, Probe
 from kcops.kernels.wire import UNKNOWN_LAYER
 
@@ -43,6 +44,42 @@ BASE_MODULES: tuple[str, ...] = ("vllm.v1.attention.backend", "vllm.attention.ba
 WRAPPED_MARK = "__kcops_wrapped__"
 ENGINE = "vllm"  # the engine label of every series this plugin's probe sends
 _LAYER_RE = re.compile(r"layers\.(\d+)\.")
+# The requests of this process's model runner (a worker's): which request each sampled
+# K(C) row belongs to (vllm_requests). The runner's class is wrapped at the first
+# attention call that finds it imported.
+REQUESTS = vllm_requests.Requests()
+_runner_hooked = False
+
+
+def observe_finished(probe: Probe, done: vllm_requests.Finished) -> None:
+    """A finished vLLM request into the probe's request histograms (sent with the next
+    frame; the agent exports ``kcops_request_*{model, tenant="unknown"}``). A request
+    whose context the runner no longer knew is left out."""
+    if done.context_tokens is not None and done.context_tokens > 0:
+        probe.aggregator.observe_request(done.context_tokens, done.mean)
+
+
+def hook_runner(probe: Probe) -> None:
+    """Wrap the model runner's ``execute_model`` once it is imported (cheap until then: one
+    dict lookup per attention call), sending finished requests and the model to ``probe``."""
+    global _runner_hooked
+    if _runner_hooked:
+        return
+    REQUESTS.on_finish = functools.partial(observe_finished, probe)
+    REQUESTS.on_model = probe.set_model
+    try:
+        wrapped = vllm_requests.install(REQUESTS)
+    except Exception as exc:  # never into vLLM; rows stay unattributed
+        _runner_hooked = True
+        _logger().warning("kcops probe: not attributing K(C) to vLLM requests: %r", exc)
+        return
+    if wrapped:
+        _runner_hooked = True
+        _info(
+            f"kcops probe (pid {os.getpid()}) wrapped "
+            f"{', '.join(c.__name__ for c in wrapped)}.execute_model: sampled K(C) rows are "
+            "attributed to vLLM's requests (input_batch.req_ids)"
+        )
 
 
 def layer_of(layer: Any) -> str:
@@ -74,6 +111,8 @@ def wrap_forward(probe: Probe, forward: Callable[..., Any]) -> Callable[..., Any
 
     @functools.wraps(forward)
     def wrapped(self: Any, layer: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        if not _runner_hooked:
+            hook_runner(probe)
         attn_metadata = _arg(args, kwargs, 3, "attn_metadata")
 
         def kc_inputs() -> KcInputs | None:

@@ -5,6 +5,7 @@ bounded."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import socket
 import struct
@@ -21,7 +22,7 @@ from tests.faults.conftest import RealAgent, start_agent, stop_agent
 from tests.services import wait_until
 from tests.unit.kernels.test_wire import sample_frame, sample_v4
 
-GOOD = wire.encode(sample_v4())
+GOOD = wire.encode(dataclasses.replace(sample_v4(), model="smollm2"))
 BASES = {"v4": GOOD, "plain": wire.encode(sample_frame())}  # K(C) by layer, and without
 
 
@@ -97,17 +98,19 @@ def test_binary_fields_set_to_hostile_values(base: str, data: st.DataObject) -> 
 
 
 def _label_spans(data: bytes) -> list[tuple[int, int]]:
-    """(start, end) of the engine, process, instance and layer-name bytes of a v4 frame."""
-    t, ne, np, ni, nl = (
+    """(start, end) of the engine, process, instance, model and layer-name bytes of a v5
+    frame."""
+    t, ne, np, ni, nm, nl = (
         data[18],
         data[20],
         data[21],
         data[22],
-        struct.unpack_from(">H", data, 23)[0],
+        data[23],
+        struct.unpack_from(">H", data, 24)[0],
     )
-    at = 25 + 4 * t
+    at = 26 + 4 * t
     spans = []
-    for n in (ne, np, ni, nl):
+    for n in (ne, np, ni, nm, nl):
         spans.append((at, at + n))
         at += n
     return spans
@@ -170,10 +173,11 @@ def test_a_hostile_stream_never_raises_and_never_runs_ahead(
 OLD_VERSIONS = [
     (1, b'{"pid": ' + b"1" * 5000 + b', "seq": 0}'),  # version 1 was JSON
     (1, b"[" * 50_000),  # deep nesting, for a parser that would read it
-    (2, GOOD[10:]),  # a version 4 payload behind another version's header
+    (2, GOOD[10:]),  # a version 5 payload behind another version's header
     (3, b"\x04vllm" + bytes(60)),  # version 3: an engine tag first
     (0, b""),
-    (5, GOOD[10:]),  # a version after this one
+    (4, GOOD[10:]),  # version 4: no model in the key, no request histograms
+    (6, GOOD[10:]),  # a version after this one
     (0xFFFF, b"x"),
 ]
 
@@ -182,8 +186,9 @@ OLD_VERSIONS = [
 def test_other_versions_are_refused_as_unknown_whatever_they_carry(
     version: int, body: bytes, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Versions 1 to 3 (read before 1.0) and any other: BadVersion, counted unknown_version
-    (one line), their payload never parsed, and the frame after them still read."""
+    """Versions 1 to 4 (before 1.0, and before issue 25's request histograms) and any
+    other: BadVersion, counted unknown_version (one line), their payload never parsed, and
+    the frame after them still read."""
     data = wire.HEADER.pack(wire.MAGIC, version, len(body)) + body
     with pytest.raises(wire.BadVersion) as refused:
         wire.decode(data)
@@ -230,7 +235,7 @@ def test_one_bad_frame_never_disables_the_receiver() -> None:
     for bad in (
         GOOD[:16] + many + GOOD[18:],  # more layers than a frame may hold
         GOOD[:-8] + struct.pack(">d", math.nan),
-        b"KCPF\x00\x04" + b"\x00\x00\x00\x3c" + b"\xff" * 60,
+        b"KCPF\x00\x05" + b"\x00\x00\x00\x3c" + b"\xff" * 60,
     ):
         r.feed(bad)
     r.feed(GOOD)

@@ -26,6 +26,7 @@ HERE = Path(__file__).resolve().parent
 ORDER = (
     "test_probe.py",
     "test_adapter.py",
+    "test_kc_recommend.py",
     "test_soak.py",
     "test_kc.py",
     "test_evict.py",

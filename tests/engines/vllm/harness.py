@@ -66,9 +66,21 @@ def vllm_env(probe_socket: Path) -> dict[str, str]:
         "VLLM_CPU_KVCACHE_SPACE": "2",
         "VLLM_SERVER_DEV_MODE": "1",
         "KCOPS_PROBE_SOCKET": str(probe_socket),
+        # A sampled call costs ~1 ms on this model; at vLLM's default share (0.003) the
+        # light load gives a layer ~5 K(C) samples in the soak's five minutes, too few
+        # for the live recommendation (test_kc_recommend.py).
+        "KCOPS_PROBE_SAMPLE_RATE": str(PROBE_SAMPLE_RATE),
         "KCOPS_TOKEN": TOKEN,
         "PYTHONUNBUFFERED": "1",
     }
+
+
+# The probe's share of sampled attention calls in the served vLLM, and the agent's
+# recommendation settings (its config file): a layer gets ~2.5 samples per light-load
+# request, so MIN_SAMPLES per layer come within the soak.
+PROBE_SAMPLE_RATE = 0.1
+REC_MIN_SAMPLES = 50
+AGENT_CONFIG = f"recommendation: {{min_samples: {REC_MIN_SAMPLES}}}\n"
 
 
 # vLLM's own drain on SIGTERM (vllm/v1/engine/core.py): with N > 0 it stops admitting and
@@ -353,7 +365,9 @@ def supervised_vllm(tmp: Path) -> Iterator[tuple[Stack, Watch]]:
     log = tmp / "agent-and-vllm.log"
     pre_shm = shm_entries()
     env = vllm_env(tmp / "probe.sock")
-    cmd = agent_cmd(aport, state, engine_url, engine=vllm_serve_cmd(vport))
+    config = tmp / "agent.yaml"
+    config.write_text(AGENT_CONFIG)
+    cmd = agent_cmd(aport, state, engine_url, "--config", str(config), engine=vllm_serve_cmd(vport))
     started = time.time()
     watch = Watch(agent_url)
     with process(cmd, log, env) as proc:

@@ -1,4 +1,4 @@
-"""The probe frame format (version 4, the one version): round trip, typed errors, bounds,
+"""The probe frame format (version 5, the one version): round trip, typed errors, bounds,
 fixed buckets, socket path."""
 
 from __future__ import annotations
@@ -62,33 +62,39 @@ def with_tag(data: bytes, tag: bytes, length: int | None = None) -> bytes:
 def test_round_trip() -> None:
     frame = sample_v4()
     data = wire.encode(frame)
-    assert data[:6] == wire.MAGIC + b"\x00\x04"
+    assert data[:6] == wire.MAGIC + b"\x00\x05"
     assert wire.decode(data) == frame
 
 
 def test_header_layout() -> None:
     data = wire.encode(sample_v4())
     magic, version, length = struct.unpack(">4sHI", data[:10])
-    assert (magic, version, length) == (b"KCPF", 4, len(data) - 10)
-    assert wire.header(data) == (4, len(data) - 10)
+    assert (magic, version, length) == (b"KCPF", 5, len(data) - 10)
+    assert wire.header(data) == (5, len(data) - 10)
 
 
-def test_v4_layout_key_first() -> None:
+def test_v5_layout_key_first() -> None:
     f = sample_v4()
+    for name in wire.REQUEST_HISTOGRAMS:
+        del f.histograms[name]
+    f.histograms[wire.REQUEST_CONTEXT] = wire.Histogram.of(wire.REQUEST_CONTEXT)
+    f.model = "smollm2"
     data = wire.encode(f)
     magic, version, length = struct.unpack(">4sHI", data[:10])
-    assert (magic, version, length) == (b"KCPF", 4, len(data) - 10)
+    assert (magic, version, length) == (b"KCPF", 5, len(data) - 10)
     (key_len,) = struct.unpack_from(">H", data, 10)
-    pid, k, t, mask, ne, np, ni, nl = struct.unpack_from(">IHBBBBBH", data, 12)
-    assert (pid, k, t, ne, np, ni) == (123, 3, 3, 4, 7, 3)
-    assert mask == 0b11101  # attention_seconds, kc_ratio, context_tokens; bit 4: K(C) by layer
-    assert struct.unpack_from(">3I", data, 25) == (16, 32, 64)
-    labels = data[37 : 12 + key_len]
-    assert labels == b"vllmpython3abc0\x001\x00unknown" and nl == len(b"0\x001\x00unknown")
+    pid, k, t, mask, ne, np, ni, nm, nl = struct.unpack_from(">IHBBBBBBH", data, 12)
+    assert (pid, k, t, ne, np, ni, nm) == (123, 3, 3, 4, 7, 3, 7)
+    # attention_seconds, kc_ratio, context_tokens, request context (bit 4); bit 7: K(C) by layer
+    assert mask == 0b10011101
+    assert struct.unpack_from(">3I", data, 26) == (16, 32, 64)
+    labels = data[38 : 12 + key_len]
+    assert labels == b"vllmpython3abcsmollm20\x001\x00unknown" and nl == len(b"0\x001\x00unknown")
+    assert wire.decode(data) == f
     seq, nan, inf, exc, internal, dropped = struct.unpack_from(">Q5I", data, 12 + key_len)
     assert (seq, nan, inf, exc, internal, dropped) == (7, 1, 0, 2, 5, 4)
     # the key says nothing that changes from one flush to the next
-    later = dataclasses.replace(sample_v4(), seq=8, ts=1700000001.5, dropped=0)
+    later = dataclasses.replace(f, seq=8, ts=1700000001.5, dropped=0)
     assert wire.encode(later)[: 12 + key_len] == data[: 12 + key_len]
 
 
@@ -190,15 +196,15 @@ def test_buckets_sorted_and_named() -> None:
     [
         (b"", wire.Truncated, "truncated"),
         (b"KCPF\x00", wire.Truncated, "truncated"),
-        (b"XXXX\x00\x04\x00\x00\x00\x02{}", wire.BadMagic, "bad magic"),
+        (b"XXXX\x00\x05\x00\x00\x00\x02{}", wire.BadMagic, "bad magic"),
         (b"KCPF\x00\x09\x00\x00\x00\x02{}", wire.BadVersion, "unknown frame version 9"),
         # versions 1 (JSON), 2 and 3 were read before 1.0: now they are unknown versions
-        (b"KCPF\x00\x01\x00\x00\x00\x02{}", wire.BadVersion, "version 1, this side speaks 4"),
+        (b"KCPF\x00\x01\x00\x00\x00\x02{}", wire.BadVersion, "version 1, this side speaks 5"),
         (b"KCPF\x00\x03\x00\x00\x00\x02{}", wire.BadVersion, "unknown frame version 3"),
-        (b"KCPF\x00\x04\x00\x00\x00\x05{}", wire.Truncated, "truncated"),
-        (b"KCPF\x00\x04\x00\x00\x00\x02{}", wire.Truncated, "ends inside a field"),
-        (b"KCPF\x00\x04\x00\x00\xff\xff" + bytes(65535), wire.TooLarge, "exceeds"),
-        (b"KCPF\x00\x04\x00\x00\x00\x01{}", wire.BadField, "payload length"),
+        (b"KCPF\x00\x05\x00\x00\x00\x05{}", wire.Truncated, "truncated"),
+        (b"KCPF\x00\x05\x00\x00\x00\x02{}", wire.Truncated, "ends inside a field"),
+        (b"KCPF\x00\x05\x00\x00\xff\xff" + bytes(65535), wire.TooLarge, "exceeds"),
+        (b"KCPF\x00\x05\x00\x00\x00\x01{}", wire.BadField, "payload length"),
     ],
 )
 def test_decode_errors_are_typed(data: bytes, error: type[wire.WireError], match: str) -> None:
@@ -264,25 +270,25 @@ def _refused(data: bytes, error: type[wire.WireError] = wire.BadField, name: str
 
 def test_v4_rejects_out_of_range_fields() -> None:
     data = wire.encode(sample_v4())
-    lay = wire.layout(3, 0b11101, 3)
+    lay = wire.layout(3, 0b11111101, 3)  # every plain histogram but kc_tokens; K(C) by layer
     floats_at = _v4_numbers_at(data) + 8 + 4 * lay.lanes
     for ts in (float("nan"), float("inf"), -1.0, 1e12):  # ts: the first float
         _refused(_set(data, ">d", floats_at, ts), name="ts")
     for i in range(1, lay.floats):  # every sum, K(C) by layer included
-        for bad in (float("nan"), float("-inf"), -0.5, 1e300):
-            _refused(_set(data, ">d", floats_at + 8 * i, bad), name="histogram sum")
+        for bad_sum in (float("nan"), float("-inf"), -0.5, 1e300):
+            _refused(_set(data, ">d", floats_at + 8 * i, bad_sum), name="histogram sum")
     _refused(_set(data, ">H", 16, wire.MAX_LAYERS + 1), name="layers")  # k u16 at 16
-    _refused(_set(data, ">B", 19, 0x20), name="histogram mask")  # mask u8 at 19
+    # mask u8 at 19: since version 5 every one of its 8 bits means something
     _refused(_set(data, ">B", 18, wire.MAX_TOPN + 1), name="top-N entries")  # u8 at 18
     for ns in ((32, 16, 64), (16, 16, 64), (0, 32, 64), (16, 32, wire.MAX_TOPN_N + 1)):
         bad = data
         for j, n in enumerate(ns):
-            bad = _set(bad, ">I", 25 + 4 * j, n)
+            bad = _set(bad, ">I", 26 + 4 * j, n)
         _refused(bad, name="top-N keys")
     for length in (0, 5, 30, 200, 60_000):  # key length u16 at 10 disagreeing
         with pytest.raises(wire.WireError):
             wire.decode(_set(data, ">H", 10, length))
-    for field, value in ((20, 17), (21, 0), (22, 200), (23, 9)):  # label lengths u8
+    for field, value in ((20, 17), (21, 0), (22, 200), (23, 9), (25, 1)):  # label lengths
         with pytest.raises(wire.WireError):
             wire.decode(_set(data, ">B", field, value))
 
@@ -301,7 +307,10 @@ def test_v4_rejects_bad_labels() -> None:
     _refused(data.replace(b"python3", b"pyth\0n3"), name="label")  # a NUL in the process
     _refused(data + b"\0", name="payload length")  # the header's length then disagrees
     grown = data + b"\0"
-    _refused(wire.HEADER.pack(wire.MAGIC, 4, len(grown) - 10) + grown[10:], name="payload length")
+    _refused(
+        wire.HEADER.pack(wire.MAGIC, wire.VERSION, len(grown) - 10) + grown[10:],
+        name="payload length",
+    )
     for cut in (11, 13, 30, len(data) - 1):
         with pytest.raises(wire.WireError):
             short = data[:cut]
