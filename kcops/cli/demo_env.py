@@ -291,7 +291,7 @@ class DemoEnv:
         actions: dict[str, object] = {
             "notify": {"url": self.start_webhook()},
             "guards": {
-                # Thirteen drills in forty minutes are thirteen incidents, several
+                # Fourteen drills in an hour are fourteen incidents, several
                 # of them paging at once: more than the shipped hourly budgets (20
                 # runs, 6 of one action) and 5-minute cooldowns allow by design.
                 "budget_per_hour": 120,

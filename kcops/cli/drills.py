@@ -83,7 +83,7 @@ DEMO_PARAMS = {
     "p99_inter_token_seconds": 2.5,
 }
 # The demo's copy of the rules caps every ``for`` and ``keep_firing_for`` (the
-# shipped 5m and 10m would make thirteen drills take an hour and a half).
+# shipped 5m, 10m and 30m would make the fourteen drills take hours).
 DEMO_MAX_FOR = "2m"
 DEMO_MAX_KEEP_FIRING_FOR = "1m"
 # the demo's 10m baseline window, its 1m keep_firing_for, and margin

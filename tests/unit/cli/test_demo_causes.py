@@ -221,3 +221,29 @@ def test_settling_waits_for_a_baseline_drill_past_its_window(
     monkeypatch.setattr(drills, "wait", spy)
     drills.settle(Env(), [res], timeout_s=5)  # type: ignore[arg-type]
     assert res.resolved and 25 < seen[0] <= 30
+
+
+def test_the_demo_agent_has_a_calibrated_live_recommendation_within_minutes(
+    tmp_path: Path,
+) -> None:
+    from kcops.agent.config import parse_config
+    from kcops.agent.kcrec.calibration import coverage_for
+    from kcops.cli.demo_env import PROBE_SAMPLE_RATE, DemoEnv
+
+    env = DemoEnv(tmp_path, "smollm2")
+    try:
+        cfg = parse_config(env.agent_config()).recommendation
+    finally:
+        env._stop_all()  # the webhook the config names
+    # Shipped: every 10 min over 1 h, 200 samples a layer. The demo's: within minutes.
+    assert cfg.enabled and cfg.interval_s <= 60 and cfg.window_s <= 600
+    assert cfg.min_samples <= 100 and PROBE_SAMPLE_RATE >= 0.1
+    cov = coverage_for(cfg, "smollm2")
+    assert cov.calibrated and (cov.p, cov.quantile) == (0.9, 0.0625)
+    # Another model is not SmolLM2's sweep: uncalibrated, and the document says so.
+    env = DemoEnv(tmp_path, "tiny")
+    try:
+        cfg = parse_config(env.agent_config()).recommendation
+    finally:
+        env._stop_all()
+    assert not coverage_for(cfg, cfg.model).calibrated
