@@ -344,7 +344,7 @@ def await_recommendation(env: DemoEnv) -> None:
 
 def over_budget(env: DemoEnv) -> None:
     """N far above the live recommendation: KV held for keys nobody attends."""
-    rec = recommended_n(env)
+    rec = env.query(RECOMMENDED_N) or recommended_n(env)  # the prepare step waited for it
     ratio = budget_over_ratio(env)
     n = math.ceil(OVER_BUDGET_MARGIN * ratio * rec)
     if n > DEMO_TOPN_MAX:
