@@ -73,7 +73,7 @@ RECOMMENDATION: dict[str, object] = {"interval_s": 30, "window_s": 600, "min_sam
 # Calibrated as `kc sweep` calibrated SmolLM2 (pydoc corpus, context 1024, layers 0
 # and 1 dense as the worker keeps them): its recommended N=256 is the K_0.9 of the
 # 6.25% quantile of calls. Uncalibrated (0.95 of calls) the live figure on the demo's
-# traffic is 210-320 keys, over 3x the demo's N of 64, whose shadow agreement holds
+# traffic is 180-320 keys, over 2.5x the demo's N of 64, whose shadow agreement holds
 # (the accuracy drill needs N=2 to move it): the budget rule would fire from the
 # start, on a mass figure that is not an accuracy one.
 CALIBRATION = {"smollm2": {"p": 0.9, "quantile": 0.0625}}
