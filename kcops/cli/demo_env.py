@@ -61,14 +61,14 @@ SHADOW_FRACTION = 1.0
 # the demo's few requests a second gave six K(C) values a minute, too few for a 1m
 # mean (the K(C) surge rule's) to tell a shift of the traffic from noise; 3% gave that
 # rule enough but a layer only 12-17 values a minute, 12 minutes to the live
-# recommendation's 200 a layer. At 10% a layer gets about 40-55 a minute; a sampled
+# recommendation's 200 a layer. At 10% a layer got 25-31 a minute (measured); a sampled
 # call costs about 3.5% of a CPU decode step (docs/benchmarks.md), so 3 a step is
 # about +7% on 3%'s.
 PROBE_SAMPLE_RATE = 0.1
 # The live K(C) recommendation (docs/kc.md) on the demo's scale: the shipped hour-long
 # window, 10-minute schedule and 200 samples a layer would give the budget-mismatch
 # drill nothing to compare with for the first half hour. A 10m window recomputed every
-# 30 s, and 100 samples a layer: about 2-3 minutes of the usual load at 10%.
+# 30 s, and 100 samples a layer: 3.5 minutes of the usual load at 10% (measured).
 RECOMMENDATION: dict[str, object] = {"interval_s": 30, "window_s": 600, "min_samples": 100}
 # Calibrated as `kc sweep` calibrated SmolLM2 (pydoc corpus, context 1024, layers 0
 # and 1 dense as the worker keeps them): its recommended N=256 is the K_0.9 of the
