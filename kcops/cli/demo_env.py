@@ -53,13 +53,30 @@ LOAD_USERS = 1
 LOAD_ENV = {"KCOPS_LOAD_POOL": "4", "KCOPS_LOAD_LONG_CHARS": "1200-2000"}
 DEMO_COOLDOWN_S = 30.0
 DEMO_TOP_N = 64  # the worker's attention budget N (kcops serve's default)
+DEMO_TOPN_MAX = 8192  # N's ceiling (shipped 1024): over 4x a recommendation of a few hundred
 # Every long request is shadow-checked: at the demo's rate a smaller share would
 # leave the accuracy drill minutes between checks.
 SHADOW_FRACTION = 1.0
-# The worker's probe samples 3% of attention calls, 10x the shipped default: at the
-# demo's few requests a second, 0.3% gave six K(C) values a minute, too few for a
-# 1m mean (the K(C) surge rule's) to tell a shift of the traffic from noise.
-PROBE_SAMPLE_RATE = 0.03
+# The worker's probe samples 10% of attention calls, 33x the shipped default. At 0.3%
+# the demo's few requests a second gave six K(C) values a minute, too few for a 1m
+# mean (the K(C) surge rule's) to tell a shift of the traffic from noise; 3% gave that
+# rule enough but a layer only 12-17 values a minute, 12 minutes to the live
+# recommendation's 200 a layer. At 10% a layer got 25-31 a minute (measured); a sampled
+# call costs about 3.5% of a CPU decode step (docs/benchmarks.md), so 3 a step is
+# about +7% on 3%'s.
+PROBE_SAMPLE_RATE = 0.1
+# The live K(C) recommendation (docs/kc.md) on the demo's scale: the shipped hour-long
+# window, 10-minute schedule and 200 samples a layer would give the budget-mismatch
+# drill nothing to compare with for the first half hour. A 10m window recomputed every
+# 30 s, and 100 samples a layer: 3.5 minutes of the usual load at 10% (measured).
+RECOMMENDATION: dict[str, object] = {"interval_s": 30, "window_s": 600, "min_samples": 100}
+# Calibrated as `kc sweep` calibrated SmolLM2 (pydoc corpus, context 1024, layers 0
+# and 1 dense as the worker keeps them): its recommended N=256 is the K_0.9 of the
+# 6.25% quantile of calls. Uncalibrated (0.95 of calls) the live figure on the demo's
+# traffic is 180-320 keys, over 2.5x the demo's N of 64, whose shadow agreement holds
+# (the accuracy drill needs N=2 to move it): the budget rule would fire from the
+# start, on a mass figure that is not an accuracy one.
+CALIBRATION = {"smollm2": {"p": 0.9, "quantile": 0.0625}}
 
 
 class DemoFailed(Exception):
@@ -274,7 +291,7 @@ class DemoEnv:
         actions: dict[str, object] = {
             "notify": {"url": self.start_webhook()},
             "guards": {
-                # Thirteen drills in forty minutes are thirteen incidents, several
+                # Fourteen drills in an hour are fourteen incidents, several
                 # of them paging at once: more than the shipped hourly budgets (20
                 # runs, 6 of one action) and 5-minute cooldowns allow by design.
                 "budget_per_hour": 120,
@@ -294,6 +311,11 @@ class DemoEnv:
             "rules": rules,
             "actions": actions,
             "engine": {"startup_timeout_s": DEMO_STARTUP_TIMEOUT_S},
+            "recommendation": {
+                **RECOMMENDATION,
+                "model": self.model,  # the name the calibration is kept under
+                "calibration": CALIBRATION,
+            },
         }
 
     def write_rules(self) -> Path:
@@ -317,8 +339,9 @@ class DemoEnv:
         worker_cmd = [
             kcops_exe(), "serve", "--model", self.model, "--port", self.worker.rsplit(":", 1)[1],
             "--enable-faults", "--long-threshold", "256", "--shadow-fraction", str(SHADOW_FRACTION),
-            # The accuracy drill lowers N to 2, below the shipped floor of 16.
-            "--top-n", str(DEMO_TOP_N), "--topn-min", "2",
+            # The accuracy drill lowers N to 2, below the shipped floor of 16; the
+            # budget-mismatch drill raises it past 4x the live recommendation.
+            "--top-n", str(DEMO_TOP_N), "--topn-min", "2", "--topn-max", str(DEMO_TOPN_MAX),
             "--cache-budget-bytes", str(CACHE_BUDGET_BYTES),
             "--start-delay-file", str(self.start_delay_file),
         ]  # fmt: skip

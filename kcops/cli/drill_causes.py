@@ -12,12 +12,20 @@ drills work whatever the model's size.
 
 from __future__ import annotations
 
+import math
 import time
 
 import click
 import httpx
 
-from kcops.cli.demo_env import DEMO_STARTUP_TIMEOUT_S, DEMO_TOP_N, DemoEnv, DemoFailed, wait
+from kcops.cli.demo_env import (
+    DEMO_STARTUP_TIMEOUT_S,
+    DEMO_TOP_N,
+    DEMO_TOPN_MAX,
+    DemoEnv,
+    DemoFailed,
+    wait,
+)
 
 DEVICE_MEMORY_RATIO = 0.9  # KcopsDeviceMemoryHigh's shipped threshold, which the demo keeps
 
@@ -38,6 +46,11 @@ FLUCTUATION_OF_MEAN = 1.5  # ... and 1.5x the mean latency the agent sees when t
 OVERLOAD_USERS = 36  # Locust users added: requests queue behind prefills even when idle
 LOW_TOP_N = 2  # keys kept per head: far below what the traffic needs
 START_DELAY_S = DEMO_STARTUP_TIMEOUT_S + 30
+# The budget-mismatch drill sets N this far past the rule's budget_over_ratio x the live
+# recommendation: clear of the line while the recommendation moves a bucket up.
+OVER_BUDGET_MARGIN = 2.0
+RECOMMENDATION_WITHIN_S = 600  # the demo's window filling to min_samples a layer, and margin
+RECOMMENDED_N = "max(kcops_kc_recommended_n)"
 
 
 def needs_cgroup(env: DemoEnv) -> str | None:
@@ -300,3 +313,47 @@ def fast_redis(env: DemoEnv) -> None:
     env.redis_proxy.delay_s = 0.0
     env.fault({"cache_budget_bytes": 0})
     env.set_load_mode("mixed")
+
+
+def budget_over_ratio(env: DemoEnv) -> float:
+    """KcopsBudgetMismatch's ``budget_over_ratio``: the demo's param, else the shipped one."""
+    if "budget_over_ratio" in env.rule_params:
+        return float(env.rule_params["budget_over_ratio"])  # type: ignore[arg-type]
+    from kcops.agent.rules.loader import default_rules_path
+    from kcops.agent.yamlload import load_yaml_file
+
+    return float(load_yaml_file(default_rules_path())["params"]["budget_over_ratio"])
+
+
+def recommended_n(env: DemoEnv) -> float:
+    """The agent's live K(C) recommendation (kcops_kc_recommended_n), once it has one."""
+    got: float = wait(
+        "the agent's live K(C) recommendation (kcops_kc_recommended_n; its window "
+        "filling to recommendation.min_samples a layer)",
+        RECOMMENDATION_WITHIN_S,
+        lambda: env.query(RECOMMENDED_N),
+        every_s=2,
+    )
+    return got
+
+
+def await_recommendation(env: DemoEnv) -> None:
+    n = recommended_n(env)
+    click.echo(f"  live recommendation N = {n:.0f}; the worker's N = {DEMO_TOP_N}")
+
+
+def over_budget(env: DemoEnv) -> None:
+    """N far above the live recommendation: KV held for keys nobody attends."""
+    rec = env.query(RECOMMENDED_N) or recommended_n(env)  # the prepare step waited for it
+    ratio = budget_over_ratio(env)
+    n = math.ceil(OVER_BUDGET_MARGIN * ratio * rec)
+    if n > DEMO_TOPN_MAX:
+        raise DemoFailed(
+            f"N {n} ({OVER_BUDGET_MARGIN:g} x {ratio:g} x the recommended {rec:.0f}) is over "
+            f"the worker's --topn-max {DEMO_TOPN_MAX}"
+        )
+    env.admin("/admin/attention", {"top_n": n})
+    click.echo(
+        f"  attention budget N {DEMO_TOP_N} -> {n}: {n / rec:.1f}x the live recommendation "
+        f"{rec:.0f} (the rule: over {ratio:g}x)"
+    )

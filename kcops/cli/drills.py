@@ -83,7 +83,7 @@ DEMO_PARAMS = {
     "p99_inter_token_seconds": 2.5,
 }
 # The demo's copy of the rules caps every ``for`` and ``keep_firing_for`` (the
-# shipped 5m and 10m would make thirteen drills take an hour and a half).
+# shipped 5m, 10m and 30m would make the fourteen drills take hours).
 DEMO_MAX_FOR = "2m"
 DEMO_MAX_KEEP_FIRING_FOR = "1m"
 # the demo's 10m baseline window, its 1m keep_firing_for, and margin
@@ -179,10 +179,14 @@ DRILLS: tuple[Drill, ...] = (
         c.slow_start, c.end_slow_start, fire_within_s=300, estimate_s=240,
     ),
     Drill(
-        "KcopsBudgetMismatch", "the worker's N held below the live K(C) recommendation",
-        lambda e: None, lambda e: None, fire_within_s=0, estimate_s=0,
-        needs="a live recommendation within the demo's minutes (200 K(C) samples a layer "
-        "at its 3% probe rate, then the rule's for): not built yet (issue 25)",
+        "KcopsBudgetMismatch",
+        f"attention budget N raised to {c.OVER_BUDGET_MARGIN:g}x the rule's ratio x the live "
+        "K(C) recommendation: KV memory held for keys nobody attends",
+        c.over_budget, c.restore_budget,
+        # its `for` (2m here) and the 30 s recommendation schedule, and margin
+        fire_within_s=300, estimate_s=240,
+        # A recommendation first: the demo's 10m window filling to min_samples a layer.
+        prepare=c.await_recommendation,
     ),
 )  # fmt: skip
 

@@ -17,16 +17,60 @@ from pathlib import Path
 import pytest
 import redis
 
-from kcops.cli import demo_cgroup
+from kcops.cli import demo_cgroup, drill_causes
+from kcops.cli.demo_env import DEMO_TOPN_MAX, DemoFailed
 from kcops.cli.demo_proxy import DelayProxy
 from kcops.cli.drills import DRILLS
 
 
 def test_every_drill_has_a_real_cause() -> None:
-    # One known gap, issue 25 (open): KcopsBudgetMismatch's cause needs a live K(C)
-    # recommendation within the demo's minutes. Any other drill without a cause fails.
-    assert [d.alert for d in DRILLS if d.needs is not None] == ["KcopsBudgetMismatch"]
-    assert all(d.estimate_s > 0 and d.fire_within_s > 0 for d in DRILLS if d.needs is None)
+    # No known gap left: KcopsBudgetMismatch's cause (N far over the live K(C)
+    # recommendation) has a recommendation within the demo's minutes.
+    assert [d.alert for d in DRILLS if d.needs is not None] == []
+    assert all(d.estimate_s > 0 and d.fire_within_s > 0 for d in DRILLS)
+
+
+class _BudgetEnv:
+    """What the budget-mismatch drill asks of DemoEnv: the agent's gauge, the worker's N."""
+
+    def __init__(self, recommended: float | None, params: dict[str, object]) -> None:
+        self.recommended = recommended
+        self.rule_params = params
+        self.posted: list[tuple[str, dict[str, object]]] = []
+
+    def query(self, expr: str) -> float | None:
+        assert expr == drill_causes.RECOMMENDED_N
+        return self.recommended
+
+    def admin(self, path: str, body: dict[str, object]) -> None:
+        self.posted.append((path, body))
+
+
+def test_the_budget_drill_sets_n_past_the_rule_from_the_live_recommendation() -> None:
+    # The shipped ratio (4, the demo keeps it): N = 2 x 4 x the recommendation.
+    env = _BudgetEnv(48.0, {})
+    drill_causes.over_budget(env)  # type: ignore[arg-type]
+    assert env.posted == [("/admin/attention", {"top_n": 384})]
+    assert drill_causes.budget_over_ratio(env) * 48 < 384  # type: ignore[arg-type]
+    # A ratio the demo's params override is the one the rule uses.
+    env = _BudgetEnv(48.0, {"budget_over_ratio": 3})
+    drill_causes.over_budget(env)  # type: ignore[arg-type]
+    assert env.posted == [("/admin/attention", {"top_n": 288})]
+    # Past the worker's --topn-max the cause cannot be applied: said, nothing posted.
+    env = _BudgetEnv(float(DEMO_TOPN_MAX), {})
+    with pytest.raises(DemoFailed, match="topn-max"):
+        drill_causes.over_budget(env)  # type: ignore[arg-type]
+    assert env.posted == []
+
+
+def test_the_budget_drill_waits_for_a_recommendation_and_says_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(drill_causes, "RECOMMENDATION_WITHIN_S", 0.2)
+    env = _BudgetEnv(None, {})  # too few samples: the agent exports no gauge
+    with pytest.raises(DemoFailed, match=r"kcops_kc_recommended_n.*not within"):
+        drill_causes.await_recommendation(env)  # type: ignore[arg-type]
+    assert env.posted == []
 
 
 def test_proxy_forwards_and_delays(redis_url: str) -> None:
@@ -177,3 +221,29 @@ def test_settling_waits_for_a_baseline_drill_past_its_window(
     monkeypatch.setattr(drills, "wait", spy)
     drills.settle(Env(), [res], timeout_s=5)  # type: ignore[arg-type]
     assert res.resolved and 25 < seen[0] <= 30
+
+
+def test_the_demo_agent_has_a_calibrated_live_recommendation_within_minutes(
+    tmp_path: Path,
+) -> None:
+    from kcops.agent.config import parse_config
+    from kcops.agent.kcrec.calibration import coverage_for
+    from kcops.cli.demo_env import PROBE_SAMPLE_RATE, DemoEnv
+
+    env = DemoEnv(tmp_path, "smollm2")
+    try:
+        cfg = parse_config(env.agent_config()).recommendation
+    finally:
+        env._stop_all()  # the webhook the config names
+    # Shipped: every 10 min over 1 h, 200 samples a layer. The demo's: within minutes.
+    assert cfg.enabled and cfg.interval_s <= 60 and cfg.window_s <= 600
+    assert cfg.min_samples <= 100 and PROBE_SAMPLE_RATE >= 0.1
+    cov = coverage_for(cfg, "smollm2")
+    assert cov.calibrated and (cov.p, cov.quantile) == (0.9, 0.0625)
+    # Another model is not SmolLM2's sweep: uncalibrated, and the document says so.
+    env = DemoEnv(tmp_path, "tiny")
+    try:
+        cfg = parse_config(env.agent_config()).recommendation
+    finally:
+        env._stop_all()
+    assert not coverage_for(cfg, cfg.model).calibrated
