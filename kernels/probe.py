@@ -161,6 +161,11 @@ class Probe:
             name = self._names[layer] = f"kcops.attention.layer{layer}"
         return name
 
+    def set_sample_rate(self, rate: float) -> None:
+        """Sample each call with probability ``rate`` from the next call on."""
+        self._rate = rate
+        self._skip = self._draw_skip()
+
     def _draw_skip(self) -> int:
         """How many calls go unsampled before the next sampled one: a geometric draw, so
         that every call is still sampled with probability ``sample_rate``, independently,

@@ -95,7 +95,7 @@ def test_unsampled_request_is_priced_at_full_context(
     probed: tuple[WorkerState, kernels.Probe],
 ) -> None:
     state, probe = probed
-    probe._rate = 0.0  # no sample: no effective context, and no saving claimed
+    probe.set_sample_rate(0.0)  # no sample: no effective context, and no saving claimed
     events: list[Event] = []
     state.engine.submit(GenRequest(list(range(300, 340)), 2, events.append, tenant="initech"))
     with torch.inference_mode():
