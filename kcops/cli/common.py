@@ -146,16 +146,42 @@ def agent_request(
     headers: dict[str, str] | None = None,
     timeout_s: float = 5.0,
 ) -> httpx.Response:
-    """One HTTP call to the agent; a connection failure raises :class:`Unreachable`."""
+    """One HTTP call to the agent; a connection failure raises :class:`Unreachable`.
+
+    A GET that the agent's query API refuses for the moment (503 ``unavailable``: its
+    share of the agent's loop is spent, or too many queries at once; it says "retry
+    shortly") is retried after 0.25, 0.5 and 1 s, so that a CLI that asks many queries
+    at once (``kcops top``) waits for the agent rather than failing."""
+    import time
+
     import httpx  # not at module level: `kcops agent run` imports this module and never calls
 
     url = agent_url.rstrip("/") + path
+    for wait_s in (*RETRY_UNAVAILABLE_S, None):
+        try:
+            resp = httpx.request(method, url, json=json_body, headers=headers, timeout=timeout_s)
+        except httpx.InvalidURL as exc:
+            raise ConfigError(f"--agent {agent_url!r}: not a valid URL: {exc}") from None
+        except httpx.HTTPError as exc:
+            raise Unreachable(f"cannot reach the agent at {agent_url}: {exc}") from None
+        if wait_s is None or method != "GET" or not _unavailable(resp):
+            return resp
+        time.sleep(wait_s)
+    raise AssertionError("unreachable")  # the loop returns on its last pass
+
+
+RETRY_UNAVAILABLE_S = (0.25, 0.5, 1.0)
+
+
+def _unavailable(resp: httpx.Response) -> bool:
+    """The query API's momentary refusal: 503 with Prometheus's ``errorType: unavailable``."""
+    if resp.status_code != 503:
+        return False
     try:
-        return httpx.request(method, url, json=json_body, headers=headers, timeout=timeout_s)
-    except httpx.InvalidURL as exc:
-        raise ConfigError(f"--agent {agent_url!r}: not a valid URL: {exc}") from None
-    except httpx.HTTPError as exc:
-        raise Unreachable(f"cannot reach the agent at {agent_url}: {exc}") from None
+        doc = resp.json()
+    except ValueError:
+        return False
+    return isinstance(doc, dict) and doc.get("errorType") == "unavailable"
 
 
 def agent_get_json(agent_url: str, path: str) -> Any:
