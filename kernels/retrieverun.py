@@ -17,9 +17,9 @@ from typing import Any
 import torch
 
 from kcops.kernels.retrieve import Builder, score_batch
-from kcops.kernels.sweep import FULL, POLICIES, SweepError, paired_se
+from kcops.kernels.sweep import FULL, POLICIES, paired_se
+from kcops.kernels.sweepio import ROWS_FILE, resume_lines
 
-ROWS_FILE = "rows.jsonl"
 BATCH = 8  # items prefilled together (one cell, one length)
 
 
@@ -28,29 +28,10 @@ def _key(length: int, depth: float, lo: int, hi: int, policy: str, n: int | None
 
 
 def load_done(out: Path, settings: dict[str, object]) -> dict[str, dict[str, Any]]:
-    path = out / ROWS_FILE
-    if not path.exists():
-        out.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"settings": settings}) + "\n", encoding="utf-8")
-        return {}
-    text = path.read_text(encoding="utf-8")
-    lines = text.splitlines()
-    head = json.loads(lines[0]) if lines else {}
-    if head.get("settings") != settings:
-        raise SweepError(
-            f"{path} holds a run with other settings ({head.get('settings')}); "
-            "use another --out folder or delete it"
-        )
     done: dict[str, dict[str, Any]] = {}
-    for line in lines[1:]:
-        try:
-            row = json.loads(line)
+    for row in resume_lines(out, settings, what="run"):
+        if isinstance(row, dict) and isinstance(row.get("key"), str):
             done[row["key"]] = row
-        except (ValueError, KeyError, TypeError):
-            continue  # a line cut by an interrupted run: measured again
-    if not text.endswith("\n"):
-        with path.open("a", encoding="utf-8") as fh:
-            fh.write("\n")
     return done
 
 

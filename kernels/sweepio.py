@@ -37,31 +37,44 @@ COLUMNS = (
 )
 
 
-def load_done(out: Path, settings: dict[str, object]) -> dict[str, Row]:
-    """Rows already measured under the same ``settings`` (empty for a new folder)."""
+def resume_lines(out: Path, settings: dict[str, object], what: str = "sweep") -> list[Any]:
+    """The JSON lines already written under the same ``settings`` (a new folder gets the
+    settings header and none); a line cut by an interrupted run is left out (measured
+    again) and the file made to end a line. Other settings refuse the folder."""
     path = out / ROWS_FILE
     if not path.exists():
         out.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"settings": settings}) + "\n", encoding="utf-8")
-        return {}
+        return []
     text = path.read_text(encoding="utf-8")
     lines = text.splitlines()
     head = json.loads(lines[0]) if lines else {}
     if head.get("settings") != settings:
         raise SweepError(
-            f"{path} holds a sweep with other settings ({head.get('settings')}); "
+            f"{path} holds a {what} with other settings ({head.get('settings')}); "
             "use another --out folder or delete it"
         )
-    done: dict[str, Row] = {}
+    rows: list[Any] = []
     for line in lines[1:]:
         try:
-            row = Row(**json.loads(line))
-        except (ValueError, TypeError):
+            rows.append(json.loads(line))
+        except ValueError:
             continue  # a line cut by an interrupted run: measure it again
-        done[row.key] = row
     if not text.endswith("\n"):  # cut mid-line: the next row must start a line of its own
         with path.open("a", encoding="utf-8") as fh:
             fh.write("\n")
+    return rows
+
+
+def load_done(out: Path, settings: dict[str, object]) -> dict[str, Row]:
+    """Rows already measured under the same ``settings`` (empty for a new folder)."""
+    done: dict[str, Row] = {}
+    for doc in resume_lines(out, settings):
+        try:
+            row = Row(**doc)
+        except TypeError:
+            continue  # a cut line that still parsed as JSON
+        done[row.key] = row
     return done
 
 
