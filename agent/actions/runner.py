@@ -19,7 +19,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Coroutine, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry.trace import Span, Status, StatusCode, Tracer
 from pydantic import JsonValue
@@ -55,6 +55,12 @@ OK, FAILED, TIMEOUT, DRY_RUN = Outcome.OK, Outcome.FAILED, Outcome.TIMEOUT, Outc
 REFUSED, INVALID = Outcome.REFUSED, Outcome.INVALID
 SKIPPED = outcome_mod.SKIPPED
 
+# How long an action waits for its started record to reach the disk before it acts
+# anyway. A busy disk's fsync can take many seconds (writeback after a large install
+# or a model load); a restart must not wait on it. The fsync goes on, and the HTTP
+# answer still waits for it (a record is never acknowledged before it is durable).
+STARTED_DURABLE_WAIT_S = 1.0
+
 
 class Runner:
     def __init__(
@@ -88,7 +94,7 @@ class Runner:
         self.on_change = on_change
         self.on_breaker = on_breaker
         self.counts: dict[tuple[str, str], int] = {}
-        self.tasks: set[asyncio.Task[None]] = set()
+        self.tasks: set[asyncio.Task[Any]] = set()
         self._seq = itertools.count(1)
         self._boot = uuid.uuid4().hex[:6]
 
@@ -299,11 +305,23 @@ class Runner:
     async def _execute(
         self, run: Run, spec: ActionSpec, parsed: Params, started: int | None = None
     ) -> None:
-        if not await self.audit.sync(started):
-            # The disk refuses the log: the record is held in memory and written when
-            # it takes it again. Remediation does not wait for the disk (a full disk
-            # may be what it is for).
+        # The disk refuses the log, or is slow: the record is held in memory (or its
+        # fsync goes on) and written when the disk takes it. Remediation does not wait
+        # for the disk (a full or saturated disk may be what it is for).
+        sync = asyncio.ensure_future(self.audit.sync(started))
+        self.tasks.add(sync)  # held until done: the agent's stop waits for it too
+        sync.add_done_callback(self.tasks.discard)
+        done, _ = await asyncio.wait([sync], timeout=STARTED_DURABLE_WAIT_S)
+        if not done:
+            log.warning(
+                "action %s: acting before its started record is durable (fsync slower than %gs)",
+                run.action,
+                STARTED_DURABLE_WAIT_S,
+            )
+        elif not sync.result():
             log.warning("action %s: acting before its started record is durable", run.action)
+        by = run.trigger.source if run.trigger is not None else None
+        log.info("action %s on %s: started (%s)", run.action, run.target, by or "unknown")
         t0 = time.monotonic()
         outcome, error = Outcome.OK, None
         with self.tracer.start_as_current_span(

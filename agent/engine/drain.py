@@ -62,6 +62,11 @@ async def drain(
         # Noted before it is asked: an abandoned restart resumes even when it was
         # cancelled while the engine was still answering.
         how = report["how"] = await engine.admission_control()
+        log.info(
+            "drain: stopping admission (%s), %.2fs after the drain began",
+            how or "cannot",
+            time.monotonic() - t0,
+        )
         try:
             await engine.stop_admitting(deadline_s)
         except Exception as exc:

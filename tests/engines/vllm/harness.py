@@ -80,7 +80,14 @@ def vllm_env(probe_socket: Path) -> dict[str, str]:
 # request, so MIN_SAMPLES per layer come within the soak.
 PROBE_SAMPLE_RATE = 0.1
 REC_MIN_SAMPLES = 50
-AGENT_CONFIG = f"recommendation: {{min_samples: {REC_MIN_SAMPLES}}}\n"
+# The restart test's request in flight runs RESTART_IN_FLIGHT_S of decode and must end
+# within the drain deadline, with room for the drain to begin after it started.
+RESTART_IN_FLIGHT_S = 24.0
+DRAIN_DEADLINE_S = 60.0
+AGENT_CONFIG = (
+    f"recommendation: {{min_samples: {REC_MIN_SAMPLES}}}\n"
+    f"actions: {{restart: {{drain_deadline_s: {DRAIN_DEADLINE_S:g}}}}}\n"
+)
 
 
 # vLLM's own drain on SIGTERM (vllm/v1/engine/core.py): with N > 0 it stops admitting and

@@ -16,7 +16,9 @@ import httpx
 import pytest
 
 from tests.engines.vllm.harness import (
+    DRAIN_DEADLINE_S,
     POLL_S,
+    RESTART_IN_FLIGHT_S,
     SHM,
     SHUTDOWN_TIMEOUT_S,
     SYSTEM_PROMPT,
@@ -31,11 +33,12 @@ from tests.services import wait_until
 pytestmark = pytest.mark.vllm
 
 # The request in flight must still decode when the drain pauses vLLM, and finish within
-# the agent's drain deadline (actions.restart.drain_deadline_s, 30 s by default): its
-# length is this many seconds of this machine's decode rate, measured first (a fixed 200
-# tokens ended before the pause on a faster CI machine), within the 2,048-token context
-# (a short prompt leaves nearly all of it).
-IN_FLIGHT_S = 12.0
+# the agent's drain deadline (DRAIN_DEADLINE_S in the suite's agent config): its length
+# is RESTART_IN_FLIGHT_S of this machine's decode rate, measured first (a fixed 200
+# tokens ended before the pause on a faster CI machine, and once 12 s of decode did),
+# within the 2,048-token context (a short prompt leaves nearly all of it).
+IN_FLIGHT_S = RESTART_IN_FLIGHT_S
+assert IN_FLIGHT_S < DRAIN_DEADLINE_S / 2, "the drain must outlast the request in flight"
 IN_FLIGHT_TOKENS = (100, 1800)
 HELD_TOKENS = 16
 PROMPT = "You tell long stories to the operators of an inference service.\nTell one."
@@ -56,6 +59,14 @@ def _complete(req: StreamResult, tokens: int) -> None:
     assert req.error is None, req.error
     assert req.finish_reason == "length", (req.finish_reason, req.chunks)
     assert req.completion_tokens == tokens, (req.completion_tokens, req.chunks)
+
+
+def _restart_lines(stack: Stack) -> list[str]:
+    """The agent's own account of the restart so far (when it began, when it asked vLLM
+    to stop admitting): what a failure must show."""
+    keep = ("restart", "started record", "stop admitting", "/pause", "PAUSED")
+    lines = stack.log_path.read_text(errors="replace").splitlines()
+    return [ln[:240] for ln in lines if any(k in ln for k in keep)][-12:]
 
 
 def test_restart_drains_and_cleans_shared_memory(after_soak: Stack) -> None:
@@ -85,7 +96,7 @@ def test_restart_drains_and_cleans_shared_memory(after_soak: Stack) -> None:
         # the drain pauses vLLM (dev mode) and waits for the request in flight
         wait_until(
             lambda: stack.paused() or not caller.is_alive(),
-            120,
+            DRAIN_DEADLINE_S,
             "the drain's /pause",
             interval_s=POLL_S,
         )
@@ -93,6 +104,7 @@ def test_restart_drains_and_cleans_shared_memory(after_soak: Stack) -> None:
         assert caller.is_alive() and not req.done.is_set(), (
             "no drain seen while the request ran",
             f"{tokens} tokens at {rate:.0f} tokens/s; at the pause: chunks, seconds = {seen}",
+            _restart_lines(stack),
         )
         held = stream_completion(stack.engine_url, SYSTEM_PROMPT + "\nOne more.", HELD_TOKENS)
         caller.join(600)

@@ -202,6 +202,49 @@ def test_started_is_on_disk_before_the_run_acts_and_a_kill_leaves_it_interrupted
     asyncio.run(body())
 
 
+def test_a_slow_fsync_holds_the_action_back_only_for_its_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A saturated disk's fsync can take many seconds: the action acts after
+    STARTED_DURABLE_WAIT_S, its record is written, and the fsync, once the disk answers,
+    makes the record durable (the HTTP answer waits for that, not the action)."""
+    import threading
+
+    from kcops.agent.actions import runner as runner_mod
+
+    monkeypatch.setattr(runner_mod, "STARTED_DURABLE_WAIT_S", 0.2)
+    disk = threading.Event()
+    real = AuditLog._fsync
+
+    def slow_fsync(self: AuditLog) -> bool:
+        disk.wait(30)  # the disk answers when the test says so
+        return real(self)
+
+    async def body() -> None:
+        gate = Gate(tmp_path / "audit.jsonl")
+        rem, _ = await _rem(tmp_path, gate)
+        monkeypatch.setattr(AuditLog, "_fsync", slow_fsync)
+        run = rem.runner.submit("gate", {}, trigger=Trigger(source="api"))
+        for _ in range(500):  # the fsync never answers until `disk` is set
+            if gate.seen_started:
+                break
+            await asyncio.sleep(0.01)
+        assert gate.seen_started == ["started"]  # acted, its record written, not yet synced
+        assert rem.audit.unsynced > 0
+        disk.set()
+        gate.go.set()
+        assert run.task is not None
+        await run.task
+        assert await rem.audit.sync()
+        assert rem.audit.unsynced == 0
+        await rem.stop()
+
+    try:
+        asyncio.run(body())
+    finally:
+        disk.set()
+
+
 def test_a_refusal_repeated_while_its_cause_lasts_is_recorded_once_with_a_count(
     tmp_path: Path,
 ) -> None:
