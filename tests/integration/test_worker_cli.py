@@ -8,7 +8,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.services import free_port, kcops_bin, running, wait_http
+from tests.services import free_port, kcops_bin, running, stop, wait_http
 
 
 def serve(*args: str) -> subprocess.CompletedProcess[str]:
@@ -47,4 +47,9 @@ def test_serve_tiny_process(tmp_path: Path) -> None:
         h = {"Authorization": "Bearer tok"}
         r = httpx.post(url + "/admin/route", json={"mode": "fallback"}, headers=h)
         assert r.json() == {"before": "normal", "after": "fallback"}
+        # SIGTERM, and time to exit cleanly: 2 s here, but a loaded 2-core box once took
+        # past the harness's 10 s and its SIGKILL left the pidfile (which only a clean
+        # exit removes)
+        stop(proc, timeout_s=60)
+        assert proc.returncode == 0, proc.returncode
     assert not pidfile.exists()
