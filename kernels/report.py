@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from kcops.kernels.maps import MAPS_FILE, AttentionMaps
 from kcops.kernels.sweep import FULL, POLICIES, Row, SweepError, recommend
-from kcops.kernels.sweepio import ROWS_FILE, markdown
+from kcops.kernels.sweepio import ROWS_FILE, markdown, read_rows
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -31,17 +31,7 @@ PAGE = "report.html"
 
 
 def _rows(folder: Path) -> list[Row]:
-    path = folder / ROWS_FILE
-    if not path.exists():
-        return []
-    rows: dict[str, Row] = {}
-    for line in path.read_text(encoding="utf-8").splitlines()[1:]:
-        try:
-            row = Row(**json.loads(line))
-        except (ValueError, TypeError):
-            continue
-        rows[row.key] = row
-    return list(rows.values())
+    return read_rows(folder)[1]
 
 
 def _img(path: Path) -> str:

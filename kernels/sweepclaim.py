@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from kcops.kernels.sweep import FULL, Row, SweepError, recommend
-from kcops.kernels.sweepio import ROWS_FILE, RUNS_FILE
+from kcops.kernels.sweepio import ROWS_FILE, RUNS_FILE, read_rows
 
 SAVING = 0.30  # the documents' "30–50%": the claim holds from its lower end
 
@@ -56,22 +56,10 @@ def read_folder(folder: Path) -> tuple[dict[str, object], list[Row]]:
     path = folder / ROWS_FILE
     if not path.is_file():
         raise SweepError(f"{folder}: no {ROWS_FILE} (give the --out folder of kc sweep)")
-    lines = path.read_text(encoding="utf-8").splitlines()
-    try:
-        head = json.loads(lines[0]) if lines else {}
-    except ValueError:
-        head = {}
-    settings = head.get("settings") if isinstance(head, dict) else None
-    if not isinstance(settings, dict):
+    settings, rows = read_rows(folder)
+    if settings is None:
         raise SweepError(f"{path}: its first line is not a kc sweep settings header")
-    rows: dict[str, Row] = {}
-    for line in lines[1:]:
-        try:
-            row = Row(**json.loads(line))
-        except (ValueError, TypeError):
-            continue  # a line cut by an interrupted run
-        rows[row.key] = row
-    return settings, list(rows.values())
+    return settings, rows
 
 
 def run_cost(folder: Path) -> tuple[float | None, int | None]:

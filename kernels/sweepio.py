@@ -78,6 +78,29 @@ def load_done(out: Path, settings: dict[str, object]) -> dict[str, Row]:
     return done
 
 
+def read_rows(folder: Path) -> tuple[dict[str, object] | None, list[Row]]:
+    """A sweep folder read without touching it: its settings header (None when the first
+    line is not one) and its rows, the last measurement of each key; a cut line is left
+    out. No ``rows.jsonl``: no settings and no rows."""
+    path = folder / ROWS_FILE
+    if not path.is_file():
+        return None, []
+    lines = path.read_text(encoding="utf-8").splitlines()
+    try:
+        head = json.loads(lines[0]) if lines else {}
+    except ValueError:
+        head = {}
+    settings = head.get("settings") if isinstance(head, dict) else None
+    rows: dict[str, Row] = {}
+    for line in lines[1:]:
+        try:
+            row = Row(**json.loads(line))
+        except (ValueError, TypeError):
+            continue  # a line cut by an interrupted run
+        rows[row.key] = row
+    return (settings if isinstance(settings, dict) else None), list(rows.values())
+
+
 def append_row(out: Path, row: Row) -> None:
     with (out / ROWS_FILE).open("a", encoding="utf-8") as fh:
         fh.write(json.dumps(row.as_json()) + "\n")
