@@ -281,30 +281,35 @@ def _store_bytes(agent: RealAgent) -> int:
     return int(_metric(agent, "kcops_store_bytes"))
 
 
-def _settled(agent: RealAgent, window_s: float, spread_b: int) -> tuple[int, int]:
-    """The agent's RSS and its store's own estimate, once RSS beside the store (RSS less
-    the store's bytes) has moved by at most ``spread_b`` over the last ``window_s``.
+def _settled(agent: RealAgent, window_s: float, spread_b: int) -> tuple[int, int, int]:
+    """The agent's RSS, its store's own estimate and that estimate's lowest value over the
+    last ``window_s``, once RSS beside the store (RSS less the store's bytes) has moved by
+    at most ``spread_b`` over that window.
+
+    The store is held to its budget by an eviction every EVICT_EVERY_TICKS ticks and may
+    overshoot between two (agent/store.py): its lowest value over a window longer than
+    that interval is the one the budget bounds.
 
     The store grows by its samples every tick, so RSS alone never settles; what is beside
     it does, within the allocator's few-MiB steps (measured: 62-66 MiB over 2 minutes
     after the burst). A leak, such as the NVML traceback that grew RSS ~4 MiB/s
     (docs/benchmarks.md), never settles, and the wait fails.
     """
-    seen: list[tuple[float, int]] = []
+    seen: list[tuple[float, int, int]] = []
 
-    def steady() -> tuple[int, int] | None:
+    def steady() -> tuple[int, int, int] | None:
         rss, store = agent.rss_bytes(), _store_bytes(agent)
         now = time.monotonic()
-        seen.append((now, rss - store))
-        beside = [b for t, b in seen if t >= now - window_s]
+        seen.append((now, rss - store, store))
+        beside = [b for t, b, _ in seen if t >= now - window_s]
         if now - seen[0][0] < window_s or max(beside) - min(beside) > spread_b:
             return None
-        return rss, store
+        return rss, store, min(st for t, _, st in seen if t >= now - window_s)
 
     what = f"RSS beside the store to stay within {spread_b >> 20} MiB for {window_s:.0f}s"
 
     def tail() -> str:
-        return f"RSS less store, MiB: {[round(b / 2**20, 1) for _, b in seen[-20:]]}"
+        return f"RSS less store, MiB: {[round(b / 2**20, 1) for _, b, _ in seen[-20:]]}"
 
     return wait_until(steady, 180, what, tail, interval_s=0.5)
 
@@ -323,7 +328,7 @@ def test_burst_from_1000_processes_then_rss_returns(
         tmp, extra={"store": {"max_bytes": 64 << 20}, "collectors": {"probe": probe}}
     )
     try:
-        before, store_before = _settled(agent, 5.0, 1 << 20)  # past the agent's warm-up
+        before, store_before, _ = _settled(agent, 5.0, 1 << 20)  # past the agent's warm-up
         _burst(agent, 1000)
         assert httpx.get(agent.url + "/healthz", timeout=1.0).status_code == 200
         ok = 'kcops_probe_frames_total{outcome="ok"}'
@@ -332,14 +337,17 @@ def test_burst_from_1000_processes_then_rss_returns(
         open_ = "kcops_probe_connections_open"
         wait_until(lambda: _metric(agent, open_) == 0, 30, "every stream connection closed")
         peak = agent.rss_bytes()
-        after, store_after = _settled(agent, 10.0, 4 << 20)
+        # 10 s span several evictions (every EVICT_EVERY_TICKS = 10 ticks of 0.2 s here)
+        after, store_after, store_low = _settled(agent, 10.0, 4 << 20)
         store_grew = store_after - store_before
         print(
             f"RSS MiB: before {before / 2**20:.1f}, after the burst {peak / 2**20:.1f}, "
             f"settled {after / 2**20:.1f}, of which the store's growth "
             f"{store_grew / 2**20:.1f}: {(after - store_grew) / before - 1:+.1%} without it"
         )
-        assert store_grew <= 64 << 20  # the store stayed within its budget
+        # the store is held to its budget: back under it at each eviction (between two
+        # it may overshoot by the samples of those ticks: 68 MiB was seen once)
+        assert store_low <= 64 << 20, (store_low, store_after)
         # The acceptance line: within 10%, or the growth within the store's budget. The
         # two parts apart: the store within its budget (above), and the rest (the probe's
         # state of 1,000 processes, kept until idle_s, and allocator fragmentation) back
