@@ -12,7 +12,7 @@ from __future__ import annotations
 import csv
 import datetime
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -66,16 +66,24 @@ def resume_lines(out: Path, settings: dict[str, object], what: str = "sweep") ->
     return rows
 
 
-def load_done(out: Path, settings: dict[str, object]) -> dict[str, Row]:
-    """Rows already measured under the same ``settings`` (empty for a new folder)."""
-    done: dict[str, Row] = {}
-    for doc in resume_lines(out, settings):
+def _by_key(docs: Iterable[object]) -> dict[str, Row]:
+    """The last row of each key among parsed lines; one that is not a row (a cut line
+    that still parsed as JSON) is left out."""
+    rows: dict[str, Row] = {}
+    for doc in docs:
+        if not isinstance(doc, dict):
+            continue
         try:
             row = Row(**doc)
         except TypeError:
-            continue  # a cut line that still parsed as JSON
-        done[row.key] = row
-    return done
+            continue
+        rows[row.key] = row
+    return rows
+
+
+def load_done(out: Path, settings: dict[str, object]) -> dict[str, Row]:
+    """Rows already measured under the same ``settings`` (empty for a new folder)."""
+    return _by_key(resume_lines(out, settings))
 
 
 def read_rows(folder: Path) -> tuple[dict[str, object] | None, list[Row]]:
@@ -91,14 +99,13 @@ def read_rows(folder: Path) -> tuple[dict[str, object] | None, list[Row]]:
     except ValueError:
         head = {}
     settings = head.get("settings") if isinstance(head, dict) else None
-    rows: dict[str, Row] = {}
+    docs: list[object] = []
     for line in lines[1:]:
         try:
-            row = Row(**json.loads(line))
-        except (ValueError, TypeError):
+            docs.append(json.loads(line))
+        except ValueError:
             continue  # a line cut by an interrupted run
-        rows[row.key] = row
-    return (settings if isinstance(settings, dict) else None), list(rows.values())
+    return (settings if isinstance(settings, dict) else None), list(_by_key(docs).values())
 
 
 def append_row(out: Path, row: Row) -> None:

@@ -19,7 +19,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Coroutine, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from opentelemetry.trace import Span, Status, StatusCode, Tracer
 from pydantic import JsonValue
@@ -94,7 +94,7 @@ class Runner:
         self.on_change = on_change
         self.on_breaker = on_breaker
         self.counts: dict[tuple[str, str], int] = {}
-        self.tasks: set[asyncio.Task[Any]] = set()
+        self.tasks: set[asyncio.Task[object]] = set()
         self._seq = itertools.count(1)
         self._boot = uuid.uuid4().hex[:6]
 
