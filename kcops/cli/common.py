@@ -150,7 +150,7 @@ def agent_request(
 
     A GET that the agent's query API refuses for the moment (503 ``unavailable``: its
     share of the agent's loop is spent, or too many queries at once; it says "retry
-    shortly") is retried after 0.25, 0.5 and 1 s, so that a CLI that asks many queries
+    shortly") is retried after 0.25, 0.5, 1 and 2 s, so that a CLI that asks many queries
     at once (``kcops top``) waits for the agent rather than failing."""
     import time
 
@@ -170,7 +170,7 @@ def agent_request(
     raise AssertionError("unreachable")  # the loop returns on its last pass
 
 
-RETRY_UNAVAILABLE_S = (0.25, 0.5, 1.0)
+RETRY_UNAVAILABLE_S = (0.25, 0.5, 1.0, 2.0)
 
 
 def _unavailable(resp: httpx.Response) -> bool:
