@@ -1,8 +1,9 @@
 """A healthy vLLM under light load for five minutes from a cold start, supervised by an
-agent with the default configuration in enforce mode: no page fires, no action runs, and
-the TTFT page's own expression, evaluated without its warm-up guard over the soak's steady
-part, is under its threshold (the guard outlasts the soak: without this the soak could
-not catch a threshold that does not fit vLLM)."""
+agent in enforce mode (the shipped rules, the suite's config: harness.AGENT_CONFIG): no
+page fires, no action runs, and the TTFT page's own expression, evaluated without its
+warm-up guard over the soak's steady part, is under the shipped threshold (the guard
+outlasts the soak: without this the soak could not catch a threshold that does not fit
+vLLM)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ from tests.engines.vllm.conftest import Soak
 pytestmark = pytest.mark.vllm
 
 TAKEN = ("ok", "failed", "timeout")
-# KcopsP99LatencyHigh's threshold (p99_ttft_seconds in alerts/rules.yaml's defaults).
+# KcopsP99LatencyHigh's shipped threshold (p99_ttft_seconds in alerts/rules.yaml's
+# defaults). The suite's agent runs with a looser one for its busy phase (TTFT_SLO_S in
+# harness.py); light load must hold the shipped one.
 P99_TTFT_S = 0.5
 
 

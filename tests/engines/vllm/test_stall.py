@@ -10,7 +10,9 @@ session's own measured cold start), and the old tree's /dev/shm entries gone.
 The busy phase: then several prompts near --max-model-len at once, for minutes, on the
 healthy engine: no page, no KcopsEngineStalled / KcopsEngineDown, no action. Long prefills
 hold the token counters still; the progress watch must keep counting the engine's steps
-and the probe's heartbeat.
+and the probe's heartbeat. Its p99 time to first token must stay under this deployment's
+objective (harness.TTFT_SLO_S: 2 CPU cores, not the shipped GPU-sized 0.5 s), above which
+the TTFT page would be right.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from tests.engines.vllm.harness import (
     MAX_MODEL_LEN,
     MODEL_NAME,
     POLL_S,
+    TTFT_SLO_S,
     Stack,
     Watch,
     completion,
@@ -52,6 +55,10 @@ BUSY_CLIENTS = 4
 BUSY_TOKENS = 32
 BUSY_SLACK = 32
 STALL_ALERTS = ("KcopsEngineStalled", "KcopsEngineDown")
+BUSY_TTFT_P99 = (
+    f"histogram_quantile(0.99, sum by (engine, le) "
+    f"(rate(kcops_ttft_seconds_bucket[{BUSY_S:.0f}s])))"
+)
 
 
 def _children(pid: int) -> list[int]:
@@ -255,11 +262,15 @@ def test_busy_engine_with_prompts_near_its_context_never_pages(after_soak: Stack
     finally:
         watch.stop()
     new_actions = stack.audit("action")[actions_before:]
+    # The phase's own p99 TTFT (the TTFT page's expression over the phase): the page is
+    # right to fire above this deployment's objective, so the verdict below needs it under.
+    ttft = [float(r["value"][1]) for r in stack.query(BUSY_TTFT_P99)]
     print(
         f"\nbusy phase: {len(ok)} prompts of {size} tokens ({BUSY_CLIENTS} at once, "
-        f"max-model-len {MAX_MODEL_LEN}) in {BUSY_S:.0f}s; longest stall seen "
-        f"{stalled_max[0]:.1f}s; watch on {sum(v == 1.0 for v in watched)} of "
-        f"{len(watched)} seconds; firing: {sorted(watch.firing)}"
+        f"max-model-len {MAX_MODEL_LEN}) in {BUSY_S:.0f}s; p99 TTFT {ttft} s (objective "
+        f"{TTFT_SLO_S:g} s); longest stall seen {stalled_max[0]:.1f}s; watch on "
+        f"{sum(v == 1.0 for v in watched)} of {len(watched)} seconds; "
+        f"firing: {sorted(watch.firing)}"
     )
     assert not errors, errors[:5]
     assert len(ok) >= BUSY_CLIENTS and min(ok) >= size - 8, ok
@@ -270,6 +281,10 @@ def test_busy_engine_with_prompts_near_its_context_never_pages(after_soak: Stack
     assert watched and on >= 0.8 * len(watched), f"watch on {on} of {len(watched)} seconds"
     assert watch.polls > 0
     assert not (set(watch.firing) & set(STALL_ALERTS)), watch.firing
+    assert ttft and max(ttft) < TTFT_SLO_S, (
+        f"the busy phase's p99 TTFT {ttft} s is over this deployment's objective "
+        f"({TTFT_SLO_S:g} s, harness.TTFT_SLO_S): this box is slower than the suite assumes"
+    )
     assert not watch.pages(), watch.pages()
     # Tickets may act (a long unique prompt does miss the prefix cache and slow each token:
     # KcopsPrefixCacheHitRateLow, KcopsInterTokenLatencyHigh notify); nothing may restart
