@@ -87,10 +87,12 @@ DRAIN_DEADLINE_S = 60.0
 # This deployment's TTFT objective (KcopsP99LatencyHigh's p99_ttft_seconds). The shipped
 # 0.5 s fits a GPU, and vLLM here under light load (test_soak.py holds the p99 under it);
 # the busy phase (test_stall.py) sends four prompts of ~2,000 tokens at once to 2 CPU
-# cores, where each prefill alone takes seconds and four queue for tens of seconds: real
-# users of this box would be told so, not paged. CI paged on it at 0.5 s once the
-# engine had been ready for ten minutes.
-TTFT_SLO_S = 60.0
+# cores, where each prefill alone takes seconds and four queue for tens of seconds (p99
+# 35.6 s here): real users of this box would be told so, not paged. CI paged on it at
+# 0.5 s once the engine had been ready for ten minutes. 80 s is one of vLLM's TTFT bucket
+# bounds (..., 20, 40, 80, 160): with ~25 requests the p99 estimate is over it only when
+# a request took over 80 s, twice what the phase takes here.
+TTFT_SLO_S = 80.0
 AGENT_CONFIG = (
     f"recommendation: {{min_samples: {REC_MIN_SAMPLES}}}\n"
     f"actions: {{restart: {{drain_deadline_s: {DRAIN_DEADLINE_S:g}}}}}\n"
