@@ -18,6 +18,7 @@ what the sweep cost to run (``runs.jsonl``: wall time, peak RSS).
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -133,48 +134,156 @@ def decide(
     return out
 
 
-def verdicts(folders: Sequence[Path], tolerance: float, saving: float = SAVING) -> list[Verdict]:
+def verdicts(
+    folders: Sequence[Path], tolerance: float, saving: float = SAVING, *, pooled: bool = False
+) -> list[Verdict]:
+    """One verdict per folder and context; ``pooled``: the folders are parts of one sweep
+    (:func:`pool`) and get one verdict per context."""
+    read = [(f, *read_folder(f), *run_cost(f)) for f in folders]
+    if pooled:
+        settings, rows = pool([(f, s, r) for f, s, r, _, _ in read])
+        walls = [w for *_, w, _ in read if w is not None]
+        rsss = [m for *_, m in read if m is not None]
+        label = " + ".join(str(f) for f in folders)
+        read = [
+            (Path(label), settings, rows, sum(walls) if walls else None, max(rsss, default=None))
+        ]
     out: list[Verdict] = []
-    for folder in folders:
-        settings, rows = read_folder(folder)
-        wall, rss = run_cost(folder)
-        recs = {r["context"]: r for r in recommend(rows, tolerance)}
-        for context, verdict, why in decide(rows, tolerance, saving):
-            full = next(r for r in rows if r.context == context and r.policy == FULL)
-            rec = recs.get(context, {})
-            confident = rec.get("policy") is not None and not rec.get("within_noise", True)
-            row = next(
-                (
-                    r
-                    for r in rows
-                    if confident
-                    and r.context == context
-                    and (r.policy, r.n) == (rec.get("policy"), rec.get("n"))
-                ),
-                None,
-            )
-            out.append(
-                Verdict(
-                    folder=str(folder),
-                    corpus=str(settings.get("corpus")),
-                    context=context,
-                    positions=full.positions,
-                    full_accuracy=full.accuracy,
-                    policy=row.policy if row else None,
-                    n=row.n if row else None,
-                    kv_fraction=row.kv_bytes / full.kv_bytes if row else None,
-                    delta_points=100 * (row.accuracy - full.accuracy) if row else None,
-                    se_points=100 * row.delta_se if row else None,
-                    kv_kib_per_seq=row.kv_bytes / 1024 if row else None,
-                    tokens_per_s_ratio=(
-                        row.tokens_per_s / full.tokens_per_s if row and full.tokens_per_s else None
-                    ),
-                    verdict=verdict,
-                    why=why,
-                    wall_s=wall,
-                    peak_rss_bytes=rss,
+    for folder, settings, rows, wall, rss in read:
+        out += _verdicts(folder, settings, rows, wall, rss, tolerance, saving)
+    return out
+
+
+def pool(
+    parts: Sequence[tuple[Path, dict[str, object], list[Row]]],
+) -> tuple[dict[str, object], list[Row]]:
+    """Parts of one sweep, run in batches of sequences (at 8k one batch of 8 fills ~17
+    GB): the same model and evaluated tokens, disjoint text. Each row measured in every
+    part pools by position: accuracy and agreement are position-weighted means,
+    perplexity the exponent of the mean log, KV and speed the parts' means. Its standard
+    errors: by position, sqrt(Σ w² SE²); by sequence, the larger of the same over the
+    parts' by-sequence errors and, from three parts on, the spread of the parts' own
+    differences (sd / √parts), so texts that differ between parts are not hidden."""
+    if len(parts) < 2:
+        raise SweepError("--pool needs two or more sweep folders (the parts of one sweep)")
+    first = parts[0][1]
+    for folder, settings, _ in parts[1:]:
+        for key in ("model", "eval_tokens"):
+            if settings.get(key) != first.get(key):
+                raise SweepError(
+                    f"{folder}: {key} {settings.get(key)!r}, but {parts[0][0]} has "
+                    f"{first.get(key)!r}: parts of one sweep share the model and --eval-tokens"
                 )
+    seen: dict[tuple[object, object], Path] = {}
+    for folder, settings, _ in parts:
+        text = (settings.get("corpus"), settings.get("sequences"))
+        if text in seen:
+            raise SweepError(
+                f"{folder} and {seen[text]} read the same sequences of {text[0]!r}: "
+                "pooled parts must hold different text"
             )
+        seen[text] = folder
+    by_part = [{r.key: r for r in rows} for _, _, rows in parts]
+    keys = [k for k in by_part[0] if all(k in p for p in by_part[1:])]
+    rows = [_pooled([p[k] for p in by_part], by_part) for k in keys]
+    corpora = [str(s.get("corpus")) for _, s, _ in parts]
+    settings = {
+        "model": first.get("model"),
+        "corpus": f"{len(parts)} parts: " + " + ".join(corpora),
+        "sequences": sum(int(str(s.get("sequences") or 0)) for _, s, _ in parts),
+        "eval_tokens": first.get("eval_tokens"),
+    }
+    return settings, rows
+
+
+def _pooled(rows: Sequence[Row], by_part: Sequence[dict[str, Row]]) -> Row:
+    total = sum(r.positions for r in rows)
+    w = [r.positions / total for r in rows]
+    k = len(rows)
+
+    def mean(xs: Sequence[float]) -> float:
+        return sum(wi * x for wi, x in zip(w, xs, strict=True))
+
+    def combined(ses: Sequence[float]) -> float:
+        return math.sqrt(sum((wi * se) ** 2 for wi, se in zip(w, ses, strict=True)))
+
+    r0 = rows[0]
+    se_seq: float | None = None
+    seqs = [r.accuracy_delta_se_seq for r in rows]
+    if all(x is not None for x in seqs):
+        se_seq = combined([x or 0.0 for x in seqs])
+    full = [next((f for f in p.values() if f.policy == FULL and f.context == r0.context), None)
+            for p in by_part]  # fmt: skip
+    if r0.policy != FULL and k >= 3 and all(f is not None for f in full):
+        deltas = [r.accuracy - f.accuracy for r, f in zip(rows, full, strict=True) if f]
+        m = sum(deltas) / k
+        spread = math.sqrt(sum((d - m) ** 2 for d in deltas) / (k - 1)) / math.sqrt(k)
+        se_seq = max(se_seq or 0.0, spread)
+    return Row(
+        policy=r0.policy,
+        n=r0.n,
+        context=r0.context,
+        accuracy=mean([r.accuracy for r in rows]),
+        accuracy_delta_se=combined([r.accuracy_delta_se for r in rows]),
+        agreement=mean([r.agreement for r in rows]),
+        perplexity=math.exp(mean([math.log(r.perplexity) for r in rows])),
+        latency_s_per_token=sum(r.latency_s_per_token for r in rows) / k,
+        tokens_per_s=sum(r.tokens_per_s for r in rows) / k,
+        kv_bytes=round(sum(r.kv_bytes for r in rows) / k),
+        keys_attended=sum(r.keys_attended for r in rows) / k,
+        positions=total,
+        budgets=r0.budgets,
+        accuracy_delta_se_seq=se_seq,
+    )
+
+
+def _verdicts(
+    folder: Path,
+    settings: dict[str, object],
+    rows: list[Row],
+    wall: float | None,
+    rss: int | None,
+    tolerance: float,
+    saving: float,
+) -> list[Verdict]:
+    out: list[Verdict] = []
+    recs = {r["context"]: r for r in recommend(rows, tolerance)}
+    for context, verdict, why in decide(rows, tolerance, saving):
+        full = next(r for r in rows if r.context == context and r.policy == FULL)
+        rec = recs.get(context, {})
+        confident = rec.get("policy") is not None and not rec.get("within_noise", True)
+        row = next(
+            (
+                r
+                for r in rows
+                if confident
+                and r.context == context
+                and (r.policy, r.n) == (rec.get("policy"), rec.get("n"))
+            ),
+            None,
+        )
+        out.append(
+            Verdict(
+                folder=str(folder),
+                corpus=str(settings.get("corpus")),
+                context=context,
+                positions=full.positions,
+                full_accuracy=full.accuracy,
+                policy=row.policy if row else None,
+                n=row.n if row else None,
+                kv_fraction=row.kv_bytes / full.kv_bytes if row else None,
+                delta_points=100 * (row.accuracy - full.accuracy) if row else None,
+                se_points=100 * row.delta_se if row else None,
+                kv_kib_per_seq=row.kv_bytes / 1024 if row else None,
+                tokens_per_s_ratio=(
+                    row.tokens_per_s / full.tokens_per_s if row and full.tokens_per_s else None
+                ),
+                verdict=verdict,
+                why=why,
+                wall_s=wall,
+                peak_rss_bytes=rss,
+            )
+        )
     return out
 
 

@@ -28,9 +28,19 @@ from kcops.cli.common import FiniteFloat, echo_json, handle_errors
     show_default=True,
     help="KV bytes saved that the claim promises (the documents say 30–50%).",
 )
+@click.option(
+    "--pool",
+    "pooled",
+    is_flag=True,
+    help="The FOLDERS are parts of one sweep run in batches of sequences (disjoint text, "
+    "the same model and --eval-tokens; at 8k one batch of 8 fills ~17 GB): pool them "
+    "into one verdict per context.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the verdicts as JSON.")
 @handle_errors
-def claim_cmd(folders: tuple[str, ...], tolerance: float, saving: float, as_json: bool) -> None:
+def claim_cmd(
+    folders: tuple[str, ...], tolerance: float, saving: float, pooled: bool, as_json: bool
+) -> None:
     """Decide the K(C) claim on sweep folders: per corpus and context, confirmed (a budget
     saving SAVING of the KV keeps accuracy within TOLERANCE points with confidence,
     Δ − 2 SE ≥ −TOLERANCE), refuted (every such budget loses more, Δ + 2 SE < −TOLERANCE)
@@ -38,7 +48,7 @@ def claim_cmd(folders: tuple[str, ...], tolerance: float, saving: float, as_json
     wall time and peak RSS."""
     from kcops.kernels.sweepclaim import markdown, verdicts
 
-    items = verdicts([Path(f) for f in folders], tolerance, saving)
+    items = verdicts([Path(f) for f in folders], tolerance, saving, pooled=pooled)
     if as_json:
         echo_json([v.as_json() for v in items])
     else:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 from click.testing import CliRunner
@@ -70,3 +71,83 @@ def test_a_folder_that_is_not_a_sweep_is_one_line_exit_2(tmp_path: Path) -> None
     (tmp_path / "rows.jsonl").write_text("not json\n")
     res = CliRunner().invoke(kc_group, ["claim", str(tmp_path)])
     assert res.exit_code == 2 and "settings header" in res.output
+
+
+def _part(tmp: Path, name: str, rows: list[Row], corpus: str, eval_tokens: int = 64) -> Path:
+    out = tmp / name
+    out.mkdir()
+    head = {"settings": {"model": "tiny", "corpus": corpus, "sequences": 8,
+                         "eval_tokens": eval_tokens}}  # fmt: skip
+    lines = [json.dumps(head)] + [json.dumps(r.as_json()) for r in rows]
+    (out / "rows.jsonl").write_text("\n".join(lines) + "\n")
+    run = {"wall_s": 600.0, "peak_rss_bytes": (16 + len(name)) * 1024**3, "rows_measured": 2}
+    (out / "runs.jsonl").write_text(json.dumps(run) + "\n")
+    return out
+
+
+def _seq_row(acc: float, se: float, se_seq: float, n: int | None = 4080, kv: int = 500) -> Row:
+    row = _row("uniform" if n else "full", n, 8160, acc, se, kv)
+    row.accuracy_delta_se_seq = se_seq
+    return row
+
+
+def test_parts_of_one_sweep_pool_into_one_verdict(tmp_path: Path) -> None:
+    # Four parts of 8 sequences: each alone loses 0.5 ± 0.4 pts by sequence (undecided at
+    # a 1-pt tolerance); pooled, the by-sequence SE halves and the 50% saving is confirmed.
+    fulls = [0.60, 0.58, 0.62, 0.60]
+    parts = [
+        _part(tmp_path, f"p{i}", [_seq_row(f, 0.0, 0.0, None, FULL_KV),
+                                  _seq_row(f - 0.005, 0.003, 0.004)], f"part{i}.md")
+        for i, f in enumerate(fulls)
+    ]  # fmt: skip
+    alone = CliRunner().invoke(kc_group, ["claim", str(parts[0]), "--json"])
+    assert json.loads(alone.output)[0]["verdict"] == "undecided", alone.output
+    res = CliRunner().invoke(kc_group, ["claim", "--pool", *map(str, parts), "--json"])
+    assert res.exit_code == 0, res.output
+    (v,) = json.loads(res.output)
+    assert v["verdict"] == "confirmed" and v["n"] == 4080, v
+    assert v["positions"] == 4 * 1024 and abs(v["full_accuracy"] - 0.60) < 1e-9
+    assert abs(v["delta_points"] - -0.5) < 1e-9
+    assert abs(v["se_points"] - 0.2) < 1e-9  # sqrt(4 x (0.4 / 4)^2): the parts' errors pooled
+    assert v["wall_s"] == 2400.0 and v["peak_rss_bytes"] == 18 * 1024**3
+    assert v["corpus"].startswith("4 parts: part0.md + part1.md")
+
+
+def test_parts_that_disagree_keep_their_spread_in_the_error(tmp_path: Path) -> None:
+    # Each part is precise on its own (SE 0.1) but the parts' losses differ (0 to -3 pts):
+    # the pooled error must carry that spread (sd / sqrt(parts)), not only the parts' SEs.
+    losses = [0.0, -0.01, -0.02, -0.03]
+    parts = [
+        _part(tmp_path, f"p{i}", [_seq_row(0.6, 0.0, 0.0, None, FULL_KV),
+                                  _seq_row(0.6 + d, 0.001, 0.001)], f"part{i}.md")
+        for i, d in enumerate(losses)
+    ]  # fmt: skip
+    res = CliRunner().invoke(kc_group, ["claim", "--pool", *map(str, parts), "--json"])
+    (v,) = json.loads(res.output)
+    spread = 100 * statistics.stdev(losses) / 2  # 0.65 pts
+    # -1.5 ± 0.65: undecided (with the parts' SEs alone, -1.5 ± 0.05, it would be refuted)
+    assert v["verdict"] == "undecided" and v["policy"] is None, v
+    rows = pool_rows(parts)
+    budget = next(r for r in rows if r.n == 4080)
+    assert abs(100 * budget.delta_se - spread) < 1e-9, (budget.delta_se, spread)
+
+
+def test_pooling_refuses_parts_that_are_not_one_sweep(tmp_path: Path) -> None:
+    rows = [_seq_row(0.6, 0.0, 0.0, None, FULL_KV), _seq_row(0.6, 0.001, 0.001)]
+    a = _part(tmp_path, "a", rows, "part1.md")
+    same = _part(tmp_path, "b", rows, "part1.md")
+    other = _part(tmp_path, "c", rows, "part2.md", eval_tokens=128)
+    cases = {
+        (a,): "two or more",
+        (a, same): "read the same sequences",
+        (a, other): "eval_tokens 128",
+    }
+    for folders, message in cases.items():
+        res = CliRunner().invoke(kc_group, ["claim", "--pool", *map(str, folders)])
+        assert res.exit_code == 2 and message in res.output, res.output
+
+
+def pool_rows(folders: list[Path]) -> list[Row]:
+    from kcops.kernels.sweepclaim import pool, read_folder
+
+    return pool([(f, *read_folder(f)) for f in folders])[1]
