@@ -12,13 +12,16 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from kcops.kernels.retrieve import Builder, score_batch
 from kcops.kernels.sweep import FULL, POLICIES, paired_se
 from kcops.kernels.sweepio import ROWS_FILE, resume_lines
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 BATCH = 8  # items prefilled together (one cell, one length)
 
@@ -48,8 +51,8 @@ def run_retrieve(
     min_full: float,
     tolerance: float,
     out: Path | None,
-    model: Any,
-    tok: Any,
+    model: PreTrainedModel,
+    tok: PreTrainedTokenizerBase,
     progress: bool = True,
 ) -> dict[str, Any]:
     """The ``--json`` document: ``cells``, ``succeeding``, ``pooled``, ``recommendation``,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kcops.kernels.sweep import Row, chunks, corpus_text, recommend, sweep_context
 from kcops.kernels.sweepcal import coverage, measure_rows
@@ -21,6 +21,9 @@ from kcops.kernels.sweepio import (
     run_record,
     write_tables,
 )
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 
 def run_sweep(
@@ -34,8 +37,8 @@ def run_sweep(
     eval_tokens: int,
     tolerance: float,
     out: Path | None,
-    model: Any,
-    tok: Any,
+    model: PreTrainedModel,
+    tok: PreTrainedTokenizerBase,
     progress: bool = True,
 ) -> dict[str, Any]:
     """The ``--json`` document: ``rows`` (full attention's included), ``recommendation``,
