@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 
+from kcops.cli.common import retry_unavailable
 from kcops.errors import KcopsError, Unreachable
 
 # One PromQL expression per number on the screen: (key, expression).
@@ -84,10 +85,10 @@ class Snapshot:
 
 
 CHUNK_STEPS = 120  # steps of one range query request (the agent bounds each request's work)
-# The agent's query API has a share of its event loop that refills each second: a query it
-# turns away unevaluated (503 ``unavailable``) is asked again after a pause, this many times.
+# A one-step range query the evaluation budget refused is asked once more after this
+# pause (it may have found the loop share part spent). A query turned away unevaluated
+# (503 ``unavailable``) is asked again by every GET (kcops.cli.common.retry_unavailable).
 BUSY_WAIT_S = 1.0
-BUSY_RETRIES = 60
 
 
 class QueryRefused(KcopsError):
@@ -119,10 +120,15 @@ class AgentClient:
         self.http.close()
 
     def get(self, path: str, params: dict[str, str] | None = None) -> Any:
-        try:
-            resp = self.http.get(self.url + path, params=params)
-        except httpx.HTTPError as exc:
-            raise Unreachable(f"cannot reach the agent at {self.url}: {exc}") from None
+        """The answer's JSON (None on 404); a refusal for the moment is waited out first."""
+
+        def send() -> httpx.Response:
+            try:
+                return self.http.get(self.url + path, params=params)
+            except httpx.HTTPError as exc:
+                raise Unreachable(f"cannot reach the agent at {self.url}: {exc}") from None
+
+        resp = retry_unavailable(send)
         if resp.status_code == 404:
             return None
         if resp.status_code >= 400:
@@ -164,22 +170,18 @@ class AgentClient:
         Asked in pieces of at most ``CHUNK_STEPS`` steps, and a piece the agent's
         evaluation budget refuses (its 422 or 503) is asked again in halves: the budget
         bounds one request, so a long report never needs one expensive request. A query
-        turned away unevaluated (503 ``unavailable``) is asked again after a pause.
+        turned away unevaluated (503 ``unavailable``) has been asked again by :meth:`get`.
         """
         total = max(1, round((end - start) / step_s) + 1)
         merged: dict[tuple[tuple[str, str], ...], tuple[dict[str, str], dict[float, float]]] = {}
-        done, chunk, busy, single_retried = 0, CHUNK_STEPS, 0, False
+        done, chunk, single_retried = 0, CHUNK_STEPS, False
         while done < total:
             n = min(chunk, total - done)
             first = start + done * step_s
             try:
                 rows = self._matrix(expr, first, first + (n - 1) * step_s, step_s)
             except QueryBusy:
-                busy += 1
-                if busy > BUSY_RETRIES:
-                    raise
-                time.sleep(BUSY_WAIT_S)
-                continue
+                raise  # get() has waited for the loop share already
             except QueryRefused:
                 if n > 1:
                     chunk = max(1, n // 2)
@@ -190,7 +192,7 @@ class AgentClient:
                 single_retried = True
                 time.sleep(BUSY_WAIT_S)
                 continue
-            busy, single_retried = 0, False
+            single_retried = False
             for labels, pts in rows:
                 merged.setdefault(tuple(sorted(labels.items())), (labels, {}))[1].update(pts)
             done += n
