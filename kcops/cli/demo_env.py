@@ -21,6 +21,7 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import urlencode
 
 import click
 import httpx
@@ -28,8 +29,10 @@ import psutil
 import yaml
 
 from kcops.cli import demo_cgroup
+from kcops.cli.common import agent_request
 from kcops.cli.demo_proxy import DelayProxy
 from kcops.cli.load.run import LocustRun
+from kcops.errors import Unreachable
 
 # The demo's worker keeps a 128 MiB in-memory KV cache (about 2,800 tokens of
 # SmolLM2): the steady traffic's documents fit, so their prefixes hit in memory
@@ -106,7 +109,7 @@ def wait(what: str, timeout_s: float, probe: Callable[[], T | None], every_s: fl
     while True:
         try:
             got = probe()
-        except httpx.HTTPError:
+        except (httpx.HTTPError, Unreachable):
             got = None
         elapsed = time.monotonic() - t0
         if got:
@@ -425,7 +428,7 @@ class DemoEnv:
 
     def query(self, expr: str) -> float | None:
         """One value of an instant query to the agent (its rule evaluator), or None."""
-        r = httpx.get(self.agent + "/api/v1/query", params={"query": expr}, timeout=5).json()
+        r = agent_request("GET", self.agent, "/api/v1/query?" + urlencode({"query": expr})).json()
         result = r.get("data", {}).get("result") if r.get("status") == "success" else None
         return float(result[0]["value"][1]) if isinstance(result, list) and result else None
 
@@ -518,7 +521,7 @@ SUMMARY = (
 def summary(agent: str) -> list[str]:
     rows = []
     for label, expr, fmt in SUMMARY:
-        body = httpx.get(agent + "/api/v1/query", params={"query": expr}, timeout=5).json()
+        body = agent_request("GET", agent, "/api/v1/query?" + urlencode({"query": expr})).json()
         result = body.get("data", {}).get("result") if body.get("status") == "success" else None
         if isinstance(result, list) and result:
             value = float(result[0]["value"][1])
