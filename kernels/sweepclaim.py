@@ -157,7 +157,7 @@ def verdicts(
 def pool(
     parts: Sequence[tuple[Path, dict[str, object], list[Row]]],
 ) -> tuple[dict[str, object], list[Row]]:
-    """Parts of one sweep, run in batches of sequences (at 8k one batch of 8 fills ~17
+    """Parts of one sweep, run in batches of sequences (at 8k one batch of 8 fills 17-19
     GB): the same model and evaluated tokens, disjoint text. Each row measured in every
     part pools by position: accuracy and agreement are position-weighted means,
     perplexity the exponent of the mean log, KV and speed the parts' means. Its standard

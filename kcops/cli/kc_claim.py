@@ -33,7 +33,7 @@ from kcops.cli.common import FiniteFloat, echo_json, handle_errors
     "pooled",
     is_flag=True,
     help="The FOLDERS are parts of one sweep run in batches of sequences (disjoint text, "
-    "the same model and --eval-tokens; at 8k one batch of 8 fills ~17 GB): pool them "
+    "the same model and --eval-tokens; at 8k one batch of 8 fills 17-19 GB): pool them "
     "into one verdict per context.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the verdicts as JSON.")
