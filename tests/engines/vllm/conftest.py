@@ -19,7 +19,15 @@ from typing import Any
 
 import pytest
 
-from tests.engines.vllm.harness import POLL_S, Load, Stack, Watch, shm_entries, supervised_vllm
+from tests.engines.vllm.harness import (
+    POLL_S,
+    Load,
+    Stack,
+    Watch,
+    shm_entries,
+    supervised_vllm,
+    ttft_p99,
+)
 from tests.services import wait_until
 
 HERE = Path(__file__).resolve().parent
@@ -42,10 +50,6 @@ SOAK_S = 300.0
 # requests), and asserts it under the shipped threshold: what the alert would see once
 # the guard lifts.
 STEADY_WINDOW = "3m"
-TTFT_P99 = (
-    f"histogram_quantile(0.99, sum by (engine, le) "
-    f"(rate(kcops_ttft_seconds_bucket[{STEADY_WINDOW}])))"
-)
 TTFT_COUNT = f"sum by (engine) (increase(kcops_ttft_seconds_count[{STEADY_WINDOW}]))"
 
 
@@ -86,11 +90,9 @@ class Soak:
             if not self.verdict:
                 threading.Event().wait(max(0.0, self.ends_at - time.time()))
                 ttft = {
-                    "ttft_p99_steady_s": _one(self.stack.query(TTFT_P99)),
+                    "ttft_p99_steady_s": _one(self.stack.query(ttft_p99(STEADY_WINDOW))),
                     "ttft_requests_steady": _one(self.stack.query(TTFT_COUNT)),
-                    "ttft_p99_whole_soak_s": _one(
-                        self.stack.query(TTFT_P99.replace(STEADY_WINDOW, "5m"))
-                    ),
+                    "ttft_p99_whole_soak_s": _one(self.stack.query(ttft_p99("5m"))),
                     "loadavg": Path("/proc/loadavg").read_text().split()[:3],
                 }
                 self.load.stop()

@@ -93,6 +93,15 @@ DRAIN_DEADLINE_S = 60.0
 # bounds (..., 20, 40, 80, 160): with ~25 requests the p99 estimate is over it only when
 # a request took over 80 s, twice what the phase takes here.
 TTFT_SLO_S = 80.0
+
+
+def ttft_p99(window: str) -> str:
+    """KcopsP99LatencyHigh's own p99 expression, over ``window``, without its warm-up guard."""
+    return (
+        f"histogram_quantile(0.99, sum by (engine, le) (rate(kcops_ttft_seconds_bucket[{window}])))"
+    )
+
+
 AGENT_CONFIG = (
     f"recommendation: {{min_samples: {REC_MIN_SAMPLES}}}\n"
     f"actions: {{restart: {{drain_deadline_s: {DRAIN_DEADLINE_S:g}}}}}\n"

@@ -40,6 +40,7 @@ from tests.engines.vllm.harness import (
     completion,
     shm_entries,
     stream_completion,
+    ttft_p99,
 )
 from tests.services import wait_until
 
@@ -55,10 +56,6 @@ BUSY_CLIENTS = 4
 BUSY_TOKENS = 32
 BUSY_SLACK = 32
 STALL_ALERTS = ("KcopsEngineStalled", "KcopsEngineDown")
-# the TTFT page's expression over a window of S seconds
-BUSY_TTFT_P99 = (
-    "histogram_quantile(0.99, sum by (engine, le) (rate(kcops_ttft_seconds_bucket[{}s])))"
-)
 
 
 def _children(pid: int) -> list[int]:
@@ -265,7 +262,7 @@ def test_busy_engine_with_prompts_near_its_context_never_pages(after_soak: Stack
     # The phase's own p99 TTFT (the TTFT page's expression over the phase): the page is
     # right to fire above this deployment's objective, so the verdict below needs it under.
     phase_s = time.monotonic() - (ends - BUSY_S) + 5  # the whole phase, its late requests too
-    ttft = [float(r["value"][1]) for r in stack.query(BUSY_TTFT_P99.format(round(phase_s)))]
+    ttft = [float(r["value"][1]) for r in stack.query(ttft_p99(f"{round(phase_s)}s"))]
     print(
         f"\nbusy phase: {len(ok)} prompts of {size} tokens ({BUSY_CLIENTS} at once, "
         f"max-model-len {MAX_MODEL_LEN}) in {BUSY_S:.0f}s; p99 TTFT {ttft} s (objective "
