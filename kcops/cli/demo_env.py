@@ -428,9 +428,7 @@ class DemoEnv:
 
     def query(self, expr: str) -> float | None:
         """One value of an instant query to the agent (its rule evaluator), or None."""
-        r = agent_request("GET", self.agent, "/api/v1/query?" + urlencode({"query": expr})).json()
-        result = r.get("data", {}).get("result") if r.get("status") == "success" else None
-        return float(result[0]["value"][1]) if isinstance(result, list) and result else None
+        return instant_value(self.agent, expr)
 
     def run_action(self, name: str, params: dict[str, object] | None = None) -> dict[str, Any]:
         """Run an agent action as on-call would (``kcops actions run``), through its guards."""
@@ -518,15 +516,18 @@ SUMMARY = (
 )
 
 
+def instant_value(agent: str, expr: str) -> float | None:
+    """The first sample of an instant query to the agent (NaN kept), or None when it
+    answers none (an error answer included)."""
+    body = agent_request("GET", agent, "/api/v1/query?" + urlencode({"query": expr})).json()
+    result = body.get("data", {}).get("result") if body.get("status") == "success" else None
+    return float(result[0]["value"][1]) if isinstance(result, list) and result else None
+
+
 def summary(agent: str) -> list[str]:
     rows = []
     for label, expr, fmt in SUMMARY:
-        body = agent_request("GET", agent, "/api/v1/query?" + urlencode({"query": expr})).json()
-        result = body.get("data", {}).get("result") if body.get("status") == "success" else None
-        if isinstance(result, list) and result:
-            value = float(result[0]["value"][1])
-            text = "n/a" if value != value else fmt.format(value)
-        else:
-            text = "absent"
+        value = instant_value(agent, expr)
+        text = "absent" if value is None else "n/a" if value != value else fmt.format(value)
         rows.append(f"{label:<30} {text}")
     return rows
