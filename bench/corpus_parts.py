@@ -35,16 +35,15 @@ def main(argv: list[str] | None = None) -> int:
         print("corpus_parts: --context must be >= 2 and --sequences >= 1", file=sys.stderr)
         return 2
 
-    from kcops.kernels.sweep import TEXT_SUFFIXES
+    from kcops.kernels.sweep import corpus_files
     from kcops.worker.models import load_model
 
     _, tok = load_model(args.model, progress=False)
     need = args.sequences * (args.context + 1) + MARGIN_TOKENS
-    files = sorted(p for p in args.folder.rglob("*") if p.suffix in TEXT_SUFFIXES and p.is_file())
     args.out.mkdir(parents=True, exist_ok=True)
     texts: list[str] = []
     tokens, written = 0, 0
-    for f in files:
+    for f in corpus_files(args.folder):
         try:
             text = f.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError):

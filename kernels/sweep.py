@@ -122,6 +122,11 @@ def _read_files(files: Iterable[Path], min_chars: int) -> str:
     return "\n\n".join(parts)
 
 
+def corpus_files(folder: Path) -> list[Path]:
+    """The text files of a corpus folder, in the order ``--corpus FOLDER`` reads them."""
+    return sorted(p for p in folder.rglob("*") if p.suffix in TEXT_SUFFIXES and p.is_file())
+
+
 def corpus_text(corpus: str, min_chars: int) -> str:
     """``pydoc`` (CPython's reference docs), ``stdlib`` (its source), a file or a folder."""
     if corpus == "pydoc":
@@ -135,8 +140,7 @@ def corpus_text(corpus: str, min_chars: int) -> str:
     if path.is_file():
         return _read_files([path], min_chars)
     if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.suffix in TEXT_SUFFIXES and p.is_file())
-        return _read_files(files, min_chars)
+        return _read_files(corpus_files(path), min_chars)
     raise SweepError(f"--corpus {corpus!r}: allowed pydoc, stdlib, a text file or a folder")
 
 
