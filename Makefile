@@ -41,7 +41,7 @@ services:
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/vulture agent kernels worker dashboards alerts kcops/cli kcops/*.py --min-confidence 80
+	$(VENV)/bin/vulture agent kernels worker lab demo dashboards alerts kcops/cli kcops/*.py --min-confidence 80
 	@# The layers (setup.cfg's [importlinter]): CLI on top, no cycles, kernels below, agent torch-free.
 	$(VENV)/bin/lint-imports
 

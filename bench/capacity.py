@@ -55,7 +55,7 @@ import httpx
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from kcops.cli import demo_cgroup  # noqa: E402
+from kcops.demo import cgroup as demo_cgroup  # noqa: E402
 from tests.services import free_port, running, wait_http  # noqa: E402
 
 MIB = 1 << 20

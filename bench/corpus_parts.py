@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
         print("corpus_parts: --context must be >= 2 and --sequences >= 1", file=sys.stderr)
         return 2
 
-    from kcops.kernels.sweep import corpus_files
+    from kcops.lab.sweep import corpus_files
     from kcops.worker.models import load_model
 
     _, tok = load_model(args.model, progress=False)

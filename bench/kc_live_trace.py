@@ -12,9 +12,9 @@ import argparse
 
 import torch
 
-from kcops.kernels.kclive import LiveBudget
-from kcops.kernels.sweep import budgets, chunks, corpus_text, decode_groups, prefill
 from kcops.kernels.topn import register
+from kcops.lab.kclive import LiveBudget
+from kcops.lab.sweep import budgets, chunks, corpus_text, decode_groups, prefill
 from kcops.worker.models import load_model
 
 

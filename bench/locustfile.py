@@ -1,6 +1,6 @@
 """Locust load for the reference worker or any OpenAI-compatible engine.
 
-The users live in the package (``kcops.cli.load.locustfile``) so that
+The users live in the package (``kcops.demo.load.locustfile``) so that
 ``kcops demo`` and ``kcops load`` use them installed; this file is the path
 Locust's own command takes:
 
@@ -8,6 +8,6 @@ Locust's own command takes:
     make load HOST=http://127.0.0.1:8000 AGENT=http://127.0.0.1:9464
 """
 
-from kcops.cli.load.locustfile import CompletionsUser
+from kcops.demo.load.locustfile import CompletionsUser
 
 __all__ = ["CompletionsUser"]

@@ -5,7 +5,7 @@ the cut by re-gathering the layer in position order, side by side in one run.
 
 SmolLM2-135M, ``--sequences`` sequences of the pydoc corpus prefilled once; each pair
 decodes ``--steps`` teacher-forced steps of all the N rows at once (kc sweep's batched
-decode, :func:`kcops.kernels.sweep.decode_groups`) both ways, alternating which goes
+decode, :func:`kcops.lab.sweep.decode_groups`) both ways, alternating which goes
 first; prints the median of the per-pair time ratios gather / in place.
 """
 
@@ -28,8 +28,8 @@ def main() -> None:
     args = ap.parse_args()
     import torch
 
-    from kcops.kernels import sweep as sw
     from kcops.kernels.topn import register
+    from kcops.lab import sweep as sw
     from kcops.worker.models import load_model
 
     torch.set_num_threads(args.threads)

@@ -3,7 +3,7 @@
 Stdlib only (callers pass the bucket bounds: the wire format's, ``BUCKETS[KC_TOKENS]``
 of :mod:`kcops.kernels.wire`, so this module imports no kernel and the agent may use
 it): the agent's live recommendation
-(``kcops.agent.kcrec``) and ``kc sweep``'s calibration (``kcops.kernels.sweepcal``)
+(``kcops.agent.kcrec``) and ``kc sweep``'s calibration (``kcops.lab.sweepcal``)
 compute it with the same function, so the sweep's coverage and the live figure are the
 same measure.
 

@@ -272,7 +272,7 @@ class Capture:
     kp: dict[int, float] = field(default_factory=dict)
     with_kp: bool = False
     # ``kc sweep``'s calibration: per layer and p, every window row's K_p as the probe
-    # measures a call's (kcops.kernels.sweepcal.row_kps)
+    # measures a call's (row_kps)
     p_grid: tuple[float, ...] = ()
     rows: dict[int, dict[float, list[int]]] = field(default_factory=dict)
 
@@ -315,26 +315,38 @@ def record_scores(
     if cap.with_kp:
         cap.kp[layer] = group_kp(weights, h // hkv, w)
     if cap.p_grid:
-        from kcops.kernels.sweepcal import row_kps
-
         cap.rows[layer] = row_kps(weights, h // hkv, w, cap.p_grid)
 
 
-def group_kp(weights: torch.Tensor, g: int, w: int) -> float:
-    """Median over rows and KV groups of K_p (p = ``KP_MASS``) of the group: the size of
-    the union of its ``g`` query heads' top-K_p key sets (DESIGN §4), the keys one KV
-    head's budget must hold for all of them. ``weights`` (B, Hkv, g * w, T), head-major."""
+def group_unions(weights: torch.Tensor, g: int, w: int, p: float) -> torch.Tensor:
+    """Per KV group and row, the size of the union of its ``g`` query heads' top-K_p key
+    sets (DESIGN §4): the keys one KV head's budget must hold for all of them.
+    ``weights`` (B, Hkv, g * w, T), head-major, rows at the last ``w`` positions (causal);
+    the result is (B, Hkv, w)."""
     from kcops.kernels.kc import k_from_sorted
 
     sorted_w, order = weights.sort(dim=-1, descending=True)
-    t = weights.shape[-1]
+    b, hkv, _, t = weights.shape
     visible = torch.arange(t - w + 1, t + 1, device=weights.device).repeat(g)  # causal
-    k = torch.minimum(k_from_sorted(sorted_w, KP_MASS), visible)  # (B, Hkv, g * w)
-    keep_sorted = torch.arange(weights.shape[-1], device=weights.device) < k[..., None]
+    k = torch.minimum(k_from_sorted(sorted_w, p), visible)  # (B, Hkv, g * w)
+    keep_sorted = torch.arange(t, device=weights.device) < k[..., None]
     keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
-    b, hkv = keep.shape[:2]
-    union = keep.view(b, hkv, g, w, t).any(2).sum(-1)  # (B, Hkv, w)
-    return float(union.float().median())
+    return keep.view(b, hkv, g, w, t).any(2).sum(-1)
+
+
+def group_kp(weights: torch.Tensor, g: int, w: int) -> float:
+    """Median over rows and KV groups of the group union's K_p (p = ``KP_MASS``)."""
+    return float(group_unions(weights, g, w, KP_MASS).float().median())
+
+
+def row_kps(
+    weights: torch.Tensor, g: int, w: int, p_grid: Sequence[float]
+) -> dict[float, list[int]]:
+    """Per p, each row's K_p as the probe records it: the largest KV group's union."""
+    return {
+        p: [int(x) for x in group_unions(weights, g, w, p).amax(1).flatten().tolist()]
+        for p in p_grid
+    }
 
 
 # -- attention over a compressed layer ---------------------------------------------

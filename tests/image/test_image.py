@@ -80,6 +80,36 @@ def test_no_torch_in_the_image_nor_in_the_base_install(container: Container) -> 
     assert [r for r in requires if "torch" in r and 'extra == "engine"' in r]
 
 
+LAB_AND_DEMO = re.compile(r"(sweep|retriev|claim|kpred|mapviz|demo|drill|locust)", re.IGNORECASE)
+
+
+def test_the_image_holds_no_lab_or_demo_module_and_the_on_call_cli_works(
+    container: Container,
+) -> None:
+    """DESIGN §2: the sidecar carries production only (no kcops-lab, no kcops-demo, no
+    Locust); the on-call commands still answer from it."""
+    find_py = (
+        "import kcops, pathlib, sys; root = pathlib.Path(kcops.__file__).parent; "
+        "print('\\n'.join(str(p.relative_to(root)) for p in root.rglob('*.py')))"
+    )
+    res = container.run(["python", "-c", find_py])
+    assert res.returncode == 0, res.stderr
+    modules = res.stdout.split()
+    assert "agent/app.py" in modules and "kernels/wire.py" in modules
+    assert not [m for m in modules if LAB_AND_DEMO.search(m)], modules
+    res = container.run(["python", "-c", "import locust"])
+    assert res.returncode != 0
+    for args in (
+        ["kc", "recommend", "--help"], ["status", "--help"], ["top", "--help"],
+        ["runbook", "--help"], ["actions", "--help"], ["alerts", "list", "--help"],
+        ["cost", "--help"],
+    ):  # fmt: skip
+        res = container.run(["kcops", *args])
+        assert res.returncode == 0, (args, res.stderr)
+    res = container.run(["kcops", "kc", "sweep"])
+    assert res.returncode == 2 and "comes with kcops-lab" in res.stderr, res.stderr
+
+
 def _new_files(root: Path, since: Path) -> list[str]:
     """Files (not folders: buildah itself touches /run's mtime) in the container's root
     filesystem written after ``since``; the volumes are bind mounts, not in it."""

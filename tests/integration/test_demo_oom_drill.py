@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from kcops.cli.demo_env import DemoEnv
-from kcops.cli.drills import DEMO_PARAMS, run_drill, select
+from kcops.demo.drills import DEMO_PARAMS, run_drill, select
+from kcops.demo.env import DemoEnv
 
 
 @pytest.mark.slow

@@ -17,7 +17,7 @@ import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
-from kcops.cli.demo_proxy import DelayProxy
+from kcops.demo.proxy import DelayProxy
 from kcops.worker.app import Background, WorkerOptions, build
 from kcops.worker.cache import release_freed_memory
 from tests.services import free_port

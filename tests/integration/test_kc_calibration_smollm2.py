@@ -35,7 +35,7 @@ MIN_SAMPLES = 150
 
 def sweep_chunks(n: int) -> list[list[int]]:
     """The sweep's first ``n`` sequences of ``CONTEXT + 1`` tokens (kc sweep's chunks)."""
-    from kcops.kernels.sweep import corpus_text
+    from kcops.lab.sweep import corpus_text
     from kcops.worker.models import ModelUnavailable, load_tokenizer
 
     try:

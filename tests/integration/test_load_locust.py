@@ -42,7 +42,7 @@ def test_load_prints_locust_p99_ttft_and_error_rate(worker: str, tmp_path: Path)
         capture_output=True, text=True, timeout=240, env=env,
     )  # fmt: skip
     assert out.returncode == 0, out.stdout + out.stderr
-    from kcops.cli.load.run import read_stats
+    from kcops.demo.load.run import read_stats
 
     stats = read_stats(tmp_path / "locust")
     assert stats.requests() > 0 and stats.failures() == 0

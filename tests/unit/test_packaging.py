@@ -9,21 +9,29 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 
-# Top-level folders and the import names they carry through kcops/<name> symlinks.
+# Top-level folders and the import names they carry through kcops/<name> symlinks: the
+# sidecar's distribution (the repository root), and the two it leaves out, each its own
+# distribution (DESIGN §2: production never carries the lab or the demo).
 FOLDERS = ("agent", "kernels", "worker", "alerts", "dashboards", "runbooks")
+OWN_DISTRIBUTIONS = ("lab", "demo")
 
 
 def test_each_folder_is_a_kcops_subpackage_through_a_symlink() -> None:
-    for folder in FOLDERS:
+    for folder in FOLDERS + OWN_DISTRIBUTIONS:
         link = REPO / "kcops" / folder
         assert link.is_symlink(), f"kcops/{folder} must be a symlink to ../{folder}"
         assert link.resolve() == (REPO / folder).resolve()
 
 
 def test_find_packages_sees_every_package_folder() -> None:
+    import configparser
+
     from setuptools import find_packages
 
-    listed = set(find_packages(str(REPO), include=["kcops", "kcops.*"]))
+    cfg = configparser.ConfigParser()
+    cfg.read(REPO / "setup.cfg")
+    find = {k: cfg["options.packages.find"][k].split() for k in ("include", "exclude")}
+    listed = set(find_packages(str(REPO), **find))
     found = {"kcops"}
     for folder in FOLDERS:
         root = REPO / folder
@@ -35,6 +43,26 @@ def test_find_packages_sees_every_package_folder() -> None:
             found.add(".".join(["kcops", folder, *parts]))
     missing = found - listed
     assert not missing, f"setuptools would leave out: {sorted(missing)}"
+    carried = {p for p in listed if p.split(".")[1:2] and p.split(".")[1] in OWN_DISTRIBUTIONS}
+    assert not carried, f"the sidecar's distribution would carry: {sorted(carried)}"
+
+
+def test_the_lab_and_the_demo_are_their_own_distributions_of_kcops_version() -> None:
+    import tomllib
+
+    from kcops import __version__
+
+    for folder in OWN_DISTRIBUTIONS:
+        project = tomllib.loads((REPO / folder / "pyproject.toml").read_text())
+        tool = project["tool"]["setuptools"]
+        assert tool["package-dir"] == {f"kcops.{folder}": "."}
+        found = {f"kcops.{folder}"} | {
+            f"kcops.{folder}." + ".".join(init.parent.relative_to(REPO / folder).parts)
+            for init in (REPO / folder).rglob("*/__init__.py")
+        }
+        assert set(tool["packages"]) == found, f"{folder}/pyproject.toml lists {tool['packages']}"
+        assert project["project"]["version"] == __version__
+        assert f"=={__version__}" in project["project"]["dependencies"][0]
 
 
 def test_agent_and_cli_import_without_torch() -> None:

@@ -26,8 +26,8 @@ from kcops.auth import TokenCheck
 from kcops.errors import ConfigError
 from kcops.kcbudget import bucket_counts, matching_quantile, quantile, uniform, uniform_at
 from kcops.kernels import wire
-from kcops.kernels.sweepcal import coverage
 from kcops.kernels.wire import BUCKETS, KC_TOKENS
+from kcops.lab.sweepcal import coverage
 
 B = BUCKETS[KC_TOKENS]  # the probe's K_p buckets
 T0 = 1_700_000_000.0

@@ -17,10 +17,11 @@ from pathlib import Path
 import pytest
 import redis
 
-from kcops.cli import demo_cgroup, drill_causes
-from kcops.cli.demo_env import DEMO_TOPN_MAX, DemoFailed
-from kcops.cli.demo_proxy import DelayProxy
-from kcops.cli.drills import DRILLS
+from kcops.demo import causes as drill_causes
+from kcops.demo import cgroup as demo_cgroup
+from kcops.demo.drills import DRILLS
+from kcops.demo.env import DEMO_TOPN_MAX, DemoFailed
+from kcops.demo.proxy import DelayProxy
 
 
 def test_every_drill_has_a_real_cause() -> None:
@@ -160,7 +161,7 @@ def test_the_fluctuation_drill_moves_the_mean_past_the_rule_whatever_the_baselin
     mean is baseline + delay; the 10m baseline is a mix. The drill's delay must keep the
     ratio over 0.2 until half the baseline's requests are delayed, on a quiet machine and
     on a loaded one (a fixed 3 s did not fire at a 15 s mean)."""
-    from kcops.cli.drill_causes import FLUCTUATION_MS, fluctuation_ms
+    from kcops.demo.causes import FLUCTUATION_MS, fluctuation_ms
     from kcops.worker.faults import MAX_LATENCY_MS
 
     delay = fluctuation_ms(baseline_s) / 1000
@@ -179,7 +180,7 @@ def test_a_drill_whose_rule_compares_with_a_baseline_waits_for_history() -> None
     holds no load from before it: the drill must ask for history first."""
     import yaml
 
-    from kcops.cli.drills import DEMO_PARAMS
+    from kcops.demo.drills import DEMO_PARAMS
 
     doc = yaml.safe_load(Path("alerts/rules.yaml").read_text())
     rules = [r for g in doc["groups"] for r in g["rules"] if "alert" in r]
@@ -199,7 +200,7 @@ def test_a_drill_whose_rule_compares_with_a_baseline_waits_for_history() -> None
 def test_settling_waits_for_a_baseline_drill_past_its_window(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from kcops.cli import drills
+    from kcops.demo import drills
 
     class Env:
         def __init__(self) -> None:
@@ -228,7 +229,7 @@ def test_the_demo_agent_has_a_calibrated_live_recommendation_within_minutes(
 ) -> None:
     from kcops.agent.config import parse_config
     from kcops.agent.kcrec.calibration import coverage_for
-    from kcops.cli.demo_env import PROBE_SAMPLE_RATE, DemoEnv
+    from kcops.demo.env import PROBE_SAMPLE_RATE, DemoEnv
 
     env = DemoEnv(tmp_path, "smollm2")
     try:

@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from kcops.alerts import packaged_file
-from kcops.cli import drills as drills_mod
-from kcops.cli.drills import DRILLS, Drill, DrillResult, estimate_s, select, table
+from kcops.demo import drills as drills_mod
+from kcops.demo.drills import DRILLS, Drill, DrillResult, estimate_s, select, table
 
 
 def test_every_alert_of_the_table_has_a_drill() -> None:
@@ -168,7 +168,7 @@ def test_a_drill_with_a_relief_waits_for_the_action_to_remove_the_cause(
 def test_demo_rules_cap_for_and_keep_firing_for(tmp_path: Path) -> None:
     from kcops.agent.duration import parse_duration
     from kcops.agent.rules.loader import load_rules
-    from kcops.cli.demo_env import DemoEnv
+    from kcops.demo.env import DemoEnv
 
     env = DemoEnv(tmp_path, "tiny", drills_mod.DEMO_PARAMS, max_for="2m", max_keep_firing_for="1m")
     try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from kcops.cli.load import prompts as lf
+from kcops.demo.load import prompts as lf
 
 
 def test_modes_shape_the_prompts() -> None:

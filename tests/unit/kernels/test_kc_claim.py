@@ -9,7 +9,7 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from kcops.cli.kc import kc_group
-from kcops.kernels.sweep import Row
+from kcops.lab.sweep import Row
 
 FULL_KV = 1000
 
@@ -148,6 +148,6 @@ def test_pooling_refuses_parts_that_are_not_one_sweep(tmp_path: Path) -> None:
 
 
 def pool_rows(folders: list[Path]) -> list[Row]:
-    from kcops.kernels.sweepclaim import pool, read_folder
+    from kcops.lab.sweepclaim import pool, read_folder
 
     return pool([(f, *read_folder(f)) for f in folders])[1]

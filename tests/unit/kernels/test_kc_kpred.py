@@ -10,9 +10,9 @@ import torch
 from click.testing import CliRunner
 
 from kcops.cli.kc import kc_group
-from kcops.kernels.kpred import KpredRow, grid, kpred_recency, kpred_top, summary
-from kcops.kernels.sweep import corpus_text
 from kcops.kernels.topn import register
+from kcops.lab.kpred import KpredRow, grid, kpred_recency, kpred_top, summary
+from kcops.lab.sweep import corpus_text
 from kcops.worker.models import load_model
 
 

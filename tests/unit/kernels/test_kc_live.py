@@ -1,4 +1,4 @@
-"""``kc_live``: per-layer budgets re-split while decoding (kcops.kernels.kclive)."""
+"""``kc_live``: per-layer budgets re-split while decoding (kcops.lab.kclive)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ from typing import Any
 import pytest
 import torch
 
-from kcops.kernels.kclive import LiveBudget, edge_mass, observe_step, resplit
 from kcops.kernels.kvkeep import KeptLayer
-from kcops.kernels.sweep import (
+from kcops.kernels.topn import register
+from kcops.lab.kclive import LiveBudget, edge_mass, observe_step, resplit
+from kcops.lab.sweep import (
     POLICIES,
     budgets,
     chunks,
@@ -19,8 +20,7 @@ from kcops.kernels.sweep import (
     prefill,
     sweep_context,
 )
-from kcops.kernels.sweepbatch import GroupedLayer
-from kcops.kernels.topn import register
+from kcops.lab.sweepbatch import GroupedLayer
 from kcops.worker.models import load_model
 
 CONTEXT, EVAL, SEQS = 256, 16, 2

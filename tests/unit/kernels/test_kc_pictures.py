@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from kcops.kernels import maps
 from kcops.kernels.kc import k_from_sorted
+from kcops.lab import maps
 from tests.unit.kernels.conftest import text_ids, tiny_llama
 
 pytest.importorskip("matplotlib")
@@ -57,8 +57,8 @@ def test_pngs_tensorboard_and_page(captured: Any, tmp_path: Path) -> None:
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from kcops.kernels import mapviz
-    from kcops.kernels.report import render
+    from kcops.lab import mapviz
+    from kcops.lab.report import render
 
     _model, _ids, got = captured
     got.save(tmp_path)

@@ -14,9 +14,9 @@ import torch
 from click.testing import CliRunner
 
 from kcops.cli.kc import kc_group
-from kcops.kernels.retrieve import FILLER, PASSKEY_INTRO, PASSKEY_QUESTION, Builder, score_batch
-from kcops.kernels.sweep import FULL
 from kcops.kernels.topn import register
+from kcops.lab.retrieve import FILLER, PASSKEY_INTRO, PASSKEY_QUESTION, Builder, score_batch
+from kcops.lab.sweep import FULL
 from kcops.worker.models import load_model
 
 
@@ -167,7 +167,7 @@ def _rows(length: int, depth: float, plan: tuple[str, int | None], correct: list
 def test_budgets_are_compared_over_the_cells_where_full_attention_succeeds() -> None:
     import statistics
 
-    from kcops.kernels.retrieverun import summarize
+    from kcops.lab.retrieverun import summarize
 
     full, u64, u128 = (FULL, None), ("uniform", 64), ("uniform", 128)
     t, f = True, False

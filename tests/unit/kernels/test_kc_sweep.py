@@ -14,8 +14,8 @@ from click.testing import CliRunner
 
 from kcops.cli.kc import kc_group
 from kcops.kernels.kvkeep import split_budget
-from kcops.kernels.sweep import FULL, chunks, corpus_text, sweep_context
 from kcops.kernels.topn import register
+from kcops.lab.sweep import FULL, chunks, corpus_text, sweep_context
 from kcops.worker.models import load_model
 
 CONTEXT, EVAL, SEQS = 256, 16, 2
@@ -117,7 +117,7 @@ def test_cli_json_rows_and_resume(tmp_path: Path) -> None:
 
 
 def test_batched_groups_equal_each_row_decoded_alone(tiny: Any) -> None:
-    from kcops.kernels.sweep import budgets, decode, decode_groups, prefill
+    from kcops.lab.sweep import budgets, decode, decode_groups, prefill
 
     model, _, seqs = tiny
     pre = prefill(model, seqs, EVAL)
@@ -141,7 +141,7 @@ def test_batched_groups_equal_each_row_decoded_alone(tiny: Any) -> None:
 
 
 def test_per_layer_budgets_keep_the_uniform_total_with_no_layer_above_the_context() -> None:
-    from kcops.kernels.sweep import budgets, share_budget
+    from kcops.lab.sweep import budgets, share_budget
 
     # K_0.9 of 8, 1, 1 at N = 4, C = 6: layer 0's share (9.6) is capped at the context
     # (it keeps everything) and the other two get what it cannot use.
@@ -174,7 +174,7 @@ def test_layer_kp_is_the_union_over_each_kv_group() -> None:
 
 
 def _row(policy: str, n: int | None, accuracy: float, se: float, kv: int) -> Any:
-    from kcops.kernels.sweep import Row
+    from kcops.lab.sweep import Row
 
     return Row(policy, n, 1024, accuracy, se, 1.0, 9.0, 0.1, 10.0, kv, 1.0, 128, [])
 
@@ -182,8 +182,8 @@ def _row(policy: str, n: int | None, accuracy: float, se: float, kv: int) -> Any
 def test_paired_standard_error_and_a_recommendation_within_noise() -> None:
     import statistics
 
-    from kcops.kernels.sweep import paired_se, recommend
-    from kcops.kernels.sweepio import markdown
+    from kcops.lab.sweep import paired_se, recommend
+    from kcops.lab.sweepio import markdown
 
     target = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8]])
     full = torch.tensor([[1, 2, 3, 0, 5, 0, 7, 8]])
@@ -216,7 +216,7 @@ MEASURED = ("accuracy", "accuracy_delta_se", "agreement", "perplexity", "kv_byte
 
 @pytest.mark.slow
 def test_an_interrupted_sweep_resumes_with_the_same_numbers(tiny: Any, tmp_path: Path) -> None:
-    from kcops.kernels.sweeprun import run_sweep
+    from kcops.lab.sweeprun import run_sweep
 
     model, tok, _ = tiny
     kw: dict[str, Any] = dict(
@@ -246,8 +246,8 @@ def test_heavy_hitter_step_equals_eager_attention_masked_per_layer_and_head(tiny
     attention on the whole sequence with a per-layer, per-head mask kept by hand."""
     from transformers.models.llama.modeling_llama import eager_attention_forward
 
-    from kcops.kernels.sweep import decode, prefill
     from kcops.kernels.topn import register_attention
+    from kcops.lab.sweep import decode, prefill
 
     model, _, seqs = tiny
     pre = prefill(model, seqs, EVAL)
@@ -285,8 +285,8 @@ def test_the_calibration_comes_from_the_shared_prefill_and_each_run_is_recorded(
 ) -> None:
     """The recommended N's K(C) coverage is computed from the rows' own prefill (no second
     one), equal to a separate measurement; ``runs.jsonl`` holds each invocation's cost."""
-    from kcops.kernels import sweepcal
-    from kcops.kernels.sweeprun import run_sweep
+    from kcops.lab import sweepcal
+    from kcops.lab.sweeprun import run_sweep
 
     model, tok, _ = tiny
     kw: dict[str, Any] = dict(
@@ -301,7 +301,7 @@ def test_the_calibration_comes_from_the_shared_prefill_and_each_run_is_recorded(
         calls.append(1)
         return real(*a, **k)
 
-    monkeypatch.setattr("kcops.kernels.sweeprun.measure_rows", counting)
+    monkeypatch.setattr("kcops.lab.sweeprun.measure_rows", counting)
     doc = run_sweep(out=tmp_path, **kw)
     (rec,) = doc["recommendation"]
     assert rec["n"] == 8 and calls == []  # tolerance 100: the smallest; no second prefill
@@ -319,7 +319,7 @@ def test_the_error_by_sequence_counts_when_one_text_holds_the_losses() -> None:
     trusts the larger."""
     import statistics
 
-    from kcops.kernels.sweep import paired_se, paired_se_by_sequence, recommend
+    from kcops.lab.sweep import paired_se, paired_se_by_sequence, recommend
 
     target = torch.ones(4, 50, dtype=torch.long)
     full = target.clone()
@@ -343,8 +343,8 @@ def test_a_step_cut_in_place_equals_the_cut_by_gather(tiny: Any) -> None:
     """The sweep's decode cut (the new key takes the evicted slot) keeps the same keys
     as re-gathering in position order (the worker's cut): same logits for every step,
     same KV and keys attended, for heavy-hitter and window layers."""
-    from kcops.kernels import sweep as sw
-    from kcops.kernels.sweep import decode, prefill
+    from kcops.lab import sweep as sw
+    from kcops.lab.sweep import decode, prefill
 
     model, _, seqs = tiny
     pre = prefill(model, seqs, EVAL)

@@ -10,8 +10,8 @@ import torch
 from click.testing import CliRunner
 
 from kcops.cli.kc import kc_group
-from kcops.kernels.sweep import SweepError, chunks, corpus_text
-from kcops.kernels.verify import parse_variant, register, verify
+from kcops.lab.sweep import SweepError, chunks, corpus_text
+from kcops.lab.verify import parse_variant, register, verify
 from kcops.worker.models import load_model
 
 

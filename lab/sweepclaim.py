@@ -23,8 +23,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from kcops.kernels.sweep import FULL, Row, SweepError, recommend
-from kcops.kernels.sweepio import ROWS_FILE, RUNS_FILE, read_rows
+from kcops.lab.sweep import FULL, Row, SweepError, recommend
+from kcops.lab.sweepio import ROWS_FILE, RUNS_FILE, read_rows
 
 SAVING = 0.30  # the documents' "30–50%": the claim holds from its lower end
 

@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 import torch
 
-from kcops.kernels.sweep import SweepError
 from kcops.kernels.topn import _allowed, register_attention
+from kcops.lab.sweep import SweepError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from kcops.kernels.sweep import FULL, Recommendation, Row, SweepError
+from kcops.lab.sweep import FULL, Recommendation, Row, SweepError
 
 ROWS_FILE = "rows.jsonl"
 RUNS_FILE = "runs.jsonl"

@@ -20,7 +20,7 @@ layer's measured K_0.9, the same total N x layers, no layer above the context:
 :func:`share_budget`), ``dense_first`` (layers 0 and 1 whole),
 ``window`` (sinks + recent only, no heavy hitters), ``kc_live`` (uniform at the cut,
 then the same total re-split while decoding from the decode rows' attention at each
-layer's budget edge: kcops.kernels.kclive). A layer whose N covers the
+layer's budget edge: kcops.lab.kclive). A layer whose N covers the
 whole context runs as full attention: nothing would ever be dropped.
 """
 
@@ -40,7 +40,6 @@ from typing import TYPE_CHECKING, Any, TypedDict
 import torch
 
 from kcops.errors import KcopsError
-from kcops.kernels.kclive import LiveBudget, observe_step
 from kcops.kernels.kvkeep import (
     KeptLayer,
     cache_nbytes,
@@ -49,8 +48,9 @@ from kcops.kernels.kvkeep import (
     kept_cache,
     use_kept,
 )
-from kcops.kernels.sweepbatch import group_keys, group_nbytes, grouped_cache
 from kcops.kernels.topn import DENSE, use_policy
+from kcops.lab.kclive import LiveBudget, observe_step
+from kcops.lab.sweepbatch import group_keys, group_nbytes, grouped_cache
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -58,7 +58,7 @@ if TYPE_CHECKING:
 POLICIES = ("uniform", "per_layer", "dense_first", "window", "kc_live")
 FULL = "full"
 DENSE_FIRST = frozenset({0, 1})
-GROUPS_PER_PASS = 8  # rows decoded in one batch (kcops.kernels.sweepbatch)
+GROUPS_PER_PASS = 8  # rows decoded in one batch (kcops.lab.sweepbatch)
 TIMED_STEPS = 8  # decode steps timed per row, on its own (their median counts)
 TEXT_SUFFIXES = (".py", ".md", ".txt", ".rst")
 
@@ -315,7 +315,7 @@ def decode_groups(
     live: Sequence[LiveBudget | None] = (),
 ) -> list[dict[str, Any]]:
     """:func:`decode` of every ``(per_layer, heavy)`` plan at once, the plans' sequences
-    sharing each forward (kcops.kernels.sweepbatch); no timing. A plan with a
+    sharing each forward (kcops.lab.sweepbatch); no timing. A plan with a
     :class:`LiveBudget` in ``live`` (same order) takes its budgets from it at every
     step, after feeding it the step's weights (``kc_live``)."""
     s, steps = pre.feed.shape
@@ -442,7 +442,7 @@ def sweep_context(
     Up to ``groups_per_pass`` rows (full attention in the first pass, always: the
     others' agreement needs its tokens) decode in one batch (:func:`decode_groups`);
     then each new row's speed is timed on its own. ``kc_rows``, when given, receives the
-    prefill's K_p rows (kcops.kernels.sweepcal) under the context, so that the
+    prefill's K_p rows (kcops.lab.sweepcal) under the context, so that the
     calibration needs no second prefill."""
     context = seqs.shape[1] - 1
     jobs = [(p, n) for p in policies for n in ns]
@@ -455,7 +455,7 @@ def sweep_context(
     if kc_rows is None:
         pre = prefill(model, seqs, eval_tokens)
     else:
-        from kcops.kernels.sweepcal import P_GRID
+        from kcops.lab.sweepcal import P_GRID
 
         pre = prefill(model, seqs, eval_tokens, p_grid=P_GRID)
         kc_rows[context] = pre.rows
@@ -506,7 +506,7 @@ class Recommendation(TypedDict, total=False):
     kv_bytes_saved_ratio: float
     tokens_per_s_ratio: float
     positions: int
-    kc_coverage: dict[str, Any]  # kcops.kernels.sweepcal.coverage: the live calibration
+    kc_coverage: dict[str, Any]  # kcops.lab.sweepcal.coverage: the live calibration
 
 
 def recommend(rows: Sequence[Row], tolerance_points: float) -> list[Recommendation]:

@@ -9,7 +9,7 @@ attention runs per group over that group's own cache layer (a
 :class:`~kcops.kernels.kvkeep.KeptLayer` cut to its budget, or whole), so a
 group sees exactly the keys it would see alone. KV bytes and keys attended
 are counted per group; speed cannot be told apart in a shared batch, so
-:mod:`kcops.kernels.sweep` times a few steps of each row on its own.
+:mod:`kcops.lab.sweep` times a few steps of each row on its own.
 """
 
 from __future__ import annotations

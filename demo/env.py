@@ -28,10 +28,10 @@ import httpx
 import psutil
 import yaml
 
-from kcops.cli import demo_cgroup
 from kcops.cli.common import agent_request
-from kcops.cli.demo_proxy import DelayProxy
-from kcops.cli.load.run import LocustRun
+from kcops.demo import cgroup as demo_cgroup
+from kcops.demo.load.run import LocustRun
+from kcops.demo.proxy import DelayProxy
 from kcops.errors import Unreachable
 
 # The demo's worker keeps a 128 MiB in-memory KV cache (about 2,800 tokens of

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from kcops.kernels.maps import AttentionMaps
-from kcops.kernels.sweep import FULL, Row, SweepError
+from kcops.lab.maps import AttentionMaps
+from kcops.lab.sweep import FULL, Row, SweepError
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 
 from kcops.cli.common import FiniteFloat, handle_errors
-from kcops.cli.kc import check_model, parse_ints, parse_policies
+from kcops.lab.cli.options import check_model, parse_ints, parse_policies
 
 
 def parse_depths(raw: str) -> tuple[float, ...]:
@@ -87,9 +87,9 @@ def retrieve_cmd(
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import torch
 
-    from kcops.kernels.retrieverun import run_retrieve
-    from kcops.kernels.sweep import SweepError
     from kcops.kernels.topn import register
+    from kcops.lab.retrieverun import run_retrieve
+    from kcops.lab.sweep import SweepError
     from kcops.worker.models import context_tokens, load_model
 
     if threads is not None:

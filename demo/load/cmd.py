@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from kcops.cli.common import FiniteFloat, echo_json, handle_errors
-from kcops.cli.load.run import AlertWatch, LocustRun, as_json, summary_lines
+from kcops.demo.load.run import AlertWatch, LocustRun, as_json, summary_lines
 
 
 @click.command(

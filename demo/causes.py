@@ -18,7 +18,7 @@ import time
 import click
 import httpx
 
-from kcops.cli.demo_env import (
+from kcops.demo.env import (
     DEMO_STARTUP_TIMEOUT_S,
     DEMO_TOP_N,
     DEMO_TOPN_MAX,

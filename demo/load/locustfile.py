@@ -28,7 +28,7 @@ import time
 
 from locust import HttpUser, between, task
 
-from kcops.cli.load.prompts import load_mode, prompt
+from kcops.demo.load.prompts import load_mode, prompt
 
 MAX_TOKENS = int(os.environ.get("KCOPS_LOAD_MAX_TOKENS", "16"))
 MODEL = os.environ.get("KCOPS_LOAD_MODEL", "")

@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from kcops.kernels.retrieve import Builder, score_batch
-from kcops.kernels.sweep import FULL, POLICIES, paired_se
-from kcops.kernels.sweepio import ROWS_FILE, resume_lines
+from kcops.lab.retrieve import Builder, score_batch
+from kcops.lab.sweep import FULL, POLICIES, paired_se
+from kcops.lab.sweepio import ROWS_FILE, resume_lines
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase

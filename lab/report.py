@@ -7,7 +7,7 @@ K_p per layer), ``kpred.json`` (``kc kpred --out``), ``verify.json`` (``kc verif
 extra), saved as PNGs next to the page and embedded in it as data URIs, so the
 page can be mailed or attached to a capacity review as one file. With
 ``tensorboard=True`` the same pictures (and the sweep's agreement by N) also go
-to TensorBoard event files (kcops.kernels.mapviz).
+to TensorBoard event files (kcops.lab.mapviz).
 """
 
 from __future__ import annotations
@@ -18,14 +18,14 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kcops.kernels.maps import MAPS_FILE, AttentionMaps
-from kcops.kernels.sweep import FULL, POLICIES, Row, SweepError, recommend
-from kcops.kernels.sweepio import ROWS_FILE, markdown, read_rows
+from kcops.lab.maps import MAPS_FILE, AttentionMaps
+from kcops.lab.sweep import FULL, POLICIES, Row, SweepError, recommend
+from kcops.lab.sweepio import ROWS_FILE, markdown, read_rows
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from kcops.kernels.verify import VerifyDoc
+    from kcops.lab.verify import VerifyDoc
 
 PAGE = "report.html"
 
@@ -49,7 +49,7 @@ def _png(fig: Figure, path: Path) -> str:
 
 def maps_section(maps: AttentionMaps, figures: dict[str, Figure], folder: Path) -> list[str]:
     """K_p per layer (table and plot) and the heatmaps, as PNGs next to the page."""
-    from kcops.kernels import mapviz
+    from kcops.lab import mapviz
 
     visible = maps.positions.astype(float) + 1.0
     parts = [
@@ -179,12 +179,12 @@ def render(folder: Path, tolerance: float = 1.0, tensorboard: bool = False) -> P
     maps = AttentionMaps.load(maps_path) if maps_path.exists() else None
     figures: dict[str, Figure] = {}
     if maps is not None:
-        from kcops.kernels import mapviz
+        from kcops.lab import mapviz
 
         figures = mapviz.maps_figures(maps)
         parts += maps_section(maps, figures, folder)
     if tensorboard:
-        from kcops.kernels import mapviz
+        from kcops.lab import mapviz
 
         mapviz.write_tensorboard(folder, figures, maps, rows)
     if figures:

@@ -29,36 +29,12 @@ PROBE_P = 0.9  # the probe's default p (kcops.kernels.config.ProbeConfig.p_value
 DENSE_FIRST = frozenset({0, 1})
 
 
-def row_kps(
-    weights: torch.Tensor, g: int, w: int, p_grid: Sequence[float]
-) -> dict[float, list[int]]:
-    """Per p, each row's K_p as the probe records it: the size of the union of the top-K_p
-    key sets of a KV group's ``g`` query heads, the largest group. ``weights``
-    (B, Hkv, g * w, T), head-major, rows at the last ``w`` positions (causal)."""
-    import torch
-
-    from kcops.kernels.kc import k_from_sorted
-
-    sorted_w, order = weights.sort(dim=-1, descending=True)
-    t = weights.shape[-1]
-    visible = torch.arange(t - w + 1, t + 1, device=weights.device).repeat(g)
-    b, hkv = weights.shape[:2]
-    out: dict[float, list[int]] = {}
-    for p in p_grid:
-        k = torch.minimum(k_from_sorted(sorted_w, p), visible)
-        keep_sorted = torch.arange(t, device=weights.device) < k[..., None]
-        keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
-        union = keep.view(b, hkv, g, w, t).any(2).sum(-1)  # (B, Hkv, w)
-        out[p] = [int(x) for x in union.amax(1).flatten().tolist()]
-    return out
-
-
 def measure_rows(
     model: Any, seqs: torch.Tensor, eval_tokens: int
 ) -> dict[int, dict[float, list[int]]]:
     """K_p rows per layer and p of one context's prefill (the sweep's own prefill, again:
     a resumed sweep may have measured every row without one)."""
-    from kcops.kernels.sweep import prefill
+    from kcops.lab.sweep import prefill
 
     return prefill(model, seqs, eval_tokens, p_grid=P_GRID).rows
 

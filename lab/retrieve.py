@@ -16,7 +16,7 @@ the seed and ``i`` (a cell can grow later and keep its first items).
 
 Scoring is teacher-forced: the prompt is prefilled with full attention (as the worker
 does); its last position's logits give the first answer token; then the cache is cut
-to the policy's budget (:mod:`kcops.kernels.sweep`'s machinery, every plan in one
+to the policy's budget (:mod:`kcops.lab.sweep`'s machinery, every plan in one
 batch) and the answer's tokens are fed one at a time, each step's greedy token
 compared with the next answer token. An item is correct when every answer token is
 the greedy argmax. That equals greedy generation's exact match: while the greedy
@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from kcops.kernels.sweep import (
+from kcops.lab.sweep import (
     GROUPS_PER_PASS,
     SweepError,
     budgets,

@@ -2,8 +2,8 @@
 
 It starts a real Redis (when installed), the agent in enforce mode supervising
 the reference worker with a real small model and the probe, sends real load
-with Locust (:mod:`kcops.cli.load`), then runs fault drills
-(:mod:`kcops.cli.drills`) and shows the agent detect and repair each:
+with Locust (:mod:`kcops.demo.load`), then runs fault drills
+(:mod:`kcops.demo.drills`) and shows the agent detect and repair each:
 by default a NaN in attention (``KcopsAttentionErrors`` -> ``fallback_to_base``)
 and a hung loop (``KcopsEngineDown`` -> ``restart_worker``); ``--drills all``
 runs every alert of the table whose cause the worker can produce. It ends with
@@ -23,11 +23,11 @@ from pathlib import Path
 
 import click
 
-from kcops.cli import drills as drills_mod
 from kcops.cli.common import EXIT_FAILURE, FiniteFloat, handle_errors
-from kcops.cli.demo_env import LOAD_USERS, DemoEnv, DemoFailed, kcops_exe, summary
-from kcops.cli.load.run import LocustRun, summary_lines
 from kcops.cli.timefmt import duration
+from kcops.demo import drills as drills_mod
+from kcops.demo.env import LOAD_USERS, DemoEnv, DemoFailed, kcops_exe, summary
+from kcops.demo.load.run import LocustRun, summary_lines
 
 CONTEXT_HINT = "see the logs in {work}"
 

@@ -11,9 +11,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kcops.kernels.sweep import Row, chunks, corpus_text, recommend, sweep_context
-from kcops.kernels.sweepcal import coverage, measure_rows
-from kcops.kernels.sweepio import (
+from kcops.lab.sweep import Row, chunks, corpus_text, recommend, sweep_context
+from kcops.lab.sweepcal import coverage, measure_rows
+from kcops.lab.sweepio import (
     append_row,
     append_run,
     load_done,

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 import click
 
-from kcops.cli import drill_causes as c
-from kcops.cli.demo_env import DemoEnv, DemoFailed, wait
 from kcops.cli.timefmt import duration
+from kcops.demo import causes as c
+from kcops.demo.env import DemoEnv, DemoFailed, wait
 
 Step = Callable[[DemoEnv], None]
 

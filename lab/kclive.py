@@ -82,7 +82,7 @@ def resplit(
     give up exactly what the others gain (largest wanted cut first), so the sum stays
     ``total`` and each layer stays in [1, cap]. A layer with no measurement keeps its
     relative weight."""
-    from kcops.kernels.sweep import share_budget
+    from kcops.lab.sweep import share_budget
 
     seen = [e for e in edge if e is not None]
     if not seen or max(seen) <= 0.0:
@@ -164,7 +164,7 @@ class LiveBudget:
 
 def observe_step(live: LiveBudget, layers: Sequence[Any], x: int, heads_per_group: int) -> None:
     """Feed ``live`` group ``x``'s weights of this step from each
-    :class:`~kcops.kernels.sweepbatch.GroupedLayer` (``mass[x]``, set by ``attend``)."""
+    :class:`~kcops.lab.sweepbatch.GroupedLayer` (``mass[x]``, set by ``attend``)."""
     for i, layer in enumerate(layers):
         mass = layer.mass.pop(x, None)
         sub = layer.subs[x]

@@ -1,7 +1,7 @@
 """``kcops kc claim``: is "30–50% less KV at kept accuracy" true on these sweeps?
 
 Reads ``kc sweep --out`` folders only (no model, no torch at import beyond the
-kernels' sweep module): see :mod:`kcops.kernels.sweepclaim`."""
+kernels' sweep module): see :mod:`kcops.lab.sweepclaim`."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def claim_cmd(
     Δ − 2 SE ≥ −TOLERANCE), refuted (every such budget loses more, Δ + 2 SE < −TOLERANCE)
     or undecided; beside it the smallest KV kept within the tolerance, and the sweep's
     wall time and peak RSS."""
-    from kcops.kernels.sweepclaim import markdown, verdicts
+    from kcops.lab.sweepclaim import markdown, verdicts
 
     items = verdicts([Path(f) for f in folders], tolerance, saving, pooled=pooled)
     if as_json:

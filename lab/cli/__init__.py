@@ -1,0 +1,1 @@
+"""The lab's ``kcops kc`` subcommands, one module each (listed in :mod:`kcops.cli.kc`)."""
