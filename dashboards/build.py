@@ -2,8 +2,14 @@
 
 Each dashboard is a list of panels; each panel is one or more PromQL queries
 over DESIGN §3 names. ``build_all()`` returns Grafana's dashboard JSON model
-(schemaVersion 39) keyed by file name; ``kcops dashboards build`` writes them
-to ``dashboards/generated/`` and ``kcops dashboards push`` uploads them.
+keyed by file name; ``kcops dashboards build`` writes them to
+``dashboards/generated/`` and ``kcops dashboards push`` uploads them.
+
+The JSON is made by grafana-foundation-sdk's typed builders (dashboard,
+time series and stat panels, Prometheus queries), not written by hand: the
+SDK knows the model's field names and nesting, and the ``schemaVersion`` is
+the one its types describe. What this module adds is what the SDK cannot
+know: the panels below, and the numbers they take from the rules.
 
 Thresholds, query windows and the alert notes in panel descriptions are not
 copied from the rules: a panel names the rule parameter
@@ -18,9 +24,16 @@ their alerts do), and the hour-long counts no rule names use
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+from grafana_foundation_sdk.builders import dashboard as grafana
+from grafana_foundation_sdk.builders import prometheus, stat, timeseries
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models.dashboard import DataSourceRef, ThresholdsMode, VariableRefresh
+from grafana_foundation_sdk.models.dashboard import Threshold as Step
 
 from kcops.agent.duration import format_duration
 from kcops.agent.rules.rulefile import known_names, substitute
@@ -28,8 +41,8 @@ from kcops.agent.rules.rulefile import known_names, substitute
 if TYPE_CHECKING:
     from kcops.agent.rules.loader import RuleSet
 
-SCHEMA_VERSION = 39
-DS = {"type": "prometheus", "uid": "${datasource}"}
+# Every panel and query reads the data source the dashboard's picker chose.
+DS = DataSourceRef(type_val="prometheus", uid="${datasource}")
 # Every query is scoped to the chosen pod(s); `instance` is what Prometheus adds.
 SEL = 'instance=~"$instance"'
 
@@ -53,7 +66,7 @@ class Panel:
     title: str
     queries: tuple[Query, ...]
     unit: str = "short"
-    kind: str = "timeseries"  # timeseries | stat
+    kind: type[timeseries.Panel] | type[stat.Panel] = timeseries.Panel
     # ``${param}`` in the title, the description and the queries is replaced by the
     # rule parameter's value.
     description: str = ""
@@ -214,7 +227,7 @@ SERVING = Dashboard(
                 ),
                 q("sum(increase(kcops_engine_oom_total{$SEL}[${baseline_window}]))", "OOM"),
             ),
-            kind="stat",
+            kind=stat.Panel,
             width=6,
         ),
     ),
@@ -468,83 +481,79 @@ def _description(p: Panel, ruleset: RuleSet) -> str:
     return f"{text} Alert {rule.name} fires {when}.".strip()
 
 
-def _panel_json(p: Panel, pid: int, x: int, y: int, ruleset: RuleSet) -> dict[str, object]:
-    steps: list[dict[str, object]] = [{"color": "green", "value": None}]
-    steps += [
-        {"color": t.color, "value": _threshold(t, ruleset.params, p.title)} for t in p.thresholds
-    ]
-    return {
-        "id": pid,
-        "type": p.kind,
-        "title": _text(p.title, ruleset.params, p.title),
-        "description": _description(p, ruleset),
-        "datasource": DS,
-        "gridPos": {"h": p.height, "w": p.width, "x": x, "y": y},
-        "fieldConfig": {
-            "defaults": {"unit": p.unit, "thresholds": {"mode": "absolute", "steps": steps}},
-            "overrides": [],
-        },
-        "options": {},
-        "targets": [
-            {
-                "refId": chr(ord("A") + i),
-                "datasource": DS,
-                "expr": _text(t.expr, ruleset.params, p.title),
-                "legendFormat": t.legend,
-            }
-            for i, t in enumerate(p.queries)
-        ],
-    }
+def _panel(p: Panel, pid: int, ruleset: RuleSet) -> timeseries.Panel | stat.Panel:
+    """One panel's builder, its numbers and windows read from ``ruleset``."""
+    params = ruleset.params
+    # Green from -Infinity (Grafana writes it as null), then each rule's line.
+    steps = [Step(None, "green")]
+    steps += [Step(_threshold(t, params, p.title), t.color) for t in p.thresholds]
+    panel = (
+        p.kind()
+        .id(pid)
+        .title(_text(p.title, params, p.title))
+        .description(_description(p, ruleset))
+        .datasource(DS)
+        .span(p.width)
+        .height(p.height)
+        .unit(p.unit)
+        .thresholds(grafana.ThresholdsConfig().mode(ThresholdsMode.ABSOLUTE).steps(steps))
+    )
+    for i, t in enumerate(p.queries):
+        panel.with_target(
+            prometheus.Dataquery()
+            .ref_id(chr(ord("A") + i))
+            .datasource(DS)
+            .expr(_text(t.expr, params, p.title))
+            .legend_format(t.legend)
+        )
+    return panel
 
 
 def dashboard_json(d: Dashboard, ruleset: RuleSet) -> dict[str, object]:
-    """Grafana's dashboard JSON model for one dashboard; panels flow left to right.
+    """Grafana's dashboard JSON model for one dashboard.
 
-    Thresholds and alert notes come from ``ruleset`` (its params, its rules'
-    ``for``); a panel naming an unknown parameter raises ValueError.
+    Panels flow left to right; the SDK starts a new row once a row's widths
+    reach the grid's 24 columns, and does not move down a panel wider than
+    what is left of its row (the layout test catches one). Thresholds and
+    alert notes come from ``ruleset`` (its params, its rules' ``for``); a panel
+    naming an unknown parameter raises ValueError.
     """
-    panels = []
-    x = y = row_h = 0
-    for i, p in enumerate(d.panels, start=1):
-        if x + p.width > 24:
-            x, y, row_h = 0, y + row_h, 0
-        panels.append(_panel_json(p, i, x, y, ruleset))
-        x += p.width
-        row_h = max(row_h, p.height)
-    return {
-        "uid": d.uid,
-        "title": d.title,
-        "description": d.description,
-        "tags": list(d.tags),
-        "schemaVersion": SCHEMA_VERSION,
-        "editable": True,
-        "refresh": "10s",
-        "time": {"from": "now-1h", "to": "now"},
-        "timezone": "browser",
-        "templating": {
-            "list": [
-                {
-                    "name": "datasource",
-                    "type": "datasource",
-                    "query": "prometheus",
-                    "label": "Data source",
-                },
-                {
-                    "name": "instance",
-                    "type": "query",
-                    "datasource": DS,
-                    "query": "label_values(kcops_agent_build_info, instance)",
-                    "includeAll": True,
-                    "multi": True,
-                    "allValue": ".*",
-                    "label": "Pod",
-                    "refresh": 2,
-                },
-            ]
-        },
-        "annotations": {"list": []},
-        "panels": panels,
-    }
+    board = (
+        grafana.Dashboard(d.title)
+        .uid(d.uid)
+        .description(d.description)
+        .tags(list(d.tags))
+        .editable()
+        .refresh("10s")
+        .time("now-1h", "now")
+        .timezone("browser")
+        # A list, though empty (the SDK alone writes `{}`): Grafana adds its built-in
+        # annotation to it.
+        .annotations([])
+        # Ids name the variables: the SDK gives every variable the same nil UUID,
+        # and Grafana's (pre-Scenes) variable store keys on `id` before `name`.
+        .with_variable(
+            grafana.DatasourceVariable("datasource")
+            .id("datasource")
+            .label("Data source")
+            .type("prometheus")
+        )
+        .with_variable(
+            grafana.QueryVariable("instance")
+            .id("instance")
+            .label("Pod")
+            .datasource(DS)
+            .query("label_values(kcops_agent_build_info, instance)")
+            .multi(True)
+            .include_all(True)
+            .all_value(".*")
+            .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
+        )
+    )
+    for pid, p in enumerate(d.panels, start=1):
+        board.with_panel(_panel(p, pid, ruleset))
+    model: dict[str, object] = json.loads(JSONEncoder().encode(board.build()))
+    return model
 
 
 def build_all(ruleset: RuleSet | None = None) -> dict[str, dict[str, object]]:

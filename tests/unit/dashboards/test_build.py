@@ -1,4 +1,4 @@
-"""Dashboards: in sync with the builder, valid PromQL, only catalogued signals."""
+"""Dashboards: in sync with the builder, valid PromQL, only series something exports."""
 
 from __future__ import annotations
 
@@ -13,20 +13,75 @@ import promql_parser
 import pytest
 from aiohttp import web
 from click.testing import CliRunner
+from grafana_foundation_sdk.models.dashboard import Dashboard as SdkDashboard
+from prometheus_client.parser import text_string_to_metric_families
 
+from kcops.agent.rules.loader import RuleSet, default_rules_path, load_rules, load_rules_data
 from kcops.agent.signals import SIGNALS
 from kcops.cli import cli
 from kcops.dashboards.build import build_all
+from kcops.worker.metrics import LiveState, WorkerMetrics
 from tests.services import free_port
 
 REPO = Path(__file__).resolve().parents[3]
-METRIC = re.compile(r"\b(kcops_[a-z0-9_]+)")
 
 
 def all_exprs() -> list[str]:
     return [
         t["expr"] for model in build_all().values() for p in model["panels"] for t in p["targets"]
     ]
+
+
+def _series(name: str, kind: str) -> set[str]:
+    """The series a metric family is scraped as: a histogram only as its parts."""
+    if kind == "histogram":
+        return {f"{name}_bucket", f"{name}_sum", f"{name}_count"}
+    return {name}
+
+
+def exported_series() -> set[str]:
+    """Every series kcops's agent, its reference worker or vLLM exports."""
+    agent = {s for name, meta in SIGNALS.items() for s in _series(name, meta.type)}
+    page = (REPO / "tests" / "fixtures" / "vllm_metrics.txt").read_text()
+    vllm = {s.name for family in text_string_to_metric_families(page) for s in family.samples}
+    # Every optional gauge present: the worker leaves some out while it has no value.
+    live = LiveState(
+        waiting=0,
+        running=0,
+        kv_cache_usage_perc=0.0,
+        top_n=0,
+        fallback=False,
+        shadow_agreement=1.0,
+        kv_bytes=0,
+    )
+    worker: set[str] = set()
+    for family in WorkerMetrics("m", lambda: live).registry.collect():
+        # prometheus_client names a counter's family without the _total of its series.
+        name = f"{family.name}_total" if family.type == "counter" else family.name
+        worker |= _series(name, family.type)
+    return agent | vllm | worker
+
+
+def recorded_series(ruleset: RuleSet) -> set[str]:
+    """The series the rule set's recording rules write (``kcops:...``)."""
+    return {r.name for r in ruleset.rules if r.kind == "recording"}
+
+
+def unknown_series(expr: str, known: set[str]) -> list[str]:
+    """The series ``expr`` selects that ``known`` lacks; parsing it raises if it is not PromQL."""
+    selected: list[str] = []
+
+    def visit(node: object) -> None:
+        if isinstance(node, promql_parser.VectorSelector):
+            selected.append(node.name or str(node))  # a selector without a name is unknown
+
+    promql_parser.walk(promql_parser.parse(expr), visit)
+    return [name for name in selected if name not in known]
+
+
+@pytest.fixture(scope="module")
+def known_series() -> set[str]:
+    return exported_series() | recorded_series(load_rules(default_rules_path()))
 
 
 def test_generated_files_match_the_builder() -> None:
@@ -37,11 +92,38 @@ def test_generated_files_match_the_builder() -> None:
 
 
 @pytest.mark.parametrize("expr", all_exprs())
-def test_every_query_parses_and_uses_catalogued_signals(expr: str) -> None:
-    promql_parser.parse(expr)
-    for name in METRIC.findall(expr):
-        base = re.sub(r"_(bucket|sum|count)$", "", name)
-        assert name in SIGNALS or base in SIGNALS, f"{name} is not in agent/signals.py"
+def test_every_query_parses_and_reads_only_exported_series(
+    expr: str, known_series: set[str]
+) -> None:
+    assert unknown_series(expr, known_series) == [], (
+        "not exported by kcops (agent/signals.py), its worker (worker/metrics.py) or vLLM "
+        "(tests/fixtures/vllm_metrics.txt), nor recorded by alerts/rules.yaml"
+    )
+
+
+def test_the_series_check_refuses_what_nothing_exports_and_takes_recorded_series() -> None:
+    exported = exported_series()
+    assert unknown_series("sum(rate(kcops_no_such_total[5m]))", exported) == ["kcops_no_such_total"]
+    # A histogram is scraped as _bucket, _sum and _count, never under its own name.
+    assert unknown_series("rate(kcops_ttft_seconds_sum[5m])", exported) == []
+    assert unknown_series("rate(kcops_ttft_seconds[5m])", exported) == ["kcops_ttft_seconds"]
+    assert unknown_series('{job="kcops"}', exported) == ['{job="kcops"}']
+    # Each source counts: vLLM's page only, the worker only.
+    assert unknown_series("rate(vllm:num_preemptions_total[5m])", exported) == []
+    assert unknown_series("kcops_worker_kv_bytes", exported) == []
+    with pytest.raises(ValueError):
+        unknown_series("sum(rate(kcops_ttft_seconds_sum[5m])", exported)
+    # A recording rule's series is known once a loaded rule set records it.
+    record = "kcops:cost_full:rate1h"
+    rule = {"record": record, "expr": "sum(rate(kcops_cost_full_total[1h]))"}
+    ruleset = load_rules_data({"groups": [{"name": "cost", "rules": [rule]}]})
+    assert unknown_series(f"sum({record})", exported) == [record]
+    assert unknown_series(f"sum({record})", exported | recorded_series(ruleset)) == []
+
+
+def test_schema_version_is_the_sdks() -> None:
+    """No hand-written number: the model says the schema its SDK types describe."""
+    assert {m["schemaVersion"] for m in build_all().values()} == {SdkDashboard().schema_version}
 
 
 def test_layout_fits_the_grid_and_ids_are_unique() -> None:
@@ -54,6 +136,9 @@ def test_layout_fits_the_grid_and_ids_are_unique() -> None:
             assert [t["refId"] for t in p["targets"]] == [
                 chr(ord("A") + i) for i in range(len(p["targets"]))
             ]
+        # Grafana keys a variable by its id: one id per variable, its name.
+        variables = model["templating"]["list"]
+        assert [v["id"] for v in variables] == [v["name"] for v in variables]
 
 
 def _panel(models: dict[str, Any], title: str) -> dict[str, Any]:
@@ -66,8 +151,6 @@ def _red_lines(panel: dict[str, Any]) -> list[float]:
 
 
 def test_thresholds_and_notes_follow_the_rule_params(tmp_path: Path) -> None:
-    from kcops.agent.rules.loader import default_rules_path, load_rules
-
     title = "Device memory used"
     default = _panel(build_all(), title)
     assert _red_lines(default) == [0.9]
@@ -88,8 +171,6 @@ def test_thresholds_and_notes_follow_the_rule_params(tmp_path: Path) -> None:
 
 
 def test_query_windows_follow_the_rule_params() -> None:
-    from kcops.agent.rules.loader import default_rules_path, load_rules
-
     def exprs(models: dict[str, Any], title: str) -> list[str]:
         return [t["expr"] for t in _panel(models, title)["targets"]]
 
