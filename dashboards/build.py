@@ -530,17 +530,13 @@ def dashboard_json(d: Dashboard, ruleset: RuleSet) -> dict[str, object]:
         # A list, though empty (the SDK alone writes `{}`): Grafana adds its built-in
         # annotation to it.
         .annotations([])
-        # Ids name the variables: the SDK gives every variable the same nil UUID,
-        # and Grafana's (pre-Scenes) variable store keys on `id` before `name`.
         .with_variable(
             grafana.DatasourceVariable("datasource")
-            .id("datasource")
             .label("Data source")
             .type("prometheus")
         )
         .with_variable(
             grafana.QueryVariable("instance")
-            .id("instance")
             .label("Pod")
             .datasource(DS)
             .query("label_values(kcops_agent_build_info, instance)")
