@@ -26,16 +26,18 @@ from kcops.agent.backoff import LoopErrors
 from kcops.agent.clock import Clock, system_clock
 from kcops.agent.collectors import CollectorRunner, tick_histogram
 from kcops.agent.collectors.base import Collector
-from kcops.agent.collectors.enginepid import EnginePid
 from kcops.agent.component import AgentContext, Component
 from kcops.agent.config import Config
-from kcops.agent.control import build_app, core_routes, error_body
+from kcops.agent.control import build_app, core_routes
 from kcops.agent.engine import Engine
+from kcops.agent.engine.pid import EnginePid
 from kcops.agent.events import EventBus
 from kcops.agent.exporter import build_registry
+from kcops.agent.jsonapi import error_body
 from kcops.agent.kcrec import Recommender
 from kcops.agent.preflight import preflight
 from kcops.agent.query import QueryComponent
+from kcops.agent.rules.regex import CACHE as REGEX_CACHE
 from kcops.agent.samples import Sample
 from kcops.agent.signals import register_all
 from kcops.agent.store import Store
@@ -98,7 +100,7 @@ class Agent:
         self.ticks = tick_histogram()
         self.collector_runner = CollectorRunner(
             self.store,
-            collectors_pkg.build(self.ctx, self.ticks, self.engine, pids)
+            collectors_pkg.build(self.ctx, self.ticks, self.engine, pids, REGEX_CACHE)
             + list(extra_collectors or []),
             timeout_s=min(0.8 * config.agent.tick_s, config.engine.timeout_s + 0.2),
         )
@@ -108,7 +110,7 @@ class Agent:
         rules = rules_pkg.build(self.ctx, checked.ruleset)
         self.components += rules
         self.components += actions_pkg.build(
-            self.ctx, self.engine, pids, rules[0] if rules else None
+            self.ctx, self.engine, pids, rules[0] if rules else None, checked.ruleset
         )
         self.components.append(QueryComponent(self.ctx))
         self.components.append(Recommender(self.ctx, self.engine))

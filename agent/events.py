@@ -39,10 +39,6 @@ class Step:
             raise ValueError(f"verify_s must be >= 0, got {self.verify_s}")
 
 
-# The older name, still used by the rule loader.
-RemediationStep = Step
-
-
 @dataclass(frozen=True)
 class AlertTransition:
     """An alert instance (rule + label set) changed state at time ``t`` (Unix s).

@@ -9,9 +9,11 @@ line (exit 2), what the agent would refuse at start:
 - the token (``agent.token_file`` or ``$KCOPS_TOKEN``): unreadable, empty, not
   UTF-8, or other than visible ASCII;
 - a listen address beyond loopback with no token (:func:`check_exposure`);
+- an ``engine.adapter`` that names no engine kind;
 - the rule file, with its params overrides, when the rule engine is on (off:
   remediation reads it for its ladders and goes without on a bad one, which is a
-  warning here as it is a log line there);
+  warning here as it is a log line there), its ladder steps checked against the
+  actions: this is where the rules and the actions meet (neither imports the other);
 - a collector switched ``on`` whose source is not configured.
 
 What needs the running process (creating ``agent.state_dir``, binding the
@@ -20,12 +22,13 @@ listen port) is left to ``agent run``.
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from kcops.agent.collectors import check_sources
-from kcops.agent.control import check_exposure
 from kcops.auth import load_token
+from kcops.errors import ConfigError
 
 if TYPE_CHECKING:
     from kcops.agent.config import Config
@@ -34,8 +37,9 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Checked:
-    """What :func:`preflight` read: the token, the rule set (None with the rule engine
-    off), and warnings (things that will be refused at run time, not at start)."""
+    """What :func:`preflight` read: the token, the rule set (the rule engine's and the
+    ladders'; None when the rules are off and the file is bad), and warnings (things that
+    will be refused at run time, not at start)."""
 
     token: str | None
     ruleset: RuleSet | None
@@ -47,21 +51,44 @@ def preflight(config: Config, token: str | None = None) -> Checked:
 
     ``token``: one already in hand (tests); else the configured one is loaded.
     """
+    from kcops.agent.actions.registry import builtin_actions
     from kcops.agent.config.actions import warnings
+    from kcops.agent.engine.kinds import builtin_kinds
     from kcops.agent.rules.loader import ruleset_from_config
     from kcops.agent.rules.model import RuleError
 
     if token is None:
         token = load_token(config.agent.token_file)
     check_exposure(config.agent.host_port()[0], token is not None)
+    builtin_kinds().check_choice(config.engine.adapter)
     found = list(warnings(config.actions))
     ruleset = None
+    actions = builtin_actions().ladder_params()
     if config.rules.enabled:
-        ruleset = ruleset_from_config(config)
+        ruleset = ruleset_from_config(config, actions)
     else:
         try:
-            ruleset_from_config(config)
+            ruleset = ruleset_from_config(config, actions)
         except RuleError as exc:
             found.append(f"rules are off and the rule file is bad: no ladders ({exc})")
     check_sources(config)
     return Checked(token, ruleset, found)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name other than localhost: assume it is reachable
+
+
+def check_exposure(host: str, token_configured: bool) -> None:
+    """Refuse (ConfigError, exit 2) to listen beyond loopback without a token."""
+    if not token_configured and not is_loopback(host):
+        raise ConfigError(
+            f"agent.listen: {host!r} is not a loopback address and no token is configured: "
+            "the control API would be open to the network. Set KCOPS_TOKEN or --token-file, "
+            "or listen on 127.0.0.1"
+        )

@@ -44,13 +44,13 @@ sys.path.insert(0, str(REPO))
 from kcops.agent.collectors.base import CollectorRunner  # noqa: E402
 from kcops.agent.collectors.cpumem import CpuDeviceMemoryCollector  # noqa: E402
 from kcops.agent.collectors.engine_http import EngineClient  # noqa: E402
-from kcops.agent.collectors.enginepid import EnginePid  # noqa: E402
 from kcops.agent.collectors.health import HealthCollector  # noqa: E402
 from kcops.agent.collectors.nvml import Nvml, NvmlCollector  # noqa: E402
 from kcops.agent.collectors.probe import ProbeReceiver  # noqa: E402
 from kcops.agent.collectors.process import EngineEventsCollector, ProcessCollector  # noqa: E402
 from kcops.agent.collectors.procwatch import EngineWatch  # noqa: E402
 from kcops.agent.collectors.scrape import EngineScrapeCollector  # noqa: E402
+from kcops.agent.engine.pid import EnginePid  # noqa: E402
 from kcops.agent.signals import register_all  # noqa: E402
 from kcops.agent.store import Store  # noqa: E402
 from kcops.kernels import wire  # noqa: E402

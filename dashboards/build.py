@@ -531,9 +531,7 @@ def dashboard_json(d: Dashboard, ruleset: RuleSet) -> dict[str, object]:
         # annotation to it.
         .annotations([])
         .with_variable(
-            grafana.DatasourceVariable("datasource")
-            .label("Data source")
-            .type("prometheus")
+            grafana.DatasourceVariable("datasource").label("Data source").type("prometheus")
         )
         .with_variable(
             grafana.QueryVariable("instance")

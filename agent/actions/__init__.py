@@ -11,10 +11,11 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from kcops.agent.actions.remediation import Remediation
-    from kcops.agent.collectors.enginepid import EnginePid
     from kcops.agent.component import AgentContext, Component
     from kcops.agent.engine import Engine
+    from kcops.agent.engine.pid import EnginePid
     from kcops.agent.rules.component import RulesComponent
+    from kcops.agent.rules.loader import RuleSet
 
 
 def build(
@@ -22,11 +23,12 @@ def build(
     engine: Engine,
     pids: EnginePid | None = None,
     rules: RulesComponent | None = None,
+    ruleset: RuleSet | None = None,
 ) -> list[Component]:
     """Supervisor (with ``engine.command``) and remediation. ``rules``: the local rule
-    engine, whose loaded rule set gives the ladders (read once, by the rules loader)."""
+    engine; ``ruleset``: the rule set preflight loaded, whose ladders remediation climbs."""
     from kcops.agent.actions.remediation import Remediation
-    from kcops.agent.supervisor import Supervisor
+    from kcops.agent.engine.supervisor import Supervisor
 
     out: list[Component] = []
     sup = None
@@ -48,7 +50,7 @@ def build(
         engine=engine,
         supervisor=sup,
         alerts=rules,
-        ruleset=rules.ruleset if rules is not None else None,
+        ruleset=ruleset,
     )
     out.append(rem)
     return out

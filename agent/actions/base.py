@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 
 class SupervisorHandle(Protocol):
-    """What actions need of the engine supervisor (:class:`kcops.agent.supervisor.Supervisor`)."""
+    """What actions need of the engine supervisor (:mod:`kcops.agent.engine.supervisor`)."""
 
     def starting(self, now: float) -> bool: ...
 
@@ -172,9 +172,10 @@ class Registry:
     def names(self) -> list[str]:
         return sorted(self._specs)
 
-    def ladder_names(self) -> list[str]:
-        """What a rule's ``remediation:`` step may name (the rule loader checks against it)."""
-        return [n for n in self.names() if self._specs[n].ladder]
+    def ladder_params(self) -> dict[str, type[Params]]:
+        """What a rule's ``remediation:`` step may name, with each one's parameter model:
+        handed to the rule loader (:data:`kcops.agent.rules.rulefile.ActionParams`)."""
+        return {n: self._specs[n].params for n in self.names() if self._specs[n].ladder}
 
     def specs(self) -> list[ActionSpec]:
         return [self._specs[n] for n in self.names()]

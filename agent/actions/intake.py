@@ -21,6 +21,8 @@ from kcops.agent.actions.records import Trigger
 from kcops.agent.events import AlertSource, AlertTransition, Step
 
 if TYPE_CHECKING:
+    from kcops.agent.actions.base import Registry
+    from kcops.agent.config import Config
     from kcops.agent.rules.loader import RuleSet
 
 log = logging.getLogger("kcops.agent.actions")
@@ -85,6 +87,20 @@ class Alert:
             steps=ev.remediation if ev.source == "local" else (),
             starts_at=parse_time(ev.annotations.get(STARTS_AT)),
         )
+
+
+def ruleset_for_ladders(config: Config, registry: Registry) -> RuleSet | None:
+    """The rule set the configuration names, its steps checked against ``registry``: for a
+    remediation built without the app's (tests, an agent whose rule engine is off). A bad
+    file is a log line and no ladders, never a failed start."""
+    from kcops.agent.rules.loader import ruleset_from_config
+    from kcops.agent.rules.model import RuleError
+
+    try:
+        return ruleset_from_config(config, registry.ladder_params())
+    except RuleError as exc:
+        log.warning("no ladders for cluster alerts: %s", exc)
+        return None
 
 
 def rule_ladders(ruleset: RuleSet | None) -> tuple[set[str], dict[str, tuple[Step, ...]]]:

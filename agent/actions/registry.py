@@ -1,7 +1,7 @@
 """The registry of built-in actions, filled explicitly.
 
-It is the one list of action names: the rule loader takes the names a ladder
-step may use (and each one's parameter model) from :func:`default_registry`.
+It is the one list of action names: the rule loader is handed the names a ladder
+step may use (and each one's parameter model) from :func:`builtin_actions`.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def has_scaler(check: Check, _: Params) -> None:
         kube_token(check, "scale_out")
 
 
-def default_registry() -> Registry:
+def builtin_actions() -> Registry:
     reg = Registry()
     for spec in (
         evict_cache.SPEC,

@@ -24,14 +24,21 @@ from kcops.agent.actions.audit import AuditLog, unfinished
 from kcops.agent.actions.base import Registry, SupervisorHandle
 from kcops.agent.actions.driver import LadderDriver
 from kcops.agent.actions.guards import Guards
-from kcops.agent.actions.intake import Alert, AlertState, AlertsView, fingerprint, parse_time
+from kcops.agent.actions.intake import (
+    Alert,
+    AlertState,
+    AlertsView,
+    fingerprint,
+    parse_time,
+    ruleset_for_ladders,
+)
 from kcops.agent.actions.ladder import Ladder
 from kcops.agent.actions.outcome import Outcome
 from kcops.agent.actions.paging import Pager
 from kcops.agent.actions.persist import Persist, RemediationStatus
 from kcops.agent.actions.publish import samples
 from kcops.agent.actions.records import ActionRecord, FleetRecord, JSONObject, StartedRecord
-from kcops.agent.actions.registry import default_registry
+from kcops.agent.actions.registry import builtin_actions
 from kcops.agent.actions.remediation_state import RemediationState, RestoreState
 from kcops.agent.actions.restore import Restores
 from kcops.agent.actions.runner import Run, Runner
@@ -43,24 +50,12 @@ from kcops.agent.events import AlertTransition
 if TYPE_CHECKING:
     from kcops.agent.rules.loader import RuleSet
 
-__all__ = ["AlertsView", "Remediation", "fingerprint", "load_ruleset", "parse_time"]
+__all__ = ["AlertsView", "Remediation", "fingerprint", "parse_time"]
 
 log = logging.getLogger("kcops.agent.actions")
 
 STATE_FILE = "remediation-state.json"
 AUDIT_FILE = "audit.jsonl"
-
-
-def load_ruleset(ctx: AgentContext) -> RuleSet | None:
-    """The rule set from config, for an agent whose rule engine is off (read once)."""
-    from kcops.agent.rules.loader import ruleset_from_config
-    from kcops.agent.rules.model import RuleError
-
-    try:
-        return ruleset_from_config(ctx.config)
-    except RuleError as exc:
-        log.warning("no ladders for cluster alerts: %s", exc)
-        return None
 
 
 class Remediation:
@@ -79,7 +74,7 @@ class Remediation:
         self.ctx = ctx
         self.config = cfg = ctx.config
         self.clock = ctx.clock
-        self.registry = registry or default_registry()
+        self.registry = registry or builtin_actions()
         self.audit = AuditLog(Path(ctx.state_dir) / AUDIT_FILE)
         self.persist = Persist(Path(ctx.state_dir) / STATE_FILE)
         self.state_file = self.persist.file
@@ -112,7 +107,9 @@ class Remediation:
             on_breaker=self._breaker_opened,
         )
         self.pager = Pager(cfg.actions.notify, self.audit, ctx.clock, self._count)
-        self.alert_state = AlertState(alerts, ruleset if ruleset is not None else load_ruleset(ctx))
+        if ruleset is None:
+            ruleset = ruleset_for_ladders(cfg, self.registry)
+        self.alert_state = AlertState(alerts, ruleset)
         self.restorer = Restores(self.runner, self.persist.touch)
         # Which pod each Alertmanager alert is about: a ladder it started runs its
         # pod steps only here if it names this pod (alertmanager.step_refusal).

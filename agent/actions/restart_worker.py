@@ -1,7 +1,7 @@
 """``restart_worker``: restart the engine, in the one way configured.
 
 - ``supervisor`` (``auto`` when the agent launched the engine): graceful
-  drain, SIGTERM, SIGKILL, respawn — see :mod:`kcops.agent.supervisor`;
+  drain, SIGTERM, SIGKILL, respawn — see :mod:`kcops.agent.engine.supervisor`;
 - ``signal``: SIGTERM the engine pid (shared process namespace), SIGKILL
   after the grace period (``grace_s`` plus the engine's own drain time, vLLM's
   ``--shutdown-timeout N`` read from its command line); whoever owns the

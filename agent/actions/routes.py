@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue
 from kcops.agent.actions.alertmanager import OVER_CAP, TRUNCATED, BadPayload, parse_webhook
 from kcops.agent.actions.audit import read_audit
 from kcops.agent.actions.records import JSONObject, Trigger
-from kcops.agent.control import json_dumps, read_json, read_json_model
+from kcops.agent.jsonapi import json_dumps, read_json, read_json_model
 
 if TYPE_CHECKING:
     from kcops.agent.actions.remediation import Remediation

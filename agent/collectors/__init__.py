@@ -9,14 +9,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from kcops.agent.collectors.base import Collector, CollectorRunner, InThread
-from kcops.agent.collectors.selfmetrics import SelfCollector, tick_histogram
+from kcops.agent.collectors.selfmetrics import CacheStats, SelfCollector, tick_histogram
 
 if TYPE_CHECKING:
-    from kcops.agent.collectors.enginepid import EnginePid
     from kcops.agent.collectors.procwatch import EngineWatch
     from kcops.agent.component import AgentContext
     from kcops.agent.config import Config
     from kcops.agent.engine import Engine
+    from kcops.agent.engine.pid import EnginePid
     from kcops.kernels.wire import Histogram
 
 __all__ = ["Collector", "CollectorRunner", "SelfCollector", "build", "tick_histogram"]
@@ -31,19 +31,23 @@ def build(
     ticks: Histogram,
     engine: Engine | None = None,
     pids: EnginePid | None = None,
+    regex_cache: CacheStats | None = None,
 ) -> list[Collector]:
     """The collectors the configuration asks for, in the order they run.
 
     ``engine`` (the one engine object) learns its adapter from the scrape and
     its lifecycle from the health checks; ``pids`` is the one engine pid
-    source (the supervisor, built later, sets its ``supervised``).
+    source (the supervisor, built later, sets its ``supervised``); ``regex_cache``: the
+    rules' compiled regexes, whose bound the self collector reports.
     """
-    from kcops.agent.collectors.enginepid import EnginePid
     from kcops.agent.collectors.procwatch import EngineWatch
+    from kcops.agent.engine.pid import EnginePid
 
     cfg = ctx.config.collectors
     eng = ctx.config.engine
-    out: list[Collector] = [SelfCollector(ticks, store=ctx.store)] if cfg.self_metrics else []
+    out: list[Collector] = []
+    if cfg.self_metrics:
+        out.append(SelfCollector(ticks, store=ctx.store, regex_cache=regex_cache))
     pids = pids or EnginePid(pid=eng.pid, pidfile=eng.pidfile)
     watch = EngineWatch(pids, log_path=eng.log_path, log_tail_bytes=cfg.process.log_tail_bytes)
     # A pid may be known: configured, supervised (`-- CMD`), or read from the
@@ -60,11 +64,11 @@ def build(
 
 def _reports_pid(adapter: str, engine: Engine | None) -> bool:
     """True when the engine kind may report its pid (an admin state route), or may be one."""
-    from kcops.agent.engines import AUTO, default_registry
+    from kcops.agent.engine.kinds import AUTO, builtin_kinds
 
     if adapter == AUTO:
         return True
-    registry = engine.registry if engine is not None else default_registry()
+    registry = engine.registry if engine is not None else builtin_kinds()
     return registry.get(adapter).routes.state is not None
 
 

@@ -19,7 +19,7 @@ import logging
 import time
 from dataclasses import dataclass
 
-from kcops.agent.collectors.enginepid import EnginePid
+from kcops.agent.engine.pid import EnginePid
 from kcops.agent.httpclient import HttpClient, HttpError
 
 log = logging.getLogger("kcops.agent.collectors.engine_http")

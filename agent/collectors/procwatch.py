@@ -1,7 +1,7 @@
 """Watches the engine's process tree once per tick, for several collectors.
 
 One :class:`EngineWatch` per agent reads the tree (root pid from
-:class:`~kcops.agent.collectors.enginepid.EnginePid`, children through psutil)
+:class:`~kcops.agent.engine.pid.EnginePid`, children through psutil)
 and keeps what outlives a single read: CPU seconds kept monotonic across the
 exit of tree members and engine restarts, restarts seen, and exits by OOM.
 
@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kcops.agent.collectors import cgroup
-from kcops.agent.collectors.enginepid import EnginePid
+from kcops.agent.engine.pid import EnginePid
 
 if TYPE_CHECKING:
     import psutil

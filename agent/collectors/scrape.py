@@ -14,7 +14,7 @@ from kcops.agent.collectors import promtext
 from kcops.agent.collectors.engine_http import EngineClient
 from kcops.agent.cost import cost_samples
 from kcops.agent.engine import Engine
-from kcops.agent.engines import AUTO, Adapter, EngineKind, EngineRegistry, default_registry
+from kcops.agent.engine.kinds import AUTO, Adapter, EngineKind, EngineRegistry, builtin_kinds
 from kcops.agent.samples import Sample
 from kcops.errors import CollectorUnavailable
 
@@ -34,7 +34,7 @@ class EngineScrapeCollector:
         self.prices = prices or {}  # per 1,000 context tokens, by model (kcops.agent.cost)
         self.engine = engine
         # The engine's registry when there is an engine: both must know the same kinds.
-        self.registry = registry or (engine.registry if engine is not None else default_registry())
+        self.registry = registry or (engine.registry if engine is not None else builtin_kinds())
         client.want_metrics = True
         self.configured = adapter
         self.kind: EngineKind | None = None

@@ -10,10 +10,9 @@ from __future__ import annotations
 import os
 import resource
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from kcops import __version__
-from kcops.agent.rules.regex import CACHE as REGEX_CACHE
 from kcops.agent.samples import Sample, histogram_samples
 from kcops.agent.store import Store
 from kcops.errors import CollectorUnavailable
@@ -33,17 +32,34 @@ def tick_histogram() -> Histogram:
     return Histogram(TICK_BUCKETS_S)
 
 
+class CacheStats(Protocol):
+    """A bounded cache's size, bound and evictions (the rules' and queries' compiled
+    regexes, kcops.agent.rules.regex.CACHE, handed in by the app)."""
+
+    bytes: int
+    max_bytes: int
+    evictions: int
+
+    def __len__(self) -> int: ...
+
+
 class SelfCollector:
-    """RSS and CPU of the agent process, and the tick histogram."""
+    """RSS and CPU of the agent process, the tick histogram, the store's and the regex
+    cache's bounds."""
 
     name = "self"
 
     def __init__(
-        self, ticks: Histogram, proc: psutil.Process | None = None, store: Store | None = None
+        self,
+        ticks: Histogram,
+        proc: psutil.Process | None = None,
+        store: Store | None = None,
+        regex_cache: CacheStats | None = None,
     ) -> None:
         self.ticks = ticks
         self.proc = proc
         self.store = store
+        self.regex_cache = regex_cache
 
     def _rss_cpu(self) -> tuple[int, float]:
         """Resident bytes and CPU seconds (user + system, all threads) of this process."""
@@ -86,9 +102,10 @@ class SelfCollector:
             ):
                 out.append(Sample.of("kcops_store_dropped_samples_total", n, {"reason": reason}))
             out.append(Sample.of("kcops_store_evicted_samples_total", st.evicted_samples))
-        rx = REGEX_CACHE  # compiled regexes of rules and queries (rules/regexcache.py)
-        out.append(Sample.of("kcops_regex_cache_bytes", rx.bytes))
-        out.append(Sample.of("kcops_regex_cache_entries", len(rx)))
-        out.append(Sample.of("kcops_regex_cache_max_bytes", rx.max_bytes))
-        out.append(Sample.of("kcops_regex_cache_evictions_total", rx.evictions))
+        rx = self.regex_cache
+        if rx is not None:
+            out.append(Sample.of("kcops_regex_cache_bytes", rx.bytes))
+            out.append(Sample.of("kcops_regex_cache_entries", len(rx)))
+            out.append(Sample.of("kcops_regex_cache_max_bytes", rx.max_bytes))
+            out.append(Sample.of("kcops_regex_cache_evictions_total", rx.evictions))
         return out

@@ -2,13 +2,31 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
+from typing import Annotated, Any
 
-from pydantic import Field, StrictBool
+from pydantic import BeforeValidator, Field, StrictBool
 
 from kcops.agent.config.base import Section
 from kcops.agent.duration import Duration
-from kcops.agent.rules.rulefile import ParamValue
+from kcops.agent.yamlload import excerpt
+
+MAX_PARAM_CHARS = 1024
+
+
+def _param_value(v: Any) -> int | float | str:
+    if isinstance(v, bool) or not isinstance(v, int | float | str):
+        raise ValueError(f"a parameter must be a number or a string, got {excerpt(v)}")
+    if isinstance(v, float) and not math.isfinite(v):
+        raise ValueError(f"a parameter must be a finite number, got {v!r}")
+    if isinstance(v, str) and len(v) > MAX_PARAM_CHARS:
+        raise ValueError(f"a parameter string has at most {MAX_PARAM_CHARS} characters")
+    return v
+
+
+# A rule parameter's value (the rule file's ``params`` and ``rules.params`` overrides alike).
+ParamValue = Annotated[int | float | str, BeforeValidator(_param_value)]
 
 
 class RulesSection(Section):

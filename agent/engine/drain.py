@@ -24,7 +24,7 @@ from kcops.agent.engine.engine import Engine
 if TYPE_CHECKING:
     from kcops.agent.store import Store
 
-log = logging.getLogger("kcops.agent.supervisor")
+log = logging.getLogger("kcops.agent.engine.supervisor")
 
 
 class DrainReport(TypedDict, total=False):

@@ -6,7 +6,7 @@ the collectors (which feed it what they learn: the kind detected from
 it before every action). It resolves the kind once (``auto``: from the
 metrics page, else by the registry's probes), keeps one shared HTTP client,
 and reads routes and capabilities from the kind
-(:class:`~kcops.agent.engines.kind.EngineKind`): nothing here names an engine.
+(:class:`~kcops.agent.engine.kinds.kind.EngineKind`): nothing here names an engine.
 
 Refusals are :class:`~kcops.errors.ActionRejected` with a reason code
 the runner records in the audit log: ``not_configured`` (no ``engine.url``),
@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any
 from pydantic import JsonValue
 
 from kcops.agent.engine import lifecycle as lc
+from kcops.agent.engine.kinds import AUTO, Capabilities, EngineKind, EngineRegistry, builtin_kinds
+from kcops.agent.engine.kinds.kind import WHAT
 from kcops.agent.engine.lifecycle import EngineState, Lifecycle
-from kcops.agent.engines import AUTO, Capabilities, EngineKind, EngineRegistry, default_registry
-from kcops.agent.engines.kind import WHAT
 from kcops.agent.httpclient import HttpClient, HttpError, HttpTimeout
 from kcops.errors import ActionRejected
 
@@ -60,7 +60,7 @@ class Engine:
         registry: EngineRegistry | None = None,
     ) -> None:
         self.url = url.rstrip("/") if url else None
-        self.registry = registry or default_registry()
+        self.registry = registry or builtin_kinds()
         self.configured = adapter
         self.kind: EngineKind | None = None if adapter == AUTO else self.registry.get(adapter)
         self.timeout_s = timeout_s

@@ -1,7 +1,7 @@
 """How long an engine drains by itself after SIGTERM, read from its command lines.
 
 Some engines drain in-flight requests on SIGTERM for a time their command line
-sets (vLLM's ``--shutdown-timeout N``: :mod:`kcops.agent.engines.vllm` says
+sets (vLLM's ``--shutdown-timeout N``: :mod:`kcops.agent.engine.kinds.vllm` says
 how). Whoever sends SIGTERM must wait more than that before its SIGKILL: the
 supervisor's and ``restart_worker``'s grace is ``actions.restart.grace_s``
 (the teardown) *plus* ``N`` (:func:`engine_drain_s`). Each engine kind reads
@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from kcops.agent.engine import proctree
-from kcops.agent.engines import EngineRegistry, default_registry
+from kcops.agent.engine.kinds import EngineRegistry, builtin_kinds
 
 
 def engine_drain_s(
@@ -30,7 +30,7 @@ def engine_drain_s(
     every live member of process group ``pgid``: a wrapper script's child that is
     ``vllm serve … --shutdown-timeout 30`` counts too.
     """
-    reg = registry or default_registry()
+    reg = registry or builtin_kinds()
     argvs: list[Sequence[str]] = [command] if command else []
     if pgid is not None:
         argvs += [proctree.cmdline(p, proc_root) for p in proctree.group_pids(pgid, proc_root)]

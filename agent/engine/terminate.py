@@ -20,7 +20,7 @@ from pathlib import Path
 
 from kcops.agent.engine import proctree
 
-log = logging.getLogger("kcops.agent.supervisor")
+log = logging.getLogger("kcops.agent.engine.supervisor")
 
 PR_SET_PDEATHSIG = 1
 # After SIGKILL (or a crash), how long to wait for every member of the group to be

@@ -33,7 +33,7 @@ from kcops.agent.store import Store
 
 if TYPE_CHECKING:
     from kcops.agent.engine.engine import Engine
-    from kcops.agent.engines import EngineKind
+    from kcops.agent.engine.kinds import EngineKind
 
 # States in which the engine should be serving, so the canary may ask it.
 _ASKABLE = (EngineState.READY, EngineState.STALLED)

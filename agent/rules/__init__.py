@@ -20,17 +20,13 @@ if TYPE_CHECKING:
 
 
 def build(ctx: AgentContext, ruleset: RuleSet | None = None) -> list[RulesComponent]:
-    """The rules component (remediation gets it as its alerts view); none when disabled.
-
-    ``ruleset``: the one :func:`kcops.agent.preflight.preflight` loaded; else it is read
-    here. Raises :class:`~kcops.errors.ConfigError` (exit 2) when the rule
-    file is bad, naming the rule and the reason.
-    """
+    """The rules component; none when disabled. ``ruleset``: the one
+    :func:`kcops.agent.preflight.preflight` loaded, its ladder steps checked against the
+    actions; else it is read here (steps checked for shape only). Raises
+    :class:`~kcops.errors.ConfigError` (exit 2) when the rule file is bad."""
     from kcops.agent.rules.component import RulesComponent
     from kcops.agent.rules.loader import ruleset_from_config
 
     if not ctx.config.rules.enabled:
         return []
-    return [
-        RulesComponent(ctx, ruleset if ruleset is not None else ruleset_from_config(ctx.config))
-    ]
+    return [RulesComponent(ctx, ruleset or ruleset_from_config(ctx.config))]

@@ -22,16 +22,17 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 from pydantic import TypeAdapter, ValidationError
 
+from kcops.agent.config.rules import ParamValue
 from kcops.agent.duration import parse_duration
-from kcops.agent.events import DEFAULT_VERIFY_S, RemediationStep
+from kcops.agent.events import DEFAULT_VERIFY_S, Step
 from kcops.agent.rules.model import RuleError
 from kcops.agent.rules.parse import parse_expr
 from kcops.agent.rules.rulefile import (
+    ActionParams,
     Params,
-    ParamValue,
     RuleFile,
     RuleModel,
-    Step,
+    StepModel,
     known_names,
 )
 from kcops.agent.rules.templates import Template, compile_template
@@ -82,7 +83,7 @@ class AlertRule:
     keep_firing_for_s: float
     labels: Mapping[str, Template]
     annotations: Mapping[str, Template]
-    remediation: tuple[RemediationStep, ...]
+    remediation: tuple[Step, ...]
     group: str
     raw: PromRule = field(repr=False, compare=False)  # Prometheus-only keys
 
@@ -207,9 +208,9 @@ def _short(exc: BaseException, limit: int = 240) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-def _step(step: Step, default_verify_s: float) -> RemediationStep:
+def _step(step: StepModel, default_verify_s: float) -> Step:
     verify_s = parse_duration(step.verify) if step.verify is not None else default_verify_s
-    return RemediationStep(action=step.action, params=dict(step.params or {}), verify_s=verify_s)
+    return Step(action=step.action, params=dict(step.params or {}), verify_s=verify_s)
 
 
 def _templates(raw: Mapping[str, str] | None, what: str, where: str) -> dict[str, Template]:
@@ -309,17 +310,19 @@ def load_rules_data(
     source: str = "<rules>",
     overrides: Mapping[str, object] | None = None,
     default_verify_s: float = DEFAULT_VERIFY_S,
+    actions: ActionParams | None = None,
 ) -> RuleSet:
     """Validate and compile a rule document (as loaded from YAML); RuleError if it is bad.
 
     ``overrides`` replace the file's params (an unknown name is refused);
-    ``default_verify_s`` is the verify window of a step that gives none.
+    ``default_verify_s`` is the verify window of a step that gives none; ``actions``: the
+    ladder actions a step may name, with their parameter models (None: shape only).
     """
     if not isinstance(data, dict):
         raise RuleError(f"{source}: the top level must be a mapping with 'groups'")
     params = _params(data.get("params"), overrides, source)
     try:
-        doc = RuleFile.model_validate(data, context={"params": params})
+        doc = RuleFile.model_validate(data, context={"params": params, "actions": actions})
     except ValidationError as exc:
         raise RuleError(one_line(exc, source, RuleFile, _where(data))) from None
     groups = []
@@ -338,10 +341,12 @@ def load_rules(
     path: str | Path,
     overrides: Mapping[str, object] | None = None,
     default_verify_s: float = DEFAULT_VERIFY_S,
+    actions: ActionParams | None = None,
 ) -> RuleSet:
     """Read (through the bounded YAML loader) and load one rule file."""
     p = Path(path)
-    return load_rules_data(load_yaml_file(p, RuleError), str(p), overrides, default_verify_s)
+    data = load_yaml_file(p, RuleError)
+    return load_rules_data(data, str(p), overrides, default_verify_s, actions)
 
 
 def default_rules_path() -> Path:
@@ -350,9 +355,10 @@ def default_rules_path() -> Path:
     return packaged_file("rules.yaml")
 
 
-def ruleset_from_config(config: Config) -> RuleSet:
+def ruleset_from_config(config: Config, actions: ActionParams | None = None) -> RuleSet:
     """The rule set the configuration names: its file (default: the packaged table), its
     ``rules.params`` overrides, and ``actions.guards.default_verify_s``."""
     section = config.rules
     path = section.file if section.file is not None else default_rules_path()
-    return load_rules(path, dict(section.params), config.actions.guards.default_verify_s)
+    verify_s = config.actions.guards.default_verify_s
+    return load_rules(path, dict(section.params), verify_s, actions)

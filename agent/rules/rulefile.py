@@ -9,10 +9,10 @@ what a rule file may contain, and refuse everything else:
   label and annotation names that are not Prometheus label names, values
   that are not strings, and sizes past the bounds below;
 - a ``params`` entry that is not a finite number or a string;
-- a remediation step whose ``action`` is not a ladder action of
-  :func:`kcops.agent.actions.registry.default_registry` (the one list of
-  action names), or whose ``params`` that action's own parameter model
-  refuses (strictly: ``"yes"`` is not a boolean);
+- a remediation step whose ``action`` is not one of the ladder actions handed
+  in (:data:`ActionParams`: the actions registry's, from the agent and the
+  CLI), or whose ``params`` that action's own parameter model refuses
+  (strictly: ``"yes"`` is not a boolean);
 - durations outside Prometheus's grammar and range
   (:mod:`kcops.agent.duration`).
 
@@ -23,11 +23,10 @@ effective parameters come in the validation context (``{"params": ...}``).
 
 from __future__ import annotations
 
-import functools
 import math
 import re
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 from pydantic import (
     AfterValidator,
@@ -41,13 +40,18 @@ from pydantic import (
     model_validator,
 )
 
+from kcops.agent.config.rules import ParamValue
 from kcops.agent.duration import parse_duration
 from kcops.agent.rules.exprguard import check_expr_text
 from kcops.agent.validation import render_path
 from kcops.agent.yamlload import excerpt
 
-if TYPE_CHECKING:
-    from kcops.agent.actions.base import ActionSpec
+# What a remediation step's ``action`` may name, and the model its ``params`` must pass:
+# the ladder actions, name -> parameter model. The rules know nothing of actions; whoever
+# loads a rule file for remediation hands this in (the agent, ``check-config``, ``kcops
+# alerts``: the actions registry's ``ladder_params()``) in the validation context, as
+# ``{"actions": ...}``. Without it a step is checked for its shape only.
+ActionParams = Mapping[str, type[BaseModel]]
 
 MAX_NAME_CHARS = 256  # alert, record, group names
 MAX_LABEL_NAME_CHARS = 128
@@ -55,7 +59,6 @@ MAX_LABEL_VALUE_CHARS = 2048
 MAX_ANNOTATION_CHARS = 16384
 MAX_LABELS = 64
 MAX_PARAMS = 256
-MAX_PARAM_CHARS = 1024
 MAX_STEPS = 32
 MAX_RULES = 10_000
 _PARAM = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -68,16 +71,6 @@ def param_text(v: int | float | str) -> str:
     if isinstance(v, float):
         return str(int(v)) if v.is_integer() and abs(v) < 1e15 else repr(v)
     return str(v)
-
-
-def _param_value(v: Any) -> int | float | str:
-    if isinstance(v, bool) or not isinstance(v, int | float | str):
-        raise ValueError(f"a parameter must be a number or a string, got {excerpt(v)}")
-    if isinstance(v, float) and not math.isfinite(v):
-        raise ValueError(f"a parameter must be a finite number, got {v!r}")
-    if isinstance(v, str) and len(v) > MAX_PARAM_CHARS:
-        raise ValueError(f"a parameter string has at most {MAX_PARAM_CHARS} characters")
-    return v
 
 
 def _identifier(what: str, why: str = "") -> AfterValidator:
@@ -93,7 +86,6 @@ def _identifier(what: str, why: str = "") -> AfterValidator:
 
 
 ParamName = Annotated[str, _identifier("parameter name", ", so that ${name} can name it")]
-ParamValue = Annotated[int | float | str, BeforeValidator(_param_value)]
 
 
 def known_names(params: Mapping[str, object]) -> str:
@@ -179,15 +171,6 @@ Annotations = Annotated[
 ]
 
 
-@functools.cache
-def ladder_actions() -> Mapping[str, ActionSpec]:
-    """The actions a ladder step may name, from the one registry of actions."""
-    from kcops.agent.actions.registry import default_registry
-
-    reg = default_registry()
-    return {name: reg.get(name) for name in reg.ladder_names()}
-
-
 def _non_finite(value: Any, loc: tuple[int | str, ...] = ()) -> tuple[int | str, ...] | None:
     """Where in ``value`` a NaN or infinity is, if anywhere."""
     if isinstance(value, float) and not math.isfinite(value):
@@ -205,11 +188,15 @@ def _non_finite(value: Any, loc: tuple[int | str, ...] = ()) -> tuple[int | str,
     return None
 
 
-def _check_action(v: str) -> str:
-    if v not in ladder_actions():
-        raise ValueError(
-            f"unknown action {excerpt(v)}; allowed: {', '.join(sorted(ladder_actions()))}"
-        )
+def _actions(info: ValidationInfo) -> ActionParams | None:
+    actions = (info.context or {}).get("actions")
+    return actions if isinstance(actions, Mapping) else None
+
+
+def _check_action(v: str, info: ValidationInfo) -> str:
+    actions = _actions(info)
+    if actions is not None and v not in actions:
+        raise ValueError(f"unknown action {excerpt(v)}; allowed: {', '.join(sorted(actions))}")
     return v
 
 
@@ -225,7 +212,7 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
-class Step(_Strict):
+class StepModel(_Strict):
     """One rung of a remediation ladder: ``{action, params, verify}``."""
 
     action: Annotated[str, AfterValidator(_check_action)]
@@ -241,8 +228,11 @@ class Step(_Strict):
         bad = _non_finite(v)
         if bad is not None:
             raise ValueError(f"{action}: {render_path(bad)}: must be a finite number")
+        actions = _actions(info)
+        if actions is None:
+            return v
         try:
-            ladder_actions()[action].params.model_validate(v, strict=True)
+            actions[action].model_validate(v, strict=True)
         except ValidationError as exc:
             e = exc.errors(include_url=False)[0]
             more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
@@ -267,7 +257,7 @@ class RuleModel(_Strict):
     keep_firing_for: DurationText | None = None
     labels: Labels | None = None
     annotations: Annotations | None = None
-    remediation: Annotated[list[Step], Field(max_length=MAX_STEPS)] | None = None
+    remediation: Annotated[list[StepModel], Field(max_length=MAX_STEPS)] | None = None
 
     @field_validator("expr", "for_", "keep_firing_for", "labels", "annotations", mode="before")
     @classmethod

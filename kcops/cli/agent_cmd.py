@@ -11,12 +11,12 @@ from typing import Any, TypeVar
 import click
 
 from kcops.agent.config import Config, load_config, parse_config
-from kcops.agent.engines import default_registry
+from kcops.agent.engine.kinds import builtin_kinds
 from kcops.cli.common import EXIT_USAGE, DurationParam, echo_json, handle_errors
 from kcops.errors import ConfigError
 
 # auto and every engine kind the registry knows.
-ADAPTERS = list(default_registry().choices())
+ADAPTERS = list(builtin_kinds().choices())
 
 
 def apply_overrides(cfg: Config, overrides: dict[str, Any]) -> Config:

@@ -26,10 +26,14 @@ if TYPE_CHECKING:
 
 
 def load_ruleset(rules: str | None, params: tuple[str, ...] = ()) -> RuleSet:
-    """The rule file of ``--rules`` (default: the packaged table) with ``--param`` overrides."""
-    from kcops.agent.rules.loader import default_rules_path, load_rules
+    """The rule file of ``--rules`` (default: the packaged table) with ``--param`` overrides,
+    its ladder steps checked against the agent's actions."""
+    from kcops.agent.actions.registry import builtin_actions
+    from kcops.agent.rules.loader import DEFAULT_VERIFY_S, default_rules_path, load_rules
 
-    return load_rules(rules or default_rules_path(), parse_params(params))
+    actions = builtin_actions().ladder_params()
+    path = rules or default_rules_path()
+    return load_rules(path, parse_params(params), DEFAULT_VERIFY_S, actions)
 
 
 rules_option = click.option(

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kcops.agent.actions.alertmanager import MAX_LADDER_INSTANCES
-from kcops.agent.actions.registry import default_registry
+from kcops.agent.actions.registry import builtin_actions
 from kcops.agent.app import Agent
 from kcops.agent.config import parse_config
 from kcops.agent.control import core_routes
@@ -237,9 +237,9 @@ def test_fuzz_bodies(real_agent: RealAgent, route: str, body: object) -> None:
 
 # -- every route of the control API ---------------------------------------------------
 
-ACTIONS = default_registry().names()
+ACTIONS = builtin_actions().names()
 PARAM_KEYS = sorted(
-    {k for s in default_registry().specs() for k in s.params.model_json_schema()["properties"]}
+    {k for s in builtin_actions().specs() for k in s.params.model_json_schema()["properties"]}
 )
 _params = st.dictionaries(st.sampled_from(PARAM_KEYS) | st.text(max_size=8), hostile_values,
                           max_size=3)  # fmt: skip

@@ -48,7 +48,7 @@ import httpx
 import pytest
 
 from kcops.agent.actions.audit import read_audit
-from kcops.agent.actions.registry import default_registry
+from kcops.agent.actions.registry import builtin_actions
 from tests.faults.conftest import RealAgent, start_agent, stop_agent
 from tests.faults.test_audit_disk import check_log
 
@@ -288,7 +288,7 @@ def _post(agent: RealAgent, kind: str) -> None:
 
 
 def test_the_kinds_are_the_registry() -> None:
-    assert sorted(KINDS) == default_registry().names()
+    assert sorted(KINDS) == builtin_actions().names()
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -22,13 +22,13 @@ import redis
 
 from kcops.agent.actions.lease import FleetWrite, RedisFleet
 from kcops.agent.clock import ManualClock
-from kcops.agent.events import RemediationStep
+from kcops.agent.events import Step
 from kcops.errors import ActionRejected
 from tests.services import wait_until
 from tests.unit.actions.harness import audit, make_ctx, make_rem, settle, transition
 
 REPO = Path(__file__).resolve().parents[2]
-SURGE = (RemediationStep("scale_out", {"step": 1}, 600.0),)
+SURGE = (Step("scale_out", {"step": 1}, 600.0),)
 FLEET_COOLDOWN_S = 300.0
 # Long enough that the lease of the killed holder is still there when the
 # others fire right after the kill, even on a loaded machine.
@@ -246,12 +246,12 @@ def test_a_holder_that_lost_its_lease_cannot_write(redis_url: str) -> None:
 
 
 def test_scopes() -> None:
-    from kcops.agent.actions.registry import default_registry
+    from kcops.agent.actions.registry import builtin_actions
 
-    scopes = {s.name: s.scope for s in default_registry().specs()}
+    scopes = {s.name: s.scope for s in builtin_actions().specs()}
     assert scopes.pop("scale_out") == "fleet"
     assert set(scopes.values()) == {"pod"}
-    assert default_registry().get("scale_out").describe()["scope"] == "fleet"
+    assert builtin_actions().get("scale_out").describe()["scope"] == "fleet"
 
 
 @pytest.mark.slow

@@ -15,7 +15,7 @@ from kcops.agent.actions.remediation import Remediation
 from kcops.agent.clock import ManualClock
 from kcops.agent.component import AgentContext
 from kcops.agent.config import parse_config
-from kcops.agent.events import AlertTransition, EventBus, RemediationStep
+from kcops.agent.events import AlertTransition, EventBus, Step
 from kcops.agent.samples import SeriesKey
 from kcops.agent.store import Store
 from kcops.auth import TokenCheck
@@ -60,7 +60,7 @@ def transition(
     name: str,
     state: str,
     t: float,
-    steps: tuple[RemediationStep, ...] = (),
+    steps: tuple[Step, ...] = (),
     labels: dict[str, str] | None = None,
 ) -> AlertTransition:
     previous = "firing" if state == "inactive" else "pending"

@@ -20,7 +20,7 @@ from kcops.agent.actions.base import ActionContext, ActionResult, ActionSpec, Ch
 from kcops.agent.actions.fallback_to_base import SPEC as FALLBACK
 from kcops.agent.actions.outcome import Outcome, Refusal
 from kcops.agent.actions.records import Trigger
-from kcops.agent.actions.registry import default_registry
+from kcops.agent.actions.registry import builtin_actions
 from kcops.agent.actions.remediation import Remediation
 from kcops.agent.clock import ManualClock
 from kcops.agent.events import Step
@@ -161,7 +161,7 @@ async def _rem(tmp: Path, gate: Gate) -> tuple[Remediation, ManualClock]:
     os.environ["KCOPS_TOKEN"] = TOKEN
     clock = ManualClock(1000.0)
     ctx, _ = make_ctx(tmp, None, clock, mode="enforce", guards={"cooldown_s": 0})
-    reg = default_registry()
+    reg = builtin_actions()
     reg.register(ActionSpec("gate", gate.act, NoParams, "test", precheck=gate.precheck))
     rem = Remediation(ctx, registry=reg)
     await rem.start()

@@ -15,7 +15,7 @@ from kcops.agent.actions.remediation import Remediation
 from kcops.agent.clock import ManualClock
 from kcops.agent.config import parse_config
 from kcops.agent.engine import Engine
-from kcops.agent.supervisor import Supervisor
+from kcops.agent.engine.supervisor import Supervisor
 from tests.services import wait_until_async
 from tests.unit.actions.harness import audit, make_ctx
 from tests.unit.actions.test_other_actions import Recorder, kube_cfg

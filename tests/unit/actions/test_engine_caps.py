@@ -10,7 +10,7 @@ import asyncio
 from pathlib import Path
 
 from kcops.agent.clock import ManualClock
-from kcops.agent.events import RemediationStep
+from kcops.agent.events import Step
 from tests.unit.actions.fakevllm import FakeVllm
 from tests.unit.actions.harness import audit, make_ctx, make_rem, settle, transition
 
@@ -71,8 +71,8 @@ def test_a_ladder_moves_past_a_step_vllm_cannot_do_without_spending(tmp_path: Pa
         ctx, _ = vllm_ctx(tmp_path, url, clock, mode="enforce")
         rem = await make_rem(ctx)
         steps = (
-            RemediationStep("fallback_to_base", {}, 30.0),
-            RemediationStep("evict_cache", {"policy": "all"}, 30.0),
+            Step("fallback_to_base", {}, 30.0),
+            Step("evict_cache", {"policy": "all"}, 30.0),
         )
         try:
             await rem.engine.resolve()
@@ -100,7 +100,7 @@ def test_ticket_alert_with_nothing_applicable_is_not_a_page(tmp_path: Path) -> N
         clock = ManualClock()
         ctx, _ = make_ctx(tmp_path, None, clock, mode="enforce")
         rem = await make_rem(ctx)
-        steps = (RemediationStep("notify", {"severity": "ticket"}, 30.0),)
+        steps = (Step("notify", {"severity": "ticket"}, 30.0),)
         try:
             ev = transition(
                 "KcopsPrefixCacheHitRateLow",

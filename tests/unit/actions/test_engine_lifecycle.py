@@ -62,7 +62,7 @@ def test_supervisor_records_a_sigkill_as_a_kill_not_an_oom() -> None:
 
     from kcops.agent.clock import ManualClock
     from kcops.agent.config.actions import RestartSection
-    from kcops.agent.supervisor import Supervisor
+    from kcops.agent.engine.supervisor import Supervisor
 
     async def body() -> None:
         clock = ManualClock()
@@ -108,7 +108,7 @@ TIMEOUTS = [
 
 @pytest.mark.parametrize(("argv", "want"), [c[1:] for c in TIMEOUTS], ids=[c[0] for c in TIMEOUTS])
 def test_shutdown_timeout_from_the_command_line(argv: list[str], want: int | None) -> None:
-    from kcops.agent.engines.vllm import shutdown_timeout_s
+    from kcops.agent.engine.kinds.vllm import shutdown_timeout_s
 
     assert shutdown_timeout_s(argv) == want
 
@@ -182,10 +182,10 @@ def test_signal_restart_waits_the_engines_drain_and_records_a_new_start(tmp_path
 def test_a_restart_the_agent_did_not_make_is_a_new_start(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """The engine's pidfile names a new process (a container restart, a process manager):
     the lifecycle goes back to starting instead of counting the reload as down."""
-    from kcops.agent.collectors.enginepid import EnginePid
     from kcops.agent.collectors.process import EngineEventsCollector
     from kcops.agent.collectors.procwatch import EngineWatch
     from kcops.agent.engine import Engine
+    from kcops.agent.engine.pid import EnginePid
 
     pidfile = tmp_path / "engine.pid"
     procs = [

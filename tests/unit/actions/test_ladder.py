@@ -6,7 +6,7 @@ import asyncio
 from pathlib import Path
 
 from kcops.agent.clock import ManualClock
-from kcops.agent.events import RemediationStep
+from kcops.agent.events import Step
 from tests.unit.actions.fakeworker import FakeWorker
 from tests.unit.actions.harness import (
     audit,
@@ -18,9 +18,9 @@ from tests.unit.actions.harness import (
 )
 
 MEM = (
-    RemediationStep("evict_cache", {"policy": "expired"}, 30.0),
-    RemediationStep("evict_cache", {"policy": "lru", "fraction": 0.5}, 30.0),
-    RemediationStep("lower_topn", {}, 30.0),
+    Step("evict_cache", {"policy": "expired"}, 30.0),
+    Step("evict_cache", {"policy": "lru", "fraction": 0.5}, 30.0),
+    Step("lower_topn", {}, 30.0),
 )
 GUARDS = {"cooldown_s": 300}
 
@@ -74,8 +74,8 @@ def test_failed_step_climbs_at_once_and_end_of_ladder_pages(tmp_path: Path) -> N
         ctx, _ = make_ctx(tmp_path, url, clock, mode="enforce")
         rem = await make_rem(ctx)
         steps = (
-            RemediationStep("raise_topn", {}, 10.0),
-            RemediationStep("fallback_to_base", {}, 10.0),
+            Step("raise_topn", {}, 10.0),
+            Step("fallback_to_base", {}, 10.0),
         )
         try:
             ctx.bus.publish(transition("KcopsAccuracyDrop", "firing", clock(), steps))
@@ -105,7 +105,7 @@ def test_fallback_restored_after_hold_and_audited(tmp_path: Path) -> None:
         clock = ManualClock()
         ctx, _ = make_ctx(tmp_path, url, clock, mode="enforce", fallback={"hold_s": 60})
         rem = await make_rem(ctx)
-        steps = (RemediationStep("fallback_to_base", {}, 30.0),)
+        steps = (Step("fallback_to_base", {}, 30.0),)
         try:
             ctx.bus.publish(transition("KcopsAttentionErrors", "firing", clock(), steps))
             await settle(rem)
@@ -153,7 +153,7 @@ def test_flapping_runs_no_more_than_the_budget(tmp_path: Path) -> None:
             guards={"cooldown_s": 0, "budget_per_hour": 5, "action_budget_per_hour": 100},
         )
         rem = await make_rem(ctx)
-        steps = (RemediationStep("evict_cache", {"policy": "lru", "fraction": 0.01}, 0.0),)
+        steps = (Step("evict_cache", {"policy": "lru", "fraction": 0.01}, 0.0),)
         try:
             for i in range(1000):  # 1,000 flaps within a minute
                 ctx.bus.publish(transition("KcopsOOM", "firing", clock(), steps))
@@ -181,8 +181,8 @@ def test_restart_mid_ladder_resumes_without_repeating(tmp_path: Path) -> None:
         url = await w.start()
         clock = ManualClock()
         steps = (
-            RemediationStep("fallback_to_base", {}, 30.0),
-            RemediationStep("lower_topn", {}, 30.0),
+            Step("fallback_to_base", {}, 30.0),
+            Step("lower_topn", {}, 30.0),
         )
         ctx, _ = make_ctx(tmp_path, url, clock, mode="enforce")
         rem = await make_rem(ctx)
@@ -266,7 +266,7 @@ def test_resumed_ladder_waits_for_the_new_rule_engine(tmp_path: Path) -> None:
         w = FakeWorker()
         url = await w.start()
         clock = ManualClock()
-        steps = (RemediationStep("fallback_to_base", {}, 30.0), RemediationStep("lower_topn"))
+        steps = (Step("fallback_to_base", {}, 30.0), Step("lower_topn"))
         grace = {"resume_grace_s": 100}
         ctx, _ = make_ctx(tmp_path, url, clock, mode="enforce", guards=grace)
         alerts = AlertsStub()

@@ -159,14 +159,14 @@ def test_notify_and_pages_reach_the_webhook(tmp_path: Path) -> None:
         clock = ManualClock()
         ctx, _ = make_ctx(tmp_path, None, clock, mode="enforce", notify={"url": url + "/hook"})
         rem = await make_rem(ctx)
-        from kcops.agent.events import RemediationStep
+        from kcops.agent.events import Step
 
         try:
             run = rem.runner.submit("notify", {"message": "hello", "severity": "ticket"})
             await run.task  # type: ignore[misc]
             assert run.outcome == "ok"
             # a one-step ladder that cannot help: the end of the ladder pages
-            steps = (RemediationStep("notify", {"message": "step"}, 5.0),)
+            steps = (Step("notify", {"message": "step"}, 5.0),)
             ctx.bus.publish(transition("KcopsLatencyFluctuation", "firing", clock(), steps))
             await settle(rem)
             await rem.tick(clock.advance(1))  # the step's notice ran: its window starts
@@ -193,7 +193,7 @@ def test_a_notice_is_held_back_by_its_own_alerts_cooldown_only(tmp_path: Path) -
     alert's next incident within the cooldown is held back, and the budget counts all."""
 
     async def body() -> None:
-        from kcops.agent.events import RemediationStep
+        from kcops.agent.events import Step
 
         hook = Recorder()
         url = await hook.start()
@@ -203,7 +203,7 @@ def test_a_notice_is_held_back_by_its_own_alerts_cooldown_only(tmp_path: Path) -
             tmp_path, None, clock, mode="enforce", guards=guards, notify={"url": url + "/hook"}
         )
         rem = await make_rem(ctx)
-        steps = (RemediationStep("notify", {"message": "look"}, 5.0),)
+        steps = (Step("notify", {"message": "look"}, 5.0),)
         try:
             for name in ("KcopsPrefixCacheHitRateLow", "KcopsInterTokenLatencyHigh"):
                 ctx.bus.publish(transition(name, "firing", clock(), steps))

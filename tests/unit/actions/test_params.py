@@ -7,10 +7,10 @@ from typing import Any
 import pytest
 
 from kcops.agent.actions.base import ActionSpec
-from kcops.agent.actions.registry import default_registry
+from kcops.agent.actions.registry import builtin_actions
 from kcops.errors import ActionRejected
 
-SPECS = default_registry().specs()
+SPECS = builtin_actions().specs()
 
 
 def _fields(spec: ActionSpec, json_type: str) -> list[str]:
@@ -43,14 +43,14 @@ def test_every_kind_of_field_is_covered() -> None:
 
 @pytest.mark.parametrize(("action", "field", "value"), CASES)
 def test_a_value_of_the_wrong_type_is_invalid(action: str, field: str, value: Any) -> None:
-    spec = default_registry().get(action)
+    spec = builtin_actions().get(action)
     with pytest.raises(ActionRejected) as info:
         spec.parse({field: value})
     assert info.value.reason == "invalid" and field in str(info.value)
 
 
 def test_right_types_pass_and_an_int_is_a_float() -> None:
-    reg = default_registry()
+    reg = builtin_actions()
     p = reg.get("evict_cache").parse({"fraction": 1, "drop_running": False, "engine": True})
     assert p.fraction == 1.0 and p.drop_running is False  # type: ignore[attr-defined]
     assert reg.get("raise_topn").parse({"step": 8}).step == 8  # type: ignore[attr-defined]
@@ -58,5 +58,5 @@ def test_right_types_pass_and_an_int_is_a_float() -> None:
 
 def test_the_refusal_shows_an_excerpt_of_the_value_not_all_of_it() -> None:
     with pytest.raises(ActionRejected) as info:
-        default_registry().get("notify").parse({"message": "x" * 100_000})
+        builtin_actions().get("notify").parse({"message": "x" * 100_000})
     assert len(str(info.value)) < 1000

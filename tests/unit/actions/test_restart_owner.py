@@ -11,7 +11,7 @@ from pathlib import Path
 from kcops.agent.actions.remediation import Remediation
 from kcops.agent.clock import ManualClock
 from kcops.agent.engine import lifecycle as lc
-from kcops.agent.supervisor import Supervisor
+from kcops.agent.engine.supervisor import Supervisor
 from tests.services import wait_until_async
 from tests.unit.actions.harness import audit, make_ctx
 

@@ -12,7 +12,7 @@ from aiohttp import web
 
 from kcops.agent.actions.remediation import Remediation
 from kcops.agent.clock import ManualClock
-from kcops.agent.events import RemediationStep
+from kcops.agent.events import Step
 from tests.unit.actions.fakeworker import TOKEN, FakeWorker
 from tests.unit.actions.harness import audit, make_ctx, make_rem, settle, transition
 
@@ -103,7 +103,7 @@ def test_manual_run_needs_token_and_obeys_guards(tmp_path: Path) -> None:
 
 
 def test_alertmanager_webhook_joins_and_dedups(tmp_path: Path) -> None:
-    steps = (RemediationStep("fallback_to_base", {}, 30.0),)
+    steps = (Step("fallback_to_base", {}, 30.0),)
 
     async def body() -> None:
         w = FakeWorker()

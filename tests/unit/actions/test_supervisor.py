@@ -12,9 +12,9 @@ from typing import Any
 
 from kcops.agent.clock import ManualClock
 from kcops.agent.config.actions import RestartSection
+from kcops.agent.engine.supervisor import Supervisor
 from kcops.agent.samples import SeriesKey
 from kcops.agent.store import Store
-from kcops.agent.supervisor import Supervisor
 from tests.unit.actions.fakeworker import FakeWorker
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from kcops.agent.actions.alertmanager import MAX_ALERTS, BadPayload, parse_webhook
-from kcops.agent.control import strict_json
+from kcops.agent.jsonapi import strict_json
 
 T0 = "2024-05-01T12:00:00.123456789Z"
 

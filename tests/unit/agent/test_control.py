@@ -14,7 +14,9 @@ from click.testing import CliRunner
 
 from kcops.agent.app import Agent
 from kcops.agent.config import parse_config
-from kcops.agent.control import build_app, check_exposure, error_body, is_loopback
+from kcops.agent.control import build_app
+from kcops.agent.jsonapi import error_body
+from kcops.agent.preflight import check_exposure, is_loopback
 from kcops.cli import cli
 from kcops.errors import ConfigError
 from kcops.httpedge import JsonErrorRunner
@@ -150,7 +152,7 @@ def test_json_dumps_never_writes_a_bare_nan() -> None:
     import json
     import math
 
-    from kcops.agent.control import json_dumps
+    from kcops.agent.jsonapi import json_dumps
 
     text = json_dumps({"a": math.nan, "b": [math.inf, -math.inf, 1.5], "c": {"d": (math.nan,)}})
     assert json.loads(text) == {"a": None, "b": [None, None, 1.5], "c": {"d": [None]}}

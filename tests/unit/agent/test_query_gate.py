@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from kcops.agent.query_gate import QueryGate, QueryUnavailable
+from kcops.agent.query.gate import QueryGate, QueryUnavailable
 
 
 def test_past_the_concurrency_limit_a_query_is_refused_and_the_place_comes_back() -> None:

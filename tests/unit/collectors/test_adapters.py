@@ -6,8 +6,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kcops.agent.collectors import promtext
-from kcops.agent.engines import default_registry
-from kcops.agent.engines.vllm import ADAPTER as VLLM
+from kcops.agent.engine.kinds import builtin_kinds
+from kcops.agent.engine.kinds.vllm import ADAPTER as VLLM
 from kcops.agent.samples import SeriesKey
 from tests.unit.collectors.helpers import by_key, names, value
 
@@ -107,15 +107,15 @@ def test_current_name_wins_over_deprecated_when_both_exist() -> None:
 
 def test_detect() -> None:
     vllm_text = (FIXTURES / "vllm_metrics.txt").read_text()
-    assert default_registry().detect(promtext.metric_names(vllm_text)).name == "vllm"
+    assert builtin_kinds().detect(promtext.metric_names(vllm_text)).name == "vllm"
     kc = vllm_text + "# TYPE kcops_worker_attention_topn gauge\nkcops_worker_attention_topn 64\n"
-    assert default_registry().detect(promtext.metric_names(kc)).name == "kcops"
-    assert default_registry().detect({"sglang:num_queue_reqs"}).name == "sglang"
-    assert default_registry().detect({"tgi_queue_size"}).name == "tgi"
-    assert default_registry().detect({"nv_inference_pending_request_count"}).name == "triton"
-    assert default_registry().detect({"python_gc_objects_collected"}) is None
+    assert builtin_kinds().detect(promtext.metric_names(kc)).name == "kcops"
+    assert builtin_kinds().detect({"sglang:num_queue_reqs"}).name == "sglang"
+    assert builtin_kinds().detect({"tgi_queue_size"}).name == "tgi"
+    assert builtin_kinds().detect({"nv_inference_pending_request_count"}).name == "triton"
+    assert builtin_kinds().detect({"python_gc_objects_collected"}) is None
     with pytest.raises(ValueError, match="allowed"):
-        default_registry().get("ollama")
+        builtin_kinds().get("ollama")
 
 
 def test_kcops_worker_names_map_to_canonical() -> None:
@@ -137,7 +137,7 @@ kcops_worker_kv_bytes{model_name="tiny"} 1.2288e+06
 # TYPE vllm:num_requests_running gauge
 vllm:num_requests_running{model_name="tiny"} 1.0
 """
-    a = default_registry().get("kcops").adapter
+    a = builtin_kinds().get("kcops").adapter
     out = a.map(promtext.parse(text, a.wanted()))
     assert value(out, "kcops_segment_transfer_seconds_bucket", engine="kcops", le="0.01") == 3
     assert value(out, "kcops_segment_transfer_seconds_count", engine="kcops") == 4
@@ -159,7 +159,7 @@ sglang:cached_tokens_total{model_name="m"} 10.0
 # TYPE sglang:prompt_tokens_total counter
 sglang:prompt_tokens_total{model_name="m"} 30.0
 """
-    a = default_registry().get("sglang").adapter
+    a = builtin_kinds().get("sglang").adapter
     out = a.map(promtext.parse(sg, a.wanted()))
     assert value(out, "kcops_requests_waiting", engine="sglang", model_name="m") == 3
     assert value(out, "kcops_kv_cache_usage_ratio", engine="sglang", model_name="m") == 0.4
@@ -174,7 +174,7 @@ tgi_request_duration_bucket{le="+Inf"} 2
 tgi_request_duration_sum 1.2
 tgi_request_duration_count 2
 """
-    a = default_registry().get("tgi").adapter
+    a = builtin_kinds().get("tgi").adapter
     out = a.map(promtext.parse(tgi, a.wanted()))
     assert value(out, "kcops_request_latency_seconds_bucket", engine="tgi", le="0.5") == 1
     assert value(out, "kcops_requests_waiting", engine="tgi") == 2
@@ -196,7 +196,7 @@ nv_inference_first_response_histogram_ms_count{model="m",version="1"} 6
 # TYPE nv_inference_pending_request_count gauge
 nv_inference_pending_request_count{model="m",version="1"} 4
 """
-    a = default_registry().get("triton").adapter
+    a = builtin_kinds().get("triton").adapter
     out = a.map(promtext.parse(text, a.wanted()))
     lab = {"engine": "triton", "model": "m", "version": "1"}
     assert value(out, "kcops_ttft_seconds_bucket", le="0.1", **lab) == 2

@@ -8,12 +8,12 @@ from pathlib import Path
 
 from kcops.agent.collectors import promtext
 from kcops.agent.collectors.cpumem import CpuDeviceMemoryCollector
-from kcops.agent.collectors.enginepid import EnginePid
 from kcops.agent.collectors.nvml import Nvml, NvmlCollector
 from kcops.agent.collectors.probe import ProbeReceiver
 from kcops.agent.collectors.process import EngineEventsCollector, ProcessCollector
 from kcops.agent.collectors.procwatch import EngineWatch
-from kcops.agent.engines import default_registry
+from kcops.agent.engine.kinds import builtin_kinds
+from kcops.agent.engine.pid import EnginePid
 from kcops.agent.samples import Sample
 from kcops.agent.signals import SIGNALS
 from kcops.kernels import wire
@@ -69,7 +69,7 @@ def test_every_exported_family_is_catalogued() -> None:
     r.feed(wire.encode(f))
     r.feed(b"not a frame")  # kcops_probe_frames_refused_total{reason="bad_magic"}
     check(collect(r))
-    for name, a in ((k.name, k.adapter) for k in default_registry()):
+    for name, a in ((k.name, k.adapter) for k in builtin_kinds()):
         # every canonical family an adapter can produce
         for m in a.maps:
             suffix = {"gauge": "", "counter": "_total", "histogram": "_bucket", "count": "_total"}[

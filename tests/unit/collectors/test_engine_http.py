@@ -13,9 +13,9 @@ from aiohttp import web
 
 from kcops.agent.collectors.base import CollectorRunner
 from kcops.agent.collectors.engine_http import EngineClient
-from kcops.agent.collectors.enginepid import EnginePid
 from kcops.agent.collectors.health import HealthCollector
 from kcops.agent.collectors.scrape import EngineScrapeCollector
+from kcops.agent.engine.pid import EnginePid
 from kcops.agent.store import Store
 from kcops.errors import CollectorUnavailable
 from tests.unit.collectors.helpers import latest, runner, value

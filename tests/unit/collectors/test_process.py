@@ -13,9 +13,9 @@ import pytest
 
 from kcops.agent.collectors import cgroup
 from kcops.agent.collectors.cpumem import CpuDeviceMemoryCollector
-from kcops.agent.collectors.enginepid import EnginePid
 from kcops.agent.collectors.process import EngineEventsCollector, ProcessCollector
 from kcops.agent.collectors.procwatch import EngineWatch
+from kcops.agent.engine.pid import EnginePid
 from kcops.errors import CollectorUnavailable
 from tests.unit.collectors.helpers import collect, latest, need, runner, value
 

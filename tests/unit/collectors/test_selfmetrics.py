@@ -53,7 +53,7 @@ def test_the_regex_cache_bound_and_use_are_exported() -> None:
     from kcops.agent.signals import SIGNALS
 
     compile_anchored("exported|regex")
-    out = list(SelfCollector(tick_histogram(), store=Store()).collect(0.0))
+    out = list(SelfCollector(tick_histogram(), store=Store(), regex_cache=CACHE).collect(0.0))
     assert value(out, "kcops_regex_cache_max_bytes") == CACHE.max_bytes
     assert value(out, "kcops_regex_cache_entries") == len(CACHE) >= 1
     assert 0 < (value(out, "kcops_regex_cache_bytes") or 0) <= CACHE.max_bytes

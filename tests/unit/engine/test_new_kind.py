@@ -21,8 +21,8 @@ from aiohttp import web
 from kcops.agent.collectors.engine_http import EngineClient
 from kcops.agent.collectors.scrape import EngineScrapeCollector
 from kcops.agent.engine import Engine, EngineFailed
+from kcops.agent.engine.kinds import Adapter, EngineKind, EngineRegistry, builtin_kinds
 from kcops.agent.engine.shutdown import engine_drain_s
-from kcops.agent.engines import Adapter, EngineKind, EngineRegistry, default_registry
 from kcops.errors import ActionRejected
 from tests.unit.collectors.helpers import latest, runner
 from tests.unit.engine import toy_kind
@@ -87,7 +87,7 @@ async def serving(handler: ToyServe) -> AsyncIterator[str]:
 
 
 def registry() -> EngineRegistry:
-    reg = default_registry()
+    reg = builtin_kinds()
     reg.register(toy_kind.KIND)  # the one registration call
     return reg
 
@@ -182,7 +182,7 @@ def test_actions_reach_the_new_kinds_admin_routes_and_report_the_answer() -> Non
 def test_the_new_kinds_command_line_says_what_it_is_and_how_long_it_drains() -> None:
     argv = ["toyserve", "--model", "m", "--toy-grace", "7"]
     assert registry().detect_command(argv) is toy_kind.KIND
-    assert default_registry().detect_command(argv) is None
+    assert builtin_kinds().detect_command(argv) is None
     assert engine_drain_s(argv, None, registry=registry()) == 7
     assert engine_drain_s(argv, None) == 0  # the built-in kinds do not read --toy-grace
     # vLLM's --shutdown-timeout is still read beside it.
@@ -194,17 +194,17 @@ def test_registering_refuses_a_taken_or_reserved_name() -> None:
     with pytest.raises(ValueError, match="already registered"):
         reg.register(toy_kind.KIND)
     with pytest.raises(ValueError, match="already registered"):
-        reg.register(default_registry().get("vllm"))
+        reg.register(builtin_kinds().get("vllm"))
     with pytest.raises(ValueError, match="reserved"):
         reg.register(EngineKind(adapter=Adapter("auto", ())))
-    assert reg.choices()[-1] == "toyserve" and "toyserve" not in default_registry()
+    assert reg.choices()[-1] == "toyserve" and "toyserve" not in builtin_kinds()
 
 
 def test_a_kind_registered_before_another_is_detected_first() -> None:
     both = {"vllm:num_requests_running", "toyserve_active"}
     later = registry()
     assert later.detect(both) is later.get("vllm")
-    ahead = default_registry()
+    ahead = builtin_kinds()
     ahead.register(toy_kind.KIND, before="vllm")
     assert ahead.names() == ("kcops", "sglang", "toyserve", "vllm", "tgi", "triton")
     assert ahead.detect(both) is toy_kind.KIND

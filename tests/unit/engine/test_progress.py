@@ -8,9 +8,9 @@ import pytest
 
 from kcops.agent.collectors import promtext
 from kcops.agent.engine import progress as pg
+from kcops.agent.engine.kinds import builtin_kinds
 from kcops.agent.engine.progress import Verdict as V
 from kcops.agent.engine.watch import kind_counters
-from kcops.agent.engines import default_registry
 
 GEN = "kcops_generation_tokens_total"
 BEAT = "kcops_attention_calls_total"
@@ -70,7 +70,7 @@ def test_missing_counters_are_named() -> None:
 
 
 def test_each_kind_says_which_progress_counters_it_maps() -> None:
-    kinds = {k.name: kind_counters(k) for k in default_registry()}
+    kinds = {k.name: kind_counters(k) for k in builtin_kinds()}
     assert kinds["vllm"] == pg.COUNTERS
     assert kinds["sglang"] == ("kcops_generation_tokens_total", "kcops_prompt_tokens_total")
     assert kinds["kcops"] == pg.COUNTERS
@@ -79,7 +79,7 @@ def test_each_kind_says_which_progress_counters_it_maps() -> None:
 
 
 def test_vllm_page_maps_to_pending_and_progress() -> None:
-    a = default_registry().get("vllm").adapter
+    a = builtin_kinds().get("vllm").adapter
     got = {
         s.name: s.value
         for s in a.map(promtext.parse((FIXTURES / "vllm_metrics.txt").read_text(), a.wanted()))

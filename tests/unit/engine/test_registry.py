@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 
 from kcops.agent.config import parse_config
-from kcops.agent.engines import Capabilities, default_registry
-from kcops.agent.engines.kind import EVICT_POLICIES
+from kcops.agent.engine.kinds import Capabilities, builtin_kinds
+from kcops.agent.engine.kinds.kind import EVICT_POLICIES
 from kcops.errors import ConfigError
 
 
 def test_builtin_kinds_capabilities_follow_from_their_routes() -> None:
-    caps = {k.name: k.capabilities for k in default_registry()}
+    caps = {k.name: k.capabilities for k in builtin_kinds()}
     assert caps == {
         # The reference worker has the whole admin API.
         "kcops": Capabilities(
@@ -26,7 +26,7 @@ def test_builtin_kinds_capabilities_follow_from_their_routes() -> None:
 
 
 def test_detection_order_and_probes() -> None:
-    reg = default_registry()
+    reg = builtin_kinds()
     assert reg.names() == ("kcops", "sglang", "vllm", "tgi", "triton")
     assert [(k.name, p) for k, p in reg.probes()] == [
         ("kcops", "/admin/state"),
@@ -40,11 +40,18 @@ def test_detection_order_and_probes() -> None:
 def test_config_and_cli_accept_exactly_the_registry_kinds() -> None:
     from kcops.cli.agent_cmd import ADAPTERS
 
-    assert tuple(ADAPTERS) == default_registry().choices()
-    for name in default_registry().choices():
+    assert tuple(ADAPTERS) == builtin_kinds().choices()
+    for name in builtin_kinds().choices():
         assert parse_config({"engine": {"adapter": name}}, "<t>").engine.adapter == name
+    # The configuration knows no engine kind (it stands below the engine in the agent's
+    # layers): preflight, where the two meet, refuses a name the registry lacks.
+    from kcops.agent.preflight import preflight
+
+    unknown = parse_config({"engine": {"adapter": "ollama"}}, "<t>")
     with pytest.raises(ConfigError, match="unknown engine kind 'ollama'; allowed: auto, kcops"):
-        parse_config({"engine": {"adapter": "ollama"}}, "<t>")
+        preflight(unknown, token="t")
+    with pytest.raises(ConfigError, match=r"engine\.adapter"):
+        parse_config({"engine": {"adapter": "Not a kind!"}}, "<t>")
 
 
 @pytest.mark.parametrize(
@@ -62,14 +69,14 @@ def test_config_and_cli_accept_exactly_the_registry_kinds() -> None:
     ],
 )
 def test_detection_by_command_line(argv: list[str], kind: str | None) -> None:
-    found = default_registry().detect_command(argv)
+    found = builtin_kinds().detect_command(argv)
     assert (found.name if found is not None else None) == kind
 
 
 def test_a_supervised_engine_is_known_from_its_command() -> None:
     from kcops.agent.config.actions import RestartSection
     from kcops.agent.engine import Engine
-    from kcops.agent.supervisor import Supervisor
+    from kcops.agent.engine.supervisor import Supervisor
 
     cfg = RestartSection()
     auto = Engine("http://127.0.0.1:1", "auto")

@@ -1,12 +1,12 @@
 """A throwaway engine kind, "toyserve", written as a new engine would be: this one file.
 
-It is what a module under ``agent/engines/`` holds for a real engine: the
+It is what a module under ``agent/engine/kinds/`` holds for a real engine: the
 metric adapter (its families to canonical ones, and the prefix that identifies
 it on a page), the admin routes kcops may call, the probe ``adapter: auto``
 asks before ``/metrics`` has told, the program that is this engine on a
 supervised command line, and a lifecycle quirk (``--toy-grace N``:
 it drains for N seconds by itself on SIGTERM). Registering it is one call,
-:meth:`kcops.agent.engines.EngineRegistry.register` (tests/unit/engine/test_new_kind.py).
+:meth:`kcops.agent.engine.kinds.EngineRegistry.register` (tests/unit/engine/test_new_kind.py).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from itertools import pairwise
 
-from kcops.agent.engines import Adapter, EngineKind, EvictRoute, Map, Routes
-from kcops.agent.engines.metrics import COUNTER, GAUGE, HISTOGRAM
+from kcops.agent.engine.kinds import Adapter, EngineKind, EvictRoute, Map, Routes
+from kcops.agent.engine.kinds.metrics import COUNTER, GAUGE, HISTOGRAM
 
 GRACE_FLAG = "--toy-grace"
 

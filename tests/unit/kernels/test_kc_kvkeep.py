@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from kcops.agent.collectors import promtext
-from kcops.agent.engines import default_registry
+from kcops.agent.engine.kinds import builtin_kinds
 from kcops.kernels.kvkeep import KeptLayer, compress_request, split_budget
 from kcops.worker.app import Background, WorkerOptions, build
 from kcops.worker.engine import Event, GenRequest
@@ -124,7 +124,7 @@ def test_lowering_n_through_the_admin_api_shows_in_the_agents_kv_series() -> Non
     )
     state = build(opts)
     per_key = key_bytes(state)
-    adapter = default_registry().get("kcops").adapter
+    adapter = builtin_kinds().get("kcops").adapter
     auth = {"Authorization": "Bearer secret"}
 
     def kv_series(c: httpx.Client) -> float:

@@ -30,7 +30,7 @@ from kcops.agent.actions.alertmanager import (
 from kcops.agent.actions.remediation import Remediation
 from kcops.agent.clock import ManualClock
 from kcops.agent.config import parse_config
-from kcops.agent.events import RemediationStep
+from kcops.agent.events import Step
 from tests.unit.actions.fakeworker import FakeWorker
 from tests.unit.actions.harness import audit, make_ctx, make_rem, settle, transition
 from tests.unit.kube.apiserver import ApiServer, shipped_lease
@@ -175,8 +175,8 @@ def test_fleet_steps_run_under_the_lease_and_the_pods_own_alert_takes_over(tmp_p
         assert ("PUT", LEASE_PATH) in [(r.verb, r.path) for r in api.requests]
         # this pod's own rule fires now: its ladder starts over here, pod step first
         steps = (
-            RemediationStep("fallback_to_base", {}, 120.0),
-            RemediationStep("scale_out", {}, 300.0),
+            Step("fallback_to_base", {}, 120.0),
+            Step("scale_out", {}, 300.0),
         )
         rem.ctx.bus.publish(transition("KcopsP99LatencyHigh", "firing", rem.clock(), steps))
         await settle(rem)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from kcops.agent.actions.registry import builtin_actions
 from kcops.agent.rules.loader import load_rules, load_rules_data, parse_duration
 from kcops.agent.rules.model import RuleError
 
@@ -52,7 +53,7 @@ def doc(**rule: object) -> dict:  # type: ignore[type-arg]
 )
 def test_malformed_rules_are_refused_with_name_and_reason(data: dict, needle: str) -> None:  # type: ignore[type-arg]
     with pytest.raises(RuleError) as exc:
-        load_rules_data(data, "f.yaml")
+        load_rules_data(data, "f.yaml", actions=builtin_actions().ladder_params())
     assert needle in str(exc.value)
     assert str(exc.value).startswith("f.yaml")
 

@@ -10,7 +10,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from kcops.agent.actions.registry import default_registry
+from kcops.agent.actions.registry import builtin_actions
 from kcops.agent.config import parse_config
 from kcops.agent.rules.exprguard import MAX_EXPR_DEPTH
 from kcops.agent.rules.loader import (
@@ -20,8 +20,10 @@ from kcops.agent.rules.loader import (
     ruleset_from_config,
 )
 from kcops.agent.rules.model import RuleError
-from kcops.agent.rules.rulefile import ladder_actions
 from kcops.cli import cli
+
+# The ladder actions, as the agent and the CLI hand them to the loader.
+ACTIONS = builtin_actions().ladder_params()
 
 
 def doc(**rule: Any) -> dict[str, Any]:
@@ -143,7 +145,7 @@ HOSTILE: list[tuple[str, dict[str, Any], str]] = [
 )
 def test_hostile_values_are_refused_in_one_short_line(data: dict[str, Any], needle: str) -> None:
     with pytest.raises(RuleError) as exc:
-        load_rules_data(data, "f.yaml")
+        load_rules_data(data, "f.yaml", actions=ACTIONS)
     msg = str(exc.value)
     assert msg.startswith("f.yaml: ") and needle in msg, msg
     assert "\n" not in msg and len(msg) < 400, msg
@@ -175,21 +177,30 @@ def test_bounds_are_those_of_prometheus_and_kcops() -> None:
 
 
 def test_ladder_actions_are_the_registry_s() -> None:
-    reg = default_registry()
-    assert set(ladder_actions()) == set(reg.ladder_names())
+    reg = builtin_actions()
+    ladder = list(ACTIONS)
     # Everything registered may be a step, except what kcops runs by itself.
     # (evict_pod: the supervisor's escalation after a crash loop)
-    assert set(reg.names()) - set(reg.ladder_names()) == {"restore_route", "evict_pod"}
+    assert set(reg.names()) - set(ladder) == {"restore_route", "evict_pod"}
     # The loader accepts each ladder action the registry has, and nothing else.
-    steps = [{"action": name} for name in reg.ladder_names()]
-    loaded = load_rules_data(doc(remediation=steps)).alerts()[0].remediation
-    assert [s.action for s in loaded] == reg.ladder_names()
-    with pytest.raises(RuleError, match="allowed: " + ", ".join(reg.ladder_names())):
-        load_rules_data(doc(remediation=[{"action": "reboot"}]))
+    steps = [{"action": name} for name in ladder]
+    loaded = load_rules_data(doc(remediation=steps), actions=ACTIONS).alerts()[0].remediation
+    assert [s.action for s in loaded] == ladder
+    with pytest.raises(RuleError, match="allowed: " + ", ".join(ladder)):
+        load_rules_data(doc(remediation=[{"action": "reboot"}]), actions=ACTIONS)
     # The packaged ladders name only registered actions and pass their params models.
-    for a in load_rules(default_rules_path()).alerts():
+    for a in load_rules(default_rules_path(), actions=ACTIONS).alerts():
         for step in a.remediation:
             reg.get(step.action).params.model_validate(dict(step.params), strict=True)
+
+
+def test_without_the_actions_a_step_is_checked_for_its_shape_only() -> None:
+    """The rules know nothing of actions: a loader handed none (``kcops dashboards``)
+    takes any action name, and still refuses a step that is not a step."""
+    loaded = load_rules_data(doc(remediation=[{"action": "reboot"}])).alerts()[0].remediation
+    assert [s.action for s in loaded] == ["reboot"]
+    with pytest.raises(RuleError, match=r"remediation\[0\]\.action: must be a string"):
+        load_rules_data(doc(remediation=[{"action": [1]}]))
 
 
 def test_a_step_without_verify_takes_the_configured_default(tmp_path: Path) -> None:

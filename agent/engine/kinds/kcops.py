@@ -7,9 +7,9 @@ reports the worker's pid, which the agent reads when no pid is configured.
 
 from __future__ import annotations
 
-from kcops.agent.engines.kind import EVICT_POLICIES, EngineKind, EvictRoute, Routes
-from kcops.agent.engines.metrics import COUNTER, GAUGE, HISTOGRAM, Adapter, Map
-from kcops.agent.engines.vllm import VLLM_MAPS
+from kcops.agent.engine.kinds.kind import EVICT_POLICIES, EngineKind, EvictRoute, Routes
+from kcops.agent.engine.kinds.metrics import COUNTER, GAUGE, HISTOGRAM, Adapter, Map
+from kcops.agent.engine.kinds.vllm import VLLM_MAPS
 
 ADAPTER = Adapter(
     name="kcops",

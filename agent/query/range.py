@@ -16,14 +16,14 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 from multidict import MultiMapping
 
-from kcops.agent.query import (
+from kcops.agent.query.form import (
     MAX_QUERY_CHARS,
     FormError,
     error_response,
     failure_response,
     query_params,
 )
-from kcops.agent.query_gate import QueryGate
+from kcops.agent.query.gate import QueryGate
 from kcops.agent.rules.budget import ITEM_UNITS
 from kcops.agent.rules.evaluator import Evaluator
 from kcops.agent.rules.gofmt import go_float
@@ -95,7 +95,7 @@ def evaluate_range(
 
 def range_routes(ctx: AgentContext, gate: QueryGate) -> list[web.RouteDef]:
     """The routes (GET and POST), served by the query component beside ``/api/v1/query``;
-    ``gate``: the query API's bounds, shared with it (query_gate.py)."""
+    ``gate``: the query API's bounds, shared with it (gate.py)."""
 
     async def handler(request: web.Request) -> web.Response:
         try:

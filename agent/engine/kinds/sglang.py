@@ -11,8 +11,8 @@ the KV pool's used share (0..1).
 
 from __future__ import annotations
 
-from kcops.agent.engines.kind import EngineKind, EvictRoute, Routes
-from kcops.agent.engines.metrics import COUNTER, GAUGE, HISTOGRAM, Adapter, Map
+from kcops.agent.engine.kinds.kind import EngineKind, EvictRoute, Routes
+from kcops.agent.engine.kinds.metrics import COUNTER, GAUGE, HISTOGRAM, Adapter, Map
 
 ADAPTER = Adapter(
     name="sglang",

@@ -36,8 +36,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kcops.agent.engines.kind import EngineKind, EvictRoute, PauseRoutes, Routes
-from kcops.agent.engines.metrics import COUNT, COUNTER, GAUGE, HISTOGRAM, Adapter, Map
+from kcops.agent.engine.kinds.kind import EngineKind, EvictRoute, PauseRoutes, Routes
+from kcops.agent.engine.kinds.metrics import COUNT, COUNTER, GAUGE, HISTOGRAM, Adapter, Map
 
 SHUTDOWN_FLAG = "--shutdown-timeout"
 # vLLM's own bound on the flag is an int >= 0; a day is far past any sane drain.

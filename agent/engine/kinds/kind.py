@@ -7,8 +7,8 @@ canonical ones, and the prefixes that identify it on a page), its admin routes
 command line the agent supervises, or one ``GET`` that answers 200 only on
 this engine) and its lifecycle quirks (how
 long it drains by itself after SIGTERM). One module per kind under
-:mod:`kcops.agent.engines` builds one; the registry
-(:mod:`kcops.agent.engines.registry`) is where the agent finds them.
+:mod:`kcops.agent.engine.kinds` builds one; the registry
+(:mod:`kcops.agent.engine.kinds.registry`) is where the agent finds them.
 
 What an engine can be asked to do (:class:`Capabilities`) follows from its
 routes: a route it lacks is a refusal with a reason ("vllm has no route
@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-from kcops.agent.engines.metrics import Adapter
+from kcops.agent.engine.kinds.metrics import Adapter
 
 EVICT_POLICIES = ("expired", "lru", "all")
 

@@ -13,8 +13,8 @@ Triton has no admin route kcops can drive: every action that needs one is refuse
 
 from __future__ import annotations
 
-from kcops.agent.engines.kind import EngineKind
-from kcops.agent.engines.metrics import GAUGE, HISTOGRAM, Adapter, Map
+from kcops.agent.engine.kinds.kind import EngineKind
+from kcops.agent.engine.kinds.metrics import GAUGE, HISTOGRAM, Adapter, Map
 
 ADAPTER = Adapter(
     name="triton",

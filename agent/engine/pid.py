@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
-log = logging.getLogger("kcops.agent.collectors.enginepid")
+log = logging.getLogger("kcops.agent.engine.pid")
 
 
 class EnginePid:

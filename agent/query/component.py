@@ -10,7 +10,7 @@ expression is ``bad_data`` (400), anything that fails while evaluating is
 that needs more work than the evaluation budget (budget.py; Prometheus's
 ``query.max-samples``), and a query past the budget's deadline is ``timeout``
 (503), as Prometheus answers for ``query.timeout``. Past the query API's
-share of the event loop or its limit of concurrent queries (query_gate.py) a
+share of the event loop or its limit of concurrent queries (gate.py) a
 query is ``unavailable`` (503), as Prometheus answers when its query queue
 is full. Its regexes are bounded as a query's (rules/regex.py: a smaller
 program, compiled only within the query's deadline). Sample values are
@@ -21,26 +21,29 @@ Prometheus's instant queries do (``topk``, ``sort`` ... are ordered).
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
-from urllib.parse import parse_qsl
 
 from aiohttp import web
-from multidict import MultiDict, MultiMapping
 
-from kcops.agent.query_gate import QueryGate, QueryUnavailable
-from kcops.agent.rules.budget import QueryTimeout
+from kcops.agent.query.form import (
+    MAX_QUERY_CHARS,
+    FormError,
+    error_response,
+    failure_response,
+    parse_time,
+    query_params,
+)
+from kcops.agent.query.gate import QueryGate, QueryUnavailable
+from kcops.agent.query.range import range_routes
 from kcops.agent.rules.evaluator import Evaluator
 from kcops.agent.rules.gofmt import go_float
-from kcops.agent.rules.model import EvalError, RuleError, Value
+from kcops.agent.rules.model import RuleError, Value
 from kcops.agent.rules.parse import parse_expr
 from kcops.agent.rules.regex import query_bounds
 from kcops.agent.samples import SeriesKey
 
 if TYPE_CHECKING:
     from kcops.agent.component import AgentContext
-
-MAX_QUERY_CHARS = 4000
 
 
 def _fmt(v: float) -> str:
@@ -99,7 +102,7 @@ class QueryComponent:
         self, text: str, t: float | None = None, deadline: float | None = None
     ) -> dict[str, object]:
         """Evaluate ``text`` at ``t`` (default now); raises RuleError / EvalError.
-        ``deadline``: the query API's share of the loop (query_gate.py)."""
+        ``deadline``: the query API's share of the loop (gate.py)."""
         if len(text) > MAX_QUERY_CHARS:
             raise RuleError(f"query is {len(text)} characters; at most {MAX_QUERY_CHARS}")
         node = parse_expr(text)
@@ -127,7 +130,7 @@ class QueryComponent:
                 return error_response("bad_data", "missing parameter 'query'")
             t = None
             if "time" in params:
-                t = _parse_time(params["time"])
+                t = parse_time(params["time"])
                 if t is None:
                     return error_response(
                         "bad_data",
@@ -141,72 +144,8 @@ class QueryComponent:
                 return failure_response(exc)
             return web.json_response({"status": "success", "data": data})
 
-        from kcops.agent.query_range import range_routes  # it imports this module
-
         return [
             web.get("/api/v1/query", handler),
             web.post("/api/v1/query", handler),
             *range_routes(self.ctx, self.gate),
         ]
-
-
-FORM = "application/x-www-form-urlencoded"
-
-
-class FormError(ValueError):
-    """A POST query whose body is not a form."""
-
-
-async def query_params(request: web.Request) -> MultiMapping[str]:
-    """A query's parameters, as Prometheus takes them: in the URL, and for POST also as a
-    form body (Grafana's Prometheus data source posts by default); the body's first.
-    Raises FormError for a POST body that is not a form."""
-    if request.method != "POST" or not request.body_exists:
-        return request.query
-    if request.content_type != FORM:
-        raise FormError(
-            f"a POST query's parameters go in a {FORM} body, not {request.content_type}"
-        )
-    raw = await request.read()  # within the server's body size limit
-    try:
-        pairs = parse_qsl(
-            raw.decode("utf-8"), keep_blank_values=True, errors="strict", max_num_fields=64
-        )
-    except ValueError as exc:  # UnicodeDecodeError is one: bytes or %-escapes
-        raise FormError(f"the {FORM} body cannot be read: {str(exc)[:120]}") from None
-    merged: MultiDict[str] = MultiDict(pairs)
-    merged.extend(request.query)
-    return merged
-
-
-def _parse_time(text: str) -> float | None:
-    try:
-        t = float(text)
-    except ValueError:
-        return None
-    return t if math.isfinite(t) else None
-
-
-def failure_response(exc: Exception) -> web.Response:
-    """The error answer for an exception of parse or evaluation, as Prometheus maps its own."""
-    if isinstance(exc, RuleError):
-        return error_response("bad_data", str(exc))
-    if isinstance(exc, QueryUnavailable):
-        return error_response("unavailable", str(exc), status=503)
-    if isinstance(exc, QueryTimeout):
-        return error_response("timeout", str(exc), status=503)
-    if isinstance(exc, EvalError):
-        return error_response("execution", str(exc), status=422)
-    return error_response("execution", f"unexpected error: {type(exc).__name__}: {exc}", 422)
-
-
-def error_response(kind: str, message: str, status: int = 400) -> web.Response:
-    """Prometheus's HTTP API error shape; the message is cut to 1000 characters."""
-    if len(message) > 1000:
-        message = message[:997] + "..."
-    return web.json_response(
-        {"status": "error", "errorType": kind, "error": message}, status=status
-    )
-
-
-__all__ = ["QueryComponent", "to_api"]

@@ -1,6 +1,6 @@
 """Where the agent finds every engine kind: one :class:`EngineRegistry`.
 
-The app builds one (:func:`default_registry`: the built-in kinds) and hands it
+The app builds one (:func:`builtin_kinds`: the built-in kinds) and hands it
 to the engine object, which the collectors and actions ask; configuration and
 the CLI check ``engine.adapter`` against the same names. Nothing registers
 itself: a kind is added by :meth:`EngineRegistry.register`, or, for a built-in
@@ -15,8 +15,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 
-from kcops.agent.engines import kcops, sglang, tgi, triton, vllm
-from kcops.agent.engines.kind import EngineKind
+from kcops.agent.engine.kinds import kcops, sglang, tgi, triton, vllm
+from kcops.agent.engine.kinds.kind import EngineKind
+from kcops.errors import ConfigError
 
 AUTO = "auto"  # engine.adapter: detect the kind from /metrics or its probe
 
@@ -57,6 +58,15 @@ class EngineRegistry:
     def choices(self) -> tuple[str, ...]:
         """What ``engine.adapter`` / ``--engine-adapter`` accept: ``auto`` and every kind."""
         return (AUTO, *self.names())
+
+    def check_choice(self, name: str) -> None:
+        """Refuse (ConfigError, exit 2) an ``engine.adapter`` that is not one of
+        :meth:`choices`: the configuration's models know no engine kind."""
+        if name not in self.choices():
+            raise ConfigError(
+                f"engine.adapter: unknown engine kind {name!r}; "
+                f"allowed: {', '.join(self.choices())}"
+            )
 
     def get(self, name: str) -> EngineKind:
         """The kind called ``name``; ValueError naming the allowed ones otherwise."""
@@ -102,6 +112,6 @@ class EngineRegistry:
         return max(found) if found else None
 
 
-def default_registry() -> EngineRegistry:
+def builtin_kinds() -> EngineRegistry:
     """A fresh registry of the built-in kinds (a new object each call)."""
     return EngineRegistry(BUILTIN)

@@ -58,7 +58,7 @@ if TYPE_CHECKING:
 # A restart report is JSON all the way down: it becomes the action's audit record.
 _REPORT: TypeAdapter[dict[str, JsonValue]] = TypeAdapter(dict[str, JsonValue])
 
-log = logging.getLogger("kcops.agent.supervisor")
+log = logging.getLogger("kcops.agent.engine.supervisor")
 
 __all__ = ["GONE_WAIT_S", "ExitInfo", "Supervisor"]
 
