@@ -109,9 +109,7 @@ class Agent:
         self.components: list[Component] = [self.collector_runner]
         rules = rules_pkg.build(self.ctx, checked.ruleset)
         self.components += rules
-        self.components += actions_pkg.build(
-            self.ctx, self.engine, pids, rules[0] if rules else None, checked.ruleset
-        )
+        self.components += actions_pkg.build(self.ctx, self.engine, pids, checked.ruleset)
         self.components.append(QueryComponent(self.ctx))
         self.components.append(Recommender(self.ctx, self.engine))
         self.components += build_metric_exporters(self.ctx, self.started_at)

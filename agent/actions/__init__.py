@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from kcops.agent.actions.outcome import ActionName
+
 if TYPE_CHECKING:
     from kcops.agent.actions.remediation import Remediation
     from kcops.agent.component import AgentContext, Component
     from kcops.agent.engine import Engine
     from kcops.agent.engine.pid import EnginePid
-    from kcops.agent.rules.component import RulesComponent
     from kcops.agent.rules.loader import RuleSet
 
 
@@ -22,11 +23,10 @@ def build(
     ctx: AgentContext,
     engine: Engine,
     pids: EnginePid | None = None,
-    rules: RulesComponent | None = None,
     ruleset: RuleSet | None = None,
 ) -> list[Component]:
-    """Supervisor (with ``engine.command``) and remediation. ``rules``: the local rule
-    engine; ``ruleset``: the rule set preflight loaded, whose ladders remediation climbs."""
+    """Supervisor (with ``engine.command``) and remediation. ``ruleset``: the rule set
+    preflight loaded, whose ladders remediation climbs (alerts reach it on the bus)."""
     from kcops.agent.actions.remediation import Remediation
     from kcops.agent.engine.supervisor import Supervisor
 
@@ -49,7 +49,6 @@ def build(
         ctx,
         engine=engine,
         supervisor=sup,
-        alerts=rules,
         ruleset=ruleset,
     )
     out.append(rem)
@@ -60,5 +59,5 @@ def crash_loop(rem: Remediation, message: str, **kw: int | None) -> None:
     """The supervisor gave up (a crash loop): page; with ``actions.restart.crash_loop:
     evict_pod``, also evict this pod, as a guarded, audited run."""
     rem.page(message, **kw)  # type: ignore[arg-type]
-    if rem.config.actions.restart.crash_loop == "evict_pod":
-        rem.runner.submit("evict_pod", reason=message)
+    if rem.config.actions.restart.crash_loop == ActionName.EVICT_POD:
+        rem.runner.submit(ActionName.EVICT_POD, reason=message)

@@ -50,6 +50,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kcops.agent.actions.records import JSONObject
 from kcops.agent.events import AlertTransition
 from kcops.agent.samples import Sample
 
@@ -95,8 +96,8 @@ class Delivery:
     def dropped_total(self) -> int:
         return sum(self.dropped.values())
 
-    def answer(self) -> dict[str, object]:
-        out: dict[str, object] = {"accepted": len(self.events)}
+    def answer(self) -> JSONObject:
+        out: JSONObject = {"accepted": len(self.events)}
         if self.dropped:
             out["dropped"] = self.dropped_total
             out["dropped_by_severity"] = dict(self.dropped)

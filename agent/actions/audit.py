@@ -306,6 +306,14 @@ class AuditLog:
         """Records the disk refused, kept in memory until it takes them."""
         return len(self._backlog)
 
+    def not_durable(self, record: JSONObject | None) -> JSONObject:
+        """The answer (503) while the disk refuses records: held, not acknowledged."""
+        return {
+            "error": f"audit log not durable ({self.last_error}): {self.held} record(s) held "
+            "in memory, written when the disk takes them; this one is not acknowledged",
+            "record": record,
+        }
+
     def close(self) -> None:
         for s in self.repeats.flush():
             self._append(s)

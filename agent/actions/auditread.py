@@ -8,7 +8,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from kcops.agent.actions.records import AuditRecord, JSONObject, parse_record
+from kcops.agent.actions.outcome import Outcome
+from kcops.agent.actions.records import (
+    ActionRecord,
+    AuditRecord,
+    JSONObject,
+    StartedRecord,
+    parse_record,
+)
 
 UNFINISHED_SCAN_BYTES = 8 << 20  # how far back a restart looks for runs with no outcome
 
@@ -109,3 +116,32 @@ def unfinished(path: Path, scan_bytes: int = UNFINISHED_SCAN_BYTES) -> list[JSON
         elif rec.get("kind") == "action":
             open_runs.pop(run_id, None)
     return list(open_runs.values())
+
+
+def interrupted_runs(path: Path, now: float) -> list[ActionRecord]:
+    """An ``interrupted`` outcome for each run the last agent started and never finished
+    (killed while it ran): the run is on record, its cooldown explained."""
+    out = []
+    for raw in unfinished(path):
+        try:
+            st = StartedRecord.model_validate({k: v for k, v in raw.items() if k != "kind"})
+        except ValueError:
+            continue
+        out.append(
+            ActionRecord(
+                ts=now,
+                run_id=st.run_id,
+                action=st.action,
+                params=st.params,
+                target=st.target,
+                mode=st.mode,
+                outcome=Outcome.INTERRUPTED,
+                error=f"the agent stopped while it ran (started at {st.ts:.3f}, no outcome "
+                "recorded): it may have acted; its cooldown and budget stay spent",
+                trigger=st.trigger,
+                ladder=st.ladder,
+                forced=st.forced,
+                reason=st.reason,
+            )
+        )
+    return out

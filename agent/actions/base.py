@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, JsonValue, ValidationError
 
-from kcops.agent.actions.outcome import Refusal
+from kcops.agent.actions.outcome import ActionName, Refusal
 from kcops.agent.actions.records import JSONObject
 from kcops.agent.yamlload import excerpt
 from kcops.errors import ActionRejected
 
 if TYPE_CHECKING:
-    from kcops.agent.actions.scale_out import PauseHook, Replicas
+    from kcops.agent.actions.scale_out import Replicas
     from kcops.agent.config import Config
     from kcops.agent.engine import Engine
     from kcops.agent.store import Store
@@ -79,10 +79,8 @@ class ActionContext:
     now: float
     supervisor: SupervisorHandle | None = None
     store: Store | None = None
-    # scale_out's published desired count, and a test hook it awaits while it holds
-    # the fleet lease (to kill a holder mid-action).
+    # scale_out's published desired count
     replicas: Replicas | None = None
-    fleet_pause: PauseHook | None = None
 
 
 @dataclass
@@ -110,9 +108,13 @@ Precheck = Callable[[Check, Any], None]
 Look = Callable[[ActionContext, Any], Awaitable[None]]
 
 
+# What a run acts on, for one-in-flight and cooldown: the engine, unless said.
+Target = Literal["engine", "notify", "replicas"]
+
+
 @dataclass(frozen=True)
 class ActionSpec:
-    name: str
+    name: ActionName
     fn: ActionFn
     params: type[Params]
     help: str
@@ -123,6 +125,15 @@ class ActionSpec:
     scope: Literal["pod", "fleet"] = "pod"
     # False: run by kcops itself or by hand, never named by a rule's ladder.
     ladder: bool = True
+    target: Target = "engine"
+
+    def target_of(self, alertname: str | None) -> str:
+        """What one run acts on. A notice is about its alert (``notify:<alertname>``), so
+        the notice for one alert is never held back by another's cooldown (the per-hour
+        budget still bounds them all); ``notify`` when asked by hand."""
+        if self.target == "notify" and alertname:
+            return f"notify:{alertname}"
+        return self.target
 
     def parse(self, raw: Mapping[str, JsonValue] | None) -> Params:
         """Validate raw parameters; a bad value raises ActionRejected(reason="invalid")."""
@@ -165,6 +176,9 @@ class Registry:
             raise ActionRejected(
                 f"unknown action {name!r}; known: {', '.join(sorted(self._specs))}", Refusal.UNKNOWN
             ) from None
+
+    def find(self, name: str) -> ActionSpec | None:
+        return self._specs.get(name)
 
     def __contains__(self, name: object) -> bool:
         return name in self._specs

@@ -1,11 +1,13 @@
 """The ladder driver: alerts in, one ladder per alert name, its decisions carried out.
 
 :func:`~kcops.agent.actions.ladder.step` decides; this carries out what it
-decided — submit a run, audit, escalate, hold a restore — and feeds a run
-decided in the same tick straight back as a :class:`~.ladder.Decided`, so a
-ladder climbs past a step that cannot apply within the tick that fired.
-An incident never runs twice: an alert name has one ladder, whichever source
-(local rules, Alertmanager) tells of its instances.
+decided — submit a run, audit, escalate, hold a restore — and feeds each run's
+outcome straight back as a :class:`~.ladder.Decided`: a run decided at once (a
+refusal) within the tick that fired, so a ladder climbs past a step that cannot
+apply; a run that acts the moment its task ends, not a tick later. An incident
+never runs twice: an alert name has one ladder, whichever source (local rules,
+Alertmanager) tells of its instances. The step is pure and gives a new ladder;
+this keeps the newest in :attr:`LadderDriver.ladders`.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from kcops.agent.actions.paging import Pager
 from kcops.agent.actions.records import AlertRecord, LadderRecord, Trigger
 from kcops.agent.actions.restore import Restores
 from kcops.agent.actions.runner import Run, Runner
+from kcops.agent.clock import Clock
 from kcops.agent.config import Config
 from kcops.agent.events import AlertSource
 from kcops.errors import ActionRejected
@@ -40,6 +43,7 @@ class LadderDriver:
         pager: Pager,
         restores: Restores,
         on_change: Callable[[], None],
+        clock: Clock,
     ) -> None:
         self.config = config
         self.registry = registry
@@ -50,11 +54,11 @@ class LadderDriver:
         self.pager = pager
         self.restores = restores
         self.on_change = on_change
+        self.clock = clock
         self.ladders: dict[str, L.Ladder] = {}
         self.ended: dict[str, float] = {}  # alertname -> when its last ladder ended
         self.instances_refused = 0  # firing instances past MAX_LADDER_INSTANCES of a ladder
         self._capped: set[str] = set()  # ids of ladders that refused one (audited once)
-        self._running: dict[str, Run] = {}
 
     def active(self, name: str) -> bool:
         lad = self.ladders.get(name)
@@ -206,7 +210,6 @@ class LadderDriver:
         self.ladders.pop(lad.alertname, None)
         if why != "superseded":
             self.addressed.forget(lad.alertname)
-        self._running.pop(lad.alertname, None)
         self._capped.discard(lad.id)
         self.ended[lad.alertname] = now
         self.on_change()
@@ -226,23 +229,21 @@ class LadderDriver:
             if lad.phase is not L.Phase.RUNNING and not self.active(name):
                 self._close(lad, now, "resolved")
                 continue
-            self._advance(lad, now)
+            if lad.phase is L.Phase.RUNNING and lad.run_id is None:
+                # Running when the last agent stopped: its run is lost; verify as if it ran.
+                self._feed(lad, L.Decided(now, None))
+            elif lad.phase is not L.Phase.RUNNING:
+                self._feed(lad, L.Tick(now))
 
-    def _advance(self, lad: L.Ladder, now: float) -> None:
-        """Feed the ladder this tick (and the outcome of a run that finished)."""
-        ev: L.Event = L.Tick(now)
-        if lad.phase is L.Phase.RUNNING:
-            run = self._running.get(lad.alertname)
-            if run is not None and not run.done:
-                return
-            self._running.pop(lad.alertname, None)
-            ev = self._decided(run, now)
-        self._feed(lad, ev)
+    def _run_ended(self, name: str, run: Run) -> None:
+        """A run that acted has ended (its task's done callback): its ladder steps now."""
+        lad = self.ladders.get(name)
+        if lad is None or lad.phase is not L.Phase.RUNNING or lad.run_id != run.id:
+            return  # the ladder closed (resolved, superseded) while its run went on
+        self._feed(lad, self._decided(run, self.clock()))
 
     @staticmethod
-    def _decided(run: Run | None, now: float) -> L.Decided:
-        if run is None:  # lost across an agent restart: verify as if it ran
-            return L.Decided(now, None)
+    def _decided(run: Run, now: float) -> L.Decided:
         return L.Decided(now, run.outcome, run.id, run.error, dict(run.params))
 
     def _feed(self, lad: L.Ladder, ev: L.Event) -> None:
@@ -252,8 +253,7 @@ class LadderDriver:
             new, decisions = L.step(lad, ev, retry_s=retry_s)
             if new != lad or decisions:
                 self.on_change()
-            # The step is pure; the driver keeps one object per ladder (status, routes).
-            vars(lad).update(vars(new))
+            lad = self.ladders[new.alertname] = new
             nxt: L.Event | None = None
             for d in decisions:
                 nxt = self._carry_out(lad, d, ev.now) or nxt
@@ -274,7 +274,9 @@ class LadderDriver:
             )
             lad.run_id = run.id
             if not run.done:
-                self._running[lad.alertname] = run
+                assert run.task is not None
+                name = lad.alertname
+                run.task.add_done_callback(lambda _: self._run_ended(name, run))
                 return None
             return self._decided(run, now)
         if isinstance(d, L.Audit):

@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from kcops.agent.actions.base import ActionContext, ActionResult, ActionSpec, Check, Params
-from kcops.agent.actions.outcome import Refusal
+from kcops.agent.actions.outcome import ActionName, Refusal
 from kcops.agent.actions.records import JSONObject
 from kcops.agent.engine import series
 from kcops.errors import ActionRejected
@@ -122,7 +122,7 @@ async def evict_cache(ctx: ActionContext, p: EvictParams) -> ActionResult:
 
 
 SPEC = ActionSpec(
-    "evict_cache",
+    ActionName.EVICT_CACHE,
     evict_cache,
     EvictParams,
     "Evict KV cache (expired | lru | all, as the engine supports) in the engine and the "

@@ -18,11 +18,12 @@ from kcops.agent.actions.base import (
     Params,
 )
 from kcops.agent.actions.kube import KubeClient
+from kcops.agent.actions.outcome import ActionName
 from kcops.agent.actions.prechecks import kube_token
 
 
 def needs_token(check: Check, _: Params) -> None:
-    kube_token(check, "evict_pod")
+    kube_token(check, ActionName.EVICT_POD)
 
 
 async def evict_pod(ctx: ActionContext, _: NoParams) -> ActionResult:
@@ -31,7 +32,7 @@ async def evict_pod(ctx: ActionContext, _: NoParams) -> ActionResult:
 
 
 SPEC = ActionSpec(
-    "evict_pod",
+    ActionName.EVICT_POD,
     evict_pod,
     NoParams,
     "Evict this agent's pod (Eviction API): the escalation after an engine crash loop.",

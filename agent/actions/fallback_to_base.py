@@ -18,6 +18,7 @@ from kcops.agent.actions.base import (
     NoParams,
     Params,
 )
+from kcops.agent.actions.outcome import ActionName
 
 
 class FallbackParams(Params):
@@ -57,14 +58,14 @@ async def restore_route(ctx: ActionContext, p: NoParams) -> ActionResult:
 
 
 SPEC = ActionSpec(
-    "fallback_to_base",
+    ActionName.FALLBACK_TO_BASE,
     fallback_to_base,
     FallbackParams,
     "Route requests to the base model; restored automatically after the alert's hold time.",
     precheck=needs_route,
 )
 RESTORE_SPEC = ActionSpec(
-    "restore_route",
+    ActionName.RESTORE_ROUTE,
     restore_route,
     NoParams,
     "Route requests normally again (undo fallback).",

@@ -4,17 +4,18 @@ Both sources publish :class:`~kcops.agent.events.AlertTransition` on the bus
 (the webhook with ``source="alertmanager"``, its fingerprint and ``startsAt`` in
 reserved annotations). :meth:`Alert.of` reads either into the one shape the
 ladder driver takes. :class:`AlertState` answers whether an alert is still
-active (the local rule engine when there is one, else the transitions seen)
-and which ladder steps a name has.
+active and which ladder steps a name has, from what was pushed to it alone: the
+rule engine publishes every change of state (pending included), so the
+transitions seen are the engine's state; remediation never asks the rules.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from kcops.agent.actions.alertmanager import FINGERPRINT, STARTS_AT
 from kcops.agent.actions.records import Trigger
@@ -26,16 +27,6 @@ if TYPE_CHECKING:
     from kcops.agent.rules.loader import RuleSet
 
 log = logging.getLogger("kcops.agent.actions")
-
-
-class AlertsView(Protocol):
-    """What remediation reads of the local rule engine (:class:`RulesComponent`)."""
-
-    def is_firing(self, alertname: str, labels: Mapping[str, str] | None = None) -> bool: ...
-
-    def active(self) -> Sequence[Mapping[str, object]]: ...
-
-    def rule_names(self) -> list[str]: ...
 
 
 def fingerprint(source: str, labels: Mapping[str, str]) -> str:
@@ -114,53 +105,37 @@ def rule_ladders(ruleset: RuleSet | None) -> tuple[set[str], dict[str, tuple[Ste
 class AlertState:
     """Whether an alert is active, and the ladder steps of each alert name."""
 
-    def __init__(self, alerts: AlertsView | None, ruleset: RuleSet | None) -> None:
-        self.alerts = alerts
+    def __init__(self, ruleset: RuleSet | None) -> None:
         self.rule_names_all, self.rule_ladders = rule_ladders(ruleset)
         # Steps that local transitions carried (the rule engine's own rule set).
         self.known_steps: dict[str, tuple[Step, ...]] = {}
+        # Local instances pending or firing: alertname -> fingerprints.
+        self.local: dict[str, set[str]] = {}
 
     def note(self, ev: AlertTransition) -> None:
-        """Keep the ladder a local transition carries (any state, pending too)."""
-        if ev.remediation and ev.source == "local":
+        """Keep what a local transition says: its ladder, and whether it is active."""
+        if ev.source != "local":
+            return
+        if ev.remediation:
             self.known_steps[ev.alertname] = ev.remediation
-
-    def local_active(self, name: str) -> bool | None:
-        """Whether the local rule engine has ``name`` pending or firing; None without one."""
-        alerts = self.alerts
-        if alerts is None:
-            return None
-        try:
-            if alerts.is_firing(name):
-                return True
-            for a in alerts.active():
-                labels = a.get("labels")
-                of = labels.get("alertname") if isinstance(labels, Mapping) else None
-                if (a.get("alertname") or of) == name and a.get("state", "firing") in (
-                    "pending",
-                    "firing",
-                ):
-                    return True
-            return False
-        except Exception:
-            log.exception("alerts service failed; using the transitions seen")
-            return None
+        fp = fingerprint(ev.source, ev.labels)
+        if ev.state in ("pending", "firing"):
+            self.local.setdefault(ev.alertname, set()).add(fp)
+        else:
+            instances = self.local.get(ev.alertname)
+            if instances is not None:
+                instances.discard(fp)
+                if not instances:
+                    del self.local[ev.alertname]
 
     def active(self, name: str, instances: Mapping[str, AlertSource]) -> bool:
-        """Active: an Alertmanager instance fires, else the local rules say so (or, without
-        a rule engine, a local instance fired and has not resolved)."""
+        """Active: an Alertmanager instance fires, or a local one is pending or firing."""
         if any(src == "alertmanager" for src in instances.values()):
             return True
-        local = self.local_active(name)
-        if local is not None:
-            return local
-        return any(src == "local" for src in instances.values())
+        return name in self.local
 
     def local_rule_names(self) -> set[str]:
-        names = self.rule_names_all | set(self.known_steps)
-        if self.alerts is not None:
-            names |= set(self.alerts.rule_names())
-        return names
+        return self.rule_names_all | set(self.known_steps)
 
     def steps_for(self, alert: Alert) -> tuple[Step, ...]:
         if alert.steps:

@@ -16,7 +16,9 @@ state so a restarted agent resumes where it was without repeating a step.
 
 :func:`step` does no I/O: the remediation component carries out its
 decisions (submit a run, audit, escalate, hold a restore) and feeds each
-decided run back as a :class:`Decided` event.
+decided run back as a :class:`Decided` event. :class:`Ladder` is also the shape of
+a ladder in the state file: pydantic validates it as it is (bounds, finite numbers),
+so a file whose ladders the code could not take is set aside like a corrupt one.
 """
 
 from __future__ import annotations
@@ -24,14 +26,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
+from typing import Annotated, ClassVar
 
-from pydantic import JsonValue
+from pydantic import ConfigDict, Field, JsonValue
 
-from kcops.agent.actions.outcome import Outcome
+from kcops.agent.actions.guards import MAX_ENTRIES
+from kcops.agent.actions.outcome import ActionName, Outcome
 from kcops.agent.actions.records import LadderRef, Trigger
 from kcops.agent.events import AlertSource, Step
 
 PAGE_SEVERITIES = frozenset({"page", "critical"})
+# A ladder read back from the state file has at most this many steps.
+MAX_STEPS = 1000
 
 
 class Phase(StrEnum):
@@ -40,16 +46,6 @@ class Phase(StrEnum):
     VERIFY = "verify"  # waiting for the verify window to show resolution
     EXHAUSTED = "exhausted"  # every step done or refused, escalated; waiting for resolution
     BLOCKED = "blocked"  # breaker open, paged; waiting for resolution
-
-
-# Older names, still used by callers and state files.
-RUN, RUNNING, VERIFY, EXHAUSTED, BLOCKED = (
-    Phase.RUN,
-    Phase.RUNNING,
-    Phase.VERIFY,
-    Phase.EXHAUSTED,
-    Phase.BLOCKED,
-)
 
 
 @dataclass(frozen=True)
@@ -62,7 +58,7 @@ class Left:
     t: float
     why: str
     ran: bool = True
-    outcome: str | None = None  # None: a record of an older agent (``ran`` says it all)
+    outcome: Outcome | None = None  # None: a record of an older agent (``ran`` says it all)
 
     def __post_init__(self) -> None:
         if self.step < 0:
@@ -71,11 +67,14 @@ class Left:
 
 @dataclass
 class Ladder:
+    # When read back from the state file: keys a newer agent added are ignored.
+    __pydantic_config__: ClassVar[ConfigDict] = ConfigDict(extra="ignore", allow_inf_nan=False)
+
     alertname: str
-    steps: tuple[Step, ...]
+    steps: Annotated[tuple[Step, ...], Field(min_length=1, max_length=MAX_STEPS)]
     started_at: float
     trigger: Trigger
-    step: int = 0
+    step: Annotated[int, Field(ge=0)] = 0
     phase: Phase = Phase.RUN
     verify_until: float | None = None
     run_id: str | None = None
@@ -87,15 +86,21 @@ class Ladder:
     unconfirmed_until: float | None = None
     # How the current step's run was decided (VERIFY: what the window is for), and
     # why it was skipped for cooldown (the guard's words).
-    outcome: str | None = None
+    outcome: Outcome | None = None
     skip_why: str | None = None
     # When the current step was first refused for cooldown: it is tried again until its
     # verify window has passed since, then left as skipped.
     cooled_since: float | None = None
     # Firing instances: fingerprint -> source.
-    instances: dict[str, AlertSource] = field(default_factory=dict)
+    instances: Annotated[dict[str, AlertSource], Field(max_length=MAX_ENTRIES)] = field(
+        default_factory=dict
+    )
     # One entry per step left behind.
-    history: list[Left] = field(default_factory=list)
+    history: Annotated[list[Left], Field(max_length=MAX_ENTRIES)] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.step > len(self.steps):
+            raise ValueError(f"step {self.step} is past the ladder's {len(self.steps)} steps")
 
     @classmethod
     def new(cls, alertname: str, steps: tuple[Step, ...], now: float, trigger: Trigger) -> Ladder:
@@ -245,7 +250,7 @@ def _decided(lad: Ladder, ev: Decided, retry_s: float, out: list[Decision]) -> N
     if o is None or o in (Outcome.OK, Outcome.DRY_RUN):
         lad.phase = Phase.VERIFY
         lad.verify_until = ev.now + cur.verify_s
-        if cur.action == "fallback_to_base" and o in (Outcome.OK, Outcome.DRY_RUN):
+        if cur.action == ActionName.FALLBACK_TO_BASE and o in (Outcome.OK, Outcome.DRY_RUN):
             out.append(HoldRestore(ev.run_id, dict(ev.params)))
     elif o is Outcome.SKIPPED_COOLDOWN:
         # The step ran recently, maybe for another incident (a restart for

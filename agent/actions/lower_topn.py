@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from kcops.agent.actions.base import ActionContext, ActionResult, ActionSpec
+from kcops.agent.actions.outcome import ActionName
 from kcops.agent.actions.topn import TopNParams, change_topn, look_lower, needs_topn
 
 
@@ -11,7 +12,7 @@ async def lower_topn(ctx: ActionContext, p: TopNParams) -> ActionResult:
 
 
 SPEC = ActionSpec(
-    "lower_topn",
+    ActionName.LOWER_TOPN,
     lower_topn,
     TopNParams,
     "Lower the attention budget N by a step, within bounds.",

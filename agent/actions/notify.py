@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import Field, JsonValue
 
 from kcops.agent.actions.base import ActionContext, ActionResult, ActionSpec, Check, Params
-from kcops.agent.actions.outcome import Refusal
+from kcops.agent.actions.outcome import ActionName, Refusal
 from kcops.agent.actions.records import JSONObject
 from kcops.agent.config.actions import NotifySection
 from kcops.agent.httpclient import HttpClient
@@ -53,5 +53,10 @@ async def notify(ctx: ActionContext, p: NotifyParams) -> ActionResult:
 
 
 SPEC = ActionSpec(
-    "notify", notify, NotifyParams, "Post a message to the notify webhook.", precheck=has_url
+    ActionName.NOTIFY,
+    notify,
+    NotifyParams,
+    "Post a message to the notify webhook.",
+    precheck=has_url,
+    target="notify",
 )

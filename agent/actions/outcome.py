@@ -1,4 +1,5 @@
-"""Outcomes of an action run (``kcops_action_runs_total{outcome}``) and refusal codes.
+"""The names of actions, outcomes of a run (``kcops_action_runs_total{action,outcome}``)
+and refusal codes.
 
 An :class:`Outcome` is also the ``outcome`` field of every ``kind: action``
 audit record. A refusal (``refused``, ``invalid``, ``skipped_*``) never ran,
@@ -10,6 +11,24 @@ test compares the two).
 from __future__ import annotations
 
 from enum import StrEnum
+
+
+class ActionName(StrEnum):
+    """Every action kcops runs, by the name rules, the API and the audit use."""
+
+    EVICT_CACHE = "evict_cache"
+    FALLBACK_TO_BASE = "fallback_to_base"
+    RESTORE_ROUTE = "restore_route"  # kcops's own, after a fallback's hold time
+    LOWER_TOPN = "lower_topn"
+    RAISE_TOPN = "raise_topn"
+    RESTART_WORKER = "restart_worker"
+    EVICT_POD = "evict_pod"  # kcops's own, after a crash loop
+    SCALE_OUT = "scale_out"
+    NOTIFY = "notify"
+
+
+# Not an action: pages count in kcops_action_runs_total{action="page"} beside the runs.
+PAGE = "page"
 
 
 class Outcome(StrEnum):

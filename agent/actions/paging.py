@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 
 from kcops.agent.actions.audit import AuditLog
 from kcops.agent.actions.notify import send as send_notify
+from kcops.agent.actions.outcome import PAGE
 from kcops.agent.actions.records import EscalationRecord, PageRecord
 from kcops.agent.clock import Clock
 from kcops.agent.config.actions import NotifySection
@@ -62,14 +63,14 @@ class Pager:
         # up in a ``kind: repeated`` record; the webhook still gets every one.
         self.audit.append(
             PageRecord(ts=now, message=message, **context),
-            stream=("page", alertname or "", scope or "", action or ""),
+            stream=(PAGE, alertname or "", scope or "", action or ""),
             key=(message,),
             of={"kind": "page", "message": message[:200], **context},
         )
         log.error("PAGE: %s", message)
         cfg = self.notify
         if not cfg.url:
-            self.count("page", "logged")
+            self.count(PAGE, "logged")
             return
 
         async def _send() -> None:
@@ -82,15 +83,19 @@ class Pager:
             }
             try:
                 await send_notify(cfg, payload)
-                self.count("page", "sent")
+                self.count(PAGE, "sent")
             except Exception as exc:
-                self.count("page", "failed")
+                self.count(PAGE, "failed")
                 log.error("page webhook failed: %s", exc)
 
         try:
-            self.spawn(_send())
-        except RuntimeError:
-            self.count("page", "failed")
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (a page from a thread): logged and audited only
+            self.count(PAGE, "failed")
+            return
+        task = loop.create_task(_send())
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
 
     def ticket(self, message: str, severity: str, alertname: str, now: float) -> None:
         """An alert that is not a page ends its ladder with a record, never a page."""
@@ -98,16 +103,6 @@ class Pager:
             EscalationRecord(ts=now, severity=severity, message=message, alertname=alertname)
         )
         log.warning("%s (%s)", message, severity)
-
-    def spawn(self, coro: Coroutine[object, object, None]) -> None:
-        """Run ``coro`` off the tick, awaited (for a while) at stop. RuntimeError: no loop."""
-        try:
-            task = asyncio.get_running_loop().create_task(coro)
-        except RuntimeError:
-            coro.close()
-            raise
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
 
     async def stop(self) -> None:
         if self.tasks:

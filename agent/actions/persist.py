@@ -16,7 +16,7 @@ from kcops.agent.actions.audit import AuditLog
 from kcops.agent.actions.guards import Guards, GuardsSummary
 from kcops.agent.actions.ladder import Ladder
 from kcops.agent.actions.records import JSONObject
-from kcops.agent.actions.remediation_state import LadderState, RemediationState, RestoreState
+from kcops.agent.actions.remediation_state import RemediationState, RestoreState
 from kcops.agent.actions.statefile import StateFile
 
 log = logging.getLogger("kcops.agent.actions")
@@ -45,7 +45,7 @@ class Persist:
         return RemediationState(
             version=1,
             guards=guards.to_state(),
-            ladders={n: LadderState.of(lad) for n, lad in ladders.items()},
+            ladders=dict(ladders),
             ended=dict(ended),
             restores=dict(restores),
             addressed=addressed.to_json(),
@@ -73,7 +73,7 @@ class RemediationStatus(BaseModel):
     healthy: bool
     summary: str
     mode: str
-    ladders: dict[str, LadderState]
+    ladders: dict[str, Ladder]
     guards: GuardsSummary
     pending_restores: dict[str, RestoreState]
     pages: int

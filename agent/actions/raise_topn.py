@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from kcops.agent.actions.base import ActionContext, ActionResult, ActionSpec
+from kcops.agent.actions.outcome import ActionName
 from kcops.agent.actions.topn import TopNParams, change_topn, look_raise, needs_topn
 
 
@@ -11,7 +12,7 @@ async def raise_topn(ctx: ActionContext, p: TopNParams) -> ActionResult:
 
 
 SPEC = ActionSpec(
-    "raise_topn",
+    ActionName.RAISE_TOPN,
     raise_topn,
     TopNParams,
     "Raise the attention budget N by a step, within bounds.",

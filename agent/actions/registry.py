@@ -19,7 +19,7 @@ from kcops.agent.actions import (
     scale_out,
 )
 from kcops.agent.actions.base import Check, Params, Registry
-from kcops.agent.actions.outcome import Refusal
+from kcops.agent.actions.outcome import ActionName, Refusal
 from kcops.agent.actions.prechecks import kube_token
 from kcops.errors import ActionRejected
 
@@ -55,7 +55,7 @@ def has_scaler(check: Check, _: Params) -> None:
             Refusal.UNSUPPORTED,
         )
     if lease.backend == "kubernetes" or (lease.backend == "none" and cfg.deployment):
-        kube_token(check, "scale_out")
+        kube_token(check, ActionName.SCALE_OUT)
 
 
 def builtin_actions() -> Registry:

@@ -1,46 +1,51 @@
 """The remediation component: wires alert intake, the ladder driver, restores,
-paging, metrics and persistence, and runs them each tick.
+paging, metrics and persistence, runs them each tick, and answers the control API.
 
-Alerts come from the event bus (the local rule engine, and the Alertmanager
+Alerts come from the event bus alone (the local rule engine, and the Alertmanager
 webhook, which publishes there too) as :class:`~.intake.Alert`; the
 :class:`~.driver.LadderDriver` keeps one ladder per alert name, so one incident
 never runs twice. Each tick it steps the ladders, restores a fallback whose
 alert stayed resolved for the hold time (:mod:`.restore`), publishes its
 metrics (:mod:`.publish`) and saves its state (atomically) when something
-changed. Each job is its own module; this one only builds and orders them.
+changed. Each job is its own module; this one builds and orders them, and is
+the one face the routes see (:class:`~.routes.RemediationAPI`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from kcops.agent.actions.alertmanager import Addressed, dropped_samples, identity_of
-from kcops.agent.actions.audit import AuditLog, unfinished
+from kcops.agent.actions.alertmanager import (
+    OVER_CAP,
+    TRUNCATED,
+    Addressed,
+    BadPayload,
+    dropped_samples,
+    identity_of,
+    parse_webhook,
+)
+from kcops.agent.actions.audit import AuditLog, read_audit
+from kcops.agent.actions.auditread import interrupted_runs
 from kcops.agent.actions.base import Registry, SupervisorHandle
 from kcops.agent.actions.driver import LadderDriver
 from kcops.agent.actions.guards import Guards
-from kcops.agent.actions.intake import (
-    Alert,
-    AlertState,
-    AlertsView,
-    fingerprint,
-    parse_time,
-    ruleset_for_ladders,
-)
+from kcops.agent.actions.intake import Alert, AlertState, ruleset_for_ladders
 from kcops.agent.actions.ladder import Ladder
 from kcops.agent.actions.outcome import Outcome
 from kcops.agent.actions.paging import Pager
 from kcops.agent.actions.persist import Persist, RemediationStatus
 from kcops.agent.actions.publish import samples
-from kcops.agent.actions.records import ActionRecord, FleetRecord, JSONObject, StartedRecord
+from kcops.agent.actions.records import JSONObject, Trigger
 from kcops.agent.actions.registry import builtin_actions
 from kcops.agent.actions.remediation_state import RemediationState, RestoreState
 from kcops.agent.actions.restore import Restores
+from kcops.agent.actions.routes import STATUS_OF, Answer, RunActionBody, build_routes
 from kcops.agent.actions.runner import Run, Runner
 from kcops.agent.actions.scale_out import HoldKeeper, Replicas
 from kcops.agent.component import AgentContext
@@ -50,7 +55,7 @@ from kcops.agent.events import AlertTransition
 if TYPE_CHECKING:
     from kcops.agent.rules.loader import RuleSet
 
-__all__ = ["AlertsView", "Remediation", "fingerprint", "parse_time"]
+__all__ = ["Remediation"]
 
 log = logging.getLogger("kcops.agent.actions")
 
@@ -68,7 +73,6 @@ class Remediation:
         *,
         engine: Engine | None = None,
         supervisor: SupervisorHandle | None = None,
-        alerts: AlertsView | None = None,
         ruleset: RuleSet | None = None,
     ) -> None:
         self.ctx = ctx
@@ -81,7 +85,7 @@ class Remediation:
         self.guards = Guards(cfg.actions.guards)
         self.replicas = Replicas()
         # Any agent of the fleet ends an expired scale_out hold (docs/deploy.md).
-        self.holds = HoldKeeper(cfg, self._hold_released)
+        self.holds = HoldKeeper(cfg, self.audit, self.replicas, self.persist.touch)
         self._own_engine = engine is None
         self.engine = engine or Engine(
             cfg.engine.url,
@@ -106,10 +110,10 @@ class Remediation:
             on_change=self._mark_dirty,
             on_breaker=self._breaker_opened,
         )
-        self.pager = Pager(cfg.actions.notify, self.audit, ctx.clock, self._count)
+        self.pager = Pager(cfg.actions.notify, self.audit, ctx.clock, self.runner.count)
         if ruleset is None:
             ruleset = ruleset_for_ladders(cfg, self.registry)
-        self.alert_state = AlertState(alerts, ruleset)
+        self.alert_state = AlertState(ruleset)
         self.restorer = Restores(self.runner, self.persist.touch)
         # Which pod each Alertmanager alert is about: a ladder it started runs its
         # pod steps only here if it names this pod (alertmanager.step_refusal).
@@ -124,8 +128,9 @@ class Remediation:
             self.pager,
             self.restorer,
             self.persist.touch,
+            ctx.clock,
         )
-        self._identify_at = 0.0
+        self.webhook = cfg.actions.alertmanager_webhook
         self._subscribed = False
         # Webhook alerts not taken, by reason (kcops_webhook_alerts_dropped_total).
         self.webhook_dropped: dict[str, int] = {}
@@ -151,10 +156,6 @@ class Remediation:
     def instances_refused(self) -> int:
         return self.driver.instances_refused
 
-    @property
-    def _page_tasks(self) -> set[asyncio.Task[None]]:
-        return self.pager.tasks
-
     # -- lifecycle ----------------------------------------------------------
 
     async def start(self) -> None:
@@ -176,37 +177,19 @@ class Remediation:
         self.persist.dirty = bool(self.ladders)
 
     async def _interrupted(self, now: float) -> None:
-        """An ``interrupted`` outcome for each run the last agent started and never
-        finished (killed while it ran): the run is on record, its cooldown explained."""
-        for raw in await asyncio.to_thread(unfinished, self.audit.path):
-            try:
-                st = StartedRecord.model_validate({k: v for k, v in raw.items() if k != "kind"})
-            except ValueError:
-                continue
-            rec = ActionRecord(
-                ts=now,
-                run_id=st.run_id,
-                action=st.action,
-                params=st.params,
-                target=st.target,
-                mode=st.mode,
-                outcome=Outcome.INTERRUPTED,
-                error=f"the agent stopped while it ran (started at {st.ts:.3f}, no outcome "
-                "recorded): it may have acted; its cooldown and budget stay spent",
-                trigger=st.trigger,
-                ladder=st.ladder,
-                forced=st.forced,
-                reason=st.reason,
-            )
+        """Each run the last agent started and never finished, on record as interrupted."""
+        for rec in await asyncio.to_thread(interrupted_runs, self.audit.path, now):
             self.audit.append(rec)
-            self._count(st.action, Outcome.INTERRUPTED)
-            log.warning("action %s (run %s) was interrupted by an agent stop", st.action, st.run_id)
+            self.runner.count(rec.action, Outcome.INTERRUPTED)
+            log.warning(
+                "action %s (run %s) was interrupted by an agent stop", rec.action, rec.run_id
+            )
 
     def _load(self, st: RemediationState, now: float) -> None:
         """Guards, ladders, restores and replicas from a validated state (empty: defaults)."""
         self.guards.load(st.guards)
         grace = self.config.actions.guards.resume_grace_s
-        self.driver.ladders = {n: s.ladder().resumed(now, grace) for n, s in st.ladders.items()}
+        self.driver.ladders = {n: lad.resumed(now, grace) for n, lad in st.ladders.items()}
         self.driver.ended = dict(st.ended)
         self.restorer.pending = dict(st.restores)
         self.addressed.load(st.addressed)
@@ -286,38 +269,10 @@ class Remediation:
             action=run.action,
         )
 
-    def _count(self, action: str, outcome: str) -> None:
-        key = (action, outcome)
-        self.runner.counts[key] = self.runner.counts.get(key, 0) + 1
-
-    def _hold_released(self, floor: int, now: float) -> None:
-        self.replicas.desired = floor
-        self.persist.touch()
-        self.audit.append(FleetRecord(ts=now, event="hold_released", min_replicas=floor))
-        log.info("fleet hold over: replica floor back to %d", floor)
-
     # -- tick -------------------------------------------------------------------
 
-    def _identify_engine(self, now: float) -> None:
-        """Resolve an auto-detected engine once (capabilities), tried at most every 10 s."""
-        eng = self.engine
-        if eng.url is None or eng.identified:
-            return
-        if now < self._identify_at:
-            return
-        self._identify_at = now + 10.0
-
-        async def _resolve() -> None:
-            try:
-                await eng.resolve()
-            except Exception as exc:  # not answering yet: tried again later
-                log.debug("engine not identified yet: %s", exc)
-
-        # Off the tick: an engine that does not answer must not hold the loop.
-        self.pager.spawn(_resolve())
-
     async def tick(self, now: float) -> None:
-        self._identify_engine(now)
+        self.engine.identify_soon(now)
         self.driver.tick(now)
         self.restorer.tick(now, self.active)
         self.holds.poll(now)
@@ -353,6 +308,72 @@ class Remediation:
         )
 
     def routes(self) -> list[web.RouteDef]:
-        from kcops.agent.actions.routes import build_routes
+        return build_routes(self, self.ctx.auth)
 
-        return build_routes(self)
+    # -- what the control API asks (routes.RemediationAPI) -------------------------
+
+    def describe(self) -> dict[str, object]:
+        return {
+            "mode": self.config.actions.mode,
+            "actions": [s.describe() for s in self.registry.specs()],
+            "guards": self.guards.summary(self.clock()),
+        }
+
+    def knows(self, action: str) -> bool:
+        return action in self.registry
+
+    def action_names(self) -> list[str]:
+        return self.registry.names()
+
+    async def run_asked(self, action: str, body: RunActionBody, remote: str | None) -> Answer:
+        run = self.runner.submit(
+            action,
+            body.params or {},
+            trigger=Trigger(source="api", remote=remote),
+            force=body.force,
+            reason=body.reason,
+            dry_run=body.dry_run,
+        )
+        if run.task is not None:
+            await asyncio.wait([run.task], timeout=self.config.actions.guards.action_timeout_s + 5)
+        rec = run.record().as_json()
+        if not await self.audit.sync():  # never acknowledge a record that is not on disk
+            return Answer(503, self.audit.not_durable(rec))
+        return Answer(STATUS_OF.get(run.outcome or Outcome.REFUSED, 409), rec)
+
+    async def history(self, since: float | None, limit: int) -> list[JSONObject]:
+        def tail() -> list[JSONObject]:
+            return list(deque(read_audit(self.audit.path, since), maxlen=limit))
+
+        return await asyncio.to_thread(tail)  # the log grows without bound: off the loop
+
+    def readiness(self) -> tuple[bool, JSONObject]:
+        eng = self.engine
+        serving = eng.serving()
+        body: JSONObject = {
+            "serving": serving, "state": eng.state.value, "draining": eng.draining,
+        }  # fmt: skip
+        if not serving:
+            why = f"draining: {eng.draining}" if eng.draining else f"engine {eng.state.value}"
+            body["error"] = f"not serving ({why})"
+        return serving, body
+
+    async def alertmanager(self, payload: object) -> Answer:
+        """Alertmanager's notifications as alert transitions (:mod:`.alertmanager`); over
+        the cap, what fits is taken and the rest counted, answered 200 so Alertmanager
+        neither retries it nor loses what was taken (a 4xx is not retried)."""
+        try:
+            delivery = parse_webhook(payload, self.clock())
+        except BadPayload as exc:
+            return Answer(exc.status, {"error": str(exc)})
+        for ev in delivery.events:
+            self.ctx.bus.publish(ev)
+        counts = self.webhook_dropped
+        counts[OVER_CAP] = counts.get(OVER_CAP, 0) + delivery.dropped_total
+        counts[TRUNCATED] = counts.get(TRUNCATED, 0) + delivery.truncated
+        if delivery.dropped:
+            log.warning("alertmanager webhook: %s", delivery.answer()["warning"])
+        # The decisions are on disk before Alertmanager hears "ok"; else it sends again.
+        if not await self.audit.sync():
+            return Answer(503, self.audit.not_durable(None))
+        return Answer(200, delivery.answer())

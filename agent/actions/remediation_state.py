@@ -10,80 +10,28 @@ finite.
 
 from __future__ import annotations
 
-from dataclasses import fields
-
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from kcops.agent.actions.guards import MAX_ENTRIES, GuardsState
-from kcops.agent.actions.ladder import Ladder, Left, Phase
-from kcops.agent.actions.records import Trigger
-from kcops.agent.events import AlertSource, Step
+from kcops.agent.actions.ladder import Ladder
 
 
-class _Record(BaseModel):
+class _StateModel(BaseModel):
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
 
-class LadderState(_Record):
-    alertname: str
-    steps: list[Step] = Field(min_length=1, max_length=1000)  # none: never a ladder
-    started_at: float
-    trigger: Trigger
-    step: int = Field(0, ge=0)
-    phase: Phase = Phase.RUN
-    verify_until: float | None = None
-    run_id: str | None = None
-    retry_at: float | None = None
-    unconfirmed_until: float | None = None
-    outcome: str | None = None
-    skip_why: str | None = None
-    cooled_since: float | None = None
-    instances: dict[str, AlertSource] = Field(default_factory=dict, max_length=MAX_ENTRIES)
-    history: list[Left] = Field(default_factory=list, max_length=MAX_ENTRIES)
-
-    @model_validator(mode="after")
-    def _step_in_range(self) -> LadderState:
-        if self.step > len(self.steps):
-            raise ValueError(f"step {self.step} is past the ladder's {len(self.steps)} steps")
-        return self
-
-    @classmethod
-    def of(cls, lad: Ladder) -> LadderState:
-        return cls.model_validate({f.name: getattr(lad, f.name) for f in fields(lad)})
-
-    def ladder(self) -> Ladder:
-        """The ladder as saved (:meth:`Ladder.resumed` makes it a restarted agent's)."""
-        return Ladder(
-            alertname=self.alertname,
-            steps=tuple(self.steps),
-            started_at=self.started_at,
-            trigger=self.trigger,
-            step=self.step,
-            phase=self.phase,
-            verify_until=self.verify_until,
-            run_id=self.run_id,
-            retry_at=self.retry_at,
-            unconfirmed_until=self.unconfirmed_until,
-            outcome=self.outcome,
-            skip_why=self.skip_why,
-            cooled_since=self.cooled_since,
-            instances=dict(self.instances),
-            history=list(self.history),
-        )
-
-
-class RestoreState(_Record):
+class RestoreState(_StateModel):
     since: float | None = None
     run_id: str | None = None
     hold_s: float = Field(ge=0)
 
 
-class RemediationState(_Record):
+class RemediationState(_StateModel):
     """The whole file, as :meth:`Remediation.start` rebuilds from it."""
 
     version: int = Field(1, ge=1, le=1)
     guards: GuardsState = Field(default_factory=GuardsState)
-    ladders: dict[str, LadderState] = Field(default_factory=dict, max_length=MAX_ENTRIES)
+    ladders: dict[str, Ladder] = Field(default_factory=dict, max_length=MAX_ENTRIES)
     ended: dict[str, float] = Field(default_factory=dict, max_length=MAX_ENTRIES)
     restores: dict[str, RestoreState] = Field(default_factory=dict, max_length=MAX_ENTRIES)
     # alertname -> fingerprint -> where the Alertmanager alert points (alertmanager.Addressed)

@@ -29,7 +29,7 @@ from kcops.agent.actions.base import (
     Params,
 )
 from kcops.agent.actions.kube import KubeClient
-from kcops.agent.actions.outcome import Refusal
+from kcops.agent.actions.outcome import ActionName, Refusal
 from kcops.agent.actions.prechecks import kube_token
 from kcops.agent.actions.records import JSONObject
 from kcops.agent.engine import lifecycle as lc
@@ -129,7 +129,7 @@ async def restart_worker(ctx: ActionContext, p: NoParams) -> ActionResult:
     if mode == "supervisor":
         assert ctx.supervisor is not None
         drain, evidence = _verdict(ctx)
-        out = await ctx.supervisor.restart(reason="restart_worker", drain=drain)
+        out = await ctx.supervisor.restart(reason=ActionName.RESTART_WORKER, drain=drain)
         data: JSONObject = {k: out[k] for k in ("drain", "killed", "shm_removed") if k in out}
         data["engine"] = evidence
         return ActionResult(
@@ -169,7 +169,7 @@ def _why(detail: object, ev: JSONObject) -> str:
 
 
 SPEC = ActionSpec(
-    "restart_worker",
+    ActionName.RESTART_WORKER,
     restart_worker,
     NoParams,
     "Restart the engine: drain, SIGTERM, SIGKILL, respawn (supervised), or signal/evict pod.",

@@ -5,15 +5,15 @@ alert's name (``HoldRestore``). :func:`step` is pure: given the entry, whether
 the alert is active and the time, it gives the entry back (its ``since``
 reset or started) and whether the restore is due. :class:`Restores` carries
 that out: it submits ``restore_route`` (forced, with a reason) and drops the
-entry once a run of it succeeded (or was a dry run); a failed or timed-out
-one is tried again on a later tick.
+entry once a run of it succeeded (or was a dry run), as the run ends; a failed
+or timed-out one is tried again on a later tick.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from kcops.agent.actions.outcome import Outcome
+from kcops.agent.actions.outcome import ActionName, Outcome
 from kcops.agent.actions.records import Trigger
 from kcops.agent.actions.remediation_state import RestoreState
 from kcops.agent.actions.runner import Run, Runner
@@ -49,14 +49,8 @@ class Restores:
 
     def tick(self, now: float, active: Callable[[str], bool]) -> None:
         for name, entry in list(self.pending.items()):
-            run = self._runs.get(name)
-            if run is not None:
-                if not run.done:
-                    continue
-                del self._runs[name]
-                if run.outcome in DONE:
-                    self._drop(name)
-                continue  # failed or timed out: the entry stays, tried again
+            if name in self._runs:
+                continue  # its run is in flight
             new, due = step(entry, active=active(name), now=now)
             if new != entry:
                 self.pending[name] = new
@@ -66,7 +60,7 @@ class Restores:
 
     def _submit(self, name: str, entry: RestoreState, now: float) -> None:
         run = self.runner.submit(
-            "restore_route",
+            ActionName.RESTORE_ROUTE,
             {},
             now=now,
             trigger=Trigger(alertname=name, resolved_since=entry.since, hold_s=entry.hold_s),
@@ -76,10 +70,19 @@ class Restores:
         if run.outcome in LATER:
             return
         if not run.done:
-            self._runs[name] = run  # decided on a later tick, by its outcome
+            assert run.task is not None
+            self._runs[name] = run
+            run.task.add_done_callback(lambda _: self._ended(name, run))
         elif run.outcome in DONE:
             self._drop(name)
 
+    def _ended(self, name: str, run: Run) -> None:
+        """A restore run ended: done, or (failed, timed out) the entry stays, tried again."""
+        if self._runs.get(name) is run:
+            del self._runs[name]
+            if run.outcome in DONE:
+                self._drop(name)
+
     def _drop(self, name: str) -> None:
-        del self.pending[name]
-        self.on_change()
+        if self.pending.pop(name, None) is not None:
+            self.on_change()

@@ -16,23 +16,7 @@ from kcops.agent.actions.records import (
     Trigger,
 )
 
-__all__ = ["Run", "scope_of"]
-
-_SCOPES = {"notify": "notify", "scale_out": "replicas"}
-
-
-def scope_of(action: str, trigger: Trigger | None = None) -> str:
-    """What an action acts on, for one-in-flight and cooldown: the engine unless said.
-
-    A notice is about its alert: ``notify:<alertname>`` when an alert started it, so
-    the notice for one alert is never held back by another's cooldown (the per-hour
-    budget still bounds them all); ``notify`` when asked by hand.
-    """
-    scope = _SCOPES.get(action, "engine")
-    alertname = trigger.alertname if trigger is not None else None
-    if scope == "notify" and alertname:
-        return f"notify:{alertname}"
-    return scope
+__all__ = ["Run"]
 
 
 @dataclass

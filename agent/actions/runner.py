@@ -36,16 +36,16 @@ from kcops.agent.actions.base import (
     SupervisorHandle,
 )
 from kcops.agent.actions.guards import BreakerOpen, Guards
-from kcops.agent.actions.outcome import Outcome, Refusal
+from kcops.agent.actions.outcome import ActionName, Outcome, Refusal
 from kcops.agent.actions.records import JSONObject, LadderRef, Trigger
-from kcops.agent.actions.run import Run, scope_of
+from kcops.agent.actions.run import Run
 from kcops.agent.clock import Clock
 from kcops.agent.config import Config
 from kcops.agent.engine import Engine
 from kcops.errors import ActionRejected
 
 if TYPE_CHECKING:
-    from kcops.agent.actions.scale_out import PauseHook, Replicas
+    from kcops.agent.actions.scale_out import Replicas
     from kcops.agent.store import Store
 
 log = logging.getLogger("kcops.agent.actions")
@@ -87,8 +87,6 @@ class Runner:
         self.tracer = tracer
         self.clock = clock
         self.replicas = replicas
-        # A test hook scale_out awaits while it holds the fleet lease.
-        self.fleet_pause: PauseHook | None = None
         self.supervisor = supervisor
         self.store = store
         self.on_change = on_change
@@ -100,11 +98,15 @@ class Runner:
 
     # -- bookkeeping ----------------------------------------------------------
 
+    def count(self, action: str, outcome: str) -> None:
+        """One more in ``kcops_action_runs_total{action,outcome}`` (pages count here too)."""
+        key = (action, outcome)
+        self.counts[key] = self.counts.get(key, 0) + 1
+
     def _finish(self, run: Run, outcome: Outcome, error: str | None = None) -> None:
         run.outcome = outcome
         run.error = error
-        key = (run.action, outcome)
-        self.counts[key] = self.counts.get(key, 0) + 1
+        self.count(run.action, outcome)
         stream = run.stream
         rkey = run.repeat_key()
         what: JSONObject = {
@@ -172,7 +174,7 @@ class Runner:
             id=f"{self._boot}-{next(self._seq)}",
             action=action,
             params=dict(params or {}),
-            target=scope_of(action, trigger),
+            target=self._target(action, trigger),
             mode=mode,
             t=now,
             trigger=trigger,
@@ -203,6 +205,11 @@ class Runner:
         seq = self.audit.append(run.started(), stream=run.stream)
         self._start(run, self._execute(run, spec, parsed, seq))
         return run
+
+    def _target(self, action: str, trigger: Trigger | None) -> str:
+        spec = self.registry.find(action)
+        alertname = trigger.alertname if trigger is not None else None
+        return spec.target_of(alertname) if spec is not None else "engine"
 
     def _start(self, run: Run, coro: Coroutine[object, object, None]) -> None:
         run.task = asyncio.get_running_loop().create_task(coro)
@@ -244,7 +251,6 @@ class Runner:
             supervisor=self.supervisor,
             store=self.store,
             replicas=self.replicas,
-            fleet_pause=self.fleet_pause,
         )
 
     @staticmethod
@@ -291,7 +297,7 @@ class Runner:
         lower_topn then acts on the new engine instead of failing on the dead one.
         restart_worker decides for itself (``supervisor_owns``)."""
         sup = self.supervisor
-        if action != "restart_worker" and sup is not None and sup.respawning():
+        if action != ActionName.RESTART_WORKER and sup is not None and sup.respawning():
             raise ActionRejected(f"{sup.backing_off()}: acting once it is back", Refusal.STARTING)
 
     def _refuse(self, run: Run, exc: ActionRejected) -> None:

@@ -27,16 +27,17 @@ from typing import Any
 
 from pydantic import Field
 
+from kcops.agent.actions.audit import AuditLog
 from kcops.agent.actions.base import ActionContext, ActionResult, ActionSpec, Params
 from kcops.agent.actions.lease import Fleet, FleetState, FleetWrite, Grant
-from kcops.agent.actions.outcome import Refusal
+from kcops.agent.actions.outcome import ActionName, Refusal
+from kcops.agent.actions.records import FleetRecord
 from kcops.agent.config import Config
 from kcops.errors import ActionRejected
 
 log = logging.getLogger("kcops.agent.actions")
 
 # A test seam: awaited between taking the lease and writing (None in production).
-PauseHook = Callable[[Grant], Awaitable[None]]
 
 # How often each agent reads the fleet's hold (one GET of the HPA, or one HGETALL).
 RELEASE_CHECK_S = 30.0
@@ -98,7 +99,7 @@ def cooldown_of(config: Config) -> float:
     if config.actions.scale.lease.cooldown_s is not None:
         return config.actions.scale.lease.cooldown_s
     g = config.actions.guards
-    return float(g.cooldown_overrides_s.get("scale_out", g.cooldown_s))
+    return float(g.cooldown_overrides_s.get(ActionName.SCALE_OUT, g.cooldown_s))
 
 
 async def _locked(
@@ -123,7 +124,6 @@ async def scale_out(ctx: ActionContext, p: ScaleParams) -> ActionResult:
         return await _alone(ctx, replicas, step)
     holder = holder_name(ctx.config)
     cooldown = cooldown_of(ctx.config)
-    pause = ctx.fleet_pause
 
     async def body(grant: Grant, st: FleetState) -> tuple[FleetState, int]:
         if st.done_at is not None and ctx.now - st.done_at < cooldown:
@@ -141,8 +141,6 @@ async def scale_out(ctx: ActionContext, p: ScaleParams) -> ActionResult:
             raise ActionRejected(
                 f"replica floor {st.min_replicas} already at {bound} {top}", Refusal.AT_BOUND
             )
-        if pause is not None:
-            await pause(grant)
         base = st.base_min if st.base_min is not None else st.min_replicas
         write = FleetWrite(wanted, base, ctx.now + cfg.hold_s, ctx.now)
         await fleet.write(grant, write, cooldown, ctx.now)
@@ -243,11 +241,15 @@ class HoldKeeper:
     def __init__(
         self,
         config: Config,
-        on_release: Callable[[int, float], None],
+        audit: AuditLog,
+        replicas: Replicas,
+        on_change: Callable[[], None],
         every_s: float = RELEASE_CHECK_S,
     ) -> None:
         self.config = config
-        self.on_release = on_release
+        self.audit = audit
+        self.replicas = replicas
+        self.on_change = on_change
         self.every_s = every_s
         self.next_at = 0.0
         self.task: asyncio.Task[None] | None = None
@@ -276,7 +278,10 @@ class HoldKeeper:
             return
         self.last_error = None
         if restored is not None:
-            self.on_release(restored, now)
+            self.replicas.desired = restored
+            self.on_change()
+            self.audit.append(FleetRecord(ts=now, event="hold_released", min_replicas=restored))
+            log.info("fleet hold over: replica floor back to %d", restored)
 
     async def stop(self) -> None:
         if self.task is not None and not self.task.done():
@@ -285,10 +290,11 @@ class HoldKeeper:
 
 
 SPEC = ActionSpec(
-    "scale_out",
+    ActionName.SCALE_OUT,
     scale_out,
     ScaleParams,
     "Raise the fleet's replica floor (HPA minReplicas, or the desired-replicas gauge) "
     "under the fleet lease, for actions.scale.hold_s.",
     scope="fleet",
+    target="replicas",
 )

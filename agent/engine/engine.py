@@ -16,6 +16,7 @@ is loading or not identified yet).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +39,8 @@ JsonBody = dict[str, object]
 Report = dict[str, Any]
 
 log = logging.getLogger("kcops.agent.engine")
+
+IDENTIFY_EVERY_S = 10.0
 
 
 class EngineFailed(RuntimeError):
@@ -79,6 +82,8 @@ class Engine:
         self.draining: str | None = None
         # The stall watch (progress and canary), when one runs: status and evidence.
         self.watch: StallWatch | None = None
+        self._identify_at = 0.0
+        self._identifying: asyncio.Task[None] | None = None
 
     @property
     def http(self) -> HttpClient:
@@ -93,8 +98,28 @@ class Engine:
         return dict(self._headers)
 
     async def aclose(self) -> None:
+        if self._identifying is not None and not self._identifying.done():
+            self._identifying.cancel()
+            await asyncio.gather(self._identifying, return_exceptions=True)
         if self._own_http and self._http is not None:
             await self._http.aclose()
+
+    def identify_soon(self, now: float) -> None:
+        """Find an auto-detected engine's kind and capabilities, off the caller's tick (an
+        engine that does not answer must not hold the loop): tried at most every
+        ``IDENTIFY_EVERY_S`` until known."""
+        if self.url is None or self.identified or now < self._identify_at:
+            return
+        if self._identifying is not None and not self._identifying.done():
+            return
+        self._identify_at = now + IDENTIFY_EVERY_S
+        self._identifying = asyncio.get_running_loop().create_task(self._identify())
+
+    async def _identify(self) -> None:
+        try:
+            await self.resolve()
+        except Exception as exc:  # not answering yet: tried again later
+            log.debug("engine not identified yet: %s", exc)
 
     # -- identity and capabilities ---------------------------------------------
 

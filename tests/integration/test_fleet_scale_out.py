@@ -128,24 +128,26 @@ def test_one_scale_out_per_cooldown_across_three_agents(tmp_path: Path, redis_ur
     asyncio.run(main())
 
 
-# The agent that gets killed: a real process running the real scale_out, which
-# a test seam stops between taking the lease and writing.
+# The agent that gets killed: a real process running the real scale_out, whose fleet write
+# this script (not the agent) stops between taking the lease and writing.
 KILLED_AGENT = """
 import asyncio, json, sys
 from pathlib import Path
+from kcops.agent.actions import lease_redis
 from kcops.agent.clock import ManualClock
 from tests.unit.actions.harness import make_ctx, make_rem, transition
 from tests.integration.test_fleet_scale_out import LEASE_S, SURGE, fleet_actions
 
+async def held(self, grant, *args, **kw):
+    print(json.dumps({"paused": grant.token}), flush=True)
+    await asyncio.Event().wait()
+
 async def main():
+    lease_redis.RedisFleet.write = held
     clock = ManualClock(float(sys.argv[3]))
     actions = fleet_actions(sys.argv[1], "agent-k", LEASE_S)
     ctx, _ = make_ctx(Path(sys.argv[2]), None, clock, **actions)
-    async def pause(grant):
-        print(json.dumps({"paused": grant.token}), flush=True)
-        await asyncio.Event().wait()
     rem = await make_rem(ctx)
-    rem.runner.fleet_pause = pause
     rem.ctx.bus.publish(transition("KcopsKCSurge", "firing", clock(), SURGE))
     await asyncio.Event().wait()
 

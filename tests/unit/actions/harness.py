@@ -47,11 +47,11 @@ def make_ctx(
     return ctx, spans
 
 
-async def make_rem(ctx: AgentContext, alerts: Any = None) -> Remediation:
+async def make_rem(ctx: AgentContext) -> Remediation:
     import os
 
     os.environ["KCOPS_TOKEN"] = TOKEN
-    rem = Remediation(ctx, alerts=alerts)
+    rem = Remediation(ctx)
     await rem.start()
     return rem
 

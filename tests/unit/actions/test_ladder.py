@@ -36,16 +36,17 @@ def test_ladder_climbs_until_resolved(tmp_path: Path) -> None:
             ctx.bus.publish(transition("KcopsDeviceMemoryHigh", "firing", clock(), MEM))
             await settle(rem)
             assert w.state["cache"]["blocks"] == 70  # expired evicted at once
-            await rem.tick(clock.advance(1))
+            # The run's outcome reached the ladder as the run ended: its window is open.
             lad = rem.ladders["KcopsDeviceMemoryHigh"]
-            assert lad.phase == "verify" and lad.step == 0
-            await rem.tick(clock.advance(29))
-            assert lad.step == 0  # window not over
-            await rem.tick(clock.advance(1))  # 31 s after: climb and run step 2
+            assert lad.phase == "verify" and lad.step == 0 and lad.verify_until == clock() + 30
+            await rem.tick(clock.advance(1))
+            await rem.tick(clock.advance(28))
+            assert rem.ladders["KcopsDeviceMemoryHigh"].step == 0  # window not over
+            await rem.tick(clock.advance(1))  # 30 s after the run ended: climb, run step 2
             await settle(rem)
             assert w.state["cache"]["blocks"] == 35
-            await rem.tick(clock.advance(1))
-            assert lad.step == 1 and lad.phase == "verify"
+            lad = rem.ladders["KcopsDeviceMemoryHigh"]
+            assert lad.step == 1 and lad.phase == "verify"  # no tick needed to get here
             ctx.bus.publish(transition("KcopsDeviceMemoryHigh", "inactive", clock()))
             assert "KcopsDeviceMemoryHigh" not in rem.ladders
             await rem.tick(clock.advance(100))
@@ -243,24 +244,6 @@ def test_dry_run_agent_walks_the_ladder_and_changes_nothing(tmp_path: Path) -> N
     asyncio.run(body())
 
 
-class AlertsStub:
-    """The rule engine's service interface (is_firing, active, rule_names), set by hand."""
-
-    def __init__(self) -> None:
-        self.state: str | None = None
-
-    def is_firing(self, name: str, labels: object = None) -> bool:
-        return self.state == "firing"
-
-    def active(self) -> list[dict[str, object]]:
-        if self.state is None:
-            return []
-        return [{"alertname": "KcopsOOM", "labels": {}, "state": self.state}]
-
-    def rule_names(self) -> list[str]:
-        return ["KcopsOOM"]
-
-
 def test_resumed_ladder_waits_for_the_new_rule_engine(tmp_path: Path) -> None:
     async def body() -> None:
         w = FakeWorker()
@@ -269,33 +252,31 @@ def test_resumed_ladder_waits_for_the_new_rule_engine(tmp_path: Path) -> None:
         steps = (Step("fallback_to_base", {}, 30.0), Step("lower_topn"))
         grace = {"resume_grace_s": 100}
         ctx, _ = make_ctx(tmp_path, url, clock, mode="enforce", guards=grace)
-        alerts = AlertsStub()
-        alerts.state = "firing"
-        rem = await make_rem(ctx, alerts)
+        rem = await make_rem(ctx)
         ctx.bus.publish(transition("KcopsOOM", "firing", clock(), steps))
         await settle(rem)
         await rem.tick(clock.advance(1))
         rem.audit.close()  # dies
 
         ctx2, _ = make_ctx(tmp_path, url, clock, mode="enforce", guards=grace)
-        alerts2 = AlertsStub()  # a fresh rule engine: nothing active yet
-        rem2 = await make_rem(ctx2, alerts2)
+        rem2 = await make_rem(ctx2)  # a fresh rule engine: nothing active yet
         try:
             for _ in range(40):  # past the verify window, inside the grace: hold
                 await rem2.tick(clock.advance(1))
             lad = rem2.ladders["KcopsOOM"]
             assert lad.step == 0 and w.state["top_n"] == 64
-            alerts2.state = "pending"  # the condition holds again
+            # the condition holds again: the new rule engine says so (pending is enough)
+            ctx2.bus.publish(transition("KcopsOOM", "pending", clock(), steps))
             await rem2.tick(clock.advance(1))
             await settle(rem2)
-            assert lad.unconfirmed_until is None
+            assert rem2.ladders["KcopsOOM"].unconfirmed_until is None
             assert w.state["top_n"] == 48  # verify window long over: climbed at once
         finally:
             await rem2.stop()
 
         # and when the alert does not come back, the ladder resolves after the grace
         ctx3, _ = make_ctx(tmp_path, url, clock, mode="enforce", guards=grace)
-        rem3 = await make_rem(ctx3, AlertsStub())
+        rem3 = await make_rem(ctx3)
         try:
             await rem3.tick(clock.advance(99))
             assert "KcopsOOM" in rem3.ladders

@@ -171,8 +171,8 @@ def test_notify_and_pages_reach_the_webhook(tmp_path: Path) -> None:
             await settle(rem)
             await rem.tick(clock.advance(1))  # the step's notice ran: its window starts
             await rem.tick(clock.advance(6))
-            if rem._page_tasks:  # wait for the page's webhook call itself, not a clock
-                await asyncio.wait(list(rem._page_tasks), timeout=30)
+            if rem.pager.tasks:  # wait for the page's webhook call itself, not a clock
+                await asyncio.wait(list(rem.pager.tasks), timeout=30)
             await rem.tick(clock())
         finally:
             await rem.stop()
