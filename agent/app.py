@@ -88,14 +88,7 @@ class Agent:
         )
         # The one engine object and the one engine pid source, handed to whoever needs them.
         eng = config.engine
-        self.engine = Engine(
-            eng.url,
-            eng.adapter,
-            token=token,
-            timeout_s=max(5.0, eng.timeout_s),
-            now=clock(),
-            startup_timeout_s=eng.startup_timeout_s,
-        )
+        self.engine = Engine.configured_by(eng, token, clock())
         pids = EnginePid(pid=eng.pid, pidfile=eng.pidfile)
         self.ticks = tick_histogram()
         self.collector_runner = CollectorRunner(

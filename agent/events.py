@@ -1,8 +1,8 @@
 """Events passed between the agent's parts: alert transitions.
 
-The rule engine publishes an :class:`AlertTransition` on every state change;
-the remediation runner and the audit log subscribe. The Alertmanager webhook
-publishes the same type with ``source="alertmanager"``.
+The rule engine publishes an :class:`AlertTransition` on every state change
+(pending included); remediation subscribes, and takes alerts from nowhere else.
+Its Alertmanager webhook publishes the same type with ``source="alertmanager"``.
 """
 
 from __future__ import annotations

@@ -67,7 +67,7 @@ class StoreExporter:
             if fam_name not in families:
                 families[fam_name] = Metric(fam_name, help_ or fam_name, typ)
                 held[fam_name] = []
-            held[fam_name].append((key, _finite_or_nan(latest[1])))
+            held[fam_name].append((key, latest[1]))
         for fam_name in sorted(families):
             fam = families[fam_name]
             for key, value in sorted(held[fam_name], key=lambda kv: sample_order(fam_name, kv[0])):
@@ -96,10 +96,6 @@ def _number(text: str) -> float:
         return float(text)
     except ValueError:
         return math.inf
-
-
-def _finite_or_nan(v: float) -> float:
-    return v if not math.isnan(v) else math.nan
 
 
 def build_registry(store: Store, clock: Clock, stale_after_s: float) -> CollectorRegistry:

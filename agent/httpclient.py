@@ -52,7 +52,7 @@ class HttpProtocolError(HttpError):
     reason = "protocol"
 
 
-class TooLarge(HttpError):
+class BodyTooLarge(HttpError):
     reason = "too_large"
 
 
@@ -146,11 +146,11 @@ async def _read(r: aiohttp.ClientResponse, url: str, limit: int | None) -> bytes
     if limit is None:
         return await r.read()
     if r.content_length is not None and r.content_length > limit:
-        raise TooLarge(f"{url}: body over {limit} bytes")
+        raise BodyTooLarge(f"{url}: body over {limit} bytes")
     chunks, size = [], 0
     async for chunk in r.content.iter_chunked(CHUNK_BYTES):
         size += len(chunk)
         if size > limit:
-            raise TooLarge(f"{url}: body over {limit} bytes")
+            raise BodyTooLarge(f"{url}: body over {limit} bytes")
         chunks.append(chunk)
     return b"".join(chunks)

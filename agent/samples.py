@@ -10,10 +10,11 @@ from __future__ import annotations
 import math
 import struct
 from collections.abc import Mapping
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import NamedTuple
 
-from kcops.kernels.wire import Histogram, format_le
+from kcops.histogram import Histogram, format_le
 
 # Prometheus marks a series that disappeared with this exact NaN bit pattern
 # (value.StaleNaN in prometheus/model). Rules treat it as "no sample", not NaN.
@@ -22,6 +23,16 @@ STALE_NAN: float = struct.unpack("<d", struct.pack("<Q", STALE_NAN_BITS))[0]
 
 LabelPairs = tuple[tuple[str, str], ...]
 _new_tuple = tuple.__new__
+
+
+@dataclass(frozen=True)
+class ParsedSample:
+    """One sample of an exposition page as its parser reads it (collectors/promtext.py),
+    before an engine kind's adapter maps it to a canonical :class:`Sample`."""
+
+    name: str
+    labels: dict[str, str]
+    value: float
 
 
 def is_stale(value: float) -> bool:

@@ -173,10 +173,6 @@ def stop_ramp(env: DemoEnv) -> None:
     env.fault({"memory_ramp_bytes_per_s": 0})
 
 
-def clear_faults(env: DemoEnv) -> None:
-    env.fault({"clear": True})
-
-
 def out_of_memory(env: DemoEnv) -> None:
     """Allocate past the cgroup limit: the kernel's OOM killer ends the worker."""
     cg = env.cgroup

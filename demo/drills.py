@@ -24,10 +24,6 @@ from kcops.demo.env import DemoEnv, DemoFailed, wait
 Step = Callable[[DemoEnv], None]
 
 
-def _nothing(env: DemoEnv) -> None:
-    return None
-
-
 @dataclass(frozen=True)
 class Drill:
     alert: str

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import threading
 from bisect import bisect_left
+from dataclasses import dataclass
 
 from kcops.kernels import wire
 
@@ -23,6 +24,19 @@ from kcops.kernels import wire
 PER_FRAME = tuple(
     n for n in wire.PLAIN_HISTOGRAMS if n != wire.KC_TOKENS and n not in wire.REQUEST_HISTOGRAMS
 )
+
+
+@dataclass
+class Deltas:
+    """What the probe saw between two takes: the numbers of one frame (the publisher adds
+    who sends it, :class:`~kcops.kernels.wire.Frame`)."""
+
+    calls_by_layer: dict[str, int]
+    errors: dict[str, int]
+    histograms: dict[str, wire.Histogram]
+    topn_mass: dict[int, wire.Histogram]
+    kc_by_layer: dict[str, wire.Histogram]
+    internal_errors: int
 
 
 class Aggregator:
@@ -111,10 +125,8 @@ class Aggregator:
                 self.requests[wire.REQUEST_EFFECTIVE].observe(priced)
             self.requests[wire.REQUEST_PRICED].observe(priced)
 
-    def take(
-        self, pid: int, process: str, seq: int, instance: str, ts: float, *, kc: bool = True
-    ) -> wire.Frame:
-        """The deltas since the previous take, as a frame; the aggregate starts again empty.
+    def take(self, *, kc: bool = True) -> Deltas:
+        """The deltas since the previous take; the aggregate starts again empty.
 
         K(C) by layer comes along only with ``kc`` (else it keeps summing until a take that
         asks): every layer seen so far, zeros included."""
@@ -126,16 +138,4 @@ class Aggregator:
             by_layer = {}
             if kc:
                 by_layer, self.kc = self.kc, {n: wire.Histogram.of(wire.KC_TOKENS) for n in self.kc}
-        return wire.Frame(
-            pid=pid,
-            process=process,
-            seq=seq,
-            instance=instance,
-            ts=ts,
-            calls_by_layer=calls,
-            errors=errors,
-            histograms=hist,
-            topn_mass=topn,
-            kc_by_layer=by_layer,
-            internal_errors=internal,
-        )
+        return Deltas(calls, errors, hist, topn, by_layer, internal)

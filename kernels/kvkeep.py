@@ -62,7 +62,7 @@ class KeptLayer(DynamicLayer):
         self.pos: torch.Tensor | None = None
 
     def update(
-        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object, **kwargs: object
     ) -> tuple[torch.Tensor, torch.Tensor]:
         out = super().update(key_states, value_states)
         new = key_states.shape[-2]

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from typing import Any
+from typing import Protocol, TypeGuard
 
 import torch
 
@@ -53,6 +53,18 @@ from kcops.kernels.probe import KcInputs
 
 class PagedLayoutError(RuntimeError):
     """The KV cache is not laid out as expected (the gathered keys do not match)."""
+
+
+class PagedMeta(Protocol):
+    """What kcops reads of vLLM's attention metadata (whichever backend's class it is)."""
+
+    query_start_loc: torch.Tensor
+    seq_lens: torch.Tensor
+    block_table: torch.Tensor
+
+
+def _paged(meta: object) -> TypeGuard[PagedMeta]:
+    return all(hasattr(meta, f) for f in ("seq_lens", "block_table", "query_start_loc"))
 
 
 def _supported(impl: object, meta: object, kv_cache: object) -> bool:
@@ -70,9 +82,7 @@ def _supported(impl: object, meta: object, kv_cache: object) -> bool:
         return False  # the cache holds another layer's keys, not this call's
     if getattr(meta, "causal", True) is not True:
         return False
-    if getattr(meta, "dynamic_causal", None) is not None:
-        return False
-    return all(hasattr(meta, f) for f in ("seq_lens", "block_table", "query_start_loc"))
+    return getattr(meta, "dynamic_causal", None) is None
 
 
 def _rowmajor(x: torch.Tensor, bs: int, d: int) -> torch.Tensor:
@@ -230,9 +240,9 @@ def window_of(impl: object) -> int | None:
 def kc_inputs(
     impl: object,  # vLLM's attention implementation: read by getattr only
     query: torch.Tensor,
-    key: torch.Tensor | None,
+    key: object,
     kv_cache: object,
-    meta: Any,  # vLLM's attention metadata (its class depends on the backend)
+    meta: object,  # vLLM's attention metadata (its class depends on the backend)
     max_seqs: int,
 ) -> KcInputs | None:
     """What :func:`kcops.kernels.kc.kc_rows` needs for the last query row of each of the
@@ -242,12 +252,12 @@ def kc_inputs(
     head_size]`` (this step's keys, for the self-check). Raises :class:`PagedLayoutError`
     when the cache is not laid out as expected.
     """
-    if meta is None or query.dim() != 3 or not isinstance(kv_cache, torch.Tensor):
+    if query.dim() != 3 or not isinstance(kv_cache, torch.Tensor) or not _paged(meta):
         return None
     if not _supported(impl, meta, kv_cache):
         return None
     hkv = int(getattr(impl, "num_kv_heads", 0)) or None
-    if hkv is None or key is None:
+    if hkv is None or not isinstance(key, torch.Tensor):
         return None  # without this step's keys nothing checks the layout: no value, no guess
     try:
         window = window_of(impl)
@@ -279,6 +289,14 @@ def kc_inputs(
         entries.append(i)
     if not rows:
         return None
+    return _batched(impl, query, rows, keys, entries)
+
+
+def _batched(
+    impl: object, query: torch.Tensor, rows: list[int], keys: list[torch.Tensor], entries: list[int]
+) -> KcInputs:
+    """The sequences' last query rows and their keys as one batch, keys padded to the longest
+    and masked."""
     longest = max(k.shape[1] for k in keys)
     h, d = keys[0].shape[0], keys[0].shape[2]
     kpad = keys[0].new_zeros((len(keys), h, longest, d))

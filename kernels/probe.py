@@ -18,9 +18,9 @@ import random
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TypeVar
 
 import torch
 
@@ -37,6 +37,7 @@ log = logging.getLogger("kcops.kernels")
 
 # Deferred GPU readings waiting for the flush; beyond this many the oldest go.
 MAX_DEFERRED = 4096
+T = TypeVar("T")  # what the instrumented attention call returns
 # The skip count of a probe that never samples (sample_rate 0).
 NEVER = 1 << 62
 
@@ -53,6 +54,26 @@ class KcInputs:
     # The engine's batch entry of each of the B rows (kcops.kernels.attribution), when the
     # integration left some out (paged_kc skips sequences it cannot read); None: entry b.
     entries: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Timing:
+    """A sampled call's CUDA events, read (synchronised) by the publisher thread."""
+
+    start: torch.cuda.Event
+    end: torch.cuda.Event
+
+
+@dataclass(frozen=True)
+class KcReading:
+    """A sampled call's K(C) on the GPU, recorded by the publisher thread."""
+
+    layer: str
+    result: KcResult
+    owners: tuple[attribution.RequestKC | None, ...] | None
+
+
+Deferred = Timing | KcReading
 
 
 class Patch:
@@ -99,7 +120,7 @@ class Probe:
         self._skip = self._draw_skip()  # unsampled calls before the next sampled one
         self._check = config.check_every_call
         self._local = threading.local()
-        self._deferred: deque[tuple[Any, Any]] = deque(maxlen=MAX_DEFERRED)
+        self._deferred: deque[Deferred] = deque(maxlen=MAX_DEFERRED)
         # unsampled calls not counted yet: (layer, context tokens, small CPU output or None)
         self._pending: deque[tuple[str, int | None, torch.Tensor | None]] = deque()
         self._names: dict[str, str] = {}
@@ -185,15 +206,15 @@ class Probe:
     def observe(
         self,
         layer: str,
-        fn: Callable[..., Any],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
+        fn: Callable[..., T],
+        args: tuple[object, ...],
+        kwargs: Mapping[str, object],
         *,
         context_tokens: int | None,
         device_tensor: torch.Tensor | None,
-        output_of: Callable[[Any], torch.Tensor | None],
+        output_of: Callable[[T], torch.Tensor | None],
         kc_inputs: Callable[[], KcInputs | None] | None = None,
-    ) -> Any:
+    ) -> T:
         """Run ``fn(*args, **kwargs)`` for ``layer`` and measure it. Returns its result
         unchanged. A call made while another instrumented call runs on the same thread (an
         integration calling another, e.g. transformers' sdpa calling torch's) passes through.
@@ -236,12 +257,24 @@ class Probe:
             local.busy = False
             if ranges is not None:
                 ranges.pop()
+        self._queue(layer, context_tokens, out, output_of)
+        return out
+
+    def _queue(
+        self,
+        layer: str,
+        context_tokens: int | None,
+        out: T,
+        output_of: Callable[[T], torch.Tensor | None],
+    ) -> None:
+        """An unsampled call: queued with its output when that is small and on the CPU, and
+        checked now when it is not (on an accelerator, no sync there; large, not worth
+        pinning)."""
         tensor = None
         if self._check:
             try:
                 tensor = output_of(out)
                 if tensor is not None and (not tensor.is_cpu or tensor.numel() > SMALL_NUMEL):
-                    # on an accelerator (no sync there) or large (not worth pinning): now
                     self.errcheck.check(tensor)
                     tensor = None
             except Exception as exc:
@@ -254,7 +287,6 @@ class Probe:
                 self._settle()
             except Exception as exc:  # the probe must not break the engine
                 self._measure_failed(exc)
-        return out
 
     def _settle(self) -> None:
         """Count the queued unsampled calls and check their small CPU outputs as one group
@@ -280,18 +312,18 @@ class Probe:
     def _observe_sampled(
         self,
         layer: str,
-        fn: Callable[..., Any],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
+        fn: Callable[..., T],
+        args: tuple[object, ...],
+        kwargs: Mapping[str, object],
         device_tensor: torch.Tensor | None,
-        output_of: Callable[[Any], torch.Tensor | None],
+        output_of: Callable[[T], torch.Tensor | None],
         kc_inputs: Callable[[], KcInputs | None] | None,
-    ) -> Any:
+    ) -> T:
         cuda = device_tensor is not None and device_tensor.is_cuda
         sampled = not (cuda and torch.cuda.is_current_stream_capturing())
         # under CUDA graph capture events and K(C) results would be graph-internal: the
         # call is only counted and checked, like an unsampled one
-        start_ev: Any = None
+        start_ev: torch.cuda.Event | None = None
         t0 = 0
         self.ranges.push(self.range_name(layer))
         try:
@@ -310,7 +342,8 @@ class Probe:
                 if cuda:
                     end_ev = torch.cuda.Event(enable_timing=True)
                     end_ev.record()
-                    self._deferred.append(("time", (start_ev, end_ev)))
+                    assert start_ev is not None
+                    self._deferred.append(Timing(start_ev, end_ev))
                 else:
                     self.aggregator.observe_seconds((time.perf_counter_ns() - t0) / 1e9)
         finally:
@@ -322,8 +355,8 @@ class Probe:
     def _measure(
         self,
         layer: str,
-        out: Any,
-        output_of: Callable[[Any], torch.Tensor | None],
+        out: T,
+        output_of: Callable[[T], torch.Tensor | None],
         kc_inputs: Callable[[], KcInputs | None] | None,
     ) -> None:
         try:
@@ -364,7 +397,7 @@ class Probe:
         if owners is not None and inputs.entries is not None:
             owners = tuple(owners[i] if i < len(owners) else None for i in inputs.entries)
         if inputs.query.is_cuda and not cfg.record:
-            self._deferred.append(("kc", (layer, result, owners)))
+            self._deferred.append(KcReading(layer, result, owners))
         else:
             self._record(layer, result, owners)
 
@@ -390,14 +423,13 @@ class Probe:
     def _resolve_deferred(self) -> None:
         """Read GPU timings, K(C) results and error flags (syncs this thread, not the engine)."""
         while self._deferred:
-            kind, data = self._deferred.popleft()
+            item = self._deferred.popleft()
             try:
-                if kind == "time":
-                    start_ev, end_ev = data
-                    end_ev.synchronize()
-                    self.aggregator.observe_seconds(start_ev.elapsed_time(end_ev) / 1000.0)
+                if isinstance(item, Timing):
+                    item.end.synchronize()
+                    self.aggregator.observe_seconds(item.start.elapsed_time(item.end) / 1000.0)
                 else:
-                    self._record(*data)
+                    self._record(item.layer, item.result, item.owners)
             except Exception:
                 self._internal_error()
         try:

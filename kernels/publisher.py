@@ -125,21 +125,33 @@ class Publisher:
                 self.before_flush()
             self._flushes += 1
             with_kc = self._flushes % self.kc_every == 0 if kc is None else kc
-            frame = self.aggregator.take(
-                self._pid, _process_name(), self._seq, self._instance, time.time(), kc=with_kc
-            )
-            if frame.calls_by_layer:
+            d = self.aggregator.take(kc=with_kc)
+            if d.calls_by_layer:
                 self._attention_seen = True
             elif self.wait_for_attention and not self._attention_seen:
                 return 0
-            frame.engine = self.engine
-            frame.model = self.model
-            return self._send_frame(frame)
+            sender = self._connection()
+            self._account_abandoned()
+            # The one place a frame is made: the numbers, and who sends them.
+            frame = wire.Frame(
+                pid=self._pid,
+                process=_process_name(),
+                seq=self._seq,
+                instance=self._instance,
+                ts=time.time(),
+                calls_by_layer=d.calls_by_layer,
+                errors=d.errors,
+                histograms=d.histograms,
+                topn_mass=d.topn_mass,
+                engine=self.engine,
+                kc_by_layer=d.kc_by_layer,
+                internal_errors=d.internal_errors,
+                dropped=min(self._unreported, wire.MAX_U32),
+                model=self.model,
+            )
+            return self._send_frame(sender, frame)
 
-    def _send_frame(self, frame: wire.Frame) -> int:
-        sender = self._connection()
-        self._account_abandoned()
-        frame.dropped = min(self._unreported, wire.MAX_U32)
+    def _send_frame(self, sender: StreamSender, frame: wire.Frame) -> int:
         sent = 0
         for part in wire.split(frame):
             self._seq += 1

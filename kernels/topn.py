@@ -19,9 +19,8 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
@@ -152,7 +151,7 @@ def topn_attention_forward(
     attention_mask: torch.Tensor | None,
     dropout: float = 0.0,
     scaling: float | None = None,
-    **kwargs: Any,
+    **kwargs: object,
 ) -> tuple[torch.Tensor, None]:
     """transformers attention-interface function: top-N under the current policy, else SDPA."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -170,7 +169,8 @@ def topn_attention_forward(
     elif kept is not None:  # a layer whose KV cache holds only its budget
         out = kept_attention(kept, query, key, value, scaling)
     elif n is None or n + policy.sink_tokens + policy.recent_tokens >= k_len:
-        out, _ = sdpa_attention_forward(
+        sdpa: Callable[..., tuple[torch.Tensor, torch.Tensor | None]] = sdpa_attention_forward
+        out, _ = sdpa(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
     else:
@@ -194,7 +194,7 @@ def topn_attention_forward(
     return out, None
 
 
-def register_attention(name: str, forward: Any) -> str:
+def register_attention(name: str, forward: Callable[..., object]) -> str:
     """Register ``forward`` as attention ``name`` with transformers' attention and mask
     interfaces (idempotent: a second registration would replace a probe's wrapper of it).
 

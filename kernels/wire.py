@@ -36,17 +36,17 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import ClassVar, Literal, NamedTuple
 
-from kcops.kernels.histogram import ATTENTION_SECONDS as ATTENTION_SECONDS
-from kcops.kernels.histogram import BUCKETS as BUCKETS
-from kcops.kernels.histogram import CONTEXT_TOKENS as CONTEXT_TOKENS
-from kcops.kernels.histogram import KC_RATIO as KC_RATIO
-from kcops.kernels.histogram import KC_TOKENS as KC_TOKENS
-from kcops.kernels.histogram import REQUEST_CONTEXT as REQUEST_CONTEXT
-from kcops.kernels.histogram import REQUEST_EFFECTIVE as REQUEST_EFFECTIVE
-from kcops.kernels.histogram import REQUEST_PRICED as REQUEST_PRICED
-from kcops.kernels.histogram import TOPN_MASS as TOPN_MASS
-from kcops.kernels.histogram import Histogram as Histogram
-from kcops.kernels.histogram import format_le as format_le
+from kcops.histogram import ATTENTION_SECONDS as ATTENTION_SECONDS
+from kcops.histogram import BUCKETS as BUCKETS
+from kcops.histogram import CONTEXT_TOKENS as CONTEXT_TOKENS
+from kcops.histogram import KC_RATIO as KC_RATIO
+from kcops.histogram import KC_TOKENS as KC_TOKENS
+from kcops.histogram import REQUEST_CONTEXT as REQUEST_CONTEXT
+from kcops.histogram import REQUEST_EFFECTIVE as REQUEST_EFFECTIVE
+from kcops.histogram import REQUEST_PRICED as REQUEST_PRICED
+from kcops.histogram import TOPN_MASS as TOPN_MASS
+from kcops.histogram import Histogram as Histogram
+from kcops.histogram import format_le as format_le
 
 MAGIC = b"KCPF"
 # The one version. A change to the payload gets a new number rather than fields added to
@@ -229,6 +229,9 @@ def excerpt(value: object, limit: int = 40) -> str:
 # decoder needs no range check on them. A histogram's count is the sum of its buckets.
 KEY_FIXED = struct.Struct(">IHBBBBBBH")
 KEY_LENGTH = struct.Struct(">H")
+SEQ = struct.Struct(">Q")
+KEY_LENGTH_AT = HEADER.size  # where a frame says its key's length
+KEY_AT = KEY_LENGTH_AT + KEY_LENGTH.size  # where its key starts
 KC_LAYERS_BIT = 1 << len(PLAIN_HISTOGRAMS)  # mask bit 7: per-layer K(C)
 LEADING_LANES = 5  # nan, inf, exception, internal, dropped
 _NAMES = re.compile(f"[^\\0]{{1,{MAX_LABEL_CHARS}}}(?:\\0[^\\0]{{1,{MAX_LABEL_CHARS}}})*")
@@ -236,7 +239,8 @@ _NAMES = re.compile(f"[^\\0]{{1,{MAX_LABEL_CHARS}}}(?:\\0[^\\0]{{1,{MAX_LABEL_CH
 
 class Layout(NamedTuple):
     """Where things are in the numbers of one (layers, mask, top-N entries) shape: indices
-    into the u32 block (``lanes``) and into the f64 block (``floats``, ts first)."""
+    into the u32 block (``lanes``) and into the f64 block (``floats``, ts first), and the
+    blocks' byte offsets from where the numbers start."""
 
     numbers: struct.Struct  # seq, the u32 block, the f64 block
     lanes: int
@@ -244,6 +248,26 @@ class Layout(NamedTuple):
     kc: tuple[slice, ...]  # each layer's kcops_kc_tokens buckets (mask bit 7), else ()
     hists: tuple[tuple[str, slice, int], ...]  # mask histograms, then top-N: name, buckets, sum
     plain: int  # how many of ``hists`` are mask histograms
+
+    @property
+    def u32_at(self) -> int:
+        return SEQ.size
+
+    @property
+    def f64_at(self) -> int:
+        return SEQ.size + 4 * self.lanes
+
+
+def key_end(data: bytes, off: int = 0) -> int:
+    """Where the key of the frame at ``off`` ends and its numbers start (no check: the
+    caller knows ``data`` holds the frame's first :data:`KEY_AT` bytes)."""
+    return off + KEY_AT + (data[off + KEY_LENGTH_AT] << 8 | data[off + KEY_LENGTH_AT + 1])
+
+
+def key_layout(data: bytes, off: int = 0) -> Layout:
+    """The layout of the numbers of the frame at ``off``, from the counts in its key."""
+    _, layers, topn, mask = KEY_FIXED.unpack_from(data, off + KEY_AT)[:4]
+    return layout(layers, mask, topn)
 
 
 @lru_cache(maxsize=1024)
@@ -262,7 +286,7 @@ def layout(layers: int, mask: int, topn: int) -> Layout:
         end = lane + len(BUCKETS[name]) + 1
         hists.append((name, slice(lane, end), flt))
         lane, flt = end, flt + 1
-    numbers = struct.Struct(f">Q{lane}I{flt}d")
+    numbers = struct.Struct(f"{SEQ.format}{lane}I{flt}d")
     return Layout(numbers, lane, flt, tuple(kc), tuple(hists), len(names) - topn)
 
 

@@ -1,5 +1,6 @@
-"""Structure figures of the tree: module sizes, `Any` density, untyped dicts at
-module boundaries, and the tests' wait helpers and fixed sleeps.
+"""Structure figures of the tree: module sizes, `Any` density (kernels/ on its own too),
+functions over 60 lines, untyped dicts at module boundaries, and the tests' wait helpers
+and fixed sleeps.
 
     PYTHONPATH=. .venv/bin/python -m tests.structure [--check]
 
@@ -18,12 +19,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-# Code outside tests: what ships in the wheel.
-SHIPPED = ("agent", "kernels", "worker", "kcops", "dashboards", "alerts")
+# Code outside tests: what ships, in the sidecar's wheel and in the lab's and the demo's.
+SHIPPED = ("agent", "kernels", "worker", "kcops", "dashboards", "alerts", "lab", "demo")
 # Folders inside those that hold tests or generated data, not code.
 NOT_CODE = ("alerts/tests",)
 MAX_AGENT_MODULE_LINES = 400
 MAX_ANY_PER_1000 = 8.0
+# Functions (def to its last line) over LONG_FUNCTION_LINES: at most MAX_LONG_FUNCTIONS in
+# the production code (LONG_FUNCTION_FOLDERS); the lab's and the demo's are listed too.
+LONG_FUNCTION_LINES = 60
+MAX_LONG_FUNCTIONS = 7
+LONG_FUNCTION_FOLDERS = ("agent", "kcops", "kernels", "worker")
 BOUNDARY_PACKAGES = ("agent/actions", "agent/rules")
 SHARED_WAIT_MODULE = "tests/services.py"
 MAX_FIXED_SLEEP_S = 1.0
@@ -104,6 +110,16 @@ def _public_boundary_dicts(tree: ast.Module, rel: str) -> list[str]:
     return found
 
 
+def _long_functions(tree: ast.Module, rel: str) -> list[tuple[str, int]]:
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            n = (node.end_lineno or node.lineno) - node.lineno + 1
+            if n > LONG_FUNCTION_LINES:
+                found.append((f"{rel}:{node.lineno} {node.name}", n))
+    return found
+
+
 def _is_sleep(call: ast.Call) -> bool:
     f = call.func
     return (isinstance(f, ast.Attribute) and f.attr == "sleep") or (
@@ -145,6 +161,7 @@ class Figures:
     any_uses: int = 0
     any_by_folder: dict[str, tuple[int, int]] = field(default_factory=dict)
     big_agent_modules: list[str] = field(default_factory=list)
+    long_functions: list[tuple[str, int]] = field(default_factory=list)
     boundary_dicts: list[str] = field(default_factory=list)
     wait_helpers: list[str] = field(default_factory=list)
     fixed_sleeps: list[str] = field(default_factory=list)
@@ -171,6 +188,7 @@ def measure() -> Figures:
                     fig.big_agent_modules.append(f"{rel} {total}")
             if rel.startswith(BOUNDARY_PACKAGES):
                 fig.boundary_dicts += _public_boundary_dicts(tree, rel)
+            fig.long_functions += _long_functions(tree, rel)
         fig.any_by_folder[folder] = (uses, lines)
         fig.any_uses += uses
         fig.code_lines += lines
@@ -199,6 +217,19 @@ def report(fig: Figures) -> list[str]:
         )
     if fig.any_per_1000 >= MAX_ANY_PER_1000:
         missed.append("Any per 1,000 lines")
+    k_uses, k_lines = fig.any_by_folder.get("kernels", (0, 1))
+    if 1000.0 * k_uses / max(1, k_lines) > MAX_ANY_PER_1000:
+        missed.append("Any per 1,000 lines in kernels/")
+    production = [(f, n) for f, n in fig.long_functions if f.split("/")[0] in LONG_FUNCTION_FOLDERS]
+    print(
+        f"functions over {LONG_FUNCTION_LINES} lines in {', '.join(LONG_FUNCTION_FOLDERS)}: "
+        f"{len(production)} (goal <= {MAX_LONG_FUNCTIONS}); lab and demo: "
+        f"{len(fig.long_functions) - len(production)}"
+    )
+    for f, n in sorted(fig.long_functions, key=lambda x: -x[1]):
+        print(f"  {f} ({n} lines)")
+    if len(production) > MAX_LONG_FUNCTIONS:
+        missed.append("functions over 60 lines")
     print(f"agent/ modules over {MAX_AGENT_MODULE_LINES} lines: {len(fig.big_agent_modules)}")
     for line in fig.big_agent_modules:
         print(f"  {line}")

@@ -21,7 +21,7 @@ from kcops.auth import TokenCheck
 from kcops.httpedge import JsonErrorRunner
 from kcops.worker.cache import PrefixCache, release_freed_memory
 from kcops.worker.control import Control
-from kcops.worker.engine import MAX_COHORT, Engine
+from kcops.worker.engine import MAX_COHORT, BatchEngine
 from kcops.worker.faults import Faults
 from kcops.worker.metrics import WorkerMetrics
 from kcops.worker.redis_tier import RedisTier
@@ -126,7 +126,7 @@ def build(
         )
         cache.loader, cache.spiller = redis_tier.load, redis_tier.store
     faults = Faults()
-    engine = Engine(
+    engine = BatchEngine(
         model,
         tokenizer,
         model_name=name,

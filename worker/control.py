@@ -24,7 +24,7 @@ class BadSetting(ValueError):
 
 
 @dataclass(frozen=True)
-class Budget:
+class TopNBudget:
     top_n: int
     top_n_by_layer: Mapping[int, int]
     dense_layers: frozenset[int]
@@ -57,14 +57,14 @@ class Control:
         self.num_layers = num_layers
         self._lock = threading.Lock()
         self._mode = "normal"
-        self._budget = Budget(top_n, {}, frozenset(dense_layers))
+        self._budget = TopNBudget(top_n, {}, frozenset(dense_layers))
 
     @property
     def mode(self) -> str:
         return self._mode
 
     @property
-    def budget(self) -> Budget:
+    def budget(self) -> TopNBudget:
         return self._budget
 
     def set_mode(self, mode: str) -> tuple[str, str]:
@@ -117,7 +117,7 @@ class Control:
         top_n: object = None,
         top_n_by_layer: object = None,
         dense_layers: object = None,
-    ) -> tuple[Budget, Budget]:
+    ) -> tuple[TopNBudget, TopNBudget]:
         """Validate and apply; fields left None keep their value. Returns (before, after)."""
         if top_n is None and top_n_by_layer is None and dense_layers is None:
             raise BadSetting("give top_n, top_n_by_layer and/or dense_layers")
@@ -137,7 +137,7 @@ class Control:
                 if not isinstance(dense_layers, list):
                     raise BadSetting("dense_layers must be a list of layer indices")
                 dense = frozenset(self._check_layer(x) for x in dense_layers)
-            self._budget = Budget(n, by_layer, dense)
+            self._budget = TopNBudget(n, by_layer, dense)
             return before, self._budget
 
 

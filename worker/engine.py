@@ -121,7 +121,9 @@ def served_logprobs(
     return token, float(lp[token]), tops
 
 
-class Engine:
+class BatchEngine:
+    """The model thread: requests batched into cohorts, generated token by token."""
+
     def __init__(
         self,
         model: PreTrainedModel,

@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
-from kcops.worker.engine import Engine, Event, GenRequest
+from kcops.worker.engine import BatchEngine, Event, GenRequest
 from kcops.worker.protocol import ApiError
 
 # (token id, logprob, [(top token id, logprob), ...]) recorded by the engine per sampled token
@@ -76,7 +76,7 @@ class Generation:
 
     def __init__(
         self,
-        engine: Engine,
+        engine: BatchEngine,
         prompts: list[list[int]],
         n: int,
         s: Sampling,
@@ -118,7 +118,7 @@ class Generation:
             index, ev = await self._events.get()
             choice = self.choices[index]
             if ev.kind == "error":
-                raise EngineFailed(ev.text)
+                raise GenerationFailed(ev.text)
             if ev.kind == "delta":
                 choice.text.append(ev.text)
             else:
@@ -142,7 +142,7 @@ class Generation:
         return {"route": req.route, "top_n": req.top_n, "cached_tokens": req.cached_tokens}
 
 
-class EngineFailed(Exception):
+class GenerationFailed(Exception):
     """The model thread reported an error for a choice."""
 
 

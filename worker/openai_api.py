@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from kcops.worker.generation import (
-    EngineFailed,
     Generation,
+    GenerationFailed,
     Sampling,
     check_context,
     new_logprobs,
@@ -198,7 +198,7 @@ async def _whole(gen: Generation, shape: Shape, head: dict[str, object]) -> web.
     try:
         async for _ in gen.events():
             pass
-    except EngineFailed as exc:
+    except GenerationFailed as exc:
         gen.cancel()  # the other choices would run for nobody
         raise ApiError(str(exc), 500) from None
     choices = [
@@ -245,7 +245,7 @@ async def _stream(
                 else:
                     upto = (c.usage or {}).get("completion_tokens")
                     await chunk(shape.closing(c, new_logprobs(c, upto)))
-        except EngineFailed as exc:
+        except GenerationFailed as exc:
             gen.cancel()
             await send(ApiError(str(exc), 500).body())
         else:

@@ -9,7 +9,7 @@ from aiohttp import web
 
 from kcops.auth import TokenCheck
 from kcops.worker.control import Control
-from kcops.worker.engine import Engine
+from kcops.worker.engine import BatchEngine
 from kcops.worker.faults import Faults
 from kcops.worker.metrics import LiveState, WorkerMetrics
 from kcops.worker.redis_tier import RedisTier
@@ -18,7 +18,7 @@ from kcops.worker.tenant import TenantLabels
 
 @dataclass
 class WorkerState:
-    engine: Engine
+    engine: BatchEngine
     control: Control
     faults: Faults
     metrics: WorkerMetrics

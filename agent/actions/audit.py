@@ -40,7 +40,7 @@ import time
 from collections import deque
 from pathlib import Path
 
-from pydantic import BaseModel, JsonValue
+from pydantic import JsonValue
 
 from kcops.agent.actions.auditread import (  # noqa: F401 - the log's readers, here too
     ReadStats,
@@ -84,10 +84,9 @@ def _finite(v: object, path: str, paths: list[str]) -> object:
     return v
 
 
-def encode(record: AuditRecord | JSONObject) -> bytes:
+def encode(record: AuditRecord) -> bytes:
     """One line of the log: strict JSON; non-finite numbers as null, named in ``nonfinite``."""
-    obj = record.as_json() if isinstance(record, BaseModel) else record
-    text, paths = strict_json(obj)
+    text, paths = strict_json(record.as_json())
     if paths:
         named: list[JsonValue] = list(paths)
         text, _ = strict_json({**json.loads(text), "nonfinite": named})
@@ -183,7 +182,7 @@ class AuditLog:
 
     def append(
         self,
-        record: AuditRecord | JSONObject,
+        record: AuditRecord,
         *,
         stream: Stream | None = None,
         key: Key | None = None,
@@ -193,13 +192,11 @@ class AuditLog:
         (counted as a repeat of ``stream``'s last record, or dropped: backlog full).
 
         ``stream`` and ``key``: a record that may repeat (:mod:`.auditrepeat`); ``of``
-        names it in the summary. A plain JSON object is written as it is.
+        names it in the summary.
         """
         if stream is not None:
-            ts = record.ts if isinstance(record, BaseModel) else record.get("ts")
-            t = float(ts) if isinstance(ts, int | float) else time.time()
             err = getattr(record, "error", None)
-            summaries, write = self.repeats.note(stream, key, of or {}, t, err)
+            summaries, write = self.repeats.note(stream, key, of or {}, record.ts, err)
             for s in summaries:
                 self._append(s)
             if not write:
@@ -213,7 +210,7 @@ class AuditLog:
         if self._backlog:
             self._drain()
 
-    def _append(self, record: AuditRecord | JSONObject) -> int | None:
+    def _append(self, record: AuditRecord) -> int | None:
         line = encode(record)
         if len(self._backlog) >= BACKLOG_RECORDS or self._backlog_bytes + len(line) > BACKLOG_BYTES:
             self._drain()

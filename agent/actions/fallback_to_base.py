@@ -1,7 +1,7 @@
 """``fallback_to_base`` and its inverse ``restore_route``: switch the engine's routing.
 
-The runner schedules ``restore_route`` itself once the alert that caused the
-fallback has stayed resolved for ``actions.fallback.hold_s``.
+Remediation runs ``restore_route`` itself (:mod:`.restore`) once the alert that
+caused the fallback has stayed resolved for ``actions.fallback.hold_s``.
 """
 
 from __future__ import annotations

@@ -87,29 +87,13 @@ class Remediation:
         # Any agent of the fleet ends an expired scale_out hold (docs/deploy.md).
         self.holds = HoldKeeper(cfg, self.audit, self.replicas, self.persist.touch)
         self._own_engine = engine is None
-        self.engine = engine or Engine(
-            cfg.engine.url,
-            cfg.engine.adapter,
-            token=ctx.auth.token,
-            timeout_s=max(5.0, cfg.engine.timeout_s),
-            now=ctx.clock(),
-            startup_timeout_s=cfg.engine.startup_timeout_s,
-        )
+        self.engine = engine or Engine.configured_by(cfg.engine, ctx.auth.token, ctx.clock())
         self.supervisor = supervisor
         self.runner = Runner(
-            cfg,
-            self.registry,
-            self.guards,
-            self.audit,
-            self.engine,
-            ctx.tracer,
-            ctx.clock,
-            replicas=self.replicas,
-            supervisor=supervisor,
-            store=ctx.store,
-            on_change=self._mark_dirty,
-            on_breaker=self._breaker_opened,
-        )
+            cfg, self.registry, self.guards, self.audit, self.engine, ctx.tracer, ctx.clock,
+            replicas=self.replicas, supervisor=supervisor, store=ctx.store,
+            on_change=self._mark_dirty, on_breaker=self._breaker_opened,
+        )  # fmt: skip
         self.pager = Pager(cfg.actions.notify, self.audit, ctx.clock, self.runner.count)
         if ruleset is None:
             ruleset = ruleset_for_ladders(cfg, self.registry)
@@ -119,17 +103,9 @@ class Remediation:
         # pod steps only here if it names this pod (alertmanager.step_refusal).
         self.addressed = Addressed(identity_of(cfg))
         self.driver = LadderDriver(
-            cfg,
-            self.registry,
-            self.runner,
-            self.audit,
-            self.alert_state,
-            self.addressed,
-            self.pager,
-            self.restorer,
-            self.persist.touch,
-            ctx.clock,
-        )
+            cfg, self.registry, self.runner, self.audit, self.alert_state, self.addressed,
+            self.pager, self.restorer, self.persist.touch, ctx.clock,
+        )  # fmt: skip
         self.webhook = cfg.actions.alertmanager_webhook
         self._subscribed = False
         # Webhook alerts not taken, by reason (kcops_webhook_alerts_dropped_total).

@@ -50,11 +50,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("kcops.agent.actions")
 
-# Outcome values under their older names (kcops_action_runs_total's `outcome`).
-OK, FAILED, TIMEOUT, DRY_RUN = Outcome.OK, Outcome.FAILED, Outcome.TIMEOUT, Outcome.DRY_RUN
-REFUSED, INVALID = Outcome.REFUSED, Outcome.INVALID
-SKIPPED = outcome_mod.SKIPPED
-
 # How long an action waits for its started record to reach the disk before it acts
 # anyway. A busy disk's fsync can take many seconds (writeback after a large install
 # or a model load); a restart must not wait on it. The fsync goes on, and the HTTP

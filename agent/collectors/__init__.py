@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from kcops.agent.collectors.base import Collector, CollectorRunner, InThread
-from kcops.agent.collectors.selfmetrics import CacheStats, SelfCollector, tick_histogram
+from kcops.agent.collectors.selfmetrics import RegexCacheStats, SelfCollector, tick_histogram
 
 if TYPE_CHECKING:
     from kcops.agent.collectors.procwatch import EngineWatch
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from kcops.agent.config import Config
     from kcops.agent.engine import Engine
     from kcops.agent.engine.pid import EnginePid
-    from kcops.kernels.wire import Histogram
+    from kcops.histogram import Histogram
 
 __all__ = ["Collector", "CollectorRunner", "SelfCollector", "build", "tick_histogram"]
 
@@ -31,7 +31,7 @@ def build(
     ticks: Histogram,
     engine: Engine | None = None,
     pids: EnginePid | None = None,
-    regex_cache: CacheStats | None = None,
+    regex_cache: RegexCacheStats | None = None,
 ) -> list[Collector]:
     """The collectors the configuration asks for, in the order they run.
 

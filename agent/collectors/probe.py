@@ -1,7 +1,7 @@
 """Probe receiver: the engine's attention probe sends frames to the agent.
 
 Probes connect to one Unix stream socket (``kcops.kernels.wire.default_socket_path()``
-unless configured) and write frames (``kcops.kernels.wire``, version 4) on it;
+unless configured) and write frames (``kcops.kernels.wire``, its one version) on it;
 :mod:`probe_stream` reads every connection in bulk every ``drain_interval_s``.
 
 Frames carry per-process DELTAS since the probe's previous frame; :mod:`probe_state`
@@ -56,7 +56,7 @@ class StreamEnded(wire.Truncated):
     """A connection closed inside a frame: the rest of it never comes."""
 
 
-class Budget:
+class ReceiveBudget:
     """Receiving work allowed in each second of ``clock``: frames and loop time."""
 
     def __init__(self, max_frames: int, max_busy_s: float, clock: Callable[[], float]) -> None:
@@ -118,7 +118,7 @@ class ProbeReceiver:
         self.socket_path = Path(socket_path or wire.default_socket_path())
         self._clock = clock
         self._timer = timer
-        self.budget = Budget(max_frames_per_s, max_receive_ms_per_s / 1000.0, clock)
+        self.budget = ReceiveBudget(max_frames_per_s, max_receive_ms_per_s / 1000.0, clock)
         self.frames: dict[str, int] = {"ok": 0, "malformed": 0, "unknown_version": 0, "shed": 0}
         self.refused: dict[str, int] = {}  # by the reason of the error's type
         self.last_error: str | None = None

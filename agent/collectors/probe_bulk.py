@@ -1,5 +1,9 @@
 """Summing probe frames in bulk: how the agent reads thousands a second.
 
+Every offset comes from the wire module (:func:`kcops.kernels.wire.key_end`,
+:class:`~kcops.kernels.wire.Layout`): this is a faster reader of the one format, not a
+second definition of it.
+
 A frame opens with its key (``wire``: header, key length, then pid, the
 counts that fix its shape, the top-N keys, engine, process, instance and layer
 names), which a probe repeats byte for byte in every frame; the numbers follow. So
@@ -35,7 +39,8 @@ from functools import lru_cache
 
 from kcops.kernels import wire
 
-KEY_AT = wire.HEADER.size + wire.KEY_LENGTH.size  # where a frame's key starts
+KEY_AT = wire.KEY_AT  # where a frame's key starts
+KEY_LENGTH_AT = wire.KEY_LENGTH_AT
 MAX_CACHED_KEY_BYTES = 1 << 20  # all cached shape keys together
 FOLD_AFTER_FRAMES = 1 << 24  # far below the 2**32 frames a lane pair holds
 SUM_TOP_OK = bytes(range(0x43))  # first bytes of a float64 in [+0, 2**49)
@@ -84,8 +89,8 @@ class Shape:
         "u32_at",
     )  # fmt: skip
 
-    def __init__(self, frame: wire.Frame, key: bytes, k: int, mask: int, t: int) -> None:
-        lay = wire.layout(k, mask, t)
+    def __init__(self, frame: wire.Frame, key: bytes) -> None:
+        lay = wire.key_layout(key)
         key_end = len(key)
         self.key = key
         self.layout = lay
@@ -94,10 +99,10 @@ class Shape:
         self.model = frame.model  # the request histograms' label (wire version 5)
         self.names: tuple[str, ...] = tuple(frame.calls_by_layer)  # the frame's order
         self.ns: tuple[int, ...] = tuple(frame.topn_mass)  # ascending, as sent
-        self.u32_at = key_end + 8  # after seq
-        self.f64_at = self.u32_at + 4 * lay.lanes
+        self.u32_at = key_end + lay.u32_at
+        self.f64_at = key_end + lay.f64_at
         self.floats = lay.floats
-        self.size = self.f64_at + 8 * lay.floats
+        self.size = key_end + lay.numbers.size
         self.mask = lane_mask(lay.lanes)
         self.a = self.b = 0
         self.offs: list[int] = []
@@ -129,8 +134,9 @@ def scan(data: bytes, off: int, get: Callable[[bytes], Shape | None],
     end = len(data)
     n = 0
     fb = int.from_bytes
-    while n < limit and end - off >= KEY_AT:
-        kend = off + KEY_AT + (data[off + 10] << 8 | data[off + 11])
+    ka, kl = KEY_AT, KEY_LENGTH_AT  # locals: this loop runs per frame
+    while n < limit and end - off >= ka:
+        kend = off + ka + (data[off + kl] << 8 | data[off + kl + 1])
         if kend > end:
             break
         shape = get(data[off:kend])
@@ -185,18 +191,16 @@ class ShapeCache:
 
     def learn(self, data: bytes, frame: wire.Frame) -> None:
         """Cache the shape of ``data``, a frame ``wire.decode`` just returned as ``frame``."""
-        kend = KEY_AT + (data[10] << 8 | data[11])
-        key = data[:kend]
+        key = data[: wire.key_end(data)]
         if key in self._shapes:
             return
-        k, t, mask = wire.KEY_FIXED.unpack_from(data, KEY_AT)[1:4]
         if (
             self._key_bytes + len(key) > MAX_CACHED_KEY_BYTES
             or len(self._shapes) >= self.max_shapes
         ):
             self._shapes.clear()  # a flood of distinct shapes: start over, stay bounded
             self._key_bytes = 0
-        self._shapes[key] = Shape(frame, key, k, mask, t)
+        self._shapes[key] = Shape(frame, key)
         self._key_bytes += len(key)
 
     def __len__(self) -> int:

@@ -22,12 +22,13 @@ from typing import TypeVar
 
 from kcops.agent.collectors.probe_bulk import FOLD_AFTER_FRAMES, Pending, Shape
 from kcops.agent.samples import LabelPairs, Sample, histogram_samples
+from kcops.histogram import BUCKETS, KC_TOKENS, Histogram
 from kcops.kernels import wire
 
 OTHER = "other"
 MAX_LABEL = 64  # characters kept of a process or layer name sent by a probe
 K = TypeVar("K", str, int)
-KC_BOUNDS = wire.BUCKETS[wire.KC_TOKENS]
+KC_BOUNDS = BUCKETS[KC_TOKENS]
 UNKNOWN = "unknown"  # the model of a frame that names none; the tenant of every request
 PRICED_TOTAL = wire.REQUEST_PRICED + "_total"
 
@@ -41,9 +42,9 @@ class Process:
         self.calls: dict[str, int] = {}
         self.errors: dict[str, int] = dict.fromkeys(wire.ERROR_KINDS, 0)
         self.internal = 0
-        self.hist: dict[str, wire.Histogram] = {}
-        self.topn: dict[int, wire.Histogram] = {}
-        self.kc: dict[str, wire.Histogram] = {}  # kcops_kc_tokens by layer
+        self.hist: dict[str, Histogram] = {}
+        self.topn: dict[int, Histogram] = {}
+        self.kc: dict[str, Histogram] = {}  # kcops_kc_tokens by layer
         self.dropped = 0
         self.model = ""  # the served model its frames name (the request histograms' label)
         self.seen = now
@@ -115,7 +116,7 @@ class ProbeSums:
             else:
                 calls[OTHER] = calls.get(OTHER, 0) + n
 
-    def add_kc(self, p: Process, layer: str, h: wire.Histogram) -> None:
+    def add_kc(self, p: Process, layer: str, h: Histogram) -> None:
         """K(C) of one layer. A layer gets its series (30 of them) with its first
         observation, not before: frames list every layer, most with zeros."""
         kc = p.kc
@@ -127,25 +128,25 @@ class ProbeSums:
             if len(kc) >= self.max_kc_layers:
                 layer, acc = OTHER, kc.get(OTHER)
         if acc is None:
-            kc[layer] = wire.Histogram(h.bounds, list(h.counts), h.sum)
+            kc[layer] = Histogram(h.bounds, list(h.counts), h.sum)
         else:
             acc.merge(h)
 
-    def add_plain(self, p: Process, name: str, h: wire.Histogram) -> None:
+    def add_plain(self, p: Process, name: str, h: Histogram) -> None:
         """A histogram without labels; K(C) sent without its layer (mask bit 1, which
         the probe does not set) is K(C) of layer ``unknown``."""
-        if name == wire.KC_TOKENS:
+        if name == KC_TOKENS:
             self.add_kc(p, wire.UNKNOWN_LAYER, h)
         else:
             self.add_hist(p.hist, name, h)
 
     @staticmethod
-    def add_hist(into: dict[K, wire.Histogram], key: K, h: wire.Histogram) -> None:
+    def add_hist(into: dict[K, Histogram], key: K, h: Histogram) -> None:
         acc = into.get(key)
         if acc is None:
             # A short fixed list (histograms, top-N entries); more is a bad probe.
             if len(into) < wire.MAX_TOPN:
-                into[key] = wire.Histogram(h.bounds, list(h.counts), h.sum)
+                into[key] = Histogram(h.bounds, list(h.counts), h.sum)
         else:
             acc.merge(h)
 
@@ -183,9 +184,9 @@ class ProbeSums:
         p.dropped += c[4]
         self.add_calls(p, zip(names, c[wire.LEADING_LANES :], strict=False))
         for i, buckets in enumerate(lay.kc):
-            self.add_kc(p, names[i], wire.Histogram(KC_BOUNDS, c[buckets], sums[i]))
+            self.add_kc(p, names[i], Histogram(KC_BOUNDS, c[buckets], sums[i]))
         for j, (name, buckets, at) in enumerate(lay.hists):
-            h = wire.Histogram(wire.BUCKETS[name], c[buckets], sums[at - 1])
+            h = Histogram(wire.BUCKETS[name], c[buckets], sums[at - 1])
             if j < lay.plain:
                 self.add_plain(p, name, h)
             else:

@@ -13,10 +13,10 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Collection
-from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from kcops.agent.samples import ParsedSample
 from kcops.errors import CollectorUnavailable
 
 _NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
@@ -28,13 +28,6 @@ class ExpositionError(CollectorUnavailable):
 
     def __init__(self, message: str, reason: str = "parse") -> None:
         super().__init__(message, reason=reason)
-
-
-@dataclass(frozen=True)
-class ParsedSample:
-    name: str
-    labels: dict[str, str]
-    value: float
 
 
 def family_base(name: str) -> str:

@@ -16,7 +16,7 @@ from kcops import __version__
 from kcops.agent.samples import Sample, histogram_samples
 from kcops.agent.store import Store
 from kcops.errors import CollectorUnavailable
-from kcops.kernels.wire import Histogram
+from kcops.histogram import Histogram
 
 if TYPE_CHECKING:
     import psutil
@@ -32,7 +32,7 @@ def tick_histogram() -> Histogram:
     return Histogram(TICK_BUCKETS_S)
 
 
-class CacheStats(Protocol):
+class RegexCacheStats(Protocol):
     """A bounded cache's size, bound and evictions (the rules' and queries' compiled
     regexes, kcops.agent.rules.regex.CACHE, handed in by the app)."""
 
@@ -54,7 +54,7 @@ class SelfCollector:
         ticks: Histogram,
         proc: psutil.Process | None = None,
         store: Store | None = None,
-        regex_cache: CacheStats | None = None,
+        regex_cache: RegexCacheStats | None = None,
     ) -> None:
         self.ticks = ticks
         self.proc = proc

@@ -34,7 +34,7 @@ from kcops.agent.samples import Sample, label_pairs
 log = logging.getLogger("kcops.agent.engine.canary")
 
 
-class Outcome(StrEnum):
+class CanaryOutcome(StrEnum):
     OK = "ok"
     TIMEOUT = "timeout"
     HTTP_STATUS = "http_status"
@@ -56,12 +56,12 @@ class CanaryConfig:
 class CanaryResult:
     started_at: float  # agent clock
     duration_s: float
-    outcome: Outcome
+    outcome: CanaryOutcome
     error: str = ""
 
     @property
     def ok(self) -> bool:
-        return self.outcome is Outcome.OK
+        return self.outcome is CanaryOutcome.OK
 
     def report(self) -> dict[str, JsonValue]:
         out: dict[str, JsonValue] = {
@@ -93,7 +93,7 @@ class Canary:
         self._task: asyncio.Task[None] | None = None
         self._model: str | None = config.model
         self._origin: float | None = None  # the periodic clock starts at the first progress
-        self._runs: dict[str, int] = {o.value: 0 for o in Outcome}
+        self._runs: dict[str, int] = {o.value: 0 for o in CanaryOutcome}
 
     def due(self, now: float, progress_at: float | None, still: bool) -> bool:
         """True when a run should start (none in flight). ``still``: work pending and no
@@ -135,7 +135,7 @@ class Canary:
         if not result.ok:
             log.warning("canary %s after %.2fs: %s", outcome.value, result.duration_s, error)
 
-    async def _ask(self) -> tuple[Outcome, str]:
+    async def _ask(self) -> tuple[CanaryOutcome, str]:
         cfg = self.config
         deadline = time.monotonic() + cfg.deadline_s
         body: dict[str, object] = {
@@ -153,14 +153,14 @@ class Canary:
                 "POST", self.url + cfg.path, json=body, headers=self.headers, timeout_s=left
             )
         except HttpTimeout:
-            return Outcome.TIMEOUT, f"no answer within {cfg.deadline_s:g}s"
+            return CanaryOutcome.TIMEOUT, f"no answer within {cfg.deadline_s:g}s"
         except HttpConnectError as exc:
-            return Outcome.CONNECT, str(exc)[:200]
+            return CanaryOutcome.CONNECT, str(exc)[:200]
         except HttpError as exc:
-            return Outcome.ERROR, str(exc)[:200]
+            return CanaryOutcome.ERROR, str(exc)[:200]
         if resp.status_code >= 300:
-            return Outcome.HTTP_STATUS, f"HTTP {resp.status_code}: {resp.text[:200]}"
-        return Outcome.OK, ""
+            return CanaryOutcome.HTTP_STATUS, f"HTTP {resp.status_code}: {resp.text[:200]}"
+        return CanaryOutcome.OK, ""
 
     async def _first_model(self, timeout_s: float) -> str | None:
         """The first model id of ``GET /v1/models`` (asked until one is known); None if none."""

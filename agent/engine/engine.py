@@ -30,6 +30,7 @@ from kcops.agent.httpclient import HttpClient, HttpError, HttpTimeout
 from kcops.errors import ActionRejected
 
 if TYPE_CHECKING:
+    from kcops.agent.config.engine import EngineSection
     from kcops.agent.engine.watch import StallWatch
 
 # What an admin route answers: its JSON, its text (first 300 chars), or None when empty.
@@ -84,6 +85,18 @@ class Engine:
         self.watch: StallWatch | None = None
         self._identify_at = 0.0
         self._identifying: asyncio.Task[None] | None = None
+
+    @classmethod
+    def configured_by(cls, section: EngineSection, token: str | None, now: float) -> Engine:
+        """The engine ``engine:`` configures (its admin calls get at least 5 s)."""
+        return cls(
+            section.url,
+            section.adapter,
+            token=token,
+            timeout_s=max(5.0, section.timeout_s),
+            now=now,
+            startup_timeout_s=section.startup_timeout_s,
+        )
 
     @property
     def http(self) -> HttpClient:
@@ -179,11 +192,6 @@ class Engine:
                 return  # not answering yet: probe again next time
         self._caps = table
         self._probed_dev_mode = True
-
-    @property
-    def capabilities_probed(self) -> bool:
-        """True once the kind's run-time extras (vLLM dev mode) were probed."""
-        return self._probed_dev_mode
 
     def _kind(self) -> EngineKind:
         assert self.kind is not None, "resolve() first"

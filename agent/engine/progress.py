@@ -37,7 +37,7 @@ HEARTBEAT = "kcops_attention_calls_total"
 PROGRESS = (*COUNTERS, HEARTBEAT)
 
 
-class Verdict(StrEnum):
+class ProgressVerdict(StrEnum):
     UNKNOWN = "unknown"  # pending work or every progress counter is not known
     IDLE = "idle"  # nothing pending
     PROGRESSING = "progressing"  # a counter moved this tick
@@ -60,7 +60,7 @@ class ProgressState:
 
 @dataclass(frozen=True)
 class Judgement:
-    verdict: Verdict
+    verdict: ProgressVerdict
     stalled_s: float | None  # None: idle or unknown (the series is absent)
     pending: float | None
     progress_at: float | None  # when progress was last seen (the stall began after it)
@@ -73,17 +73,19 @@ def step(state: ProgressState, reading: Reading, now: float) -> tuple[ProgressSt
     missing = tuple(name for name in PROGRESS if name not in reading.counters)
     if reading.pending is None or not counters:
         return ProgressState(counters, None), Judgement(
-            Verdict.UNKNOWN, None, reading.pending, None, missing
+            ProgressVerdict.UNKNOWN, None, reading.pending, None, missing
         )
     if reading.pending <= 0:
         # The clock of the next stall starts when work arrives, not at the last token.
-        return ProgressState(counters, now), Judgement(Verdict.IDLE, None, 0.0, now, missing)
+        return ProgressState(counters, now), Judgement(
+            ProgressVerdict.IDLE, None, 0.0, now, missing
+        )
     # A counter that appears, disappears, grows or resets (an engine restart) moved.
     if state.progress_at is None or counters != state.last:
         return ProgressState(counters, now), Judgement(
-            Verdict.PROGRESSING, 0.0, reading.pending, now, missing
+            ProgressVerdict.PROGRESSING, 0.0, reading.pending, now, missing
         )
     stalled = max(0.0, now - state.progress_at)
     return ProgressState(counters, state.progress_at), Judgement(
-        Verdict.STILL, stalled, reading.pending, state.progress_at, missing
+        ProgressVerdict.STILL, stalled, reading.pending, state.progress_at, missing
     )

@@ -87,18 +87,20 @@ class StallWatch:
         self.judgement = j
         canary = self.canary
         askable = self.engine.state in _ASKABLE
-        working = j.verdict in (pg.Verdict.PROGRESSING, pg.Verdict.STILL)
+        working = j.verdict in (pg.ProgressVerdict.PROGRESSING, pg.ProgressVerdict.STILL)
         # "Progress stopped" once it has been still for stall_after_s - deadline_s: the
         # canary's verdict is then in by the stall threshold, and a one-tick pause of a
         # busy engine sends nothing.
-        still = j.verdict is pg.Verdict.STILL and (j.stalled_s or 0.0) >= self._ask_after_s
+        still = j.verdict is pg.ProgressVerdict.STILL and (j.stalled_s or 0.0) >= self._ask_after_s
         if canary is not None and askable and working and canary.due(now, j.progress_at, still):
             canary.launch(now)
         self.stalled = askable and self._stalled(j)
         self.engine.observe(lc.Stall(now, self.stalled))
         out = [
             Sample(
-                "kcops_engine_progress_watched", (), 0.0 if j.verdict is pg.Verdict.UNKNOWN else 1.0
+                "kcops_engine_progress_watched",
+                (),
+                0.0 if j.verdict is pg.ProgressVerdict.UNKNOWN else 1.0,
             )
         ]
         if j.pending is not None:
@@ -133,12 +135,12 @@ class StallWatch:
         if j is not None:
             out.update(
                 verdict=j.verdict.value,
-                watched=j.verdict is not pg.Verdict.UNKNOWN,
+                watched=j.verdict is not pg.ProgressVerdict.UNKNOWN,
                 pending=j.pending,
                 stalled_s=None if j.stalled_s is None else round(j.stalled_s, 3),
                 missing=list(j.missing),
             )
-            if j.verdict is pg.Verdict.UNKNOWN:
+            if j.verdict is pg.ProgressVerdict.UNKNOWN:
                 what = "pending requests" if j.pending is None else "every progress counter"
                 out["why"] = f"not watched: {what} unknown; the engine does not read as healthy"
         c = self.canary

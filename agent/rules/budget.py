@@ -5,7 +5,7 @@ expression's cost has no bound of its own: nested subqueries multiply
 (``max_over_time(max_over_time(vector(1)[1h:1s])[1h:1s])`` is 13 million inner
 evaluations), and a ``query_range`` multiplies again. So every evaluation
 (one rule at one tick, one instant query, one whole range query) gets a
-:class:`Budget` of work units and a deadline:
+:class:`EvalBudget` of work units and a deadline:
 
 - a sample a range selector reads costs 1 unit; a node evaluated at one
   instant, an element of its result, a series key a selector scans and a step
@@ -66,7 +66,7 @@ class Limits:
             raise ValueError(f"limits must be positive, got {self}")
 
 
-class Budget:
+class EvalBudget:
     """The work left to one evaluation; :meth:`charge` raises once it is spent."""
 
     __slots__ = ("_check_at", "_deadline", "_shared", "limits", "used")

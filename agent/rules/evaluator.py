@@ -8,7 +8,7 @@ import promql_parser as pp
 
 from kcops.agent.rules import binops
 from kcops.agent.rules.aggregations import aggregate
-from kcops.agent.rules.budget import ITEM_UNITS, Budget, Limits, min_work
+from kcops.agent.rules.budget import ITEM_UNITS, EvalBudget, Limits, min_work
 from kcops.agent.rules.functions import FUNCTIONS, RangeSeries
 from kcops.agent.rules.model import (
     Elem,
@@ -30,7 +30,7 @@ class Evaluator:
     """``Evaluator(store).run(node, t)`` -> float (scalar), str or a vector.
 
     Each :meth:`run` (or :meth:`begin`, for several instants of one range
-    query) starts a fresh :class:`Budget` of ``limits``; past it the
+    query) starts a fresh :class:`EvalBudget` of ``limits``; past it the
     evaluation raises an :class:`EvalError` (see budget.py). Selectors are
     compiled on first use and cached by node identity, so keep the parsed
     nodes alive (the rule objects do).
@@ -46,16 +46,16 @@ class Evaluator:
         self.source = SeriesSource(store, lookback_s, item_units=ITEM_UNITS)
         self.source.charge = self.charge
         self.limits = limits or Limits()
-        self.budget = Budget(self.limits)
+        self.budget = EvalBudget(self.limits)
         # A subquery without a step (x[5m:]) steps at the global evaluation
         # interval in Prometheus; 1m is its default.
         self.default_step_ms = round(default_step_s * 1000)
         self._selectors: dict[int, tuple[pp.VectorSelector, CompiledSelector]] = {}
 
-    def begin(self, deadline: float | None = None) -> Budget:
+    def begin(self, deadline: float | None = None) -> EvalBudget:
         """Start a fresh budget: one per rule evaluation, instant query or range query.
-        ``deadline``: a shared bound (``time.perf_counter()`` seconds), see Budget."""
-        self.budget = Budget(self.limits, deadline)
+        ``deadline``: a shared bound (``time.perf_counter()`` seconds), see EvalBudget."""
+        self.budget = EvalBudget(self.limits, deadline)
         return self.budget
 
     def run(self, node: pp.Expr, t: float, deadline: float | None = None) -> Value:

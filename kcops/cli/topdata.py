@@ -53,8 +53,8 @@ GAUGES: tuple[tuple[str, str], ...] = (
 )
 # The engine's lifecycle state: the one series of the one-hot kcops_engine_state at 1.
 ENGINE_STATE = "max by (state) (kcops_engine_state) == 1"
-# Per-layer views: K(C) by layer where the probe labels kcops_kc_tokens with its
-# layer (wire version 4), and attention calls by layer, which every probe labels.
+# Per-layer views: K(C) by layer (kcops_kc_tokens with its layer label) and attention
+# calls by layer, which every probe labels.
 # Not layers: no label or layer="unknown" (an older probe's all-layers histogram)
 # and layer="other" (the layers past the agent's cap, summed).
 NOT_LAYERS = ("unknown", "other")

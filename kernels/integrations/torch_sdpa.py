@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+
+import torch
 
 from kcops.kernels.probe import KcInputs, Patch, Probe
 from kcops.kernels.wire import UNKNOWN_LAYER
-
-if TYPE_CHECKING:
-    import torch
 
 _PARAMS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale")
 
@@ -32,33 +30,39 @@ class _SdpaPatch(Patch):
         F.scaled_dot_product_attention = self.original
 
 
+def _tensor(value: object) -> torch.Tensor | None:
+    return value if isinstance(value, torch.Tensor) else None
+
+
 def install(probe: Probe) -> Patch | None:
     import torch.nn.functional as F
 
-    original = F.scaled_dot_product_attention
+    # Its own signature is torch's; the wrapper passes on whatever it was called with.
+    original: Callable[..., torch.Tensor] = F.scaled_dot_product_attention
     if getattr(original, "__kcops_wrapped__", False):
         return None
 
     @functools.wraps(original)
-    def sdpa(*args: Any, **kwargs: Any) -> Any:
+    def sdpa(*args: object, **kwargs: object) -> torch.Tensor:
         # called from another instrumented call (transformers' sdpa: every call there):
         # already measured. Probe.busy() written out, one frame less on that path.
         if getattr(probe._local, "busy", False):
             return original(*args, **kwargs)
         bound = dict(zip(_PARAMS, args, strict=False))
         bound.update((k, v) for k, v in kwargs.items() if k in _PARAMS)
-        query, key = bound.get("query"), bound.get("key")
+        query, key = _tensor(bound.get("query")), _tensor(bound.get("key"))
 
         def kc_inputs() -> KcInputs | None:
             if query is None or key is None or query.dim() != 4 or key.dim() != 4:
                 return None
             if query.shape[1] % key.shape[1]:
                 return None
-            mask = bound.get("attn_mask")
             causal = bool(bound.get("is_causal", False))
             if causal and query.shape[-2] != key.shape[-2]:
                 return None  # torch aligns this causal mask top-left; K(C) assumes bottom-right
-            return KcInputs(query, key, mask, bound.get("scale"), causal)
+            scale = bound.get("scale")
+            scaling = float(scale) if isinstance(scale, int | float) else None
+            return KcInputs(query, key, _tensor(bound.get("attn_mask")), scaling, causal)
 
         return probe.observe(
             UNKNOWN_LAYER,
@@ -67,7 +71,7 @@ def install(probe: Probe) -> Patch | None:
             kwargs,
             context_tokens=int(key.shape[-2]) if key is not None else None,
             device_tensor=query,
-            output_of=lambda out: out,
+            output_of=_tensor,
             kc_inputs=kc_inputs,
         )
 

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+import torch
 
 from kcops.kernels.probe import KcInputs, Patch, Probe
 from kcops.kernels.wire import UNKNOWN_LAYER
 
 if TYPE_CHECKING:
-    import torch
     from torch import nn
     from transformers.modeling_utils import AttentionInterface
 
@@ -28,8 +29,9 @@ AttentionFn = Callable[..., "tuple[torch.Tensor, torch.Tensor | None]"]
 GetInterface = Callable[["AttentionInterface", str, AttentionFn], AttentionFn]
 
 
-def _first(out: torch.Tensor | tuple[torch.Tensor, ...]) -> torch.Tensor:
-    return out[0] if isinstance(out, tuple) else out
+def _first(out: object) -> torch.Tensor | None:
+    first = out[0] if isinstance(out, tuple) else out
+    return first if isinstance(first, torch.Tensor) else None
 
 
 def wrap_attention(probe: Probe, fn: AttentionFn) -> AttentionFn:
@@ -46,7 +48,7 @@ def wrap_attention(probe: Probe, fn: AttentionFn) -> AttentionFn:
         value: torch.Tensor,
         attention_mask: torch.Tensor | None,
         *args: object,
-        **kw: Any,  # scaling, dropout, ...: transformers' own, passed on as they come
+        **kw: object,  # scaling, dropout, ...: transformers' own, passed on as they come
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         layer_idx = getattr(module, "layer_idx", None)
         layer = str(layer_idx) if layer_idx is not None else UNKNOWN_LAYER
@@ -60,7 +62,7 @@ def wrap_attention(probe: Probe, fn: AttentionFn) -> AttentionFn:
                 query,
                 key,
                 attention_mask,
-                float(scaling) if scaling is not None else None,
+                float(scaling) if isinstance(scaling, int | float) else None,
                 bool(getattr(module, "is_causal", True)),
             )
 

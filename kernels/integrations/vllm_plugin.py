@@ -33,12 +33,16 @@ import logging
 import os
 import re
 import sys
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TypeVar
+
+import torch
 
 from kcops.kernels.integrations import vllm_requests
 from kcops.kernels.probe import KcInputs, Patch, Probe
 from kcops.kernels.wire import UNKNOWN_LAYER
+
+T = TypeVar("T")  # what the wrapped attention forward returns
 
 BASE_MODULES: tuple[str, ...] = ("vllm.v1.attention.backend", "vllm.attention.backends.abstract")
 WRAPPED_MARK = "__kcops_wrapped__"
@@ -82,7 +86,7 @@ def hook_runner(probe: Probe) -> None:
         )
 
 
-def layer_of(layer: Any) -> str:
+def layer_of(layer: object) -> str:
     """Layer index from vLLM's attention layer, whose ``layer_name`` reads like
     ``model.layers.3.self_attn.attn``; ``unknown`` otherwise."""
     name = getattr(layer, "layer_name", None)
@@ -93,24 +97,30 @@ def layer_of(layer: Any) -> str:
     return UNKNOWN_LAYER
 
 
-def _context_tokens(attn_metadata: Any) -> int | None:
+def _context_tokens(attn_metadata: object) -> int | None:
     value = getattr(attn_metadata, "max_seq_len", None)
     return int(value) if isinstance(value, int) else None
 
 
-def _arg(args: tuple[Any, ...], kwargs: dict[str, Any], i: int, name: str) -> Any:
+def _arg(args: tuple[object, ...], kwargs: Mapping[str, object], i: int, name: str) -> object:
     """Argument ``name`` of ``forward(self, layer, query, key, value, kv_cache, attn_metadata,
     …)``, at position ``i`` of what follows ``query``, or by keyword."""
     return args[i] if len(args) > i else kwargs.get(name)
 
 
-def wrap_forward(probe: Probe, forward: Callable[..., Any]) -> Callable[..., Any]:
+def _tensor(out: object) -> torch.Tensor | None:
+    return out if isinstance(out, torch.Tensor) else None
+
+
+def wrap_forward(probe: Probe, forward: Callable[..., T]) -> Callable[..., T]:
     """Instrumented ``Impl.forward(self, layer, query, key, value, kv_cache, attn_metadata, …)``."""
     if getattr(forward, WRAPPED_MARK, False):
         return forward
 
     @functools.wraps(forward)
-    def wrapped(self: Any, layer: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+    def wrapped(
+        self: object, layer: object, query: torch.Tensor, *args: object, **kwargs: object
+    ) -> T:
         if not _runner_hooked:
             hook_runner(probe)
         attn_metadata = _arg(args, kwargs, 3, "attn_metadata")
@@ -134,8 +144,8 @@ def wrap_forward(probe: Probe, forward: Callable[..., Any]) -> Callable[..., Any
             (self, layer, query, *args),
             kwargs,
             context_tokens=_context_tokens(attn_metadata),
-            device_tensor=query if hasattr(query, "is_cuda") else None,
-            output_of=lambda out: out if hasattr(out, "is_floating_point") else None,
+            device_tensor=_tensor(query),
+            output_of=_tensor,
             kc_inputs=kc_inputs,
         )
 
@@ -157,7 +167,7 @@ def _all_subclasses(cls: type) -> list[type]:
 class _ImplPatch(Patch):
     name = "vllm"
 
-    def __init__(self, base: type, original_init_subclass: Any) -> None:
+    def __init__(self, base: type, original_init_subclass: object) -> None:
         self.base = base
         self.original_init_subclass = original_init_subclass
         self.wrapped: list[type] = []
@@ -188,7 +198,7 @@ class _ImplPatch(Patch):
             if "__init_subclass__" in self.base.__dict__:
                 delattr(self.base, "__init_subclass__")
         else:
-            self.base.__init_subclass__ = self.original_init_subclass  # type: ignore[method-assign]
+            self.base.__init_subclass__ = self.original_init_subclass  # type: ignore[method-assign,assignment]
 
 
 def find_base(modules: tuple[str, ...] = BASE_MODULES) -> type | None:
@@ -225,7 +235,7 @@ def install(
     original = base.__dict__.get("__init_subclass__")
     patch = _ImplPatch(base, original)
 
-    def __init_subclass__(cls: type, **kw: Any) -> None:
+    def __init_subclass__(cls: type, **kw: object) -> None:
         if original is not None:
             original.__func__(cls, **kw)
         else:

@@ -35,13 +35,14 @@ import threading
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TypeVar
 
 from kcops.kernels.attribution import RequestKC, attribute_lazily
 
 RUNNER_MODULE = "vllm.v1.worker.gpu_model_runner"
 RUNNER_CLASS = "GPUModelRunner"
 WRAPPED_MARK = "__kcops_requests__"
+T = TypeVar("T")  # what the wrapped execute_model returns
 # Requests kept open at once; past it the oldest is dropped unreported (a finish vLLM
 # never sent must not grow this forever). vLLM's max_num_seqs defaults to 256-1024.
 MAX_OPEN = 4096
@@ -116,20 +117,20 @@ class Requests:
         return done
 
 
-def _batch_ids(runner: Any) -> list[str | None] | None:
+def _batch_ids(runner: object) -> list[str | None] | None:
     batch = getattr(runner, "input_batch", None)
     ids = getattr(batch, "req_ids", None)
     return list(ids) if isinstance(ids, list) else None
 
 
-def _context_tokens(runner: Any, rid: str) -> int | None:
+def _context_tokens(runner: object, rid: str) -> int | None:
     states = getattr(runner, "requests", None)
     state = states.get(rid) if isinstance(states, dict) else None
     n = getattr(state, "num_tokens", None)
     return n if isinstance(n, int) else None
 
 
-def served_model(runner: Any) -> str:
+def served_model(runner: object) -> str:
     """The name vLLM serves the model under (its metrics' ``model_name``): the first of
     ``--served-model-name``, else the model path; '' when the runner does not say."""
     name = getattr(getattr(runner, "model_config", None), "served_model_name", None)
@@ -138,14 +139,14 @@ def served_model(runner: Any) -> str:
     return name if isinstance(name, str) else ""
 
 
-def wrap_execute_model(requests: Requests, fn: Callable[..., Any]) -> Callable[..., Any]:
+def wrap_execute_model(requests: Requests, fn: Callable[..., T]) -> Callable[..., T]:
     """``execute_model(self, scheduler_output, …)`` that closes finished requests and
     attributes the step's sampled K(C) rows."""
     if getattr(fn, WRAPPED_MARK, False):
         return fn
 
     @functools.wraps(fn)
-    def execute_model(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+    def execute_model(self: object, scheduler_output: object, *args: object, **kwargs: object) -> T:
         try:
             if requests.model is None:
                 requests.set_model(served_model(self))

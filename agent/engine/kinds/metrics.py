@@ -10,13 +10,12 @@ converts units (``scale``: Triton reports milliseconds).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from prometheus_client.utils import floatToGoString
 
-from kcops.agent.samples import Sample
+from kcops.agent.samples import ParsedSample, Sample
 
 GAUGE = "gauge"
 COUNTER = "counter"
@@ -31,18 +30,6 @@ _SUFFIX = {
     HISTOGRAM: ("_bucket", "_sum", "_count"),
     COUNT: ("_count",),
 }
-
-
-class ParsedSample(Protocol):
-    """One sample as the scrape's parser gives it (``promtext.ParsedSample``); engine
-    kinds do not depend on the collectors that read them."""
-
-    @property
-    def name(self) -> str: ...
-    @property
-    def labels(self) -> Mapping[str, str]: ...
-    @property
-    def value(self) -> float: ...
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from datetime import datetime
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from kcops.cli.report.timeline import PANELS, Panel, Timeline
+from kcops.cli.report.timeline import PANELS, PlotPanel, Timeline
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -68,7 +68,7 @@ def _png(fig: Figure) -> bytes:
     return buf.getvalue()
 
 
-def panel_png(tl: Timeline, panel: Panel) -> bytes:
+def panel_png(tl: Timeline, panel: PlotPanel) -> bytes:
     fig, ax = _figure()
     xs = [_dt(t) for t in tl.times]
     drawn = False

@@ -25,7 +25,7 @@ class Line:
 
 
 @dataclass(frozen=True)
-class Panel:
+class PlotPanel:
     key: str
     title: str
     unit: str
@@ -33,23 +33,23 @@ class Panel:
     ylim: tuple[float, float] | None = None
 
 
-PANELS: tuple[Panel, ...] = (
-    Panel("latency", "Latency", "ms", (
+PANELS: tuple[PlotPanel, ...] = (
+    PlotPanel("latency", "Latency", "ms", (
         Line("request p99", HQ.format(q=0.99, m="kcops_request_latency_seconds"), 1000),
         Line("TTFT p99", HQ.format(q=0.99, m="kcops_ttft_seconds"), 1000),
         Line("TTFT p50", HQ.format(q=0.5, m="kcops_ttft_seconds"), 1000),
     )),
-    Panel("memory", "Device memory", "% of total", (
+    PlotPanel("memory", "Device memory", "% of total", (
         Line("used", "max(kcops_device_memory_used_bytes / kcops_device_memory_total_bytes)", 100),
     ), (0, 100)),
-    Panel("kv", "KV cache usage", "%", (
+    PlotPanel("kv", "KV cache usage", "%", (
         Line("usage", "max(kcops_kv_cache_usage_ratio)", 100),
     ), (0, 100)),
-    Panel("kc", "K(C): context tokens holding 90% of attention", "tokens", (
+    PlotPanel("kc", "K(C): context tokens holding 90% of attention", "tokens", (
         Line("p50", HQ.format(q=0.5, m="kcops_kc_tokens")),
         Line("p90", HQ.format(q=0.9, m="kcops_kc_tokens")),
     )),
-    Panel("shadow", "Shadow agreement (served path vs full attention)", "%", (
+    PlotPanel("shadow", "Shadow agreement (served path vs full attention)", "%", (
         Line("agreement", "min(kcops_shadow_agreement_ratio)", 100),
     ), (0, 105)),
 )  # fmt: skip

@@ -19,7 +19,7 @@ from kcops.agent.actions.audit import AuditLog, ReadStats, read_audit
 from kcops.agent.actions.base import ActionContext, ActionResult, ActionSpec, Check, NoParams
 from kcops.agent.actions.fallback_to_base import SPEC as FALLBACK
 from kcops.agent.actions.outcome import Outcome, Refusal
-from kcops.agent.actions.records import Trigger
+from kcops.agent.actions.records import ActionRecord, Trigger, parse_record
 from kcops.agent.actions.registry import builtin_actions
 from kcops.agent.actions.remediation import Remediation
 from kcops.agent.clock import ManualClock
@@ -33,13 +33,20 @@ NONFINITE = (b"NaN", b"Infinity")
 
 def test_non_finite_numbers_are_written_as_null_and_named(tmp_path: Path) -> None:
     log = AuditLog(tmp_path / "a.jsonl")
-    log.append({"ts": 1.0, "v": float("nan"), "x": [1.0, float("-inf")], "d": {"h": float("inf")}})
+    nan, inf = float("nan"), float("inf")
+    log.append(
+        ActionRecord(
+            ts=1.0, run_id="r", action="evict_cache", params={}, target="engine", mode="enforce",
+            outcome=Outcome.OK, duration_s=nan, before={"x": [1.0, -inf]}, after={"h": inf},
+        )
+    )  # fmt: skip
     log.close()
     raw = (tmp_path / "a.jsonl").read_bytes()
     assert not any(t in raw for t in NONFINITE), raw
     rec = json.loads(raw)
-    assert rec["v"] is None and rec["x"] == [1.0, None] and rec["d"] == {"h": None}
-    assert rec["nonfinite"] == ["v", "x[1]", "d.h"]
+    assert rec["duration_s"] is None and rec["before"] == {"x": [1.0, None]}
+    assert rec["after"] == {"h": None}
+    assert rec["nonfinite"] == ["duration_s", "before.x[1]", "after.h"]
 
 
 def test_hold_s_infinity_is_refused_naming_what_is_allowed() -> None:
@@ -71,7 +78,7 @@ def test_a_failed_write_leaves_no_fragment_and_is_written_later_once(
     once the disk takes it, it is written once, before the newer ones."""
     path = tmp_path / "a.jsonl"
     log = AuditLog(path)
-    log.append({"ts": 1.0, "n": 1})
+    log.append(parse_record({"ts": 1.0, "n": 1}))
     real_write = os.write
     calls = {"n": 0}
 
@@ -84,8 +91,8 @@ def test_a_failed_write_leaves_no_fragment_and_is_written_later_once(
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(audit_mod.os, "write", full)
-    assert log.append({"ts": 2.0, "n": 2}) is not None  # kept, in memory
-    log.append({"ts": 3.0, "n": 3})
+    assert log.append(parse_record({"ts": 2.0, "n": 2})) is not None  # kept, in memory
+    log.append(parse_record({"ts": 3.0, "n": 3}))
     assert path.read_bytes() == b'{"n":1,"ts":1.0}\n'  # no fragment left
     assert log.held == 2 and log.write_errors >= 1
 
@@ -95,7 +102,7 @@ def test_a_failed_write_leaves_no_fragment_and_is_written_later_once(
     assert asyncio.run(not_acknowledged()) is False
     monkeypatch.setattr(audit_mod.os, "write", real_write)
     log.tick(10.0)
-    log.append({"ts": 4.0, "n": 4})
+    log.append(parse_record({"ts": 4.0, "n": 4}))
     assert asyncio.run(not_acknowledged()) is True
     log.close()
     assert [r["n"] for r in read_audit(path)] == [1, 2, 3, 4]
@@ -107,7 +114,7 @@ def test_a_fragment_that_could_not_be_cut_back_is_ended_before_the_next_record(
 ) -> None:
     path = tmp_path / "a.jsonl"
     log = AuditLog(path)
-    log.append({"ts": 1.0, "n": 1})
+    log.append(parse_record({"ts": 1.0, "n": 1}))
     real_write = os.write
 
     def torn(fd: int, data: bytes) -> int:
@@ -125,7 +132,7 @@ def test_a_fragment_that_could_not_be_cut_back_is_ended_before_the_next_record(
 
     monkeypatch.setattr(audit_mod.os, "write", torn)
     monkeypatch.setattr(audit_mod.os, "ftruncate", no_truncate)
-    log.append({"ts": 2.0, "n": 2})
+    log.append(parse_record({"ts": 2.0, "n": 2}))
     monkeypatch.undo()
     log.tick(3.0)
     log.close()

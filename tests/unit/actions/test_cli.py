@@ -6,6 +6,7 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from kcops.agent.actions.audit import AuditLog
+from kcops.agent.actions.records import parse_record
 from kcops.cli import cli
 from kcops.cli.actions import parse_params, parse_since
 
@@ -14,15 +15,15 @@ T0 = 1_796_043_700.0
 
 def seed(state: Path) -> None:
     log = AuditLog(state / "audit.jsonl")
-    log.append({"kind": "ladder", "ts": T0, "event": "started", "alertname": "KcopsOOM",
-                "step": 0, "steps": ["lower_topn"]})  # fmt: skip
-    log.append(
-        {
-            "kind": "action", "ts": T0 + 1, "action": "lower_topn", "outcome": "ok",
-            "mode": "enforce", "duration_s": 0.05, "detail": "top_n 64 -> 48",
-            "ladder": {"alertname": "KcopsOOM", "step": 0},
-        }
-    )  # fmt: skip
+    log.append(parse_record({
+        "kind": "ladder", "ts": T0, "event": "started", "alertname": "KcopsOOM", "step": 0,
+        "steps": ["lower_topn"],
+    }))  # fmt: skip
+    log.append(parse_record({
+        "kind": "action", "ts": T0 + 1, "action": "lower_topn", "outcome": "ok",
+        "mode": "enforce", "duration_s": 0.05, "detail": "top_n 64 -> 48",
+        "ladder": {"alertname": "KcopsOOM", "step": 0},
+    }))  # fmt: skip
     log.close()
     with open(state / "audit.jsonl", "a") as fh:
         fh.write('{"kind": "action", "ts": 1')  # a torn last line is skipped

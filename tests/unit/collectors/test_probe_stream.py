@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kcops.agent.collectors.probe import Budget, ProbeReceiver
+from kcops.agent.collectors.probe import ProbeReceiver, ReceiveBudget
 from kcops.errors import CollectorUnavailable
 from kcops.kernels import wire
 from kcops.kernels.aggregate import Aggregator
@@ -137,7 +137,7 @@ def test_a_stream_out_of_step_is_closed_and_the_rest_still_counts(sock_path: Pat
 
 def test_budget_counts_frames_and_time_per_second() -> None:
     now = [100.25]
-    b = Budget(3, 0.050, lambda: now[0])
+    b = ReceiveBudget(3, 0.050, lambda: now[0])
     assert [b.admit() for _ in range(4)] == [True, True, True, False]
     assert b.allowance() == 0 and b.paused_s() is None
     b.busy_s += 0.06

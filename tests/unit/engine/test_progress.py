@@ -9,7 +9,7 @@ import pytest
 from kcops.agent.collectors import promtext
 from kcops.agent.engine import progress as pg
 from kcops.agent.engine.kinds import builtin_kinds
-from kcops.agent.engine.progress import Verdict as V
+from kcops.agent.engine.progress import ProgressVerdict as V
 from kcops.agent.engine.watch import kind_counters
 
 GEN = "kcops_generation_tokens_total"

@@ -198,8 +198,11 @@ def test_finished_requests_reach_the_agent_with_model_and_tenant(fake: SimpleNam
     runner.execute_model(_out({"a", "b"}, {"c": 7}, None))  # c: never sampled
     runner.execute_model(_out({"c"}, {}, None))
     k = {rid: _reference(query[i], keys[i]).k_union[0.9] for i, rid in enumerate(["b", "a"])}
-    frame = probe.aggregator.take(1, "VLLM::Worker", 0, "i", 1.0)
-    frame.engine, frame.model = "vllm", probe.publisher.model
+    d = probe.aggregator.take()
+    frame = wire.Frame(
+        1, "VLLM::Worker", 0, "i", 1.0, d.calls_by_layer, d.errors, d.histograms, d.topn_mass,
+        "vllm", d.kc_by_layer, d.internal_errors, model=probe.publisher.model,
+    )  # fmt: skip
     r = ProbeReceiver("/nonexistent/probe.sock")
     r.feed(wire.encode(frame))
     got = {(s.name, dict(s.labels).get("le")): s.value for s in r.collect(0.0)

@@ -1,8 +1,9 @@
 """The one histogram type of kcops, the probe's histograms and their fixed buckets.
 
-Stdlib only, like :mod:`kcops.kernels.wire`, which carries these histograms in frames:
-their buckets are part of the frame format, so changing one needs a new
-``wire.VERSION``.
+Shared by the probe (:mod:`kcops.kernels`) and the agent, so it lives in ``kcops/``
+beside the other modules both sides use. Stdlib only: the sidecar has no torch.
+:mod:`kcops.kernels.wire` carries these histograms in frames: their buckets are part
+of the frame format, so changing one needs a new ``wire.VERSION``.
 """
 
 from __future__ import annotations
