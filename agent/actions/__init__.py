@@ -58,6 +58,6 @@ def build(
 def crash_loop(rem: Remediation, message: str, **kw: int | None) -> None:
     """The supervisor gave up (a crash loop): page; with ``actions.restart.crash_loop:
     evict_pod``, also evict this pod, as a guarded, audited run."""
-    rem.page(message, **kw)  # type: ignore[arg-type]
+    rem.pager.page(message, **kw)  # type: ignore[arg-type]
     if rem.config.actions.restart.crash_loop == ActionName.EVICT_POD:
         rem.runner.submit(ActionName.EVICT_POD, reason=message)

@@ -290,9 +290,6 @@ class AuditLog:
             await asyncio.to_thread(self._fsync)
         return self._synced >= target
 
-    def durable(self, seq: int | None) -> bool:
-        return seq is not None and self._synced >= seq
-
     @property
     def unsynced(self) -> int:
         """Records appended but not yet known on disk (held in memory included)."""

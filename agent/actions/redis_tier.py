@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError, ResponseError
@@ -47,84 +48,104 @@ async def _no_hook(node: str, phase: str) -> None:
     return None
 
 
+@dataclass(frozen=True)
+class Walk:
+    """One eviction's settings, the same on every node it walks."""
+
+    prefix: str
+    policy: str
+    fraction: float
+    expired_idle_s: float
+    scan_count: int
+    batch: int
+    deadline: float  # time.monotonic()
+
+    @property
+    def pre(self) -> bytes:
+        return self.prefix.encode()
+
+
+def _moved(exc: ResponseError) -> bool:
+    """A cluster redirection or outage: raised to the caller, never a reason to fall back."""
+    return str(exc).startswith(("MOVED", "ASK", "CROSSSLOT", "CLUSTERDOWN"))
+
+
 async def evict_node(
     client: aioredis.Redis,
-    prefix: str,
-    policy: str,
-    fraction: float,
+    w: Walk,
     *,
-    expired_idle_s: float,
-    scan_count: int = 500,
-    batch: int = 500,
-    deadline: float,
     cluster: bool = False,
     report: RedisEvictReport | None = None,
     step: Callable[[str], Awaitable[None]] | None = None,
 ) -> RedisEvictReport:
-    """Evict under ``prefix`` on one node, counting into ``report`` as it goes (a
+    """Evict under ``w.prefix`` on one node, counting into ``report`` as it goes (a
     new one if None). Raises redis errors on connection failure; what was evicted
     before is then in ``report``."""
     report = RedisEvictReport() if report is None else report
     hook = step or functools.partial(_no_hook, "")
-    pre = prefix.encode()
-    if policy == "all":
+    if w.policy == "all":
         try:
-            return await scan_unlink_all(client, prefix, scan_count, deadline, report, hook)
+            return await scan_unlink_all(client, w.prefix, w.scan_count, w.deadline, report, hook)
         except ResponseError as exc:
-            if str(exc).startswith(("MOVED", "ASK", "CROSSSLOT", "CLUSTERDOWN")):
+            if _moved(exc):
                 raise
             # Redis < 7.0: the general path below
     scripts = Scripts(client)
-    candidates: list[tuple[bytes, float, int]] = []
-    pending: list[bytes] = []
-
-    async def flush_pending() -> None:
-        if pending:
-            candidates.extend(await scripts.probe(pending))
-            pending.clear()
-
-    fast = True
-    try:
-        candidates, report.truncated = await scan_probe_all(
-            client, prefix, scan_count, deadline, hook
-        )
-        scripts.ok = True
-    except ResponseError as exc:
-        if str(exc).startswith(("MOVED", "ASK", "CROSSSLOT", "CLUSTERDOWN")):
-            raise
-        fast, scripts.ok = False, False  # Redis < 7.0: SCAN and pipelines from here
-    if not fast:
-        async for key in client.scan_iter(match=glob_escape(prefix) + "*", count=scan_count):
-            k = key if isinstance(key, bytes) else str(key).encode()
-            if not k.startswith(pre):
-                continue
-            pending.append(k)
-            if len(pending) >= batch:
-                await flush_pending()
-            if time.monotonic() > deadline:
-                report.truncated = True
-                break
-        await flush_pending()
-    # every key is checked against the prefix again, whichever path found it
-    candidates = [c for c in candidates if c[0].startswith(pre)]
-    report.scanned = len(candidates)
-    report.keys_before = len(candidates)
-
-    victims = choose(entries(candidates), policy, fraction, expired_idle_s)
+    candidates = await _candidates(client, scripts, w, report, hook)
+    report.scanned = report.keys_before = len(candidates)
+    victims = choose(entries(candidates), w.policy, w.fraction, w.expired_idle_s)
     chunk: list[bytes] = []
     freed = 0
     for i, (_, _, keys, size) in enumerate(victims):
-        chunk.extend(k for k in keys if k.startswith(pre))
+        chunk.extend(k for k in keys if k.startswith(w.pre))
         freed += size
-        if len(chunk) >= batch or i == len(victims) - 1:
-            if time.monotonic() > deadline:
+        if len(chunk) >= w.batch or i == len(victims) - 1:
+            if time.monotonic() > w.deadline:
                 report.truncated = True
                 break
-            report.evicted += await scripts.unlink(chunk, pre, cluster)
+            report.evicted += await scripts.unlink(chunk, w.pre, cluster)
             report.freed_bytes += freed
             chunk, freed = [], 0
             await hook("unlink")
     return report
+
+
+async def _candidates(
+    client: aioredis.Redis,
+    scripts: Scripts,
+    w: Walk,
+    report: RedisEvictReport,
+    hook: Callable[[str], Awaitable[None]],
+) -> list[tuple[bytes, float, int]]:
+    """Every key under the prefix with its idle time and size: by the server-side scan
+    (Redis 7), else by SCAN and pipelined probes. Each key is checked against the prefix
+    again, whichever path found it."""
+    try:
+        found, report.truncated = await scan_probe_all(
+            client, w.prefix, w.scan_count, w.deadline, hook
+        )
+        scripts.ok = True
+        return [c for c in found if c[0].startswith(w.pre)]
+    except ResponseError as exc:
+        if _moved(exc):
+            raise
+        scripts.ok = False  # Redis < 7.0: SCAN and pipelines from here
+    candidates: list[tuple[bytes, float, int]] = []
+    pending: list[bytes] = []
+    async for key in client.scan_iter(match=glob_escape(w.prefix) + "*", count=w.scan_count):
+        k = key if isinstance(key, bytes) else str(key).encode()
+        if not k.startswith(w.pre):
+            continue
+        pending.append(k)
+        if len(pending) >= w.batch:
+            candidates += await scripts.probe(pending)
+            pending.clear()
+        if time.monotonic() > w.deadline:
+            report.truncated = True
+            break
+    if pending:
+        candidates += await scripts.probe(pending)
+    return [c for c in candidates if c[0].startswith(w.pre)]
 
 
 async def cluster_masters(client: aioredis.Redis) -> list[tuple[str, int]] | None:
@@ -179,20 +200,11 @@ async def evict_redis(
     if not prefix:
         raise ValueError("refusing to evict with an empty prefix")
     deadline = time.monotonic() + max_seconds
+    w = Walk(prefix, policy, fraction, expired_idle_s, scan_count, batch, deadline)
     hook = on_step or _no_hook
     masters = await cluster_masters(client)
     if masters is None:
-        return await evict_node(
-            client,
-            prefix,
-            policy,
-            fraction,
-            expired_idle_s=expired_idle_s,
-            scan_count=scan_count,
-            batch=batch,
-            deadline=deadline,
-            step=functools.partial(hook, ""),
-        )
+        return await evict_node(client, w, step=functools.partial(hook, ""))
     report = RedisEvictReport()
     for host, port in masters:
         name = f"{host}:{port}"
@@ -200,19 +212,7 @@ async def evict_redis(
         node = node_client(client, host, port)
         part = RedisEvictReport()
         try:
-            await evict_node(
-                node,
-                prefix,
-                policy,
-                fraction,
-                cluster=True,
-                report=part,
-                expired_idle_s=expired_idle_s,
-                scan_count=scan_count,
-                batch=batch,
-                deadline=deadline,
-                step=functools.partial(hook, name),
-            )
+            await evict_node(node, w, cluster=True, report=part, step=functools.partial(hook, name))
         except (RedisError, OSError) as exc:
             report.failed_nodes[name] = f"{type(exc).__name__}: {str(exc)[:200]}"
         finally:

@@ -223,23 +223,9 @@ class Remediation:
     def active(self, name: str) -> bool:
         return self.driver.active(name)
 
-    def page(
-        self,
-        message: str,
-        *,
-        alertname: str | None = None,
-        scope: str | None = None,
-        action: str | None = None,
-        last_exit: int | None = None,
-    ) -> None:
-        """Tell a human (:meth:`Pager.page`)."""
-        self.pager.page(
-            message, alertname=alertname, scope=scope, action=action, last_exit=last_exit
-        )
-
     def _breaker_opened(self, scope: str, run: Run) -> None:
         what = "all actions" if scope == "*" else f"action {scope}"
-        self.page(
+        self.pager.page(
             f"remediation circuit breaker open for {what}: hourly budget spent",
             scope=scope,
             action=run.action,

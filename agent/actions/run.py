@@ -43,20 +43,17 @@ class Run:
     def done(self) -> bool:
         return self.outcome is not None
 
+    def _asked(self) -> JSONObject:
+        """What was asked: the fields its started record and its outcome record share."""
+        return {
+            "ts": self.t, "run_id": self.id, "action": self.action, "params": self.params,
+            "target": self.target, "mode": self.mode, "forced": self.forced,
+            "reason": self.reason,
+        }  # fmt: skip
+
     def started(self) -> StartedRecord:
         """The record written (durably) before the run acts."""
-        return StartedRecord(
-            ts=self.t,
-            run_id=self.id,
-            action=self.action,
-            params=self.params,
-            target=self.target,
-            mode=self.mode,
-            trigger=self.trigger,
-            ladder=self.ladder,
-            forced=self.forced,
-            reason=self.reason,
-        )
+        return StartedRecord(**self._asked(), trigger=self.trigger, ladder=self.ladder)
 
     @property
     def stream(self) -> tuple[str, str, str, str]:
@@ -79,12 +76,9 @@ class Run:
     def record(self) -> ActionRecord:
         res = self.result
         return ActionRecord(
-            ts=self.t,
-            run_id=self.id,
-            action=self.action,
-            params=self.params,
-            target=self.target,
-            mode=self.mode,
+            **self._asked(),
+            trigger=self.trigger,
+            ladder=self.ladder,
             outcome=self.outcome,
             error=self.error,
             duration_s=round(self.duration_s, 6),
@@ -92,9 +86,5 @@ class Run:
             after=res.after if res else None,
             detail=res.detail if res else None,
             result=res.data if res else None,
-            trigger=self.trigger,
-            ladder=self.ladder,
-            forced=self.forced,
-            reason=self.reason,
             refusal=self.refusal,
         )

@@ -1,6 +1,7 @@
 """The rules component: runs each rule group on its own grid, driven by the agent's tick.
 
-Remediation reads alert states through it (an ``AlertsView``). Serves ``GET /api/v1/alerts``
+It publishes every alert transition on the event bus (remediation takes them from there).
+Serves ``GET /api/v1/alerts``
 (active alerts and their state) and ``GET /api/v1/rules`` (groups, rules, last
 evaluation, errors); both are open reads. Alert ``for`` state is kept in the
 state dir and restored after a restart (:mod:`kcops.agent.rules.forstate`).
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -20,7 +20,7 @@ from kcops.agent.rules.forstate import FILE_NAME, ForStateKeeper
 from kcops.agent.rules.group import Group, build_groups
 from kcops.agent.rules.loader import RuleSet
 from kcops.agent.rules.templatebound import MAX_OUTPUT_BYTES
-from kcops.agent.rules.views import ActiveAlert, GroupInfo
+from kcops.agent.rules.views import GroupInfo
 from kcops.agent.samples import SeriesKey
 
 if TYPE_CHECKING:
@@ -146,18 +146,7 @@ class RulesComponent:
         ):
             store.append(SeriesKey.of(name, {}), now, float(v))
 
-    # -- the service other components use -----------------------------------------
-
-    def is_firing(self, alertname: str, labels: Mapping[str, str] | None = None) -> bool:
-        """True when an instance of ``alertname`` whose labels include ``labels`` is firing."""
-        return self.engine.is_firing(alertname, labels)
-
-    def active(self) -> list[ActiveAlert]:
-        """Pending and firing instances (alertname, labels, state, active_since, value, ...)."""
-        return self.engine.active()
-
-    def rule_names(self) -> list[str]:
-        return [r.name for r in self.ruleset.rules]
+    # -- what the routes and the status show ---------------------------------------
 
     def groups_info(self) -> list[GroupInfo]:
         return [

@@ -1,7 +1,7 @@
 """What the rules component shows others: typed records of alerts, rules and groups.
 
 These are what ``GET /api/v1/alerts`` and ``GET /api/v1/rules`` serve (as
-JSON objects) and what remediation reads through ``AlertsView.active()``.
+JSON objects).
 """
 
 from __future__ import annotations

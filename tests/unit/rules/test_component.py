@@ -46,7 +46,7 @@ def feed_healthy(store: Store, t: float, up: float) -> None:
 def test_engine_down_fires_after_5s_and_resolves(tmp_path: Path) -> None:
     ctx = make_ctx(tmp_path)
     (comp,) = rules.build(ctx)
-    assert comp.rule_names()
+    assert [r.name for r in comp.ruleset.rules]
     seen: list[AlertTransition] = []
     ctx.bus.subscribe(seen.append)
 
@@ -64,7 +64,8 @@ def test_engine_down_fires_after_5s_and_resolves(tmp_path: Path) -> None:
     firing = next(tr for tr in seen if tr.state == "firing")
     assert [s.action for s in firing.remediation] == ["restart_worker"]
     assert firing.labels["engine"] == "e1" and firing.labels["severity"] == "page"
-    assert "KcopsEngineDown" in comp.rule_names() and len(comp.rule_names()) == 15
+    names = [r.name for r in comp.ruleset.rules]
+    assert "KcopsEngineDown" in names and len(names) == 15
     # state series for the exporter and for rules over ALERTS
     key = SeriesKey.of("kcops_alert_state", {"alertname": "KcopsEngineDown", "state": "inactive"})
     assert ctx.store.latest(key) == (T0 + 59, 1.0)
@@ -97,14 +98,14 @@ def test_is_firing_active_and_routes(tmp_path: Path) -> None:
         return a, r
 
     alerts, rules_doc = asyncio.run(run())
-    assert comp.is_firing("KcopsEngineDown")
-    assert comp.is_firing("KcopsEngineDown", {"engine": "e1"})
-    assert not comp.is_firing("KcopsEngineDown", {"engine": "e2"})
-    assert not comp.is_firing("KcopsDeviceMemoryHigh")
-    (active,) = comp.active()
+    assert comp.engine.is_firing("KcopsEngineDown")
+    assert comp.engine.is_firing("KcopsEngineDown", {"engine": "e1"})
+    assert not comp.engine.is_firing("KcopsEngineDown", {"engine": "e2"})
+    assert not comp.engine.is_firing("KcopsDeviceMemoryHigh")
+    (active,) = comp.engine.active()
     assert active["state"] == "firing" and active["active_since"] == T0
     assert alerts["alerts"][0]["alertname"] == "KcopsEngineDown"
-    assert {r["name"] for r in rules_doc["rules"]} == set(comp.rule_names())
+    assert {r["name"] for r in rules_doc["rules"]} == set([r.name for r in comp.ruleset.rules])
     down = next(r for r in rules_doc["rules"] if r["name"] == "KcopsEngineDown")
     assert down["state"] == "firing" and down["health"] == "ok"
     status = comp.status()
@@ -151,7 +152,7 @@ def test_recording_rules_feed_later_rules(tmp_path: Path) -> None:
     asyncio.run(comp.tick(T0))
     rec = SeriesKey.of("job:x:sum", {"job": "a", "src": "rec"})
     assert ctx.store.latest(rec) == (T0, 5.0)
-    assert comp.is_firing("High", {"job": "a", "src": "rec"})
+    assert comp.engine.is_firing("High", {"job": "a", "src": "rec"})
 
 
 # About a second of evaluation each (under the per-evaluation budget), so a tick's
