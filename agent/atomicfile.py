@@ -2,13 +2,34 @@
 
 Shared by every state file the agent keeps (the remediation state, the alerts' ``for``
 state), so each gets the same durability and the same clean-up of temps a crash left.
+Each writes from a :class:`Writer` of its own: one thread, so the agent's loop never
+waits for a disk, and a slow disk holds back no other thread pool (collectors, reads).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+class Writer:
+    """One file's writer thread: jobs run one at a time, in the order they came."""
+
+    def __init__(self, name: str) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"kcops-{name}")
+
+    async def run(self, job: Callable[[], T]) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, job)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=False)
 
 
 def tmp_name(path: Path) -> Path:

@@ -5,18 +5,19 @@ run acts, its outcome after), dry runs, refusals by a guard, ladder steps, pages
 restores — with the alert transition that triggered it. It survives agent
 restarts; ``kcops actions history`` reads it.
 
-Writing: :meth:`AuditLog.append` writes the line at once (readers see it) and
-checks the write: a short write is completed, and a write that fails (``ENOSPC``,
-``EIO``) is undone (the file cut back to where the record began), so no fragment
-is left for the next record to be glued to. A record that could not be written
-is kept in memory, in order (at most ``BACKLOG_RECORDS``/``BACKLOG_BYTES``; past
-that a record is dropped and counted), and written before any newer one once the
-disk takes it again: never twice, never out of order.
+Writing: on the agent's event loop :meth:`AuditLog.append` queues the line and its
+writer thread writes it (the loop never waits for a disk, however slow), checking the
+write: a short write is completed, and a write that fails (``ENOSPC``, ``EIO``) is
+undone (the file cut back to where the record began), so no fragment is left for the
+next record to be glued to. A record that could not be written is kept in memory, in
+order (at most ``BACKLOG_RECORDS``/``BACKLOG_BYTES``; past that a record is dropped and
+counted), and written before any newer one once the disk takes it again (the next
+:meth:`AuditLog.tick`): never twice, never out of order.
 
-Durability: the fsync runs in a worker thread, batched. Whoever acknowledges a
-record to the outside (an HTTP answer) awaits :meth:`AuditLog.sync`, which is
-True only when every record appended so far is on disk; outside an event loop
-``append`` fsyncs itself.
+Durability: the writer fsyncs after each batch it wrote. Whoever acknowledges a record
+to the outside (an HTTP answer, an action about to act) awaits :meth:`AuditLog.sync`,
+which is True only once every record up to it is on disk; outside an event loop
+``append`` writes and fsyncs itself.
 
 Torn lines: the next start moves a torn last line (a crash mid-write) to
 ``<log>.torn``; a fragment the agent could not cut back is ended with a newline
@@ -134,23 +135,31 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 class AuditLog:
+    """The log and its writer: on an event loop, :meth:`append` only queues the line and
+    wakes the log's own writer thread, which writes and fsyncs in order (the loop never
+    waits for the disk); outside a loop (the CLI, tests) it writes and fsyncs at once."""
+
     def __init__(self, path: Path, repeats: Repeats | None = None) -> None:
         self.path = path
         self.repeats = repeats or Repeats()
         self._fd: int | None = None
-        self._lock = threading.Lock()  # one fsync at a time; counters below
+        self._io = threading.Lock()  # whoever writes or fsyncs holds it: writer or inline
+        self._cv = threading.Condition()  # the queue below; wakes the writer
         self._seq = 0  # records appended (a record's number, from 1)
         self._written = 0  # the last record written (page cache), by number
         self._synced = 0  # the last record known on disk
-        self._backlog: deque[tuple[int, bytes]] = deque()  # not written yet (disk refused)
+        self._backlog: deque[tuple[int, bytes]] = deque()  # queued, not written yet
         self._backlog_bytes = 0
+        self._refused = False  # the disk refused a write: the queue waits for tick()
+        self._stopping = False
+        self._writer: threading.Thread | None = None
+        self._waiters: list[tuple[int, asyncio.Future[bool], asyncio.AbstractEventLoop]] = []
         self._tail_suspect = False  # a fragment may end the file: end it before writing
-        self._pending: asyncio.Task[bool] | None = None
         self._last_error_log = 0.0
         self.torn_repairs = 0
         self.torn_bytes = 0
         self.write_errors = 0  # failed writes and fsyncs (ENOSPC, EIO, ...)
-        self.dropped = 0  # records lost: the backlog was full
+        self.dropped = 0  # records lost: the queue was full
         self.last_error: str | None = None
 
     def _open(self) -> int:
@@ -188,8 +197,8 @@ class AuditLog:
         key: Key | None = None,
         of: JSONObject | None = None,
     ) -> int | None:
-        """Write one record now (see module); its number, or None when it was not kept
-        (counted as a repeat of ``stream``'s last record, or dropped: backlog full).
+        """Queue one record (see the class); its number, or None when it was not kept
+        (counted as a repeat of ``stream``'s last record, or dropped: the queue is full).
 
         ``stream`` and ``key``: a record that may repeat (:mod:`.auditrepeat`); ``of``
         names it in the summary.
@@ -204,43 +213,84 @@ class AuditLog:
         return self._append(record)
 
     def tick(self, now: float) -> None:
-        """Write the summaries of repeats that ended, and what the disk refused before."""
+        """Queue the summaries of repeats that ended, and try again what the disk refused."""
         for s in self.repeats.due(now):
             self._append(s)
-        if self._backlog:
-            self._drain()
+        with self._cv:
+            if not self._backlog:
+                return
+            self._refused = False
+            self._cv.notify()
+        if self._writer is None:
+            self._flush_inline()
 
     def _append(self, record: AuditRecord) -> int | None:
         line = encode(record)
-        if len(self._backlog) >= BACKLOG_RECORDS or self._backlog_bytes + len(line) > BACKLOG_BYTES:
-            self._drain()
-            if self._backlog:
+        with self._cv:
+            if (
+                len(self._backlog) >= BACKLOG_RECORDS
+                or self._backlog_bytes + len(line) > BACKLOG_BYTES
+            ):
                 self.dropped += 1
                 log.error("audit log %s: backlog full, record dropped: %s", self.path, line[:300])
                 return None
-        self._seq += 1
-        self._backlog.append((self._seq, line))
-        self._backlog_bytes += len(line)
-        self._drain()
+            self._seq += 1
+            seq = self._seq
+            self._backlog.append((seq, line))
+            self._backlog_bytes += len(line)
+            if not self._refused:
+                self._cv.notify()
+        if not self._start_writer():
+            self._flush_inline()
+        return seq
+
+    def _start_writer(self) -> bool:
+        """The writer thread, started on the first append inside an event loop; False
+        while there is none and no loop runs (the caller writes inline)."""
+        if self._writer is not None:
+            return True
         try:
-            loop = asyncio.get_running_loop()
+            asyncio.get_running_loop()
         except RuntimeError:
-            self._fsync()
-            return self._seq
-        if self._written > self._synced and (self._pending is None or self._pending.done()):
-            self._pending = loop.create_task(self.sync())
-        return self._seq
+            return False
+        self._writer = threading.Thread(
+            target=self._run, name=f"kcops-audit-{self.path.name}", daemon=True
+        )
+        self._writer.start()
+        return True
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while (self._refused or not self._backlog) and not self._stopping:
+                    self._cv.wait()
+                if self._stopping and (self._refused or not self._backlog):
+                    return
+            self._flush_inline()
+
+    def _flush_inline(self) -> bool:
+        """Write the queue, oldest first, and fsync; False when the disk refused (the rest
+        kept, in order). Answers the waiters of :meth:`sync` either way."""
+        with self._io:
+            ok = self._drain() and self._fsync()
+        if not ok:
+            with self._cv:
+                self._refused = True  # held until tick() asks again
+        self._answer(ok)
+        return ok
 
     def _drain(self) -> bool:
-        """Write the backlog, oldest first; False when the disk refused (the rest kept)."""
-        while self._backlog:
-            seq, line = self._backlog[0]
+        while True:
+            with self._cv:
+                if not self._backlog:
+                    return True
+                seq, line = self._backlog[0]
             if not self._write(line):
                 return False
-            self._backlog.popleft()
-            self._backlog_bytes -= len(line)
+            with self._cv:
+                self._backlog.popleft()
+                self._backlog_bytes -= len(line)
             self._written = seq
-        return True
 
     def _write(self, line: bytes) -> bool:
         """``line`` at the end of the log, whole, or nothing of it (False)."""
@@ -267,28 +317,51 @@ class AuditLog:
         return True
 
     def _fsync(self) -> bool:
-        with self._lock:
-            target = self._written
-            if self._synced >= target or self._fd is None:
-                return True
-            try:
-                os.fsync(self._fd)
-            except OSError as exc:
-                self._error("fsync failed", exc)
-                return False
-            self._synced = max(self._synced, target)
+        target = self._written
+        if self._synced >= target or self._fd is None:
             return True
+        try:
+            os.fsync(self._fd)
+        except OSError as exc:
+            self._error("fsync failed", exc)
+            return False
+        self._synced = max(self._synced, target)
+        return True
+
+    def _answer(self, ok: bool) -> None:
+        """Resolve the waiters whose records are on disk (True), or all the others when
+        the disk refused (False); from the writer thread, through the loop."""
+        with self._cv:
+            keep, done = [], []
+            for target, fut, loop in self._waiters:
+                if self._synced >= target or not ok:
+                    done.append((fut, loop, self._synced >= target))
+                else:
+                    keep.append((target, fut, loop))
+            self._waiters = keep
+        for fut, loop, value in done:
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(_settle, fut, value)
 
     async def sync(self, upto: int | None = None) -> bool:
         """Wait until records up to number ``upto`` (default: all appended so far) are
         on disk; True if they are. False: the disk refused some (they stay in memory
-        and are written when it takes them: :meth:`tick`)."""
+        and are written when it takes them: :meth:`tick`). Never blocks the loop."""
         target = self._seq if upto is None else upto
-        if self._backlog:
-            self._drain()
-        if self._synced < self._written:
-            await asyncio.to_thread(self._fsync)
-        return self._synced >= target
+        if self._synced >= target:
+            return True
+        if not self._start_writer():
+            return await asyncio.to_thread(self._flush_inline) and self._synced >= target
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[bool] = loop.create_future()
+        with self._cv:
+            if self._refused:
+                return False
+            self._waiters.append((target, fut, loop))
+            self._cv.notify()
+        if self._synced >= target:  # the writer may have finished before we waited
+            _settle(fut, True)
+        return await fut
 
     @property
     def unsynced(self) -> int:
@@ -298,7 +371,7 @@ class AuditLog:
     @property
     def held(self) -> int:
         """Records the disk refused, kept in memory until it takes them."""
-        return len(self._backlog)
+        return len(self._backlog) if self._refused else 0
 
     def not_durable(self, record: JSONObject | None) -> JSONObject:
         """The answer (503) while the disk refuses records: held, not acknowledged."""
@@ -308,12 +381,23 @@ class AuditLog:
             "record": record,
         }
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Write what is queued and stop the writer (waiting at most ``timeout_s`` for it)."""
         for s in self.repeats.flush():
             self._append(s)
-        self._drain()
+        writer = self._writer
+        if writer is not None:
+            with self._cv:
+                self._stopping = True
+                self._refused = False  # one last try
+                self._cv.notify()
+            writer.join(timeout_s)
+            if writer.is_alive():
+                log.error("audit log %s: the disk did not answer within %gs", self.path, timeout_s)
+                return
+            self._writer = None
+        self._flush_inline()
         if self._fd is not None:
-            self._fsync()
             os.close(self._fd)
             self._fd = None
         if self._backlog:
@@ -321,3 +405,8 @@ class AuditLog:
                 "audit log %s: %d record(s) never written (%s)",
                 self.path, len(self._backlog), self.last_error,
             )  # fmt: skip
+
+
+def _settle(fut: asyncio.Future[bool], value: bool) -> None:
+    if not fut.done():
+        fut.set_result(value)

@@ -263,7 +263,12 @@ def _decided(lad: Ladder, ev: Decided, retry_s: float, out: list[Decision]) -> N
         else:
             lad.phase = Phase.VERIFY
             lad.verify_until = ev.now
-    elif o in (Outcome.SKIPPED_BUSY, Outcome.SKIPPED_STARTING, Outcome.SKIPPED_OFF):
+    elif o in (
+        Outcome.SKIPPED_BUSY,
+        Outcome.SKIPPED_STARTING,
+        Outcome.SKIPPED_OFF,
+        Outcome.SKIPPED_NOT_DURABLE,
+    ):
         lad.phase = Phase.RUN
         lad.retry_at = ev.now + retry_s
     elif o is Outcome.SKIPPED_BUDGET:

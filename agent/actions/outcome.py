@@ -43,6 +43,9 @@ class Outcome(StrEnum):
     SKIPPED_BUSY = "skipped_busy"
     SKIPPED_OFF = "skipped_off"
     SKIPPED_STARTING = "skipped_starting"
+    # Its started record or the guard state it spent did not reach the disk in time
+    # (actions.guards.durable_wait_s): it did not act.
+    SKIPPED_NOT_DURABLE = "skipped_not_durable"
     # Written by a restarted agent for a run that had started (``kind: started``) and
     # has no outcome: the agent was killed while it ran. It may have acted.
     INTERRUPTED = "interrupted"
@@ -75,6 +78,7 @@ class Refusal(StrEnum):
     BUDGET = "budget"  # the hourly budget is spent (breaker)
     BUSY = "busy"  # another run of the same target is in flight
     OFF = "off"  # remediation mode is off
+    NOT_DURABLE = "not_durable"  # its records did not reach the disk in time
     INVALID = "invalid"  # bad parameters
     UNKNOWN = "unknown"  # no such action
 
@@ -88,6 +92,7 @@ SKIPPED: dict[str, Outcome] = {
     Refusal.BUSY: Outcome.SKIPPED_BUSY,
     Refusal.OFF: Outcome.SKIPPED_OFF,
     Refusal.STARTING: Outcome.SKIPPED_STARTING,
+    Refusal.NOT_DURABLE: Outcome.SKIPPED_NOT_DURABLE,
 }
 
 

@@ -1,10 +1,15 @@
 """Remediation's persistence: the state file (a snapshot of guards, ladders,
 restores, replicas) saved atomically when something changed, and the status
 document built from the same snapshot.
+
+Every change is numbered (:meth:`Persist.touch`); a save records the change its
+snapshot covers, so an action can wait (:meth:`Persist.durable`) until the guard state
+it spent is on disk before it acts. Saves run on the state file's writer thread.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Mapping
 from pathlib import Path
@@ -28,10 +33,34 @@ class Persist:
     def __init__(self, path: Path) -> None:
         self.file: StateFile[RemediationState] = StateFile(path, RemediationState)
         self.dirty = False
+        self.changes = 0  # changes so far
+        self.saved = 0  # the change the file on disk includes
+        self._waiters: list[tuple[int, asyncio.Future[bool]]] = []
 
     def touch(self) -> None:
-        """Something changed: saved at the end of the tick."""
+        """Something changed: saved soon (the next save, at the latest the tick's)."""
         self.dirty = True
+        self.changes += 1
+
+    async def durable(self) -> bool:
+        """Wait until every change so far is on disk; False when a save failed first."""
+        target = self.changes
+        if self.saved >= target:
+            return True
+        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._waiters.append((target, fut))
+        return await fut
+
+    def _answer(self, ok: bool) -> None:
+        keep = []
+        for target, fut in self._waiters:
+            if fut.done():
+                continue
+            if self.saved >= target or not ok:
+                fut.set_result(self.saved >= target)
+            else:
+                keep.append((target, fut))
+        self._waiters = keep
 
     @staticmethod
     def snapshot(
@@ -52,19 +81,21 @@ class Persist:
             replicas=replicas,
         )
 
-    def save(self, state: RemediationState) -> None:
-        """Write ``state`` now, on this thread (durable on return)."""
-        self.file.save(state)
-        self.dirty = False
-
-    async def save_async(self, state: RemediationState) -> None:
-        """Write ``state`` from a worker thread; a failure leaves it dirty (next tick)."""
+    async def save_async(self, state: RemediationState) -> bool:
+        """Write ``state`` (a snapshot taken now) on the writer thread; False when it
+        failed: it stays dirty (tried again) and the waiters are answered no."""
+        upto = self.changes
         self.dirty = False
         try:
             await self.file.save_async(state)
         except OSError as exc:
             self.dirty = True
             log.warning("cannot save %s: %s", self.file.path, exc.strerror or exc)
+            self._answer(False)
+            return False
+        self.saved = max(self.saved, upto)
+        self._answer(True)
+        return True
 
 
 class RemediationStatus(BaseModel):

@@ -93,6 +93,7 @@ class Remediation:
             cfg, self.registry, self.guards, self.audit, self.engine, ctx.tracer, ctx.clock,
             replicas=self.replicas, supervisor=supervisor, store=ctx.store,
             on_change=self._mark_dirty, on_breaker=self._breaker_opened,
+            durable=self.persist.durable,
         )  # fmt: skip
         self.pager = Pager(cfg.actions.notify, self.audit, ctx.clock, self.runner.count)
         if ruleset is None:
@@ -108,6 +109,7 @@ class Remediation:
         )  # fmt: skip
         self.webhook = cfg.actions.alertmanager_webhook
         self._subscribed = False
+        self._saving: asyncio.Task[None] | None = None
         # Webhook alerts not taken, by reason (kcops_webhook_alerts_dropped_total).
         self.webhook_dropped: dict[str, int] = {}
 
@@ -178,7 +180,10 @@ class Remediation:
         await self.holds.stop()
         await self.runner.drain(timeout_s=max(0.5, self.config.agent.shutdown_deadline_s / 2))
         await self.pager.stop()
-        self.save()
+        if self._saving is not None:
+            await asyncio.gather(self._saving, return_exceptions=True)
+        await self.save_async()
+        self.persist.file.writer.close()
         if self._own_engine:
             await self.engine.aclose()
         self.audit.close()
@@ -194,22 +199,22 @@ class Remediation:
         )
 
     def _mark_dirty(self) -> None:
-        # Guard state must be on disk before an action acts, so that a crash
-        # during the action never lets a restarted agent repeat it. A disk that
-        # refuses it (full) does not stop remediation: saved again each tick.
-        try:
-            self.save()
-        except OSError as exc:
-            self.persist.touch()
-            log.warning("cannot save %s: %s", self.persist.file.path, exc.strerror or exc)
+        """Guard state changed: saved now, on the state file's writer thread (the loop never
+        waits for a disk). An action waits, bounded, until it is on disk before it acts
+        (:meth:`Runner._durable`), so a crash during the action never lets a restarted
+        agent repeat it. A disk that refuses it: saved again each tick."""
+        self.persist.touch()
+        if self._saving is None or self._saving.done():
+            self._saving = asyncio.get_running_loop().create_task(self._save_dirty())
 
-    def save(self) -> None:
-        """Write the state now, on the loop (before an action acts; at stop)."""
-        self.persist.save(self._state())
+    async def _save_dirty(self) -> None:
+        while self.persist.dirty:
+            if not await self.save_async():
+                return  # the disk refused it: the next tick tries again
 
-    async def save_async(self) -> None:
-        """Write the state from a snapshot taken now; the fsyncs run in a thread (each tick)."""
-        await self.persist.save_async(self._state())
+    async def save_async(self) -> bool:
+        """Write the state from a snapshot taken now, on the state file's writer thread."""
+        return await self.persist.save_async(self._state())
 
     # -- alerts, pages ----------------------------------------------------------
 
@@ -240,8 +245,8 @@ class Remediation:
         self.holds.poll(now)
         self.audit.tick(now)
         self.publish(now)
-        if self.persist.dirty:
-            await self.save_async()
+        if self.persist.dirty and (self._saving is None or self._saving.done()):
+            self._saving = asyncio.get_running_loop().create_task(self._save_dirty())
 
     def publish(self, now: float) -> None:
         self.ctx.store.add(
@@ -301,6 +306,8 @@ class Remediation:
         rec = run.record().as_json()
         if not await self.audit.sync():  # never acknowledge a record that is not on disk
             return Answer(503, self.audit.not_durable(rec))
+        if run.outcome is Outcome.SKIPPED_NOT_DURABLE:
+            return Answer(503, {"error": f"not durable: {run.error}", "record": rec})
         return Answer(STATUS_OF.get(run.outcome or Outcome.REFUSED, 409), rec)
 
     async def history(self, since: float | None, limit: int) -> list[JSONObject]:

@@ -18,7 +18,7 @@ import itertools
 import logging
 import time
 import uuid
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import TYPE_CHECKING
 
 from opentelemetry.trace import Span, Status, StatusCode, Tracer
@@ -50,11 +50,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("kcops.agent.actions")
 
-# How long an action waits for its started record to reach the disk before it acts
-# anyway. A busy disk's fsync can take many seconds (writeback after a large install
-# or a model load); a restart must not wait on it. The fsync goes on, and the HTTP
-# answer still waits for it (a record is never acknowledged before it is durable).
-STARTED_DURABLE_WAIT_S = 1.0
+
+async def _always() -> bool:
+    return True
 
 
 class Runner:
@@ -73,6 +71,7 @@ class Runner:
         store: Store | None = None,
         on_change: Callable[[], None] = lambda: None,
         on_breaker: Callable[[str, Run], None] = lambda scope, run: None,
+        durable: Callable[[], Awaitable[bool]] = _always,
     ) -> None:
         self.config = config
         self.registry = registry
@@ -86,6 +85,8 @@ class Runner:
         self.store = store
         self.on_change = on_change
         self.on_breaker = on_breaker
+        # Waits until the guard state changed so far is on disk (remediation's state file).
+        self.state_durable = durable
         self.counts: dict[tuple[str, str], int] = {}
         self.tasks: set[asyncio.Task[object]] = set()
         self._seq = itertools.count(1)
@@ -306,21 +307,13 @@ class Runner:
     async def _execute(
         self, run: Run, spec: ActionSpec, parsed: Params, started: int | None = None
     ) -> None:
-        # The disk refuses the log, or is slow: the record is held in memory (or its
-        # fsync goes on) and written when the disk takes it. Remediation does not wait
-        # for the disk (a full or saturated disk may be what it is for).
-        sync = asyncio.ensure_future(self.audit.sync(started))
-        self.tasks.add(sync)  # held until done: the agent's stop waits for it too
-        sync.add_done_callback(self.tasks.discard)
-        done, _ = await asyncio.wait([sync], timeout=STARTED_DURABLE_WAIT_S)
-        if not done:
-            log.warning(
-                "action %s: acting before its started record is durable (fsync slower than %gs)",
-                run.action,
-                STARTED_DURABLE_WAIT_S,
-            )
-        elif not sync.result():
-            log.warning("action %s: acting before its started record is durable", run.action)
+        why = await self._durable(started)
+        if why is not None:  # it did not act: it gives back what it took
+            self.guards.refund(run.action, run.target, run.t)
+            self.guards.finish(run.target)
+            self._refuse(run, ActionRejected(why, Refusal.NOT_DURABLE))
+            self.on_change()
+            return
         by = run.trigger.source if run.trigger is not None else None
         log.info("action %s on %s: started (%s)", run.action, run.target, by or "unknown")
         t0 = time.monotonic()
@@ -355,6 +348,26 @@ class Runner:
                 self.guards.finish(run.target)
                 self._finish(run, outcome, error)
                 self.on_change()
+
+    async def _durable(self, started: int | None) -> str | None:
+        """Wait, at most ``actions.guards.durable_wait_s``, for the run's started record and
+        the guard state it spent to be on disk (the disk writes on threads of its own: the
+        loop goes on). None once both are; else why not, and the run must not act: a
+        crash while it acted would leave no record of it, and a restarted agent free to
+        repeat it."""
+        bound = self.config.actions.guards.durable_wait_s
+        waits = [
+            asyncio.ensure_future(self.audit.sync(started)),
+            asyncio.ensure_future(self.state_durable()),
+        ]
+        done, pending = await asyncio.wait(waits, timeout=bound)
+        for w in pending:
+            w.cancel()
+        if pending:
+            return f"its records did not reach the disk within {bound:g}s (a slow disk)"
+        if not all(w.result() for w in done):
+            return f"the disk refuses its records ({self.audit.last_error or 'state file'})"
+        return None
 
     async def drain(self, timeout_s: float) -> None:
         """Wait for runs in flight, then cancel what is left."""

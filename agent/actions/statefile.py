@@ -9,13 +9,12 @@ rename are removed at the next read; a failed write removes its own.
 
 :class:`StateFile` adds what the agent needs on top: a count of the files set
 aside, and :meth:`StateFile.save_async`, which serialises on the event loop and
-writes (two fsyncs) in a worker thread. Writes are serialised by a lock and
+writes (two fsyncs) on the file's own writer thread. Writes are serialised by a lock and
 numbered, so an older snapshot finishing late never replaces a newer one.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import logging
@@ -28,7 +27,7 @@ from typing import Generic, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from kcops.agent.actions.remediation_state import RemediationState
-from kcops.agent.atomicfile import remove_stale_temps, write_bytes_atomic
+from kcops.agent.atomicfile import Writer, remove_stale_temps, write_bytes_atomic
 
 log = logging.getLogger("kcops.agent.actions")
 
@@ -99,6 +98,7 @@ class StateFile(Generic[M]):
         self._lock = threading.Lock()
         self._seq = 0  # snapshots taken
         self._written = 0  # the newest snapshot on disk
+        self.writer = Writer(path.name)
 
     def read(self) -> M | None:
         """The state validated by the model; None when there is none (or it was set aside)."""
@@ -127,6 +127,6 @@ class StateFile(Generic[M]):
         self._write(*self._snapshot(data))
 
     async def save_async(self, data: State) -> None:
-        """Serialise ``data`` here, write it in a worker thread (durable on return)."""
+        """Serialise ``data`` here, write it on the writer thread (durable on return)."""
         seq, payload = self._snapshot(data)
-        await asyncio.to_thread(self._write, seq, payload)
+        await self.writer.run(lambda: self._write(seq, payload))

@@ -41,6 +41,14 @@ class GuardsSection(Section):
     dedup_window_s: Duration = Field(
         600.0, ge=0, description="a cluster alert started before a local ladder ended is the same"
     )
+    durable_wait_s: Duration = Field(
+        10.0,
+        gt=0,
+        le=600,
+        description="how long an action waits for its started record and the guard state it "
+        "spent to reach the disk before it acts; past it the run is refused "
+        "(skipped_not_durable, tried again by its ladder) and spends nothing",
+    )
 
 
 class EvictSection(Section):

@@ -9,12 +9,12 @@ state dir and restored after a restart (:mod:`kcops.agent.rules.forstate`).
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from kcops.agent.atomicfile import Writer
 from kcops.agent.rules.engine import RuleEngine
 from kcops.agent.rules.forstate import FILE_NAME, ForStateKeeper
 from kcops.agent.rules.group import Group, build_groups
@@ -69,6 +69,7 @@ class RulesComponent:
         self._evaluations: dict[str, int] = {g.name: 0 for g in self.groups}
         self._durations: dict[str, float] = {g.name: 0.0 for g in self.groups}
         self._first = 0  # the group a tick starts with: the first one a spent budget left
+        self._writer = Writer("alerts-for-state")
         for name, kind, help_text in GROUP_METRICS:
             ctx.store.set_meta(name, kind, help_text)
 
@@ -111,19 +112,17 @@ class RulesComponent:
             self.ctx.bus.publish(tr)
         self._write_bound_series(now)
         if evaluated:
-            await self._save(in_thread=True)
+            await self._save()
 
     async def stop(self) -> None:
-        await self._save(in_thread=False)
+        await self._save()
+        self._writer.close()
 
-    async def _save(self, *, in_thread: bool) -> None:
+    async def _save(self) -> None:
+        """The alerts' ``for`` state, written on its writer thread (never on the loop)."""
         payload = self.for_state.payload()
-        if payload is None:
-            return
-        if in_thread:
-            await asyncio.to_thread(self.for_state.write, payload)
-        else:
-            self.for_state.write(payload)
+        if payload is not None:
+            await self._writer.run(lambda: self.for_state.write(payload))
 
     def _write_group_series(self, g: Group, slot: float) -> None:
         labels = {"rule_group": g.name}

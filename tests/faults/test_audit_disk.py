@@ -24,6 +24,7 @@ import httpx
 import pytest
 
 from kcops.agent.actions.audit import AuditLog, ReadStats, read_audit
+from kcops.agent.actions.records import parse_record
 from tests.faults.conftest import RealAgent, start_agent, stop_agent
 
 NONFINITE = (b"NaN", b"Infinity")
@@ -82,17 +83,17 @@ def test_audit_log_on_a_full_tmpfs_keeps_every_record(tmp_path: Path) -> None:
     """Real short writes and ENOSPC (tmpfs): no fragment, no loss, no duplicate."""
     with tmpfs(tmp_path / "fs", "64k") as fs:
         log = AuditLog(fs / "audit.jsonl")
-        log.append({"ts": 0.0, "n": 0, "pad": "p" * 200})
+        log.append(parse_record({"ts": 0.0, "n": 0, "pad": "p" * 200}))
         filled = fill(fs)
         n = 1
         while log.held < 20:  # records the disk refused
-            log.append({"ts": float(n), "n": n, "pad": "p" * 200})
+            log.append(parse_record({"ts": float(n), "n": n, "pad": "p" * 200}))
             n += 1
         written_while_full = n - log.held
         check_log(fs / "audit.jsonl")
         (fs / "filler").unlink()
         log.tick(1e9)
-        log.append({"ts": float(n), "n": n})
+        log.append(parse_record({"ts": float(n), "n": n}))
         log.close()
         recs = check_log(fs / "audit.jsonl")
         assert [r["n"] for r in recs] == list(range(n + 1))

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kcops.agent.actions import audit as audit_mod
 from kcops.agent.actions.audit import AuditLog, read_audit
+from kcops.agent.actions.records import parse_record
 from kcops.agent.actions.remediation import Remediation
 from kcops.agent.actions.statefile import StateFile, read_state, write_atomic
 from kcops.agent.clock import ManualClock
@@ -29,26 +32,41 @@ from tests.unit.actions.harness import make_ctx, make_rem
 def test_torn_tail_is_set_aside_and_loses_no_later_record(tmp_path: Path) -> None:
     path = tmp_path / "audit.jsonl"
     log = AuditLog(path)
-    log.append({"ts": 1.0, "n": 1})
+    log.append(parse_record({"ts": 1.0, "n": 1}))
     log.close()
     with open(path, "ab") as fh:
         fh.write(b'{"ts": 2.0, "n": 2, "tr')  # a crash in the middle of a write
     log = AuditLog(path)
-    log.append({"ts": 3.0, "n": 3})
+    log.append(parse_record({"ts": 3.0, "n": 3}))
     log.close()
     assert [r["n"] for r in read_audit(path)] == [1, 3]
     assert log.torn_repairs == 1 and log.torn_bytes == len(b'{"ts": 2.0, "n": 2, "tr')
     assert (tmp_path / "audit.jsonl.torn").read_bytes() == b'{"ts": 2.0, "n": 2, "tr\n'
 
 
-def test_append_on_the_loop_defers_fsync_and_sync_awaits_it(tmp_path: Path) -> None:
+def test_append_on_the_loop_queues_and_sync_awaits_the_writer(tmp_path: Path) -> None:
+    """On the loop, append writes nothing itself (no write, no fsync: the log's writer
+    thread does both); sync answers once every record is on disk."""
+
     async def body() -> None:
         log = AuditLog(tmp_path / "a.jsonl")
-        for i in range(500):
-            log.append({"ts": float(i), "alert": "unknown"})  # no fsync on the loop
-        assert len(list(read_audit(log.path))) == 500  # written: readers see them
-        await log.sync()
-        assert log.unsynced == 0
+        loop_thread = threading.get_ident()
+        writes: set[int] = set()
+        real_write = audit_mod.os.write
+
+        def seen(fd: int, data: bytes) -> int:
+            writes.add(threading.get_ident())
+            return real_write(fd, data)
+
+        audit_mod.os.write = seen
+        try:
+            for i in range(500):
+                log.append(parse_record({"ts": float(i), "alert": "unknown"}))
+            assert await log.sync()
+        finally:
+            audit_mod.os.write = real_write
+        assert log.unsynced == 0 and len(list(read_audit(log.path))) == 500
+        assert writes and loop_thread not in writes  # every write off the loop
         log.close()
 
     asyncio.run(body())
@@ -206,12 +224,13 @@ WRITER = r"""
 import sys
 from pathlib import Path
 from kcops.agent.actions.audit import AuditLog
+from kcops.agent.actions.records import parse_record
 from kcops.agent.actions.statefile import write_atomic
 d = Path(sys.argv[1])
 log = AuditLog(d / "audit.jsonl")
 i = 0
 while True:
-    log.append({"ts": float(i), "n": i, "pad": "x" * (i % 500)})  # durable on return here
+    log.append(parse_record({"ts": float(i), "n": i, "pad": "x" * (i % 500)}))  # durable: no loop
     write_atomic(d / "state.json", {"version": 1, "ended": {"n": float(i)}})
     print(i, flush=True)  # acknowledged
     i += 1

@@ -75,11 +75,13 @@ def transition(
 
 
 async def settle(rem: Remediation) -> None:
-    """Let action tasks started by the last call finish."""
+    """Let action tasks started by the last call finish, and their records reach the disk
+    (the audit log's writer thread writes them)."""
     for _ in range(50):
         if not rem.runner.tasks:
-            return
+            break
         await asyncio.wait(list(rem.runner.tasks), timeout=5)
+    await rem.audit.sync()
 
 
 def audit(rem: Remediation, kind: str | None = None) -> list[dict[str, Any]]:

@@ -164,10 +164,10 @@ class Gate:
         return ActionResult(detail="done")
 
 
-async def _rem(tmp: Path, gate: Gate) -> tuple[Remediation, ManualClock]:
+async def _rem(tmp: Path, gate: Gate, **guards: float) -> tuple[Remediation, ManualClock]:
     os.environ["KCOPS_TOKEN"] = TOKEN
     clock = ManualClock(1000.0)
-    ctx, _ = make_ctx(tmp, None, clock, mode="enforce", guards={"cooldown_s": 0})
+    ctx, _ = make_ctx(tmp, None, clock, mode="enforce", guards={"cooldown_s": 0, **guards})
     reg = builtin_actions()
     reg.register(ActionSpec("gate", gate.act, NoParams, "test", precheck=gate.precheck))
     rem = Remediation(ctx, registry=reg)
@@ -209,17 +209,15 @@ def test_started_is_on_disk_before_the_run_acts_and_a_kill_leaves_it_interrupted
     asyncio.run(body())
 
 
-def test_a_slow_fsync_holds_the_action_back_only_for_its_bound(
+def test_a_slow_disk_holds_an_action_back_to_its_bound_then_refuses_it_spending_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A saturated disk's fsync can take many seconds: the action acts after
-    STARTED_DURABLE_WAIT_S, its record is written, and the fsync, once the disk answers,
-    makes the record durable (the HTTP answer waits for that, not the action)."""
+    """A saturated disk's fsync can take many seconds: the action waits (the loop does
+    not) for its started record and the guard state it spent to be on disk; past
+    actions.guards.durable_wait_s it does not act (skipped_not_durable: its ladder tries
+    again) and gives back its budget. Once the disk answers, the next run acts."""
     import threading
 
-    from kcops.agent.actions import runner as runner_mod
-
-    monkeypatch.setattr(runner_mod, "STARTED_DURABLE_WAIT_S", 0.2)
     disk = threading.Event()
     real = AuditLog._fsync
 
@@ -229,21 +227,32 @@ def test_a_slow_fsync_holds_the_action_back_only_for_its_bound(
 
     async def body() -> None:
         gate = Gate(tmp_path / "audit.jsonl")
-        rem, _ = await _rem(tmp_path, gate)
-        monkeypatch.setattr(AuditLog, "_fsync", slow_fsync)
-        run = rem.runner.submit("gate", {}, trigger=Trigger(source="api"))
-        for _ in range(500):  # the fsync never answers until `disk` is set
-            if gate.seen_started:
-                break
-            await asyncio.sleep(0.01)
-        assert gate.seen_started == ["started"]  # acted, its record written, not yet synced
-        assert rem.audit.unsynced > 0
-        disk.set()
         gate.go.set()
+        rem, _ = await _rem(tmp_path, gate, cooldown_s=60, durable_wait_s=0.3)
+        monkeypatch.setattr(AuditLog, "_fsync", slow_fsync)
+        beats = 0
+
+        async def loop_goes_on() -> None:
+            nonlocal beats
+            while True:
+                await asyncio.sleep(0.01)
+                beats += 1
+
+        beat = asyncio.ensure_future(loop_goes_on())
+        run = rem.runner.submit("gate", {}, trigger=Trigger(source="api"))
         assert run.task is not None
         await run.task
-        assert await rem.audit.sync()
-        assert rem.audit.unsynced == 0
+        beat.cancel()
+        assert (run.outcome, run.refusal) == ("skipped_not_durable", "not_durable"), run.error
+        assert "did not reach the disk within 0.3s" in (run.error or "")
+        assert gate.seen_started == []  # it never acted
+        assert beats >= 10  # the loop was never held by the disk
+        assert rem.guards.runs == [] and rem.guards.cooldown_until == {}  # nothing spent
+        disk.set()
+        again = rem.runner.submit("gate", {}, trigger=Trigger(source="api"))
+        assert again.task is not None
+        await again.task
+        assert again.outcome == "ok" and gate.seen_started == ["started"]
         await rem.stop()
 
     try:

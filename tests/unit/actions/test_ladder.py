@@ -191,6 +191,7 @@ def test_restart_mid_ladder_resumes_without_repeating(tmp_path: Path) -> None:
         await settle(rem)
         await rem.tick(clock.advance(1))
         assert rem.ladders["KcopsOOM"].phase == "verify"
+        assert await rem.persist.durable()  # (its state saved, off the loop, soon after)
         # the agent dies without a clean stop: only what is on disk survives
         rem.audit.close()
         w.calls.clear()

@@ -52,6 +52,7 @@ def test_restart_worker_is_refused_while_the_supervisor_backs_off(tmp_path: Path
             assert run.outcome == "refused" and run.refusal == "supervisor_owns"
             assert "the supervisor respawns it in" in (run.error or "")
             assert sup.pid() is None  # nothing respawned behind the supervisor's back
+            assert await rem.audit.sync()
             refused = [r for r in audit(rem, "action") if r["action"] == "restart_worker"]
             assert [r["refusal"] for r in refused] == ["supervisor_owns"]
 

@@ -409,6 +409,7 @@ def test_any_agent_ends_the_hold_after_the_one_that_raised_it_is_gone(tmp_path: 
             assert hpa["spec"]["minReplicas"] == 1
             assert ANN + "hold-until" not in hpa["metadata"]["annotations"]
             assert hpa["metadata"]["annotations"][ANN + "scaled-by"] == "pod-b"
+            assert await rem_b.audit.sync()  # the log's writer thread wrote it
             released = [r for r in audit(rem_b, "fleet") if r["event"] == "hold_released"]
             assert [r["min_replicas"] for r in released] == [1]
             # checked every RELEASE_CHECK_S, not every tick
