@@ -35,7 +35,7 @@ from kcops.agent.events import EventBus
 from kcops.agent.exporter import build_registry
 from kcops.agent.jsonapi import error_body
 from kcops.agent.kcrec import Recommender
-from kcops.agent.preflight import preflight
+from kcops.agent.preflight import check_machine, preflight
 from kcops.agent.query import QueryComponent
 from kcops.agent.rules.regex import CACHE as REGEX_CACHE
 from kcops.agent.samples import Sample
@@ -77,6 +77,9 @@ class Agent:
         # Everything `kcops agent check-config` checks too, by the same function.
         checked = preflight(config, token)
         token = checked.token
+        # What the machine must give (a writable state dir, the probe socket's place, a
+        # free listen address), before any part is built: a refusal is one line, exit 2.
+        check_machine(config)
         self.ctx = AgentContext(
             config=config,
             store=self.store,
@@ -119,12 +122,6 @@ class Agent:
         self._stop.set()
 
     async def start(self) -> None:
-        try:
-            self.ctx.state_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise ConfigError(
-                f"agent.state_dir: cannot create {self.ctx.state_dir}: {exc.strerror}"
-            ) from None
         self.loop_errors.install(asyncio.get_running_loop())
         for comp in self.components:
             await comp.start()
@@ -176,8 +173,8 @@ class Agent:
         # stamps rule evaluations: with wake-up jitter in the timestamps a rule's
         # `now - active_at >= for` can fall a few ms short and lose a whole tick.
         try:
-            # Inside the try: a failed start (port taken) still stops what did start,
-            # the supervised engine first among them.
+            # Inside the try: a failed start still stops what did start, the supervised
+            # engine first among them.
             await self.start()
             wall0, loop0, k = self.clock(), loop.time(), 0
             while not self._stop.is_set():

@@ -16,14 +16,19 @@ line (exit 2), what the agent would refuse at start:
   actions: this is where the rules and the actions meet (neither imports the other);
 - a collector switched ``on`` whose source is not configured.
 
-What needs the running process (creating ``agent.state_dir``, binding the
-listen port) is left to ``agent run``.
+What needs this machine (the state dir written, the probe socket's place, the listen
+address free) is :func:`check_machine`, which ``agent run`` calls before any component
+starts: a failure there is one line and exit 2, never a component started and stopped.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import os
+import socket
+import stat
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kcops.agent.collectors import check_sources
@@ -92,3 +97,60 @@ def check_exposure(host: str, token_configured: bool) -> None:
             "the control API would be open to the network. Set KCOPS_TOKEN or --token-file, "
             "or listen on 127.0.0.1"
         )
+
+
+# AF_UNIX: sun_path holds 108 bytes, the last a NUL.
+MAX_SOCKET_PATH_BYTES = 107
+
+
+def check_machine(config: Config) -> None:
+    """What ``agent run`` needs of this machine, before anything starts; ConfigError (one
+    line, exit 2) naming the field: ``agent.state_dir`` written to (created if missing),
+    the probe's socket path usable, ``agent.listen`` free to bind."""
+    _writable_dir(Path(config.agent.state_dir), "agent.state_dir")
+    probe = config.collectors.probe
+    if probe.enabled:
+        from kcops.kernels.wire import default_socket_path
+
+        _socket_path(Path(probe.socket_path or default_socket_path()))
+    _bindable(config.agent.listen, *config.agent.host_port())
+
+
+def _writable_dir(path: Path, field: str) -> None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".kcops-write-check-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(f"{field}: {path} is not a folder kcops can write to: "
+                          f"{exc.strerror or exc}") from None  # fmt: skip
+
+
+def _socket_path(path: Path) -> None:
+    field = "collectors.probe.socket_path"
+    if len(os.fsencode(path)) > MAX_SOCKET_PATH_BYTES:
+        raise ConfigError(
+            f"{field}: {str(path)[:80]}... is {len(os.fsencode(path))} bytes; a Unix socket "
+            f"path has at most {MAX_SOCKET_PATH_BYTES}"
+        )
+    if path.exists() and not stat.S_ISSOCK(path.lstat().st_mode):
+        raise ConfigError(f"{field}: {path} exists and is not a socket (it would be replaced)")
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"{field}: cannot create {path.parent}: {exc.strerror or exc}") from None
+    if not os.access(path.parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"{field}: {path.parent} is not writable: the socket cannot be made")
+
+
+def _bindable(listen: str, host: str, port: int) -> None:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise ConfigError(
+                f"agent.listen: cannot listen on {listen}: {exc.strerror or exc}"
+            ) from None
