@@ -6,6 +6,10 @@ budget (the admin state, where the engine has one; else ``kcops_attention_topn``
 and builds the document (:mod:`.compute`, :mod:`.capacity`). Its gauges are written every
 tick from the last document, so they stay fresh for the exporter and the rules; a
 document that recommends nothing removes them (staleness markers): unknown is absent.
+
+While there is no recommendation yet (no data, too few samples), it looks every
+``READY_CHECK_S`` whether every layer now has its ``min_samples``, and recomputes as soon
+as they do: the first figure comes when it can exist, not an interval later.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ RETENTION_MARGIN_S = 300.0  # the window stays this far inside the store's reten
 LOOKBACK_S = 300.0  # a gauge older than this (Prometheus's lookback) is not "now"
 MISMATCH_BELOW, MISMATCH_ABOVE = "below", "above"
 ABOVE_RATIO = 4.0
+READY_CHECK_S = 5.0  # while nothing is recommended: how often the samples are counted
 
 
 class Recommender:
@@ -57,6 +62,7 @@ class Recommender:
         self.task: asyncio.Task[dict[str, Any]] | None = None
         self.written: set[SeriesKey] = set()
         self.runs = 0
+        self.ready_check_at = 0.0
 
     async def start(self) -> None:
         # A calibration that cannot be read refuses the start, with its file and reason.
@@ -70,10 +76,19 @@ class Recommender:
     async def tick(self, now: float) -> None:
         if not self.cfg.enabled:
             return
-        if now >= self.due and (self.task is None or self.task.done()):
-            self.due = now + self.cfg.interval_s
-            self.task = asyncio.create_task(self.scheduled(now))
+        if self.task is None or self.task.done():
+            if now >= self.due or self._first_can_exist(now):
+                self.due = now + self.cfg.interval_s
+                self.task = asyncio.create_task(self.scheduled(now))
         self.write(now)
+
+    def _first_can_exist(self, now: float) -> bool:
+        """No recommendation yet, and every layer has its samples now (looked at every
+        ``READY_CHECK_S``, from the store alone: the engine is asked when it is computed)."""
+        if (self.doc is not None and self.doc.get("status") == OK) or now < self.ready_check_at:
+            return False
+        self.ready_check_at = now + READY_CHECK_S
+        return self.compute(now, None)["status"] == OK
 
     # -- computing ---------------------------------------------------------------
 

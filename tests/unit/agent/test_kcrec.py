@@ -305,3 +305,42 @@ def test_cli_errors_are_one_line() -> None:
     assert res.exit_code == 3 and "cannot reach the agent" in res.output
     res = CliRunner().invoke(kc_group, ["recommend", "--sweep", "/nonexistent/kc-run"])
     assert res.exit_code == 2 and "--sweep /nonexistent/kc-run: no such folder" in res.output
+
+
+def test_the_first_figure_comes_once_every_layer_has_its_samples_not_an_interval_later(
+    tmp_path: Path,
+) -> None:
+    """The shipped interval is 10 minutes: while nothing is recommended the samples are
+    counted every READY_CHECK_S, and the first recommendation is computed as soon as every
+    layer has min_samples; after it, the schedule again."""
+    import asyncio
+
+    from kcops.agent.kcrec.component import READY_CHECK_S
+
+    r = make(tmp_path, {"min_samples": 200})
+    assert r.cfg.interval_s == 600.0  # the shipped one
+    store = r.ctx.store
+
+    async def run(now: float) -> None:
+        await r.tick(now)
+        if r.task is not None:
+            await r.task
+
+    async def body() -> None:
+        t = T0 + 1000
+        await run(t)  # at start: computed once, nothing to recommend
+        assert r.doc is not None and r.doc["status"] == "no_data" and r.runs == 1
+        feed(store, layer_values(5, 150), t + 10)  # too few
+        await run(t + 10)
+        assert r.runs == 1
+        feed(store, layer_values(6, 100), t + 20)  # 250 each now (a reset: 150 + 100)
+        await run(t + 20)
+        assert r.runs == 2 and r.doc["status"] == "ok", r.doc  # not 600 s after the first
+        assert store.latest(SeriesKey.of("kcops_kc_recommended_n")) is not None
+        for k in range(1, 20):  # then the schedule: nothing recomputed inside the interval
+            await run(t + 20 + k * READY_CHECK_S)
+        assert r.runs == 2
+        await run(t + 20 + 600)
+        assert r.runs == 3
+
+    asyncio.run(body())
