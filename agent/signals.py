@@ -157,6 +157,11 @@ SIGNALS: dict[str, Meta] = {
         GAUGE, "Seconds since the engine last answered its health check."
     ),
     "kcops_engine_restarts_total": Meta(COUNTER, "Engine restarts seen or made by the agent."),
+    "kcops_engine_stuck_processes": Meta(
+        GAUGE,
+        "Processes of an old engine that outlived SIGKILL (stuck in the kernel, frozen) and "
+        "still live.",
+    ),
     "kcops_engine_oom_total": Meta(COUNTER, "Engine exits by out-of-memory."),
     # agent itself
     "kcops_alert_state": Meta(GAUGE, "1 for the current state of each alert (pending, firing)."),

@@ -109,6 +109,13 @@ class RestartSection(Section):
         description="a supervised engine not yet healthy since it was started is not restarted "
         "again within this time (a model load looks like a hang)",
     )
+    beside_survivors: Literal["auto", "allow", "refuse"] = Field(
+        "auto",
+        description="when the old engine's processes outlive SIGKILL (stuck in the kernel, "
+        "frozen): start the new one beside them (allow), or not and escalate as after a "
+        "crash loop (refuse); auto refuses when the agent sees a GPU (they hold its memory) "
+        "and allows on a CPU engine",
+    )
 
 
 class KubernetesSection(Section):

@@ -12,6 +12,7 @@ that exits while it is read is skipped, never an error.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -72,3 +73,41 @@ def pgid_of(pid: int) -> int | None:
         return os.getpgid(pid)
     except OSError:
         return None
+
+
+# /proc/<pid>/stat's state letters, in words (man 5 proc).
+STATES = {
+    "R": "running", "S": "sleeping", "D": "uninterruptible (in the kernel)", "T": "stopped",
+    "t": "traced", "Z": "zombie", "X": "dead", "I": "idle", "W": "paging",
+}  # fmt: skip
+
+
+def describe(pid: int, proc_root: Path = PROC) -> str:
+    """``pid`` as a page names it: its state (and a frozen cgroup), its command."""
+    fields = _stat_fields(str(pid), proc_root)
+    state = STATES.get(fields[0], fields[0]) if fields else "gone"
+    if frozen(pid, proc_root):
+        state += ", cgroup frozen"
+    cmd = " ".join(cmdline(pid, proc_root))[:80]
+    return f"{pid} ({state}: {cmd})" if cmd else f"{pid} ({state})"
+
+
+def frozen(pid: int, proc_root: Path = PROC) -> bool:
+    """True when ``pid``'s freezer cgroup (v1) or its cgroup (v2) is frozen: such a process
+    takes no signal, SIGKILL included, until it is thawed."""
+    try:
+        lines = (proc_root / str(pid) / "cgroup").read_text().splitlines()
+    except OSError:
+        return False
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        base = Path("/sys/fs/cgroup")
+        if "freezer" in controllers.split(","):
+            state = base / "freezer" / path.lstrip("/") / "freezer.state"
+            with contextlib.suppress(OSError):
+                return state.read_text().strip() in ("FROZEN", "FREEZING")
+        elif controllers == "":
+            events = base / path.lstrip("/") / "cgroup.events"
+            with contextlib.suppress(OSError):
+                return "frozen 1" in events.read_text()
+    return False

@@ -14,12 +14,13 @@ it forks. A requested restart is graceful:
    (:mod:`kcops.agent.engine.shm`), then respawn at once.
 
 A restart abandoned before the kill resumes admitting. A stalled or hung engine cannot
-drain: ``restart(drain=False)`` skips 1 and SIGKILLs the group at once. A crash
-respawns after an exponential backoff; too many within the window is a crash loop:
-supervision stops and pages. The supervisor is the one owner of restarts: while it
-backs off, ``restart_worker`` is refused. How the child died is recorded as what is
-known (exit code, signal, who sent it); an out-of-memory verdict needs evidence and
-is the process watcher's (:mod:`kcops.agent.collectors.procwatch`).
+drain: ``restart(drain=False)`` skips 1 and SIGKILLs the group at once. Processes that
+outlive SIGKILL are reported, and may keep a new engine from starting beside them
+(:mod:`kcops.agent.engine.survivors`). A crash respawns after an exponential backoff; too
+many within the window is a crash loop: supervision stops and pages. The supervisor is
+the one owner of restarts: while it backs off, ``restart_worker`` is refused. How the
+child died is recorded as what is known (exit code, signal, who sent it); an OOM verdict
+needs evidence and is the process watcher's (:mod:`kcops.agent.collectors.procwatch`).
 """
 
 from __future__ import annotations
@@ -27,12 +28,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import signal
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 from pydantic import JsonValue, TypeAdapter
@@ -42,9 +42,12 @@ from kcops.agent.engine import Engine, proctree, shm
 from kcops.agent.engine import drain as dr
 from kcops.agent.engine import lifecycle as lc
 from kcops.agent.engine.shutdown import engine_drain_s
+from kcops.agent.engine.survivors import Survivors
 from kcops.agent.engine.terminate import (
     GONE_WAIT_S,
+    ExitInfo,
     die_with_parent,
+    exit_info,
     group_alive,
     kill_group,
     terminate,
@@ -61,16 +64,6 @@ _REPORT: TypeAdapter[dict[str, JsonValue]] = TypeAdapter(dict[str, JsonValue])
 log = logging.getLogger("kcops.agent.engine.supervisor")
 
 __all__ = ["GONE_WAIT_S", "ExitInfo", "Supervisor"]
-
-
-class ExitInfo(TypedDict):
-    """How the child died, as far as is known (an OOM verdict is the process watcher's)."""
-
-    pid: int | None
-    returncode: int
-    signal: str | None
-    by_supervisor: bool  # the supervisor's own SIGKILL
-    t: float
 
 
 class Supervisor:
@@ -123,11 +116,12 @@ class Supervisor:
         self.shm = shm.Ledger(shm_root, proc_root, shm_scan_s)  # this generation's
         self.shm_removed_total = 0
         self._reaper: asyncio.Task[None] | None = None  # reaps a crashed tree; respawn waits
-
-    # -- process handling ----------------------------------------------------------
+        self.survivors = Survivors(self.cfg, store, proc_root)
 
     def backing_off(self) -> str | None:
         """Why the supervisor owns the engine's next start now, or None."""
+        if self.survivors.refusal is not None:
+            return self.survivors.refusal
         if self.gave_up:
             return "the engine is in a crash loop; supervision stopped"
         code, wait = self.proc and self.proc.returncode, (self.respawn_at or 0.0) - self.clock()
@@ -200,11 +194,9 @@ class Supervisor:
         await wait_gone(pgid, GONE_WAIT_S, self.proc_root)
         self._reap_shm(ledger)
 
-    def _serving_again(self) -> None:
+    def _serving_again(self) -> None:  # no longer draining: taken back into rotation
         if self.engine is not None:
             self.engine.draining = None
-
-    # -- the restart ---------------------------------------------------------------
 
     async def restart(
         self, reason: str = "requested", *, drain: bool = True
@@ -237,6 +229,8 @@ class Supervisor:
                 raise
             try:
                 killed = await self._terminate(self.cfg.grace_s + n, at_once=not drain)
+                if old is not None and self._blocked_by_survivors(old):
+                    raise RuntimeError(self.survivors.refusal)
                 removed = self._reap_shm()
                 await self._spawn()  # starting: not serving until its health check passes
             finally:
@@ -277,8 +271,6 @@ class Supervisor:
         n = max(0, self.consecutive_crashes - 1)
         return float(min(self.cfg.backoff_max_s, self.cfg.backoff_initial_s * (2**n)))
 
-    # -- component ----------------------------------------------------------------
-
     async def start(self) -> None:
         await self._spawn()
 
@@ -299,6 +291,7 @@ class Supervisor:
             and not self.gave_up
             and self.pid() is None
             and await self._reaped()
+            and not (proc is not None and self._blocked_by_survivors(proc.pid))
         ):
             await self._spawn()
             self.restarts += 1
@@ -321,16 +314,7 @@ class Supervisor:
     def _crashed(self, returncode: int, now: float) -> None:
         self.last_exit = returncode
         pid = self.proc.pid if self.proc is not None else None
-        # What is known, nothing guessed: a SIGKILL is a kill; OOM needs evidence
-        # (cgroup oom_kill, kernel log, engine log), which the process watcher reads.
-        sig = -returncode if returncode < 0 else None
-        self.last_exit_info = {
-            "pid": pid,
-            "returncode": returncode,
-            "signal": signal.Signals(sig).name if sig else None,
-            "by_supervisor": pid is not None and pid == self._killing_pid,
-            "t": now,
-        }
+        self.last_exit_info = exit_info(pid, returncode, self._killing_pid, now)
         if self.engine is not None:
             self.engine.observe(lc.Exited(now))
         if self.proc is not None:
@@ -358,9 +342,25 @@ class Supervisor:
         self.respawn_at = now + self.backoff_s()
         log.error("engine exited with %s; respawning in %.1fs", returncode, self.respawn_at - now)
 
+    def _blocked_by_survivors(self, pgid: int) -> bool:
+        """True when the old group's survivors keep a new engine from starting (supervision
+        stops; the page, and the pod's eviction with crash_loop: evict_pod, names them)."""
+        if not self.survivors.blocked(pgid):
+            return False
+        self.gave_up = True
+        self.respawn_at = None
+        self.page(str(self.survivors.refusal), last_exit=self.last_exit)
+        return True
+
     def publish(self, now: float) -> None:
         if self.store is not None:
-            self.store.add([Sample.of("kcops_engine_restarts_total", self.restarts)], now)
+            self.store.add(
+                [
+                    Sample.of("kcops_engine_restarts_total", self.restarts),
+                    Sample.of("kcops_engine_stuck_processes", self.survivors.count()),
+                ],
+                now,
+            )
 
     async def stop(self) -> None:
         """Stop the engine with the agent: a short teardown grace, plus the engine's own
@@ -375,16 +375,13 @@ class Supervisor:
 
     def status(self) -> dict[str, object]:
         pid = self.pid()
-        healthy = pid is not None and not self.gave_up
-        summary = (
-            "crash loop: supervision stopped"
-            if self.gave_up
-            else f"engine pid {pid}, {self.restarts} restart(s)"
-            if pid
-            else f"engine down (last exit {self.last_exit}), respawn pending"
-        )
+        summary = self.backing_off() if self.gave_up else None
+        if summary is None:
+            summary = f"engine pid {pid}, {self.restarts} restart(s)" if pid else (
+                f"engine down (last exit {self.last_exit}), respawn pending"
+            )  # fmt: skip
         return {
-            "healthy": healthy,
+            "healthy": pid is not None and not self.gave_up,
             "summary": summary,
             "pid": pid,
             "restarts": self.restarts,
@@ -394,6 +391,8 @@ class Supervisor:
             "ready": self.ready,
             "last_exit_info": self.last_exit_info,
             "shm_removed_total": self.shm_removed_total,
+            "stuck": {str(g): p for g, p in self.survivors.stuck.items()},
+            "stuck_refusal": self.survivors.refusal,
         }
 
     def routes(self) -> list[web.RouteDef]:

@@ -17,6 +17,7 @@ import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypedDict
 
 from kcops.agent.engine import proctree
 
@@ -31,6 +32,29 @@ GONE_WAIT_S = 10.0
 # unlink what its killed users registered before it is killed too.
 TRACKER_ARGV = "from multiprocessing.resource_tracker import main"
 TRACKER_WAIT_S = 3.0
+
+
+class ExitInfo(TypedDict):
+    """How the child died, as far as is known (an OOM verdict is the process watcher's)."""
+
+    pid: int | None
+    returncode: int
+    signal: str | None
+    by_supervisor: bool  # the supervisor's own SIGKILL
+    t: float
+
+
+def exit_info(pid: int | None, returncode: int, killed_pid: int | None, now: float) -> ExitInfo:
+    """What is known, nothing guessed: a SIGKILL is a kill; OOM needs evidence (cgroup
+    oom_kill, kernel log, engine log), which the process watcher reads."""
+    sig = -returncode if returncode < 0 else None
+    return {
+        "pid": pid,
+        "returncode": returncode,
+        "signal": signal.Signals(sig).name if sig else None,
+        "by_supervisor": pid is not None and pid == killed_pid,
+        "t": now,
+    }
 
 
 def die_with_parent() -> None:

@@ -76,10 +76,10 @@ class Recommender:
     async def tick(self, now: float) -> None:
         if not self.cfg.enabled:
             return
-        if self.task is None or self.task.done():
-            if now >= self.due or self._first_can_exist(now):
-                self.due = now + self.cfg.interval_s
-                self.task = asyncio.create_task(self.scheduled(now))
+        idle = self.task is None or self.task.done()
+        if idle and (now >= self.due or self._first_can_exist(now)):
+            self.due = now + self.cfg.interval_s
+            self.task = asyncio.create_task(self.scheduled(now))
         self.write(now)
 
     def _first_can_exist(self, now: float) -> bool:
