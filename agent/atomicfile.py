@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -33,8 +34,9 @@ class Writer:
 
 
 def tmp_name(path: Path) -> Path:
-    """This process's temp file for ``path`` (hidden, beside it, so the rename is atomic)."""
-    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    """This thread's temp file for ``path`` (hidden, beside it, so the rename is atomic;
+    per thread, so two writers of one path in a process never share one)."""
+    return path.with_name(f".{path.name}.{os.getpid()}-{threading.get_ident()}.tmp")
 
 
 def write_bytes_atomic(path: Path, payload: bytes) -> None:

@@ -55,6 +55,9 @@ class AlertTransition:
     annotations: Mapping[str, str] = field(default_factory=dict)
     remediation: tuple[Step, ...] = ()
     source: AlertSource = "local"
+    # The alert that inhibits this one while it fires (the rule file's inhibit_rules):
+    # recorded, never a ladder nor a page.
+    inhibited_by: str | None = None
 
     @property
     def resolved(self) -> bool:

@@ -157,6 +157,11 @@ SIGNALS: dict[str, Meta] = {
         GAUGE, "Seconds since the engine last answered its health check."
     ),
     "kcops_engine_restarts_total": Meta(COUNTER, "Engine restarts seen or made by the agent."),
+    "kcops_engine_restarting": Meta(
+        GAUGE,
+        "1 while the agent's own restart of the engine runs, until the engine is ready again "
+        "(at most its startup timeout): the source of the restart's inhibitions.",
+    ),
     "kcops_engine_stuck_processes": Meta(
         GAUGE,
         "Processes of an old engine that outlived SIGKILL (stuck in the kernel, frozen) and "

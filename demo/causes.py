@@ -225,6 +225,13 @@ def engine_ready(env: DemoEnv) -> None:
     wait("the agent seeing the worker ready", 300, lambda: env.query(ready) == 1.0)
 
 
+def restart_by_hand(env: DemoEnv) -> None:
+    """Restart the worker through the agent's API, as on-call would."""
+    engine_ready(env)
+    rec = env.run_action("restart_worker")
+    click.echo(f"  restart_worker: {rec.get('detail') or rec.get('outcome')}")
+
+
 def slow_start(env: DemoEnv) -> None:
     """Restart the worker (as on-call would) with its model load held back."""
     engine_ready(env)

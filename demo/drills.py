@@ -171,6 +171,11 @@ DRILLS: tuple[Drill, ...] = (
         precheck=c.needs_cgroup,
     ),
     Drill(
+        "KcopsEngineRestarting",
+        "on-call restarts the worker through the agent: the restart's own alerts are inhibited",
+        c.restart_by_hand, c.wait_new_worker, fire_within_s=60, estimate_s=90,
+    ),
+    Drill(
         "KcopsEngineStartSlow", "the worker restarted with its model load held back 150 s",
         c.slow_start, c.end_slow_start, fire_within_s=300, estimate_s=240,
     ),

@@ -67,6 +67,12 @@ class LadderDriver:
     # -- alerts in --------------------------------------------------------------
 
     def on_alert(self, alert: Alert, now: float) -> None:
+        if alert.firing and alert.inhibited_by is not None and alert.name not in self.ladders:
+            # Caused by what inhibits it (the agent's own restart): on record, no ladder,
+            # no page. Published again, not inhibited, if it still fires once that ends.
+            why = f"inhibited by {alert.inhibited_by} while it fires (rule file inhibit_rules)"
+            self._decision(alert, now, "inhibited", why)
+            return
         if alert.firing:
             self._firing(alert, now)
             return

@@ -61,6 +61,7 @@ class Alert:
     trigger: Trigger  # what the audit records and the ladder keep
     steps: tuple[Step, ...] = ()  # the local rule's ladder (Alertmanager's carry none)
     starts_at: float | None = None  # Alertmanager's startsAt (Unix s)
+    inhibited_by: str | None = None  # the alert inhibiting it: recorded, not acted on
 
     @classmethod
     def of(cls, ev: AlertTransition) -> Alert | None:
@@ -77,6 +78,7 @@ class Alert:
             trigger=Trigger.of(ev),
             steps=ev.remediation if ev.source == "local" else (),
             starts_at=parse_time(ev.annotations.get(STARTS_AT)),
+            inhibited_by=ev.inhibited_by,
         )
 
 

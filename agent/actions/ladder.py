@@ -59,6 +59,7 @@ class Left:
     why: str
     ran: bool = True
     outcome: Outcome | None = None  # None: a record of an older agent (``ran`` says it all)
+    error: str | None = None  # what its run answered, when it failed or timed out
 
     def __post_init__(self) -> None:
         if self.step < 0:
@@ -278,13 +279,15 @@ def _decided(lad: Ladder, ev: Decided, retry_s: float, out: list[Decision]) -> N
         _leave(lad, ev.now, f"step {cur.action} {o}: {ev.error}", ran=False, out=out)
         _tick(lad, ev.now, out)
     else:  # failed, timeout: it ran; the next rung, now
-        _leave(lad, ev.now, f"step {cur.action} {o}: {ev.error}", ran=True, out=out)
+        _leave(lad, ev.now, f"step {cur.action} {o}: {ev.error}", ran=True, out=out, err=ev.error)
         _tick(lad, ev.now, out)
 
 
-def _leave(lad: Ladder, now: float, why: str, *, ran: bool, out: list[Decision]) -> None:
+def _leave(
+    lad: Ladder, now: float, why: str, *, ran: bool, out: list[Decision], err: str | None = None
+) -> None:
     cur = lad.current
-    left = Left(lad.step, cur.action if cur else None, now, why, ran, lad.outcome)
+    left = Left(lad.step, cur.action if cur else None, now, why, ran, lad.outcome, err)
     lad.history.append(left)
     lad.step += 1
     lad.phase = Phase.RUN
@@ -309,8 +312,9 @@ _DID: dict[str, str] = {
 
 
 def _did(h: Left) -> str:
-    """What a step that ran did, in the words of a page."""
-    return _DID.get(h.outcome or Outcome.OK, "{a} ran").format(a=h.action)
+    """What a step that ran did, in the words of a page (why it failed, when it did)."""
+    did = _DID.get(h.outcome or Outcome.OK, "{a} ran").format(a=h.action)
+    return f"{did}: {h.error[:300]}" if h.error else did
 
 
 def _end(lad: Ladder, out: list[Decision]) -> None:

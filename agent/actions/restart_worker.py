@@ -60,6 +60,7 @@ async def _signal_restart(ctx: ActionContext) -> ActionResult:
     grace = ctx.config.actions.restart.grace_s + n
     t0 = time.monotonic()
     ctx.engine.draining = "restart_worker (signal)"
+    ctx.engine.observe(lc.Restarting(ctx.now))
     try:
         os.kill(pid, signal.SIGTERM)
         deadline = t0 + grace

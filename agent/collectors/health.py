@@ -69,6 +69,11 @@ def lifecycle_samples(engine: Engine, now: float) -> list[Sample]:
         for s in EngineState
     ]
     out.append(Sample("kcops_engine_startup_timeout_seconds", (), engine.startup_timeout_s))
+    # The agent's own restart, until the engine is ready again, at most its startup timeout
+    # (a start that overruns it is KcopsEngineStartSlow's, not inhibited).
+    since = engine.lifecycle.restarting_since
+    restarting = since is not None and now - since < engine.startup_timeout_s
+    out.append(Sample("kcops_engine_restarting", (), 1.0 if restarting else 0.0))
     starting = engine.starting_overrun_s(now)
     if starting is not None:
         out.append(Sample("kcops_engine_starting_seconds", (), starting))

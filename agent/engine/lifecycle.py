@@ -10,6 +10,12 @@ engine that still answers its health checks while its pending work makes no
 progress (:mod:`kcops.agent.engine.progress`, judged with the canary): a
 :class:`Stall` event moves it there and back; a failing health check still
 makes it ``hung`` or ``down``.
+
+A :class:`Restarting` event marks the agent's own restart of the engine: from it until
+the engine is ready again (``restarting_since``), what the restart itself causes (the
+engine down between the kill and the respawn, the new one loading) is the agent's doing,
+and the alerts it raises are inhibited (``kcops_engine_restarting``, the rule file's
+``inhibit_rules``), not paged.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ class Lifecycle:
     state: EngineState
     since: float  # Unix s the state began
     started_at: float  # Unix s of the start (agent start or spawn)
+    restarting_since: float | None = None  # the agent's own restart, until ready again
 
 
 @dataclass(frozen=True)
@@ -64,7 +71,14 @@ class Stall:
     stalled: bool
 
 
-Event = Health | Spawned | Exited | Stall
+@dataclass(frozen=True)
+class Restarting:
+    """The agent itself began to restart the engine at ``t`` (drain, kill, respawn)."""
+
+    t: float
+
+
+Event = Health | Spawned | Exited | Stall | Restarting
 
 
 def initial(now: float) -> Lifecycle:
@@ -73,8 +87,10 @@ def initial(now: float) -> Lifecycle:
 
 def step(lc: Lifecycle, ev: Event) -> Lifecycle:
     """The lifecycle after ``ev`` (pure)."""
+    if isinstance(ev, Restarting):
+        return replace(lc, restarting_since=ev.t)
     if isinstance(ev, Spawned):
-        return Lifecycle(EngineState.STARTING, ev.t, ev.t)
+        return Lifecycle(EngineState.STARTING, ev.t, ev.t, lc.restarting_since)
     if isinstance(ev, Exited):
         # A process that dies while loading is respawned by the supervisor (which
         # pages on a crash loop): it has not been ready, so it is not "down".
@@ -88,7 +104,9 @@ def step(lc: Lifecycle, ev: Event) -> Lifecycle:
     if ev.ok and lc.state is EngineState.STALLED:
         return lc  # answering health is what a stalled engine does: progress ends it
     if ev.ok:
-        return _to(lc, EngineState.READY, ev.t)
+        if lc.state is EngineState.READY:
+            return lc  # (a restart still draining the old engine stays one)
+        return replace(_to(lc, EngineState.READY, ev.t), restarting_since=None)
     if lc.state is EngineState.STARTING:
         return lc  # still loading: not down until it was ready once
     return _to(lc, EngineState.HUNG if ev.reason == "timeout" else EngineState.DOWN, ev.t)

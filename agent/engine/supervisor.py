@@ -194,8 +194,8 @@ class Supervisor:
         await wait_gone(pgid, GONE_WAIT_S, self.proc_root)
         self._reap_shm(ledger)
 
-    def _serving_again(self) -> None:  # no longer draining: taken back into rotation
-        if self.engine is not None:
+    def _serving_again(self) -> None:
+        if self.engine is not None:  # no longer draining: taken back into rotation
             self.engine.draining = None
 
     async def restart(
@@ -208,6 +208,8 @@ class Supervisor:
             if why is not None:
                 raise RuntimeError(why)
             old = self.pid()
+            if self.engine is not None:  # what follows is the agent's doing (inhibited)
+                self.engine.observe(lc.Restarting(self.clock()))
             t0 = time.monotonic()
             n = self.engine_drain_s()
             drain_report: dr.DrainReport = {"how": None, "engine_drain_s": n}
@@ -229,8 +231,8 @@ class Supervisor:
                 raise
             try:
                 killed = await self._terminate(self.cfg.grace_s + n, at_once=not drain)
-                if old is not None and self._blocked_by_survivors(old):
-                    raise RuntimeError(self.survivors.refusal)
+                if old is not None and self._blocked_by_survivors(old, page=False):
+                    raise RuntimeError(self.survivors.refusal)  # the ladder's page says it
                 removed = self._reap_shm()
                 await self._spawn()  # starting: not serving until its health check passes
             finally:
@@ -241,18 +243,12 @@ class Supervisor:
             if killed:
                 detail += " (SIGKILL after grace)" if drain else " (SIGKILL at once, no drain)"
             log.warning(detail)
-            return _REPORT.validate_python(
-                {
-                    "detail": detail,
-                    "before": {"pid": old},
-                    "after": {"pid": self.pid()},
-                    "drain": drain_report if old is not None and drain else None,
-                    "killed": killed,
-                    "grace_s": self.cfg.grace_s + n,
-                    "shm_removed": removed,
-                    "seconds": round(time.monotonic() - t0, 3),
-                }
-            )
+            return _REPORT.validate_python({
+                "detail": detail, "before": {"pid": old}, "after": {"pid": self.pid()},
+                "drain": drain_report if old is not None and drain else None, "killed": killed,
+                "grace_s": self.cfg.grace_s + n, "shm_removed": removed,
+                "seconds": round(time.monotonic() - t0, 3),
+            })  # fmt: skip
 
     def starting(self, now: float) -> bool:
         """True while the child has not been healthy since it started, within the grace."""
@@ -342,14 +338,16 @@ class Supervisor:
         self.respawn_at = now + self.backoff_s()
         log.error("engine exited with %s; respawning in %.1fs", returncode, self.respawn_at - now)
 
-    def _blocked_by_survivors(self, pgid: int) -> bool:
+    def _blocked_by_survivors(self, pgid: int, *, page: bool = True) -> bool:
         """True when the old group's survivors keep a new engine from starting (supervision
-        stops; the page, and the pod's eviction with crash_loop: evict_pod, names them)."""
+        stops; the page, and the pod's eviction with crash_loop: evict_pod, names them: the
+        supervisor's, or the ladder's when an action asked for the restart)."""
         if not self.survivors.blocked(pgid):
             return False
         self.gave_up = True
         self.respawn_at = None
-        self.page(str(self.survivors.refusal), last_exit=self.last_exit)
+        if page:
+            self.page(str(self.survivors.refusal), last_exit=self.last_exit)
         return True
 
     def publish(self, now: float) -> None:

@@ -18,10 +18,11 @@ from kcops.agent.atomicfile import Writer
 from kcops.agent.rules.engine import RuleEngine
 from kcops.agent.rules.forstate import FILE_NAME, ForStateKeeper
 from kcops.agent.rules.group import Group, build_groups
+from kcops.agent.rules.inhibit import Inhibitor
 from kcops.agent.rules.loader import RuleSet
 from kcops.agent.rules.templatebound import MAX_OUTPUT_BYTES
-from kcops.agent.rules.views import GroupInfo
-from kcops.agent.samples import SeriesKey
+from kcops.agent.rules.views import ActiveAlert, GroupInfo
+from kcops.agent.samples import SeriesKey, label_pairs
 
 if TYPE_CHECKING:
     from kcops.agent.component import AgentContext
@@ -56,6 +57,7 @@ class RulesComponent:
         self.ctx = ctx
         self.ruleset = ruleset
         self.engine = RuleEngine(ruleset, ctx.store)
+        self.inhibitor = Inhibitor(ruleset.inhibit_rules)
         self.groups: list[Group] = build_groups(
             ruleset.groups, ruleset.source, ctx.config.agent.tick_s
         )
@@ -108,7 +110,9 @@ class RulesComponent:
             span.set_attribute("kcops.rules", len(self.ruleset.rules))
             span.set_attribute("kcops.groups", evaluated)
             span.set_attribute("kcops.transitions", len(transitions))
-        for tr in transitions:
+        firing = [(a["alertname"], label_pairs(a["labels"])) for a in self.engine.active()
+                  if a["state"] == "firing"]  # fmt: skip
+        for tr in self.inhibitor.apply(transitions, firing, now):
             self.ctx.bus.publish(tr)
         self._write_bound_series(now)
         if evaluated:
@@ -146,6 +150,15 @@ class RulesComponent:
             store.append(SeriesKey.of(name, {}), now, float(v))
 
     # -- what the routes and the status show ---------------------------------------
+
+    def active(self) -> list[ActiveAlert]:
+        """Pending and firing instances, an inhibited one saying by which alert."""
+        out = self.engine.active()
+        for a in out:
+            by = self.inhibitor.inhibited_by(a["alertname"], a["labels"])
+            if by is not None:
+                a["inhibited_by"] = by
+        return out
 
     def groups_info(self) -> list[GroupInfo]:
         return [
@@ -188,7 +201,7 @@ class RulesComponent:
     def routes(self) -> list[web.RouteDef]:
         async def alerts(_: web.Request) -> web.Response:
             return web.json_response(
-                {"alerts": self.engine.active(), "last_evaluation": self.engine.last_eval}
+                {"alerts": self.active(), "last_evaluation": self.engine.last_eval}
             )
 
         async def rules(_: web.Request) -> web.Response:

@@ -25,6 +25,7 @@ from pydantic import TypeAdapter, ValidationError
 from kcops.agent.config.rules import ParamValue
 from kcops.agent.duration import parse_duration
 from kcops.agent.events import DEFAULT_VERIFY_S, Step
+from kcops.agent.rules.inhibit import InhibitRule, Matcher
 from kcops.agent.rules.model import RuleError
 from kcops.agent.rules.parse import parse_expr
 from kcops.agent.rules.rulefile import (
@@ -137,6 +138,7 @@ class RuleSet:
     source: str
     groups: tuple[GroupSpec, ...]
     params: Mapping[str, int | float | str]
+    inhibit_rules: tuple[InhibitRule, ...] = ()
 
     @property
     def rules(self) -> list[Rule]:
@@ -334,7 +336,15 @@ def load_rules_data(
         )
         groups.append(GroupSpec(g.name, g.interval, rules, g.limit))
     _unique(groups, source)
-    return RuleSet(source, tuple(groups), params)
+    inhibit = tuple(
+        InhibitRule(
+            tuple(Matcher.parse(m) for m in r.source_matchers),
+            tuple(Matcher.parse(m) for m in r.target_matchers),
+            tuple(r.equal or ()),
+        )
+        for r in doc.inhibit_rules or ()
+    )
+    return RuleSet(source, tuple(groups), params, inhibit)
 
 
 def load_rules(

@@ -43,6 +43,7 @@ from pydantic import (
 from kcops.agent.config.rules import ParamValue
 from kcops.agent.duration import parse_duration
 from kcops.agent.rules.exprguard import check_expr_text
+from kcops.agent.rules.inhibit import Matcher
 from kcops.agent.validation import render_path
 from kcops.agent.yamlload import excerpt
 
@@ -291,11 +292,29 @@ class GroupModel(_Strict):
     rules: Annotated[list[RuleModel], Field(max_length=MAX_RULES)] | None = None
 
 
+def _matcher(v: str) -> str:
+    Matcher.parse(v)  # ValueError: pydantic names the field
+    return v
+
+
+MatcherText = Annotated[str, Field(max_length=1024), AfterValidator(_matcher)]
+
+
+class InhibitRuleModel(_Strict):
+    """One of Alertmanager's ``inhibit_rules``, in its own syntax (matchers as text)."""
+
+    source_matchers: Annotated[list[MatcherText], Field(min_length=1, max_length=MAX_LABELS)]
+    target_matchers: Annotated[list[MatcherText], Field(min_length=1, max_length=MAX_LABELS)]
+    equal: Annotated[list[LabelName], Field(max_length=MAX_LABELS)] | None = None
+
+
 class RuleFile(_Strict):
-    """A whole rule file: Prometheus's ``groups`` and kcops's ``params``."""
+    """A whole rule file: Prometheus's ``groups``, kcops's ``params``, and Alertmanager's
+    ``inhibit_rules`` (the agent applies them; ``kcops alerts export`` leaves them out)."""
 
     groups: list[GroupModel] | None = None
     params: Annotated[dict[ParamName, ParamValue], Field(max_length=MAX_PARAMS)] | None = None
+    inhibit_rules: Annotated[list[InhibitRuleModel], Field(max_length=MAX_RULES)] | None = None
 
 
 Params = dict[ParamName, ParamValue]

@@ -23,6 +23,8 @@ class ActiveAlert(TypedDict):
     value: float | None
     value_string: str
     annotations: dict[str, str]
+    # The alert that inhibits it (the rule file's inhibit_rules): firing, not acted on.
+    inhibited_by: NotRequired[str]
 
 
 class StepInfo(TypedDict):

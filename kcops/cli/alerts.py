@@ -92,7 +92,10 @@ def list_cmd(agent_url: str, rules_file: str | None, as_json: bool) -> None:
     for a in active:
         labels = ",".join(f"{k}={v}" for k, v in sorted(a["labels"].items()) if k != "alertname")
         since = a.get("fired_at") if a["state"] == "firing" else a.get("active_since")
-        click.echo(f"{a['alertname']:<30} {a['state']:<8} since {when(as_float(since))} {labels}")
+        by = f" (inhibited by {a['inhibited_by']})" if a.get("inhibited_by") else ""
+        click.echo(
+            f"{a['alertname']:<30} {a['state']:<8} since {when(as_float(since))} {labels}{by}"
+        )
 
 
 @alerts_group.command("show", help="One rule: expression, for, labels, annotations, remediation.")

@@ -204,7 +204,10 @@ def alert_rows(s: Snapshot) -> list[tuple[str, str, str, str]]:
         span = duration(s.taken_at - since) if since else "-"
         val = a.get("value")
         text = f"{val:.3g}" if isinstance(val, (int, float)) else "-"
-        rows.append((str(a["alertname"]), str(a["state"]), span, text))
+        state = str(a["state"])
+        if a.get("inhibited_by"):  # firing, but the agent's own doing: not acted on
+            state += f", inhibited by {a['inhibited_by']}"
+        rows.append((str(a["alertname"]), state, span, text))
     return rows
 
 
@@ -227,7 +230,8 @@ def alerts(s: Snapshot) -> Table:
     t.add_column("for", no_wrap=True)
     t.add_column("value", no_wrap=True)
     for name, state, span, val in alert_rows(s):
-        t.add_row(name, Text(state, style=STATE_STYLE.get(state, "")), span, val)
+        style = STATE_STYLE.get(state.split(",")[0], "")
+        t.add_row(name, Text(state, style="dim" if "inhibited" in state else style), span, val)
     return t
 
 

@@ -54,7 +54,7 @@ def test_export_passes_promtool_check(tmp_path: Path, fmt: str) -> None:
         path.write_text(yaml.safe_dump(doc["spec"]))
     proc = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "SUCCESS: 15 rules found" in proc.stdout
+    assert "SUCCESS: 16 rules found" in proc.stdout
 
 
 @needs_promtool

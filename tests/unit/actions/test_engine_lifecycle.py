@@ -215,3 +215,32 @@ def test_a_restart_the_agent_did_not_make_is_a_new_start(tmp_path) -> None:  # t
             if p.poll() is None:
                 p.kill()
             p.wait()
+
+
+def test_the_agents_restart_lasts_from_its_start_until_the_engine_is_ready_again() -> None:
+    """kcops_engine_restarting: 1 from the agent's own restart (still ready while it drains,
+    down once killed, starting once respawned) until the new engine answers healthy, at
+    most its startup timeout; the source of the restart's inhibitions."""
+    from kcops.agent.collectors.health import lifecycle_samples
+    from kcops.agent.engine import Engine
+
+    eng = Engine("http://127.0.0.1:9", "vllm", now=0.0, startup_timeout_s=600)
+
+    def restarting(now: float) -> float:
+        (s,) = [s for s in lifecycle_samples(eng, now) if s.name == "kcops_engine_restarting"]
+        return s.value
+
+    eng.observe(lc.Health(1.0, True))
+    assert eng.state is S.READY and restarting(1.0) == 0.0
+    eng.observe(lc.Restarting(2.0))
+    eng.observe(lc.Health(3.0, True))  # draining: still ready, still restarting
+    assert restarting(3.0) == 1.0
+    eng.observe(lc.Health(4.0, False, "connect"))  # killed
+    assert eng.state is S.DOWN and restarting(4.0) == 1.0
+    eng.observe(lc.Spawned(5.0))
+    assert eng.state is S.STARTING and restarting(5.0) == 1.0
+    assert restarting(603.0) == 0.0  # past the startup timeout: StartSlow's, not inhibited
+    eng.observe(lc.Health(30.0, True))  # ready again: the restart is over
+    assert eng.state is S.READY and restarting(30.0) == 0.0
+    eng.observe(lc.Health(31.0, False, "connect"))  # a death of its own, no restart behind
+    assert eng.state is S.DOWN and restarting(31.0) == 0.0

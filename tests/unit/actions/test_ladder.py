@@ -288,3 +288,37 @@ def test_resumed_ladder_waits_for_the_new_rule_engine(tmp_path: Path) -> None:
             await w.stop()
 
     asyncio.run(body())
+
+
+def test_an_inhibited_alert_is_recorded_and_neither_laddered_nor_paged_until_released(
+    tmp_path: Path,
+) -> None:
+    """KcopsEngineDown while the agent's own restart runs (inhibited_by set by the rules'
+    inhibitor): one audit record, no ladder, no page; published again not inhibited (the
+    restart over, the engine still down), it is an incident: its ladder starts."""
+    from dataclasses import replace as dc_replace
+
+    async def body() -> None:
+        w = FakeWorker()
+        url = await w.start()
+        clock = ManualClock()
+        ctx, _ = make_ctx(tmp_path, url, clock, mode="enforce")
+        rem = await make_rem(ctx)
+        steps = (Step("notify", {"message": "down"}, 30.0),)
+        try:
+            down = transition("KcopsEngineDown", "firing", clock(), steps)
+            ctx.bus.publish(dc_replace(down, inhibited_by="KcopsEngineRestarting"))
+            await settle(rem)
+            await rem.tick(clock.advance(1))
+            assert "KcopsEngineDown" not in rem.ladders and rem.pages == 0
+            (rec,) = [r for r in audit(rem, "alert") if r["event"] == "inhibited"]
+            assert "inhibited by KcopsEngineRestarting" in rec["detail"]
+            released = dc_replace(down, previous="firing", t=clock(), inhibited_by=None)
+            ctx.bus.publish(released)
+            await settle(rem)
+            assert "KcopsEngineDown" in rem.ladders
+        finally:
+            await rem.stop()
+            await w.stop()
+
+    asyncio.run(body())

@@ -34,7 +34,7 @@ def test_export_prometheus_operator() -> None:
     res = invoke("export", "--format", "prometheus-operator", "--namespace", "serving")
     doc = yaml.safe_load(res.output)
     assert doc["kind"] == "PrometheusRule" and doc["metadata"]["namespace"] == "serving"
-    assert len(doc["spec"]["groups"][0]["rules"]) == 15
+    assert len(doc["spec"]["groups"][0]["rules"]) == 16
 
 
 def test_check_good_and_bad(tmp_path: Path) -> None:
@@ -58,7 +58,7 @@ def test_show_and_list_file() -> None:
     }
     assert invoke("show", "Nope").exit_code == 1
     res = invoke("list", "--file", str(packaged_file("rules.yaml")))
-    assert res.exit_code == 0 and res.output.count("\n") == 15
+    assert res.exit_code == 0 and res.output.count("\n") == 16
 
 
 def test_list_from_agent(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -65,7 +65,7 @@ def test_engine_down_fires_after_5s_and_resolves(tmp_path: Path) -> None:
     assert [s.action for s in firing.remediation] == ["restart_worker"]
     assert firing.labels["engine"] == "e1" and firing.labels["severity"] == "page"
     names = [r.name for r in comp.ruleset.rules]
-    assert "KcopsEngineDown" in names and len(names) == 15
+    assert "KcopsEngineDown" in names and len(names) == 16
     # state series for the exporter and for rules over ALERTS
     key = SeriesKey.of("kcops_alert_state", {"alertname": "KcopsEngineDown", "state": "inactive"})
     assert ctx.store.latest(key) == (T0 + 59, 1.0)

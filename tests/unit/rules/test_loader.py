@@ -48,7 +48,7 @@ def doc(**rule: object) -> dict:  # type: ignore[type-arg]
         (doc(expr="up > ${nope}"), "unknown parameter ${nope}"),
         (doc(unknown_key=1), "'Bad': unknown_key: unknown key; allowed keys: alert,"),
         ({"groups": [{"name": "g", "rules": [{"expr": "up"}]}]}, "exactly one of 'alert'"),
-        ({"grups": []}, "f.yaml: grups: unknown key; allowed keys: groups, params"),
+        ({"grups": []}, "f.yaml: grups: unknown key; allowed keys: groups, inhibit_rules, params"),
     ],
 )
 def test_malformed_rules_are_refused_with_name_and_reason(data: dict, needle: str) -> None:  # type: ignore[type-arg]
@@ -103,7 +103,7 @@ def test_packaged_table_loads_with_ladders() -> None:
 
     rs = load_rules(default_rules_path())
     alerts = {a.name: a for a in rs.alerts()}
-    assert len(alerts) == 15
+    assert len(alerts) == 16
     mem = alerts["KcopsDeviceMemoryHigh"]
     assert [(s.action, dict(s.params)) for s in mem.remediation] == [
         ("evict_cache", {"policy": "expired"}),
@@ -111,9 +111,13 @@ def test_packaged_table_loads_with_ladders() -> None:
         ("fallback_to_base", {"hold_s": 600}),
     ]
     for a in alerts.values():
-        assert a.raw["labels"]["severity"] in ("page", "ticket")
+        assert a.raw["labels"]["severity"] in ("page", "ticket", "info")
         assert a.raw["annotations"]["runbook_url"].endswith(f"/{a.name}.md")
         assert a.remediation, a.name
+    (inhibit,) = rs.inhibit_rules  # the agent's own restart inhibits what it causes
+    assert [str(m.value) for m in inhibit.source] == ["KcopsEngineRestarting"]
+    assert inhibit.target[0].matches({"alertname": "KcopsEngineDown"})
+    assert not inhibit.target[0].matches({"alertname": "KcopsEngineStalled"})
 
 
 def test_repeated_rule_name_is_refused_naming_it() -> None:
