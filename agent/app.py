@@ -67,9 +67,11 @@ class Agent:
         self.clock = clock
         self.started_at = clock()
         self.ticks_done = 0
+        st = config.store
         self.store = Store(
-            config.store.retention_s, config.store.max_series, config.store.max_bytes
-        )
+            st.retention_s, st.max_series, st.max_bytes,
+            max_series_per_source=st.max_series_per_source, quiet_after_s=st.stale_after_s,
+        )  # fmt: skip
         register_all(self.store)
         self.registry = build_registry(self.store, clock, config.store.stale_after_s)
         self.tracer_provider = build_tracer_provider(config.exporters.otlp)

@@ -39,6 +39,14 @@ SIGNALS: dict[str, Meta] = {
         "Probe stream connections, by outcome: accepted, or why the agent closed one "
         "(refused, evicted, idle_timeout, partial_timeout, out_of_step).",
     ),
+    "kcops_probe_folded_frames_total": Meta(
+        COUNTER,
+        "Frames of a process past collectors.probe.max_processes, summed under "
+        'process="other", by source (probe:<engine>/<process>).',
+    ),
+    "kcops_probe_slots_replaced_total": Meta(
+        COUNTER, "Processes that gave their slot to a new one (gone quiet, or over their share)."
+    ),
     "kcops_probe_buffered_bytes": Meta(
         GAUGE, "Bytes of unfinished probe frames held (at most 60,000 a connection)."
     ),
@@ -206,7 +214,14 @@ SIGNALS: dict[str, Meta] = {
     "kcops_store_bytes": Meta(GAUGE, "Memory the agent's store has allocated, by its estimate."),
     "kcops_store_max_bytes": Meta(GAUGE, "The store's memory budget (store.max_bytes)."),
     "kcops_store_dropped_samples_total": Meta(
-        COUNTER, "Samples the store refused, by reason (max_series, max_bytes, out_of_order)."
+        COUNTER,
+        "Samples the store refused, by reason (max_series, source_budget, max_bytes, "
+        "out_of_order).",
+    ),
+    "kcops_store_source_refused_samples_total": Meta(
+        COUNTER,
+        "Samples of new series the store refused, by source: one over its budget "
+        "(store.max_series_per_source), or holding its share of a full store.",
     ),
     "kcops_store_evicted_samples_total": Meta(
         COUNTER, "Samples evicted before their retention to stay within store.max_bytes."

@@ -26,10 +26,15 @@ from __future__ import annotations
 
 import bisect
 from array import array
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
-from kcops.agent.samples import STALE_NAN, Sample, SeriesKey, is_stale
+from kcops.agent.quotas import Quotas
+from kcops.agent.samples import STALE_NAN, LabelPairs, Sample, SeriesKey, is_stale
+
+AGENT = "agent"  # the source of the agent's own series
+# Whose budget a new series counts against: one source, or one per label set.
+Source = str | Callable[[LabelPairs], str]
 
 
 class _Ring:
@@ -108,7 +113,9 @@ class Store:
 
     ``max_series`` and ``max_bytes`` bound memory: a sample of a new series
     beyond either is dropped and counted (``dropped_series``,
-    ``refused_series``); past ``max_bytes`` the oldest samples go first.
+    ``refused_series``); past ``max_bytes`` the oldest samples go first. Each source of
+    series has a budget of its own (:mod:`kcops.agent.quotas`), so one cannot fill the
+    store for the others.
     """
 
     def __init__(
@@ -116,6 +123,8 @@ class Store:
         retention_s: float = 3600.0,
         max_series: int = 50_000,
         max_bytes: int = DEFAULT_MAX_BYTES,
+        max_series_per_source: int = 20_000,
+        quiet_after_s: float = 300.0,
     ) -> None:
         if retention_s <= 0:
             raise ValueError(f"retention_s must be > 0, got {retention_s}")
@@ -133,6 +142,12 @@ class Store:
         self.dropped_series = 0
         self.refused_series = 0
         self.evicted_samples = 0
+        self.quotas = Quotas(max_series_per_source, quiet_after_s)
+        self.over_budget = 0  # samples of a new series its source had no budget for
+        # New series refused for their source's budget or share, by (name, labels): their
+        # next samples are refused without asking again, until the next eviction (when a
+        # quiet source frees room). Bounded: at most the series of one tick's refusals.
+        self._refused: dict[tuple[str, LabelPairs], tuple[SeriesKey, str, bool]] = {}
 
     @property
     def bytes_estimate(self) -> int:
@@ -141,13 +156,21 @@ class Store:
 
     # -- writing -----------------------------------------------------------
 
-    def append(self, key: SeriesKey, ts: float, value: float) -> bool:
-        """Append one sample; returns False when it was dropped."""
+    def append(self, key: SeriesKey, ts: float, value: float, source: str = AGENT) -> bool:
+        """Append one sample; returns False when it was dropped. ``source``: whose budget
+        a new series counts against."""
         ring = self._series.get(key)
         if ring is None:
-            if len(self._series) >= self.max_series:
-                self.dropped_series += 1
+            if not self.quotas.admit(source):
+                self._refuse_again(key, source, over_budget=True)
                 return False
+            if len(self._series) >= self.max_series:
+                victim = self.quotas.victim(source, self.max_series)
+                if victim is None:
+                    self.quotas.refuse(source, f"the store holds max_series={self.max_series}")
+                    self._refuse_again(key, source, over_budget=False)
+                    return False
+                self._remove(victim)
             if self.bytes_estimate >= self.max_bytes:
                 self.refused_series += 1
                 return False
@@ -155,6 +178,7 @@ class Store:
             self._series[key] = ring
             self._by_name.setdefault(key.name, set()).add(key)
             self._key_bytes += series_bytes(key)
+            self.quotas.added(key, source)
         last = ring.last_ts()
         if last is not None and ts < last:
             self.dropped_out_of_order += 1
@@ -167,16 +191,32 @@ class Store:
         self._slots += 1
         return True
 
-    def add(self, samples: Iterable[Sample], now: float) -> int:
-        """Append samples whose ``ts`` is None at ``now``; returns how many landed."""
-        return self._write(samples, now)[0]
+    def _refuse_again(self, key: SeriesKey, source: str, *, over_budget: bool) -> None:
+        """Count a refused sample, and remember its series as refused until eviction."""
+        self._count_refused(over_budget)
+        if len(self._refused) < self.max_series:
+            self._refused[(key.name, key.labels)] = (key, source, over_budget)
 
-    def write(self, samples: Iterable[Sample], now: float) -> set[SeriesKey]:
+    def _count_refused(self, over_budget: bool) -> None:
+        if over_budget:
+            self.over_budget += 1
+        else:
+            self.dropped_series += 1
+
+    def add(self, samples: Iterable[Sample], now: float, source: Source = AGENT) -> int:
+        """Append samples whose ``ts`` is None at ``now``; returns how many landed."""
+        return self._write(samples, now, source)[0]
+
+    def write(
+        self, samples: Iterable[Sample], now: float, source: Source = AGENT
+    ) -> set[SeriesKey]:
         """Like :meth:`add`, but returns the key of every sample, landed or not: what
         the collector runner compares with the previous tick for staleness markers."""
-        return self._write(samples, now)[1]
+        return self._write(samples, now, source)[1]
 
-    def _write(self, samples: Iterable[Sample], now: float) -> tuple[int, set[SeriesKey]]:
+    def _write(
+        self, samples: Iterable[Sample], now: float, source: Source
+    ) -> tuple[int, set[SeriesKey]]:
         """Append ``samples``: (how many landed, the key of each).
 
         The hot path of every tick: a sample of a series that exists, newer than its
@@ -204,9 +244,17 @@ class Store:
                     continue
                 key = ring.key
             else:
+                refused = self._refused.get((name, labels))
+                if refused is not None:  # refused before: no new key, no question
+                    key, src, over = refused
+                    remember(key)
+                    self.quotas.refuse(src, "")
+                    self._count_refused(over)
+                    continue
                 key = SeriesKey(name, labels)
             remember(key)
-            if self.append(key, t, value):
+            src = source if isinstance(source, str) else source(labels)
+            if self.append(key, t, value, src):
                 landed += 1
         return landed, keys
 
@@ -233,6 +281,8 @@ class Store:
         """
         cutoff = now - self.retention_s
         self._drop_before(cutoff)
+        self.quotas.quiet(now, self._last_ts)
+        self._refused.clear()  # room may have come: ask again
         step = self.retention_s / 8
         while self.bytes_estimate > self.max_bytes and cutoff < now:
             cutoff = min(now, cutoff + step)
@@ -253,15 +303,24 @@ class Store:
                 empty.append(key)
         self._slots -= freed
         for key in empty:
-            self._slots -= len(self._series[key].ts)
-            del self._series[key]
-            self._key_bytes -= series_bytes(key)
-            names = self._by_name.get(key.name)
-            if names is not None:
-                names.discard(key)
-                if not names:
-                    del self._by_name[key.name]
+            self._remove(key)
         return dropped
+
+    def _remove(self, key: SeriesKey) -> None:
+        """Forget a series whole (empty after eviction, or replaced in a full store)."""
+        self._slots -= len(self._series[key].ts)
+        del self._series[key]
+        self._key_bytes -= series_bytes(key)
+        self.quotas.removed(key)
+        names = self._by_name.get(key.name)
+        if names is not None:
+            names.discard(key)
+            if not names:
+                del self._by_name[key.name]
+
+    def _last_ts(self, key: SeriesKey) -> float | None:
+        ring = self._series.get(key)
+        return ring.last_ts() if ring is not None else None
 
     # -- reading -----------------------------------------------------------
 

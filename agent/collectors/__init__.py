@@ -95,6 +95,7 @@ def _local(
                 max_connections=cfg.probe.max_connections,
                 connection_idle_timeout_s=cfg.probe.connection_idle_timeout_s,
                 partial_frame_timeout_s=cfg.probe.partial_frame_timeout_s,
+                series_share=ctx.store.max_series // cfg.probe.max_processes,
             )
         )
     if cfg.nvml.enabled != "off":

@@ -27,6 +27,10 @@ log = logging.getLogger("kcops.agent.collectors")
 
 
 class Collector(Protocol):
+    """A source of samples. The store counts its new series against the budget of
+    ``source_of`` when it has one (a string, or a function of a series' labels: the
+    probe's, by process), else of ``name``."""
+
     name: str
 
     def collect(self, now: float) -> Iterable[Sample] | Awaitable[Iterable[Sample]]:
@@ -110,7 +114,7 @@ class CollectorRunner:
                     log.exception("collector %s raised", c.name)
                 self._fail(c.name, "exception", message, now)
             else:
-                keys = self.store.write(samples, now)
+                keys = self.store.write(samples, now, getattr(c, "source_of", c.name))
                 for gone in self._last_keys[c.name] - keys:
                     self.store.mark_stale(gone, now)
                 self._last_keys[c.name] = keys

@@ -38,6 +38,7 @@ from kcops.agent.collectors import probe_bulk
 from kcops.agent.collectors.probe_bulk import Shape
 from kcops.agent.collectors.probe_state import ProbeSums
 from kcops.agent.collectors.probe_stream import StreamServer
+from kcops.agent.quotas import probe_source
 from kcops.agent.samples import Sample
 from kcops.errors import CollectorUnavailable
 from kcops.kernels import wire
@@ -97,6 +98,7 @@ class ReceiveBudget:
 
 class ProbeReceiver:
     name = "probe"
+    source_of = staticmethod(probe_source)  # each process's series count against its own budget
 
     def __init__(
         self,
@@ -112,6 +114,7 @@ class ProbeReceiver:
         partial_frame_timeout_s: float = 10.0,
         drain_interval_s: float = 0.025,
         idle_s: float = 600.0,
+        series_share: int = 1 << 62,
         clock: Callable[[], float] = time.monotonic,
         timer: Callable[[], float] = time.perf_counter,
     ) -> None:
@@ -124,7 +127,7 @@ class ProbeReceiver:
         self.last_error: str | None = None
         self.sums = ProbeSums(
             max_processes=max_processes, max_layers=max_layers, max_kc_layers=max_kc_layers,
-            idle_s=idle_s, clock=clock,
+            idle_s=idle_s, clock=clock, share=series_share,
         )  # fmt: skip
         self.stream = StreamServer(
             self.socket_path, self._consume_timed, max_connections=max_connections,
@@ -269,5 +272,10 @@ class ProbeReceiver:
             for k, n in sorted(self.stream.repeats.counts.items())
         ]
         out.append(Sample("kcops_probe_receive_paused_total", (), float(self.budget.pauses)))
+        out += [
+            Sample("kcops_probe_folded_frames_total", (("source", k),), float(v))
+            for k, v in sorted(self.sums.folded.items())
+        ]
+        out.append(Sample("kcops_probe_slots_replaced_total", (), float(self.sums.replaced)))
         self.sums.samples(out)
         return out

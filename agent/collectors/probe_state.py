@@ -2,7 +2,10 @@
 
 Frames carry DELTAS; these are the agent's cumulative sums of them, so they stay
 monotonic across an engine restart. Bounds: past ``max_processes`` distinct
-(engine, process) pairs, frames fold into ``engine="other", process="other"``; past
+(engine, process) pairs, a new process takes the slot of one gone quiet (no frame for
+``QUIET_S``), else of the one holding the most series when it holds more than its share
+(``share``, the store's series over the process slots), else its frames fold into
+``engine="other", process="other"`` (counted by process, ``folded``); past
 ``max_layers`` distinct layers of a process, its call counts into ``layer="other"``,
 and past ``max_kc_layers`` its K(C) histograms (``kcops_kc_tokens{layer}``, 30 series
 a layer) likewise. A process that sent nothing for ``idle_s`` is forgotten.
@@ -26,6 +29,8 @@ from kcops.histogram import BUCKETS, KC_TOKENS, Histogram
 from kcops.kernels import wire
 
 OTHER = "other"
+QUIET_S = 3.0  # a process with no frame this long gives its slot (probes flush each 1 s)
+MAX_FOLDED = 256  # processes named in `folded`; the rest count under "other"
 MAX_LABEL = 64  # characters kept of a process or layer name sent by a probe
 K = TypeVar("K", str, int)
 KC_BOUNDS = BUCKETS[KC_TOKENS]
@@ -51,6 +56,12 @@ class Process:
         # Frames summed in bulk but not yet folded into the dicts above, by shape.
         self.pending: dict[Shape, Pending] = {}
 
+    def series(self) -> int:
+        """How many series its samples make (what it holds of the store)."""
+        hists = [*self.hist.values(), *self.topn.values()]  # a few; kc: one a layer
+        n = len(self.calls) + len(self.errors) + 2 + len(self.kc) * (len(KC_BOUNDS) + 3)
+        return n + sum(len(h.counts) + 2 for h in hists)
+
 
 class ProbeSums:
     def __init__(
@@ -61,26 +72,53 @@ class ProbeSums:
         max_kc_layers: int,
         idle_s: float,
         clock: Callable[[], float],
+        share: int = 1 << 62,
     ) -> None:
         self.max_processes = max_processes
+        self.share = share
         self.max_layers = max_layers
         self.max_kc_layers = max_kc_layers
         self.idle_s = idle_s
         self.clock = clock
         self.procs: dict[tuple[str, str], Process] = {}  # by (engine, process)
+        self.folded: dict[str, int] = {}  # frames folded into "other", by process (bounded)
+        self.replaced = 0  # processes that gave their slot to a new one
 
     def proc_for(self, key: tuple[str, str], now: float) -> Process:
         p = self.procs.get(key)
         if p is None:
-            if len(self.procs) >= self.max_processes:
+            if self._full():
                 self.forget_idle(now)
-            if len(self.procs) >= self.max_processes:
+            if self._full() and (gone := self._slot(now)) is not None:
+                del self.procs[gone]
+                self.replaced += 1
+            if self._full():
+                name = f"probe:{key[0]}/{key[1]}"  # as the store names the source
+                if name not in self.folded and len(self.folded) >= MAX_FOLDED:
+                    name = OTHER
+                self.folded[name] = self.folded.get(name, 0) + 1
                 key = (OTHER, OTHER)
                 p = self.procs.get(key)
             if p is None:
                 p = self.procs[key] = Process(key, now)
         p.seen = now
         return p
+
+    def _full(self) -> bool:
+        return len(self.procs) - ((OTHER, OTHER) in self.procs) >= self.max_processes
+
+    def _slot(self, now: float) -> tuple[str, str] | None:
+        """The process whose slot a new one takes, or None: one gone quiet, else the one
+        holding the most series, when that is more than its share: processes of a flood
+        push out each other, never one that stays within its share."""
+        held = [(k, p) for k, p in self.procs.items() if k != (OTHER, OTHER)]
+        if not held:
+            return None
+        key, p = min(held, key=lambda kp: kp[1].seen)
+        if now - p.seen > QUIET_S:
+            return key
+        n, key = max((p.series(), k) for k, p in held)
+        return key if n > self.share else None
 
     def forget_idle(self, now: float) -> None:
         for key in [k for k, p in self.procs.items() if now - p.seen > self.idle_s]:

@@ -97,11 +97,16 @@ class SelfCollector:
             out.append(Sample.of("kcops_store_max_bytes", st.max_bytes))
             for reason, n in (
                 ("max_series", st.dropped_series),
+                ("source_budget", st.over_budget),
                 ("max_bytes", st.refused_series),
                 ("out_of_order", st.dropped_out_of_order),
             ):
                 out.append(Sample.of("kcops_store_dropped_samples_total", n, {"reason": reason}))
             out.append(Sample.of("kcops_store_evicted_samples_total", st.evicted_samples))
+            for source, n in sorted(st.quotas.refused.items()):
+                out.append(
+                    Sample.of("kcops_store_source_refused_samples_total", n, {"source": source})
+                )
         rx = self.regex_cache
         if rx is not None:
             out.append(Sample.of("kcops_regex_cache_bytes", rx.bytes))

@@ -53,3 +53,9 @@ class StoreSection(Section):
     stale_after_s: Duration = Field(
         30.0, gt=0, description="the exporter hides a series whose newest sample is older"
     )
+    max_series_per_source: int = Field(
+        20_000, ge=100, le=5_000_000,
+        description="series one source may hold (a probe process, the engine scrape, one of "
+        "the agent's collectors): past it that source's new series are refused, counted "
+        "by source; a source quiet for stale_after_s stops counting against it",
+    )  # fmt: skip

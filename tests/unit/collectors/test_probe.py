@@ -342,3 +342,69 @@ def test_engines_count_toward_the_cardinality_bound() -> None:
     assert (
         value(out, "kcops_attention_calls_total", layer="0", engine="other", process="other") == 4
     )
+
+
+def _procs(out: list[Sample]) -> set[str]:
+    return {dict(s.labels)["process"] for s in out if s.name == "kcops_attention_calls_total"}
+
+
+def test_a_new_process_takes_the_slot_of_one_gone_quiet() -> None:
+    now = [100.0]
+    r = ProbeReceiver("/nonexistent/probe.sock", max_processes=2, clock=lambda: now[0])
+    r.feed(frame(pid=1, process="a", calls_by_layer={"0": 1}))
+    r.feed(frame(pid=2, process="b", calls_by_layer={"0": 1}))
+    now[0] += 1
+    r.feed(frame(pid=3, process="c", calls_by_layer={"0": 1}))  # all active: folded
+    assert _procs(collect(r)) == {"a", "b", "other"}
+    now[0] += 3
+    r.feed(frame(pid=2, process="b", calls_by_layer={"0": 1}))
+    now[0] += 1  # "a" has sent nothing for 5 s, past QUIET_S
+    r.feed(frame(pid=3, process="c", calls_by_layer={"0": 1}))
+    out = collect(r)
+    assert _procs(out) == {"b", "c", "other"}
+    assert value(out, "kcops_probe_slots_replaced_total") == 1
+    assert value(out, "kcops_probe_folded_frames_total", source="probe:kcops/c") == 1
+
+
+def test_a_flood_of_large_processes_cannot_keep_a_new_engine_out() -> None:
+    """1,000 processes of 300 layers each, all active: a small new process takes the slot
+    of the largest over its share, and keeps it while the flood goes on."""
+    now = [100.0]
+    r = ProbeReceiver(
+        "/nonexistent/probe.sock", max_processes=32, series_share=1000, clock=lambda: now[0]
+    )
+    big = {f"L{j}": 1 for j in range(300)}
+    kc = {f"L{j}": hist(wire.KC_TOKENS, 100) for j in range(40)}
+    for i in range(1000):
+        r.feed(frame(pid=i, process=f"flood{i}", calls_by_layer=big, kc_by_layer=kc))
+    now[0] += 5
+    for tick in range(10):  # the flood goes on; the engine sends each second
+        for i in range(tick * 100, tick * 100 + 100):
+            r.feed(frame(pid=i, process=f"flood{i}", calls_by_layer=big, kc_by_layer=kc))
+        r.feed(frame(pid=5000, process="engine", calls_by_layer={"0": 1}))
+        now[0] += 1
+    out = collect(r)
+    assert "engine" in _procs(out)
+    assert (
+        value(out, "kcops_attention_calls_total", layer="0", engine="kcops", process="engine") == 10
+    )
+    assert len(_procs(out)) <= 32 + 1
+    # The flood's processes push out each other (the store counts their series by source).
+    assert value(out, "kcops_probe_slots_replaced_total") > 900
+
+
+def test_small_active_processes_keep_their_slots() -> None:
+    """Within their share, processes that keep sending are never pushed out by newcomers:
+    the newcomers fold into "other" (counted), so no counter restarts from 0."""
+    now = [100.0]
+    r = ProbeReceiver(
+        "/nonexistent/probe.sock", max_processes=4, series_share=1000, clock=lambda: now[0]
+    )
+    for _tick in range(6):
+        for i in range(8):
+            r.feed(frame(pid=i, process=f"p{i}", calls_by_layer={"0": 1}))
+        now[0] += 1
+    out = collect(r)
+    assert _procs(out) == {"p0", "p1", "p2", "p3", "other"}
+    assert value(out, "kcops_attention_calls_total", layer="0", engine="kcops", process="p0") == 6
+    assert value(out, "kcops_probe_slots_replaced_total") == 0
