@@ -30,6 +30,11 @@ SIGNALS: dict[str, Meta] = {
     "kcops_probe_frames_refused_total": Meta(
         COUNTER, "Probe frames the agent refused, by the reason of the decode error's type."
     ),
+    "kcops_probe_kc_mass": Meta(
+        GAUGE,
+        "The attention mass p a process's K(C) values are K_p of (its probe's first "
+        "KCOPS_PROBE_P, sent with every frame).",
+    ),
     "kcops_probe_internal_errors_total": Meta(
         COUNTER, "Failures of the probe's own measuring (never raised into the engine)."
     ),
@@ -60,6 +65,12 @@ SIGNALS: dict[str, Meta] = {
         HISTOGRAM, "Time between output tokens (vLLM: inter-token / time-per-output-token)."
     ),
     "kcops_kv_cache_usage_ratio": Meta(GAUGE, "KV cache usage, 0..1."),
+    "kcops_kv_cache_blocks": Meta(
+        GAUGE, "Blocks of the engine's KV cache (vLLM: cache_config_info's num_gpu_blocks)."
+    ),
+    "kcops_kv_cache_block_tokens": Meta(
+        GAUGE, "Tokens one KV cache block holds (vLLM: cache_config_info's block_size)."
+    ),
     "kcops_kv_cache_bytes": Meta(
         GAUGE, "KV bytes held by running requests (a top-N budget keeps less; lower_topn)."
     ),

@@ -37,6 +37,9 @@ class Deltas:
     topn_mass: dict[int, wire.Histogram]
     kc_by_layer: dict[str, wire.Histogram]
     internal_errors: int
+    # The request histograms of requests finished since the last take, by tenant ('': none
+    # said); each tenant's go in a frame of their own (wire.Frame.tenant).
+    requests: dict[str, dict[str, wire.Histogram]]
 
 
 class Aggregator:
@@ -57,7 +60,7 @@ class Aggregator:
         self.errors: dict[str, int] = dict.fromkeys(wire.ERROR_KINDS, 0)
         self.internal_errors = 0
         self.hist: dict[str, wire.Histogram] = {name: wire.Histogram.of(name) for name in PER_FRAME}
-        self.requests: dict[str, wire.Histogram] = {}
+        self.requests: dict[str, dict[str, wire.Histogram]] = {}  # by tenant
         self.topn: dict[int, wire.Histogram] = {
             n: wire.Histogram.of(wire.TOPN_MASS) for n in self._topn
         }
@@ -111,19 +114,25 @@ class Aggregator:
                 if t is not None:
                     t.observe(mass)
 
-    def observe_request(self, context_tokens: int, effective: float | None) -> None:
-        """One finished request: its full context and, when the probe sampled any of its
-        rows, its effective context (mean K_p, at most the full context); priced at the
-        effective context if sampled, else at the full (docs/kc.md)."""
+    def observe_request(
+        self, context_tokens: int, effective: float | None, tenant: str = ""
+    ) -> None:
+        """One finished request of ``tenant`` (a bounded label; '' when not known): its
+        full context and, when the probe sampled any of its rows, its effective context
+        (mean K_p, at most the full context); priced at the effective context if sampled,
+        else at the full (docs/kc.md)."""
         with self._lock:
-            if not self.requests:
-                self.requests = {n: wire.Histogram.of(n) for n in wire.REQUEST_HISTOGRAMS}
-            self.requests[wire.REQUEST_CONTEXT].observe(context_tokens)
+            hists = self.requests.get(tenant)
+            if hists is None:
+                hists = self.requests[tenant] = {
+                    n: wire.Histogram.of(n) for n in wire.REQUEST_HISTOGRAMS
+                }
+            hists[wire.REQUEST_CONTEXT].observe(context_tokens)
             priced = float(context_tokens)
             if effective is not None:
                 priced = min(priced, effective)
-                self.requests[wire.REQUEST_EFFECTIVE].observe(priced)
-            self.requests[wire.REQUEST_PRICED].observe(priced)
+                hists[wire.REQUEST_EFFECTIVE].observe(priced)
+            hists[wire.REQUEST_PRICED].observe(priced)
 
     def take(self, *, kc: bool = True) -> Deltas:
         """The deltas since the previous take; the aggregate starts again empty.
@@ -132,10 +141,10 @@ class Aggregator:
         asks): every layer seen so far, zeros included."""
         with self._lock:
             calls, errors, hist, topn = self.calls, self.errors, self.hist, self.topn
-            hist.update(self.requests)
+            requests = self.requests
             internal = self.internal_errors
             self._reset()
             by_layer = {}
             if kc:
                 by_layer, self.kc = self.kc, {n: wire.Histogram.of(wire.KC_TOKENS) for n in self.kc}
-        return Deltas(calls, errors, hist, topn, by_layer, internal)
+        return Deltas(calls, errors, hist, topn, by_layer, internal, requests)

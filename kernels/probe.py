@@ -109,6 +109,7 @@ class Probe:
             before_flush=self._resolve_deferred,
             enabled=config.publish,
             engine=config.engine,
+            p=config.p_values[0],
             kc_every=max(1, round(config.kc_layers_interval_ms / config.flush_interval_ms)),
         )
         self.ranges = Ranges(config.nvtx)

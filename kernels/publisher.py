@@ -53,6 +53,7 @@ class Publisher:
         enabled: bool = True,
         engine: str = wire.UNKNOWN_ENGINE,
         kc_every: int = 1,
+        p: float = 0.9,
     ) -> None:
         self.aggregator = aggregator
         self.socket_path = socket_path
@@ -61,6 +62,7 @@ class Publisher:
         self.enabled = enabled
         self.engine = wire.check_engine(engine)  # sent with every frame: the `engine` label
         self.model = ""  # the served model, when an integration knows it (wire.Frame.model)
+        self.p = p  # the mass the K(C) values are K_p of (wire.Frame.p)
         self.kc_every = max(1, kc_every)
         self.wait_for_attention = False
         self._stop = threading.Event()
@@ -132,24 +134,32 @@ class Publisher:
                 return 0
             sender = self._connection()
             self._account_abandoned()
-            # The one place a frame is made: the numbers, and who sends them.
-            frame = wire.Frame(
-                pid=self._pid,
-                process=_process_name(),
-                seq=self._seq,
-                instance=self._instance,
-                ts=time.time(),
-                calls_by_layer=d.calls_by_layer,
-                errors=d.errors,
-                histograms=d.histograms,
-                topn_mass=d.topn_mass,
-                engine=self.engine,
-                kc_by_layer=d.kc_by_layer,
-                internal_errors=d.internal_errors,
-                dropped=min(self._unreported, wire.MAX_U32),
-                model=self.model,
-            )
-            return self._send_frame(sender, frame)
+            # The one place a frame is made: the numbers, and who sends them. The first
+            # tenant's request histograms go with it, each other's in a frame of its own.
+            tenants = list(d.requests.items()) or [("", {})]
+            sent = 0
+            for i, (tenant, requests) in enumerate(tenants):
+                first = i == 0
+                frame = wire.Frame(
+                    pid=self._pid,
+                    process=_process_name(),
+                    seq=self._seq,
+                    instance=self._instance,
+                    ts=time.time(),
+                    calls_by_layer=d.calls_by_layer if first else {},
+                    errors=d.errors if first else {},
+                    histograms={**d.histograms, **requests} if first else requests,
+                    topn_mass=d.topn_mass if first else {},
+                    engine=self.engine,
+                    kc_by_layer=d.kc_by_layer if first else {},
+                    internal_errors=d.internal_errors if first else 0,
+                    dropped=min(self._unreported, wire.MAX_U32) if first else 0,
+                    model=self.model,
+                    tenant=tenant,
+                    p=self.p,
+                )
+                sent += self._send_frame(sender, frame)
+            return sent
 
     def _send_frame(self, sender: StreamSender, frame: wire.Frame) -> int:
         sent = 0

@@ -7,12 +7,12 @@ Every frame starts with the same header::
 
     magic b"KCPF" | version u16 (big endian) | payload length u32 | payload
 
-There is one version, 5: a compact binary payload in two parts, a *key* (pid, the
-counts that fix the frame's shape, the top-N entries' N, the engine, process,
-instance, model and layer names), which stays byte for byte the same from one frame of a
-probe to the next, and the *numbers* (seq, a block of u32 counters, a block of
-float64 sums). The key comes first and says its own length, so a receiver can
-recognise a frame it has seen the shape of by one lookup and add its numbers
+There is one version, 6: a compact binary payload in two parts, a *key* (pid, the
+counts that fix the frame's shape, the mass p its K(C) values are for, the top-N entries'
+N, the engine, process, instance, model, tenant and layer names), which stays byte for
+byte the same from one frame of a probe to the next, and the *numbers* (seq, a block of
+u32 counters, a block of float64 sums). The key comes first and says its own length, so a
+receiver can recognise a frame it has seen the shape of by one lookup and add its numbers
 without parsing the rest. A frame is validated completely before a :class:`Frame`
 is returned: finite non-negative sums, bounded counts of layers, top-N entries and
 label lengths, labels of valid UTF-8, an engine name of a closed charset. What is
@@ -29,6 +29,7 @@ since one such histogram per layer makes a frame several times larger.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import struct
@@ -53,7 +54,7 @@ MAGIC = b"KCPF"
 # this one: the decoder checks the payload length against the counts it reads, and an agent
 # that predates a version refuses its frames as BadVersion ("unknown_version"), which names
 # the cause.
-VERSION = 5
+VERSION = 6
 HEADER = struct.Struct(">4sHI")
 # The largest frame (header included): the receiver reads a stream in buffers this much
 # larger than its read size, and the publisher splits a frame that would be larger.
@@ -70,6 +71,8 @@ MAX_LAYERS = 4096  # layers in one frame (a bigger set is split over frames)
 MAX_TOPN = 16  # top-N entries in one frame
 MAX_TOPN_N = 1 << 20  # largest N of a top-N entry
 MAX_ENGINE_CHARS = 16  # the engine tag: a short name, not free text
+P_SCALE = 10_000  # p travels as a u16 of ten-thousandths: 0.9 is 9000
+P_ALLOWED = f"in (0, 1], in steps of 1/{P_SCALE}"
 
 # Engine of a probe that does not say (a bare ``kcops.kernels.install()``). The vLLM
 # plugin says ``vllm``, the reference worker ``kcops``.
@@ -194,6 +197,11 @@ class Frame:
     # The served model, when the probe knows it (vLLM's plugin): the ``model`` label of the
     # request histograms. Empty: not known.
     model: str = ""
+    # The tenant of the request histograms (a bounded label, kcops.tenant; the probe sends
+    # one frame per tenant that finished requests). Empty: not known.
+    tenant: str = ""
+    # The attention mass p its K(C) values (kcops_kc_tokens) are K_p of: the probe's first p.
+    p: float = 0.9
 
     def is_empty(self) -> bool:
         """True when the frame carries no delta (a heartbeat)."""
@@ -213,12 +221,12 @@ def excerpt(value: object, limit: int = 40) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-# Version 5 payload, all big endian (docs/probe.md is the spec):
+# Version 6 payload, all big endian (docs/probe.md is the spec):
 #   key bytes u16 | key | numbers
-#   key: pid u32 | layers u16 | top-N entries u8 | mask u8 | engine, process, instance, model
-#        bytes u8 x4 | layer-name bytes u16 | N of each top-N entry u32, ascending
-#        | engine ASCII | process UTF-8 | instance UTF-8 | model UTF-8
-#        | layer names, UTF-8 joined by NUL
+#   key: pid u32 | layers u16 | top-N entries u8 | mask u8 | engine, process, instance, model,
+#        tenant bytes u8 x5 | p u16 (ten-thousandths) | layer-name bytes u16 | N of each
+#        top-N entry u32, ascending | engine ASCII | process UTF-8 | instance UTF-8
+#        | model UTF-8 | tenant UTF-8 | layer names, UTF-8 joined by NUL
 #   numbers: seq u64
 #        | u32 block: errors nan, inf, exception | internal errors | dropped | one count per
 #          layer | with mask bit 7, per layer the buckets of its kcops_kc_tokens | the
@@ -227,7 +235,7 @@ def excerpt(value: object, limit: int = 40) -> str:
 #          histograms | those of the top-N entries
 # Counts are deltas of one flush interval: u32 is ample, and exact in a float64, so the
 # decoder needs no range check on them. A histogram's count is the sum of its buckets.
-KEY_FIXED = struct.Struct(">IHBBBBBBH")
+KEY_FIXED = struct.Struct(">IHBBBBBBBHH")
 KEY_LENGTH = struct.Struct(">H")
 SEQ = struct.Struct(">Q")
 KEY_LENGTH_AT = HEADER.size  # where a frame says its key's length
@@ -290,6 +298,16 @@ def layout(layers: int, mask: int, topn: int) -> Layout:
     return Layout(numbers, lane, flt, tuple(kc), tuple(hists), len(names) - topn)
 
 
+def p_units(p: float) -> int:
+    """``p`` as the frame carries it (ten-thousandths); raises :class:`BadField` outside
+    (0, 1]."""
+    ok = isinstance(p, int | float) and math.isfinite(p)
+    units = round(p * P_SCALE) if ok else 0
+    if not 1 <= units <= P_SCALE:
+        raise BadField("p", p, P_ALLOWED)
+    return units
+
+
 def clip(label: str) -> bytes:
     """A label as a frame carries it: no NUL, at most :data:`MAX_LABEL_CHARS` characters."""
     return label.replace("\x00", "")[:MAX_LABEL_CHARS].encode()
@@ -340,7 +358,7 @@ def _numbers(frame: Frame, calls: dict[bytes, int], kc: dict[bytes, Histogram],
 
 
 def encode(frame: Frame) -> bytes:
-    """Serialise one frame (version 5). Labels longer than :data:`MAX_LABEL_CHARS` are cut.
+    """Serialise one frame (version 6). Labels longer than :data:`MAX_LABEL_CHARS` are cut.
 
     Raises :class:`WireError` for a frame the decoder would refuse (a count over
     2**32 - 1 in one frame, a non-finite sum, an engine outside :func:`check_engine`)
@@ -359,13 +377,14 @@ def encode(frame: Frame) -> bytes:
         hists = [frame.histograms[name] for name, _, _ in lay.hists[: lay.plain]]
         numbers = _numbers(frame, calls, kc, lay, hists + [h for _, h in topn])
         process, instance, names = clip(frame.process), clip(frame.instance), b"\0".join(calls)
-        model = clip(frame.model)
+        model, tenant = clip(frame.model), clip(frame.tenant)
         key = b"".join(
             (
                 KEY_FIXED.pack(frame.pid, len(calls), len(topn), mask, len(engine), len(process),
-                               len(instance), len(model), len(names)),
+                               len(instance), len(model), len(tenant), p_units(frame.p),
+                               len(names)),
                 struct.pack(f">{len(topn)}I", *(n for n, _ in topn)),
-                engine, process, instance, model, names,
+                engine, process, instance, model, tenant, names,
             )
         )  # fmt: skip
     except (struct.error, OverflowError, TypeError) as exc:
@@ -389,6 +408,8 @@ class Key(NamedTuple):
     process: str
     instance: str
     model: str
+    tenant: str
+    p: float
     names: str  # layer names, joined by NUL
     end: int  # where the numbers start
 
@@ -398,7 +419,9 @@ def _key(p: bytes) -> Key:
     (length,) = KEY_LENGTH.unpack_from(p, HEADER.size)
     start = HEADER.size + KEY_LENGTH.size
     end = start + length
-    pid, k, t, mask, ne, np, ni, nm, nl = KEY_FIXED.unpack_from(p, start)
+    pid, k, t, mask, ne, np, ni, nm, nt, pu, nl = KEY_FIXED.unpack_from(p, start)
+    if not 1 <= pu <= P_SCALE:
+        raise BadField("p", pu / P_SCALE, P_ALLOWED)
     if k > MAX_LAYERS:
         raise BadField("layers", k, f"0..{MAX_LAYERS}")
     if t > MAX_TOPN:
@@ -413,20 +436,21 @@ def _key(p: bytes) -> Key:
             raise BadField("top-N keys", ns, f"ascending in 1..{MAX_TOPN_N}")
         prev = n
     off += 4 * t
-    if off + ne + np + ni + nm + nl != end or end > len(p):
+    if off + ne + np + ni + nm + nt + nl != end or end > len(p):
         raise BadField("key length", length, "the sum of the key's label lengths")
     engine = engine_name(p[off : off + ne])
     off += ne
     process, instance = p[off : off + np].decode(), p[off + np : off + np + ni].decode()
     off += np + ni
-    model = p[off : off + nm].decode()
-    names = p[off + nm : end].decode()
-    for label in (process, instance, model):
+    model, tenant = p[off : off + nm].decode(), p[off + nm : off + nm + nt].decode()
+    names = p[off + nm + nt : end].decode()
+    for label in (process, instance, model, tenant):
         if len(label) > MAX_LABEL_CHARS or "\x00" in label:
             raise BadField("label", label, LABEL_ALLOWED)
     if (k or nl) and not _NAMES.fullmatch(names):
         raise BadField("layer names", names, f"{k} names of 1..{MAX_LABEL_CHARS} characters")
-    return Key(pid, k, t, mask, ns, engine, process, instance, model, names, end)
+    return Key(pid, k, t, mask, ns, engine, process, instance, model, tenant, pu / P_SCALE,
+               names, end)  # fmt: skip
 
 
 def _decode(p: bytes) -> Frame:
@@ -464,7 +488,7 @@ def _decode(p: bytes) -> Frame:
         dict(zip(ERROR_KINDS, lanes[:3], strict=True)),
         {name: h for (name, _, _), h in zip(lay.hists[: lay.plain], built, strict=False)},
         dict(zip(key.ns, built[lay.plain :], strict=True)),
-        key.engine, kc, lanes[3], lanes[4], key.model,
+        key.engine, kc, lanes[3], lanes[4], key.model, key.tenant, key.p,
     )  # fmt: skip
 
 
@@ -550,6 +574,8 @@ def split(frame: Frame) -> list[Frame]:
                 internal_errors=frame.internal_errors if first else 0,
                 dropped=frame.dropped if first else 0,
                 model=frame.model,
+                tenant=frame.tenant,
+                p=frame.p,
             )
         )  # fmt: skip
     return parts

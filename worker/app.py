@@ -19,6 +19,7 @@ from aiohttp import web
 
 from kcops.auth import TokenCheck
 from kcops.httpedge import JsonErrorRunner
+from kcops.tenant import DEFAULT_CAP, DEFAULT_HEADER, TenantLabels
 from kcops.worker.cache import PrefixCache, release_freed_memory
 from kcops.worker.control import Control
 from kcops.worker.engine import MAX_COHORT, BatchEngine
@@ -26,7 +27,6 @@ from kcops.worker.faults import Faults
 from kcops.worker.metrics import WorkerMetrics
 from kcops.worker.redis_tier import RedisTier
 from kcops.worker.server import WorkerState, build_app, error_body, live_state
-from kcops.worker.tenant import DEFAULT_CAP, DEFAULT_HEADER, TenantLabels
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase

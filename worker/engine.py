@@ -83,7 +83,7 @@ class GenRequest:
     logprobs: int | None = None  # record the top-k logprobs of each sampled token
     token_logprobs: list[tuple[int, float, list[tuple[int, float]]]] = field(default_factory=list)
     last_token_s: float | None = None
-    tenant: str = "none"  # bounded label (kcops.worker.tenant)
+    tenant: str = "none"  # bounded label (kcops.tenant)
     kc: RequestKC = field(default_factory=RequestKC)  # the probe's K(C) of its rows
     _gen: torch.Generator | None = None
 

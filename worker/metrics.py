@@ -156,7 +156,7 @@ class WorkerMetrics:
         self._success.labels(self.model_name, finished_reason).inc()
 
     def _per_request(self, registry: CollectorRegistry) -> None:
-        # Per request, labelled by model and by bounded tenant (kcops.worker.tenant).
+        # Per request, labelled by model and by bounded tenant (kcops.tenant).
         by_tenant = ["model", "tenant"]
         self._context = Histogram(
             "kcops_worker_request_context_tokens",

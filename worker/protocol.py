@@ -107,7 +107,7 @@ class _OpenAIBody(BaseModel):
     stop: Stop | Annotated[list[Stop], Field(max_length=MAX_STOPS)] | None = None
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    # OpenAI's end-user id: a tenant label source (kcops.worker.tenant), never exported raw.
+    # OpenAI's end-user id: a tenant label source (kcops.tenant), never exported raw.
     user: str | None = None
 
     @field_validator("stream_options")

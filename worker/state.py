@@ -8,12 +8,12 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from kcops.auth import TokenCheck
+from kcops.tenant import TenantLabels
 from kcops.worker.control import Control
 from kcops.worker.engine import BatchEngine
 from kcops.worker.faults import Faults
 from kcops.worker.metrics import LiveState, WorkerMetrics
 from kcops.worker.redis_tier import RedisTier
-from kcops.worker.tenant import TenantLabels
 
 
 @dataclass

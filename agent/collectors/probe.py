@@ -31,13 +31,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from kcops.agent.collectors import probe_bulk
 from kcops.agent.collectors.probe_bulk import Shape
 from kcops.agent.collectors.probe_state import ProbeSums
 from kcops.agent.collectors.probe_stream import StreamServer
+from kcops.agent.cost import cost_samples
 from kcops.agent.quotas import probe_source
 from kcops.agent.samples import Sample
 from kcops.errors import CollectorUnavailable
@@ -115,12 +116,14 @@ class ProbeReceiver:
         drain_interval_s: float = 0.025,
         idle_s: float = 600.0,
         series_share: int = 1 << 62,
+        prices: Mapping[str, float] | None = None,
         clock: Callable[[], float] = time.monotonic,
         timer: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.socket_path = Path(socket_path or wire.default_socket_path())
         self._clock = clock
         self._timer = timer
+        self.prices = prices or {}  # per 1,000 context tokens, by model (kcops.agent.cost)
         self.budget = ReceiveBudget(max_frames_per_s, max_receive_ms_per_s / 1000.0, clock)
         self.frames: dict[str, int] = {"ok": 0, "malformed": 0, "unknown_version": 0, "shed": 0}
         self.refused: dict[str, int] = {}  # by the reason of the error's type
@@ -278,4 +281,5 @@ class ProbeReceiver:
         ]
         out.append(Sample("kcops_probe_slots_replaced_total", (), float(self.sums.replaced)))
         self.sums.samples(out)
+        out += cost_samples(out, self.prices)  # vLLM's requests, priced as the worker's are
         return out

@@ -85,7 +85,9 @@ class Shape:
         "names",
         "ns",
         "offs",
+        "p",
         "size",
+        "tenant",
         "u32_at",
     )  # fmt: skip
 
@@ -96,7 +98,9 @@ class Shape:
         self.layout = lay
         # (engine, process): the decoder kept both within their limits
         self.label = (frame.engine, frame.process or "unknown")
-        self.model = frame.model  # the request histograms' label (wire version 5)
+        self.model = frame.model  # the request histograms' labels
+        self.tenant = frame.tenant
+        self.p = frame.p  # the mass its K(C) values are K_p of
         self.names: tuple[str, ...] = tuple(frame.calls_by_layer)  # the frame's order
         self.ns: tuple[int, ...] = tuple(frame.topn_mass)  # ascending, as sent
         self.u32_at = key_end + lay.u32_at

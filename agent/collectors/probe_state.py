@@ -10,11 +10,14 @@ monotonic across an engine restart. Bounds: past ``max_processes`` distinct
 and past ``max_kc_layers`` its K(C) histograms (``kcops_kc_tokens{layer}``, 30 series
 a layer) likewise. A process that sent nothing for ``idle_s`` is forgotten.
 
-The request histograms (frame version 5: a probe that attributes K(C) to requests,
-vLLM's plugin) are exported under the names the reference worker's series map to, with
-``model`` (the frame's, ``unknown`` when it names none) and ``tenant="unknown"`` (the
-engine's worker never sees the request's headers); the priced histogram only as its sum,
-the counter ``kcops_request_priced_effective_tokens_total``.
+The request histograms (a probe that attributes K(C) to requests, vLLM's plugin) are
+exported under the names the reference worker's series map to, with ``model`` (the
+frame's, ``unknown`` when it names none) and ``tenant`` (the frame's: what kcops' ASGI
+middleware put in vLLM's request id, kcops.kernels.integrations.vllm_tenant; ``unknown``
+when it names none), at most ``kcops.tenant.DEFAULT_CAP`` tenants a process, then
+``other``; the priced histogram only as its sum, the counter
+``kcops_request_priced_effective_tokens_total``. Each process's K(C) mass p (the frame's)
+is ``kcops_probe_kc_mass``.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from kcops.agent.collectors.probe_bulk import FOLD_AFTER_FRAMES, Pending, Shape
 from kcops.agent.samples import LabelPairs, Sample, histogram_samples
 from kcops.histogram import BUCKETS, KC_TOKENS, Histogram
 from kcops.kernels import wire
+from kcops.tenant import TenantLabels
 
 OTHER = "other"
 QUIET_S = 3.0  # a process with no frame this long gives its slot (probes flush each 1 s)
@@ -34,7 +38,7 @@ MAX_FOLDED = 256  # processes named in `folded`; the rest count under "other"
 MAX_LABEL = 64  # characters kept of a process or layer name sent by a probe
 K = TypeVar("K", str, int)
 KC_BOUNDS = BUCKETS[KC_TOKENS]
-UNKNOWN = "unknown"  # the model of a frame that names none; the tenant of every request
+UNKNOWN = "unknown"  # the model, or the tenant, of a frame that names none
 PRICED_TOTAL = wire.REQUEST_PRICED + "_total"
 
 
@@ -52,6 +56,9 @@ class Process:
         self.kc: dict[str, Histogram] = {}  # kcops_kc_tokens by layer
         self.dropped = 0
         self.model = ""  # the served model its frames name (the request histograms' label)
+        self.requests: dict[str, dict[str, Histogram]] = {}  # request histograms by tenant
+        self.tenants = TenantLabels(header=None)  # a forged frame cannot spend the label set
+        self.p: float | None = None  # the mass p its K(C) values are K_p of
         self.seen = now
         # Frames summed in bulk but not yet folded into the dicts above, by shape.
         self.pending: dict[Shape, Pending] = {}
@@ -59,6 +66,7 @@ class Process:
     def series(self) -> int:
         """How many series its samples make (what it holds of the store)."""
         hists = [*self.hist.values(), *self.topn.values()]  # a few; kc: one a layer
+        hists += [h for by in self.requests.values() for h in by.values()]
         n = len(self.calls) + len(self.errors) + 2 + len(self.kc) * (len(KC_BOUNDS) + 3)
         return n + sum(len(h.counts) + 2 for h in hists)
 
@@ -131,12 +139,13 @@ class ProbeSums:
         p = self.proc_for((f.engine, f.process[:MAX_LABEL] or "unknown"), self.clock())
         if f.model:
             p.model = f.model
+        p.p = f.p
         self.add_calls(p, f.calls_by_layer.items())
         for kind, n in f.errors.items():
             p.errors[kind] = p.errors.get(kind, 0) + n
         p.internal += f.internal_errors
         for name, h in f.histograms.items():
-            self.add_plain(p, name, h)
+            self.add_plain(p, name, h, f.tenant)
         for n, h in f.topn_mass.items():
             self.add_hist(p.topn, n, h)
         for layer, h in f.kc_by_layer.items():
@@ -170,11 +179,15 @@ class ProbeSums:
         else:
             acc.merge(h)
 
-    def add_plain(self, p: Process, name: str, h: Histogram) -> None:
+    def add_plain(self, p: Process, name: str, h: Histogram, tenant: str) -> None:
         """A histogram without labels; K(C) sent without its layer (mask bit 1, which
-        the probe does not set) is K(C) of layer ``unknown``."""
+        the probe does not set) is K(C) of layer ``unknown``; a request histogram is the
+        frame's ``tenant``'s."""
         if name == KC_TOKENS:
             self.add_kc(p, wire.UNKNOWN_LAYER, h)
+        elif name in wire.REQUEST_HISTOGRAMS:
+            label = p.tenants.label(tenant) if tenant else UNKNOWN
+            self.add_hist(p.requests.setdefault(label, {}), name, h)
         else:
             self.add_hist(p.hist, name, h)
 
@@ -193,6 +206,7 @@ class ProbeSums:
         p = self.proc_for(shape.label, self.clock())
         if shape.model:
             p.model = shape.model
+        p.p = shape.p
         acc = p.pending.get(shape)
         if acc is None:
             acc = p.pending[shape] = Pending(shape)
@@ -226,7 +240,7 @@ class ProbeSums:
         for j, (name, buckets, at) in enumerate(lay.hists):
             h = Histogram(wire.BUCKETS[name], c[buckets], sums[at - 1])
             if j < lay.plain:
-                self.add_plain(p, name, h)
+                self.add_plain(p, name, h, shape.tenant)
             else:
                 self.add_hist(p.topn, shape.ns[j - lay.plain], h)
 
@@ -245,15 +259,17 @@ class ProbeSums:
                 lp3 = (eng, ("kind", kind), proc)
                 out.append(Sample("kcops_attention_errors_total", lp3, float(n)))
             for name, h in p.hist.items():
-                if name in wire.REQUEST_HISTOGRAMS:
-                    # labels sorted: engine < model < process < tenant
-                    rlp = (eng, ("model", p.model or UNKNOWN), proc, ("tenant", UNKNOWN))
+                histogram_samples(name, h, lp, out)
+            for tenant, by_name in p.requests.items():
+                # labels sorted: engine < model < process < tenant
+                rlp = (eng, ("model", p.model or UNKNOWN), proc, ("tenant", tenant))
+                for name, h in by_name.items():
                     if name == wire.REQUEST_PRICED:
                         out.append(Sample(PRICED_TOTAL, rlp, h.sum))
                     else:
                         histogram_samples(name, h, rlp, out)
-                    continue
-                histogram_samples(name, h, lp, out)
+            if p.p is not None:
+                out.append(Sample("kcops_probe_kc_mass", lp, p.p))
             for layer, h in p.kc.items():
                 histogram_samples(wire.KC_TOKENS, h, (eng, ("layer", layer), proc), out)
             for n, h in p.topn.items():

@@ -49,9 +49,11 @@ class RecommendationSection(Section):
         le=1.0,
         description="share of attention calls the budget covers (uncalibrated)",
     )
-    p: float = Field(
-        0.9, gt=0.0, le=1.0,
-        description="the probe's attention mass p (its KCOPS_PROBE_P's first value)",
+    p: float | None = Field(
+        None, gt=0.0, le=1.0,
+        description="the attention mass p the budget holds; default: what the probes "
+        "measure (their KCOPS_PROBE_P's first value, sent with every frame). Set, it must "
+        "be what they measure, or the recommendation is refused",
     )  # fmt: skip
     min_samples: int = Field(
         200, ge=1, le=10_000_000, description="K(C) observations a layer needs in the window"

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from kcops.agent.config.kcrec import Calibration, RecommendationSection
-from kcops.agent.kcrec.compute import Coverage
+from kcops.agent.kcrec.compute import DEFAULT_P, Coverage
 from kcops.errors import ConfigError
 
 REC_FILE = "recommendation.json"
@@ -111,13 +111,14 @@ def coverage_for(
     model: str | None,
     over: str | None = None,
     dense: frozenset[int] | None = None,
+    p: float = DEFAULT_P,
 ) -> Coverage:
-    """The coverage for ``model`` under ``cfg`` for a uniform N over ``over``;
-    uncalibrated when none is configured."""
+    """The coverage for ``model`` under ``cfg`` for a uniform N over ``over``, at the
+    probe's mass ``p``; uncalibrated when none is configured."""
     entry = cfg.calibration.get(model) if model is not None else None
     if entry is None:
         notes: tuple[str, ...] = ()
         if cfg.calibration:
             notes = (f"no calibration for model {model!r} (configured: {sorted(cfg.calibration)})",)
-        return Coverage(cfg.p, cfg.quantile, False, "default", notes)
-    return from_entry(entry, cfg.p, over, dense)
+        return Coverage(p, cfg.quantile, False, "default", notes)
+    return from_entry(entry, p, over, dense)

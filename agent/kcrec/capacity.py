@@ -13,6 +13,12 @@ reference worker's ``long_threshold``); the recommended share uses the uniform N
 What the same memory would fit is the running sequences times the ratio of the two.
 These are estimates from the mean over sampled calls, not a measurement: the capacity
 benchmark (docs/benchmarks.md) measures the concurrency actually served.
+
+An engine that says how many tokens its KV cache holds (vLLM: ``vllm:cache_config_info``'s
+blocks times block size) gets the figures in tokens too: held now (its usage ratio times
+that size) and at the budget. On an engine with no budget in force (no top-N path: vLLM
+keeps every key) the document says ``what_if``: what the same memory would hold if the
+engine kept only N keys a layer, not what it serves.
 """
 
 from __future__ import annotations
@@ -67,11 +73,18 @@ def capacity(
     kv_bytes: float | None,
     kv_usage: float | None,
     running: float | None,
+    kv_tokens: float | None = None,
 ) -> dict[str, Any]:
-    """The ``capacity`` part of the document; figures that cannot be known are None."""
+    """The ``capacity`` part of the document; figures that cannot be known are None.
+    ``kv_tokens``: the tokens the engine's KV cache holds when full."""
+    held = kv_usage * kv_tokens if kv_usage is not None and kv_tokens is not None else None
     out: dict[str, Any] = {
+        "what_if": n_now is None,
         "kv_bytes_now": kv_bytes,
         "kv_usage_ratio_now": kv_usage,
+        "kv_cache_tokens": kv_tokens,
+        "kv_tokens_now": None if held is None else round(held),
+        "kv_tokens_at_recommended": None,
         "running_sequences": running,
         "mean_context_tokens": None,
         "kv_share_now": None,
@@ -107,6 +120,8 @@ def capacity(
             out["kv_bytes_per_token_estimate"] = round(kv_bytes / now / (running * mean_c))
     elif kv_usage is not None:
         out["kv_usage_ratio_at_recommended"] = round(kv_usage * ratio, 4)
+    if held is not None:
+        out["kv_tokens_at_recommended"] = round(held * ratio)
     if running is not None and running > 0:
         fit = math.floor(running / ratio + 1e-9)
         out["sequences_at_same_memory"] = fit

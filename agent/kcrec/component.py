@@ -25,19 +25,29 @@ from kcops.agent.kcrec.calibration import coverage_for
 from kcops.agent.kcrec.capacity import capacity
 from kcops.agent.kcrec.compute import (
     OK,
+    P_MISMATCH,
     Coverage,
     Inputs,
     recommend,
+    refuse,
     resolve_over,
+    resolve_p,
     topn_coverage,
 )
-from kcops.agent.kcrec.window import int_layers, latest_max, latest_sum, window_buckets
+from kcops.agent.kcrec.window import (
+    int_layers,
+    latest_each,
+    latest_max,
+    latest_sum,
+    window_buckets,
+)
 from kcops.agent.samples import SeriesKey
 from kcops.errors import KcopsError
 
 if TYPE_CHECKING:
     from kcops.agent.component import AgentContext
     from kcops.agent.engine import Engine
+    from kcops.agent.store import Store
 
 log = logging.getLogger("kcops.agent.kcrec")
 
@@ -137,11 +147,15 @@ class Recommender:
         dense = configured.get("dense_layers")
         inp = Inputs(kc, topn, frozenset(dense) if dense is not None else None)
         over = resolve_over(cfg.uniform_over, kc, inp.dense_layers)
+        measured = latest_each(store, "kcops_probe_kc_mass", now, window)
+        p, p_source, p_refused = resolve_p(cfg.p, measured)
         try:  # the calibration matched over the layers this uniform N covers
-            cov = coverage_for(cfg, model, over, inp.dense_layers)
+            cov = coverage_for(cfg, model, over, inp.dense_layers, p)
         except KcopsError as exc:  # a calibration file changed under a running agent
-            cov = Coverage(cfg.p, cfg.quantile, False, "default", (f"calibration: {exc}",))
+            cov = Coverage(p, cfg.quantile, False, "default", (f"calibration: {exc}",))
         rec = recommend(inp, cov, min_samples=cfg.min_samples, uniform_over=over)
+        if p_refused is not None:
+            rec = refuse(rec, P_MISMATCH, p_refused)
         uni = rec["uniform"]
         n_rec = uni["tokens"] if rec["status"] == OK and uni else None
         layer_ids = int_layers(kc)
@@ -155,6 +169,7 @@ class Recommender:
             "interval_s": cfg.interval_s,
             "model": model,
             "p": cov.p,
+            "p_source": p_source,
             "quantile": cov.quantile,
             "min_samples": cfg.min_samples,
             "calibration": cov.as_json(),
@@ -172,6 +187,7 @@ class Recommender:
                 kv_bytes=latest_sum(store, "kcops_kv_cache_bytes", now, LOOKBACK_S),
                 kv_usage=latest_max(store, "kcops_kv_cache_usage_ratio", now, LOOKBACK_S),
                 running=latest_sum(store, "kcops_requests_running", now, LOOKBACK_S),
+                kv_tokens=kv_cache_tokens(store, now),
             ),
         }
         doc["comparison"] = compare(n_now, n_rec)
@@ -262,6 +278,14 @@ class Recommender:
             return web.json_response(self.doc)
 
         return [web.get(ROUTE, get)]
+
+
+def kv_cache_tokens(store: Store, now: float) -> float | None:
+    """The tokens the engine's KV cache holds when full (its blocks times their size), or
+    None when the engine does not say (only vLLM does)."""
+    blocks = latest_sum(store, "kcops_kv_cache_blocks", now, LOOKBACK_S)
+    size = latest_max(store, "kcops_kv_cache_block_tokens", now, LOOKBACK_S)
+    return None if blocks is None or size is None else blocks * size
 
 
 def compare(n_now: int | None, n_rec: int | None) -> dict[str, Any]:

@@ -18,6 +18,52 @@ from kcops.kcbudget import Quantile, quantile, uniform
 OK = "ok"
 INSUFFICIENT = "insufficient_samples"
 NO_DATA = "no_data"
+P_MISMATCH = "p_mismatch"
+DEFAULT_P = 0.9  # the probe's default KCOPS_PROBE_P, when no probe has said yet
+
+
+def resolve_p(
+    configured: float | None, measured: Mapping[str, float]
+) -> tuple[float, str, str | None]:
+    """The mass p the recommendation is for: (p, where it comes from, why it is refused or
+    None). What the probes measure (``kcops_probe_kc_mass`` by process) decides; a
+    configured ``recommendation.p`` must agree with it, and the probes with each other."""
+    values = sorted(set(measured.values()))
+    if not values:
+        if configured is not None:
+            return configured, "config (no probe has said its p yet)", None
+        return DEFAULT_P, "default (no probe has said its p yet)", None
+    if len(values) > 1:
+        by = ", ".join(f"{p:g} ({', '.join(sorted(k for k, v in measured.items() if v == p))})"
+                       for p in values)  # fmt: skip
+        return (
+            values[0],
+            "probe",
+            (
+                f"the probes measure different p: {by}; K(C) at different masses cannot be "
+                "summed: give every engine the same KCOPS_PROBE_P"
+            ),
+        )
+    p = values[0]
+    if configured is not None and abs(configured - p) > 1e-9:
+        return (
+            p,
+            "probe",
+            (
+                f"recommendation.p={configured:g} is not what the probe measures (p={p:g}, its "
+                f"KCOPS_PROBE_P): remove recommendation.p, or set it to {p:g}"
+            ),
+        )
+    return p, "probe", None
+
+
+def refuse(rec: dict[str, Any], status: str, reason: str) -> dict[str, Any]:
+    """``rec`` recommending nothing: the layers keep their sample counts, no figures."""
+    for row in rec["layers"]:
+        for k in ("tokens", "estimate", "interval"):
+            row.pop(k, None)
+    rec.update(status=status, reason=reason, uniform=None)
+    return rec
 
 
 @dataclass(frozen=True)
@@ -83,17 +129,14 @@ def recommend(
     if not layers:
         out.update(status=NO_DATA, reason="no K(C) observations in the window")
         return out
-    if short:
-        for row in layers:  # nothing is recommended: no layer's figure either
-            for k in ("tokens", "estimate", "interval"):
-                row.pop(k, None)
-        out.update(
-            status=INSUFFICIENT,
-            reason=f"{len(short)} layer(s) below {min_samples} K(C) samples in the window: "
+    if short:  # nothing is recommended: no layer's figure either
+        return refuse(
+            out,
+            INSUFFICIENT,
+            f"{len(short)} layer(s) below {min_samples} K(C) samples in the window: "
             + ", ".join(short[:8])
             + (" ..." if len(short) > 8 else ""),
         )
-        return out
     uni = uniform(quants)
     if uni is None:
         out.update(status=NO_DATA, reason="no layer is covered by the uniform N")

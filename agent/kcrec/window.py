@@ -91,6 +91,17 @@ def latest_max(store: Store, name: str, at: float, lookback_s: float) -> float |
     return max(vals) if vals else None
 
 
+def latest_each(store: Store, name: str, at: float, lookback_s: float) -> dict[str, float]:
+    """The newest finite value of each series of ``name``, by ``engine/process``."""
+    out = {}
+    for k in store.keys(name):
+        got = store.latest(k, at=at, lookback_s=lookback_s)
+        if got is not None and math.isfinite(got[1]):
+            d = dict(k.labels)
+            out[f"{d.get('engine', '?')}/{d.get('process', '?')}"] = got[1]
+    return out
+
+
 def int_layers(layers: Iterable[str]) -> dict[str, int]:
     """The layer labels that are layer indices."""
     return {lay: int(lay) for lay in layers if lay.isdigit()}

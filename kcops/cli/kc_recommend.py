@@ -69,7 +69,8 @@ def lines(doc: dict[str, Any], sweep: dict[str, Any] | None) -> list[str]:
     cal = doc["calibration"]
     out = [
         f"Live K(C) budget recommendation, model {doc.get('model') or 'unknown'}: "
-        f"K_{doc['p']:g} (the keys holding {doc['p']:.0%} of the attention mass) for "
+        f"K_{doc['p']:g} (the keys holding {doc['p']:.0%} of the attention mass; p from the "
+        f"{doc.get('p_source') or 'configuration'}) for "
         f"{doc['quantile']:.1%} of attention calls, over the last {doc['window_s'] / 60:g} min "
         f"({cal['status']}{': ' + cal['source'] if cal['status'] == 'calibrated' else ''})",
     ]
@@ -138,8 +139,14 @@ def lines(doc: dict[str, Any], sweep: dict[str, Any] | None) -> list[str]:
 
 def capacity_lines(cap: dict[str, Any], n: int | None) -> list[str]:
     running = cap.get("running_sequences")
+    kind = (
+        "WHAT-IF: this engine keeps every key (no top-N path); the figures at N are what "
+        "the same memory would hold if it kept only N a layer, not what it serves"
+        if cap.get("what_if")
+        else "computed"
+    )
     out = [
-        f"capacity (computed; mean context {cap.get('mean_context_tokens') or 'unknown'} tokens "
+        f"capacity ({kind}; mean context {cap.get('mean_context_tokens') or 'unknown'} tokens "
         f"of the window's sampled calls):",
         f"  KV held now: {_bytes(cap.get('kv_bytes_now'))}"
         + (
@@ -154,6 +161,11 @@ def capacity_lines(cap: dict[str, Any], n: int | None) -> list[str]:
             else ""
         ),
     ]
+    if cap.get("kv_tokens_now") is not None:
+        out.append(
+            f"  KV held now: {cap['kv_tokens_now']} of the cache's {cap['kv_cache_tokens']:.0f} "
+            "tokens (the engine's usage ratio times its blocks x block size)"
+        )
     if n is None or cap.get("kv_ratio_at_recommended") is None:
         out.append("  at the recommended budget: unknown (no recommendation or no context lengths)")
         return out
@@ -164,6 +176,11 @@ def capacity_lines(cap: dict[str, Any], n: int | None) -> list[str]:
         f"{cap['kv_ratio_at_recommended']:.3f}x what is held now"
         + (f" = {_bytes(held)}" if held is not None else "")
         + (f" (usage ratio {usage:.3f})" if usage is not None else "")
+        + (
+            f", {cap['kv_tokens_at_recommended']} tokens"
+            if cap.get("kv_tokens_at_recommended") is not None
+            else ""
+        )
     )
     if cap.get("kv_bytes_per_token_estimate") is not None:
         out.append(f"  model KV per token (estimated): {cap['kv_bytes_per_token_estimate']} bytes")
@@ -195,6 +212,8 @@ def recommend_cmd(agent_url: str, sweep_dir: str | None, refresh: bool, as_json:
         raise KcopsError(
             f"the agent at {agent_url} has the recommendation disabled (recommendation.enabled)"
         )
+    if doc.get("status") == "p_mismatch":  # refused, in one line: no figure at a wrong p
+        raise KcopsError(f"no recommendation: {doc.get('reason')}")
     if as_json:
         echo_json({"live": doc, "sweep": sweep})
         return

@@ -91,7 +91,7 @@ def serve_cmd(
     tenant_cap: int,
 ) -> None:
     from kcops.auth import load_token
-    from kcops.worker.tenant import check_header_name
+    from kcops.tenant import check_header_name
 
     try:
         header = check_header_name(tenant_header) if tenant_header else None

@@ -56,11 +56,12 @@ _runner_hooked = False
 
 
 def observe_finished(probe: Probe, done: vllm_requests.Finished) -> None:
-    """A finished vLLM request into the probe's request histograms (sent with the next
-    frame; the agent exports ``kcops_request_*{model, tenant="unknown"}``). A request
-    whose context the runner no longer knew is left out."""
+    """A finished vLLM request into the probe's request histograms of its tenant (sent
+    with the next flush; the agent exports ``kcops_request_*{model, tenant}``, ``unknown``
+    when the request id carries no tenant). A request whose context the runner no longer
+    knew is left out."""
     if done.context_tokens is not None and done.context_tokens > 0:
-        probe.aggregator.observe_request(done.context_tokens, done.mean)
+        probe.aggregator.observe_request(done.context_tokens, done.mean, done.tenant)
 
 
 def hook_runner(probe: Probe) -> None:

@@ -18,9 +18,12 @@ defines its own. Around a step it
   closes its last requests): each becomes a :class:`Finished`, with its full context
   (``requests[id].num_tokens``: prompt + generated tokens), read before vLLM drops it.
 
-What the worker cannot know: the tenant. A request's header and OpenAI ``user`` field
-reach only vLLM's API server process; the engine core and its worker see a request id
-and tokens. The runner V2 (``vllm.v1.worker.gpu.model_runner``) keeps its batch
+The tenant: a request's header and OpenAI ``user`` field reach only vLLM's API server
+process; the engine core and its worker see a request id and tokens. With kcops' ASGI
+middleware in the API server (:mod:`kcops.kernels.integrations.vllm_tenant`) the id
+carries the tenant's label, read back here when the request finishes (checked and capped
+again: :class:`kcops.tenant.TenantLabels`); without it the tenant is not known (''). The
+runner V2 (``vllm.v1.worker.gpu.model_runner``) keeps its batch
 differently and is not attributed (its rows count, unattributed, as before).
 
 Never raises into vLLM: a runner without the expected attributes leaves the rows
@@ -38,6 +41,8 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from kcops.kernels.attribution import RequestKC, attribute_lazily
+from kcops.kernels.integrations.vllm_tenant import tenant_of
+from kcops.tenant import TenantLabels
 
 RUNNER_MODULE = "vllm.v1.worker.gpu_model_runner"
 RUNNER_CLASS = "GPUModelRunner"
@@ -52,14 +57,15 @@ MAX_FINISHED = 4096
 
 @dataclass(frozen=True)
 class Finished:
-    """A request vLLM finished: its full context and its K(C) samples (none: ``mean``
-    None)."""
+    """A request vLLM finished: its full context, its K(C) samples (none: ``mean``
+    None) and its tenant's label ('' when its id carries none)."""
 
     request_id: str
     context_tokens: int | None
     samples: int
     mean: float | None
     peak: int
+    tenant: str = ""
 
 
 class Requests:
@@ -83,6 +89,7 @@ class Requests:
         # ``on_model`` hears it once.
         self.model: str | None = None
         self.on_model: Callable[[str], None] | None = None
+        self.tenants = TenantLabels(header=None)  # labels read from the request ids
 
     def set_model(self, model: str) -> None:
         self.model = model
@@ -109,7 +116,9 @@ class Requests:
     def finish(self, rid: str, context_tokens: int | None) -> Finished:
         with self._lock:
             kc = self.open.pop(rid, None) or RequestKC()
-            done = Finished(rid, context_tokens, kc.count, kc.mean, kc.peak)
+            raw = tenant_of(rid)
+            tenant = self.tenants.label(raw) if raw else ""
+            done = Finished(rid, context_tokens, kc.count, kc.mean, kc.peak, tenant)
             self.finished.append(done)
             self.finished_total += 1
         if self.on_finish is not None:

@@ -5,7 +5,8 @@ canonical family (DESIGN §3) and the engine families that can provide it, in
 order of preference, so that a version exposing a deprecated name still maps
 (the first source present on the page wins; absent sources stay absent).
 Values and histogram buckets are copied as they are, except where a row
-converts units (``scale``: Triton reports milliseconds).
+converts units (``scale``: Triton reports milliseconds) or reads its value from a label
+of an info gauge (``value_label``: vLLM's ``vllm:cache_config_info{num_gpu_blocks}``).
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ class Map:
     kind: str
     sources: tuple[str, ...]
     scale: float = 1.0  # unit conversion; for histograms applied to `le` and `_sum`
+    # A gauge whose value is this label's (an info gauge's field); the other labels go,
+    # but the engine's own index. A value that is not a number leaves no sample.
+    value_label: str | None = None
 
 
 @dataclass(frozen=True)
@@ -80,8 +84,14 @@ class Adapter:
         name = m.target + ("_total" if m.kind == COUNT else suffix)
         for s in rows:
             labels = {self.rename_labels.get(k, k): v for k, v in s.labels.items()}
-            labels["engine"] = self.name
             value = s.value
+            if m.value_label is not None:
+                try:
+                    value = float(labels[m.value_label])
+                except (KeyError, ValueError):
+                    continue
+                labels = {k: v for k, v in labels.items() if k in self.rename_labels.values()}
+            labels["engine"] = self.name
             if m.scale != 1.0:
                 if suffix == "_bucket":
                     le = labels["le"]

@@ -56,6 +56,14 @@ VLLM_MAPS = (
         GAUGE,
         ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
     ),
+    # What-if capacity (docs/kc.md, "K(C) on vLLM"): its KV cache, in blocks of tokens.
+    Map("kcops_kv_cache_blocks", GAUGE, ("vllm:cache_config_info",), value_label="num_gpu_blocks"),
+    Map(
+        "kcops_kv_cache_block_tokens",
+        GAUGE,
+        ("vllm:cache_config_info",),
+        value_label="block_size",
+    ),
     Map("kcops_requests_waiting", GAUGE, ("vllm:num_requests_waiting",)),
     Map("kcops_requests_running", GAUGE, ("vllm:num_requests_running",)),
     Map(

@@ -36,6 +36,7 @@ ORDER = (
     "test_adapter.py",
     "test_kc_recommend.py",
     "test_soak.py",
+    "test_tenants.py",
     "test_kc.py",
     "test_evict.py",
     "test_ladder.py",

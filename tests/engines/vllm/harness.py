@@ -70,6 +70,9 @@ def vllm_env(probe_socket: Path) -> dict[str, str]:
         # light load gives a layer ~5 K(C) samples in the soak's five minutes, too few
         # for the live recommendation (test_kc_recommend.py).
         "KCOPS_PROBE_SAMPLE_RATE": str(PROBE_SAMPLE_RATE),
+        # Not the default 0.9: the recommendation must take the probe's p from its frames
+        # (the agent's config names none; test_kc_recommend.py).
+        "KCOPS_PROBE_P": str(PROBE_P),
         "KCOPS_TOKEN": TOKEN,
         "PYTHONUNBUFFERED": "1",
     }
@@ -79,7 +82,14 @@ def vllm_env(probe_socket: Path) -> dict[str, str]:
 # recommendation settings (its config file): a layer gets ~2.5 samples per light-load
 # request, so MIN_SAMPLES per layer come within the soak.
 PROBE_SAMPLE_RATE = 0.1
+PROBE_P = 0.8
 REC_MIN_SAMPLES = 50
+# A price for every model: the cost counters of vLLM's requests (test_kc_recommend.py).
+PRICE_PER_1K = 0.002
+# The two tenants of the light load: one by header, one by OpenAI's `user` field. kcops'
+# middleware in vLLM's API server carries them to the engine core (vllm_tenant.py).
+TENANT_HEADER, TENANT_USER = "team-header", "team-user"
+MIDDLEWARE = "kcops.kernels.integrations.vllm_tenant.TenantMiddleware"
 # The restart test's request in flight runs RESTART_IN_FLIGHT_S of decode and must end
 # within the drain deadline, with room for the drain to begin after it started.
 RESTART_IN_FLIGHT_S = 24.0
@@ -104,6 +114,7 @@ def ttft_p99(window: str) -> str:
 
 AGENT_CONFIG = (
     f"recommendation: {{min_samples: {REC_MIN_SAMPLES}}}\n"
+    f"cost: {{prices: {{'*': {{per_1k_context_tokens: {PRICE_PER_1K}}}}}}}\n"
     f"actions: {{restart: {{drain_deadline_s: {DRAIN_DEADLINE_S:g}}}}}\n"
     f"rules: {{params: {{p99_ttft_seconds: {TTFT_SLO_S:g}}}}}\n"
 )
@@ -122,7 +133,7 @@ def vllm_serve_cmd(port: int, *extra: str) -> list[str]:
         str(vllm_venv() / "bin" / "vllm"), "serve", vllm_model(),
         "--host", "127.0.0.1", "--port", str(port), "--served-model-name", MODEL_NAME,
         "--enforce-eager", "--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN),
-        "--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S), *extra,
+        "--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S), "--middleware", MIDDLEWARE, *extra,
     ]  # fmt: skip
 
 
@@ -173,21 +184,30 @@ class StreamResult:
     stop: threading.Event = field(default_factory=threading.Event)  # set: hang up early
 
 
-def stream_completion(engine_url: str, prompt: str, max_tokens: int) -> StreamResult:
+def stream_completion(
+    engine_url: str,
+    prompt: str,
+    max_tokens: int,
+    *,
+    headers: dict[str, str] | None = None,
+    user: str | None = None,
+) -> StreamResult:
     """Start a streaming completion on a thread that ignores EOS (so it lasts exactly
     ``max_tokens`` tokens); the result fills in as chunks arrive. Setting ``stop`` hangs
     up after the next chunk (vLLM aborts a request whose client went away)."""
     res = StreamResult()
 
     def run() -> None:
-        body = {
+        body: dict[str, Any] = {
             "model": MODEL_NAME, "prompt": prompt, "max_tokens": max_tokens,
             "temperature": 0, "stream": True, "ignore_eos": True,
             "stream_options": {"include_usage": True},
         }  # fmt: skip
+        if user is not None:
+            body["user"] = user
         try:
             with httpx.stream(
-                "POST", f"{engine_url}/v1/completions", json=body, timeout=300.0
+                "POST", f"{engine_url}/v1/completions", json=body, headers=headers, timeout=300.0
             ) as r:
                 r.raise_for_status()
                 for line in r.iter_lines():
@@ -217,7 +237,9 @@ def stream_completion(engine_url: str, prompt: str, max_tokens: int) -> StreamRe
 
 class Load:
     """Light load: one short streaming completion every ``interval_s`` that shares a long
-    prefix with the others. ``paused()`` holds it (the request in flight finishes first)."""
+    prefix with the others, from two tenants in turn (TENANT_HEADER by the X-Tenant
+    header, TENANT_USER by OpenAI's ``user``). ``paused()`` holds it (the request in flight
+    finishes first)."""
 
     def __init__(self, engine_url: str, interval_s: float = 2.0, max_tokens: int = 24) -> None:
         self.engine_url = engine_url
@@ -247,7 +269,12 @@ class Load:
             with self._lock:
                 i += 1
                 prompt = f"{SYSTEM_PROMPT}\nQuestion {i}: what does metric number {i} say?\n"
-                res = stream_completion(self.engine_url, prompt, self.max_tokens)
+                by_header = i % 2 == 0
+                res = stream_completion(
+                    self.engine_url, prompt, self.max_tokens,
+                    headers={"X-Tenant": TENANT_HEADER} if by_header else None,
+                    user=None if by_header else TENANT_USER,
+                )  # fmt: skip
                 res.done.wait(180)
                 if res.error is None and res.finish_reason is not None:
                     self.ok += 1

@@ -11,18 +11,29 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import time
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.engines.vllm.harness import MAX_MODEL_LEN, MODEL_NAME, REC_MIN_SAMPLES, Stack
+from tests.engines.vllm.harness import (
+    MAX_MODEL_LEN,
+    MODEL_NAME,
+    PRICE_PER_1K,
+    PROBE_P,
+    REC_MIN_SAMPLES,
+    TENANT_HEADER,
+    TENANT_USER,
+    Stack,
+)
 from tests.services import kcops_bin, wait_until
 
 pytestmark = pytest.mark.vllm
 
 LAYERS = 30  # SmolLM2-135M
 ROUTE = "/api/v1/kc/recommendation"
+FIRST_WITHIN_S = 90.0  # issue 31: the first figure without the 10-minute wait
 # the per-request series (not kcops_request_latency_seconds, vLLM's own, mapped)
 REQUEST_SERIES = (
     "kcops_request_context_tokens",
@@ -49,10 +60,17 @@ def _kc_counts(stack: Stack) -> dict[str, float]:
 
 
 def test_kc_recommend_prints_per_layer_budgets_from_vllm(stack: Stack) -> None:
+    """With the shipped recompute interval (10 minutes), the first recommendation comes
+    within FIRST_WITHIN_S of every layer having its samples; at the probe's p (0.8, which
+    the agent's config does not name); capacity as a what-if from vLLM's own cache size."""
     last: dict[str, Any] = {}
 
+    def enough() -> bool:
+        counts = _kc_counts(stack)
+        return len(counts) == LAYERS and min(counts.values()) >= REC_MIN_SAMPLES
+
     def recommended() -> dict[str, Any] | None:
-        r = httpx.get(f"{stack.agent_url}{ROUTE}?refresh=1", timeout=60)
+        r = httpx.get(f"{stack.agent_url}{ROUTE}", timeout=60)  # no refresh: the schedule's
         r.raise_for_status()
         last.clear()
         last.update(r.json())
@@ -64,8 +82,15 @@ def test_kc_recommend_prints_per_layer_budgets_from_vllm(stack: Stack) -> None:
             f"K(C) counts by layer: {_kc_counts(stack)}\n{stack.log_tail()}"
         )
 
-    doc = wait_until(recommended, 900, "a live recommendation (status ok)", why, interval_s=5.0)
+    wait_until(enough, 900, f"{REC_MIN_SAMPLES} K(C) samples on every layer", why, interval_s=2.0)
+    t0 = time.monotonic()
+    doc = wait_until(recommended, 300, "a live recommendation (status ok)", why, interval_s=2.0)
+    first_s = time.monotonic() - t0
+    print(f"first recommendation {first_s:.0f} s after every layer had its samples")
     assert doc is not None
+    assert first_s <= FIRST_WITHIN_S, first_s
+    assert doc["interval_s"] == 600.0  # the shipped schedule: not what made it come
+    assert (doc["p"], doc["p_source"]) == (PROBE_P, "probe"), doc["p"]
     samples = {row["layer"]: row["samples"] for row in doc["layers"]}
     print("live recommendation:", {r["layer"]: (r["samples"], r["tokens"]) for r in doc["layers"]})
     print("uniform:", doc["uniform"], "capacity:", doc["capacity"])
@@ -97,7 +122,18 @@ def test_kc_recommend_prints_per_layer_budgets_from_vllm(stack: Stack) -> None:
     assert all(int(rows[layer]) >= REC_MIN_SAMPLES for layer in rows), rows
     assert re.search(r"uniform N = \d+ \(interval \(\d+, (\d+|inf)\], over all layers", out.stdout)
     assert "configured: no top-N budget known" in out.stdout
-    assert "capacity (computed" in out.stdout and "usage ratio" in out.stdout
+    assert "capacity (WHAT-IF" in out.stdout and "usage ratio" in out.stdout
+    assert f"K_{PROBE_P:g} " in out.stdout and "p from the probe" in out.stdout
+    # the cache's size is vLLM's own: cache_config_info's blocks x block size
+    page = httpx.get(f"{stack.engine_url}/metrics", timeout=10).text
+    info = re.search(r"^vllm:cache_config_info\{(.*)\} ", page, re.M)
+    assert info is not None, page[:2000]
+    fields = dict(re.findall(r'(\w+)="([^"]*)"', info.group(1)))
+    size = int(fields["num_gpu_blocks"]) * int(fields["block_size"])
+    cap = doc["capacity"]
+    assert cap["what_if"] is True and cap["kv_cache_tokens"] == size, (cap, fields)
+    assert f"of the cache's {size} tokens" in out.stdout, out.stdout
+    assert re.search(r"the same memory would hold \d+ concurrent sequences", out.stdout)
 
     js = recommend(stack, "--json")
     assert js.returncode == 0, js.stderr
@@ -129,50 +165,83 @@ def test_the_worker_attributes_rows_to_vllm_requests(stack: Stack) -> None:
     assert "measuring failed" not in text
 
 
-def test_effective_context_per_request_from_vllm(stack: Stack) -> None:
+def _base(tenant: str) -> tuple[tuple[str, str], ...]:
+    return (("engine", "vllm"), ("model", MODEL_NAME), ("process", "VLLM::Worker"),
+            ("tenant", tenant))  # fmt: skip
+
+
+def test_effective_context_per_request_and_tenant_from_vllm(stack: Stack) -> None:
     """Finished vLLM requests reach the agent with their full context and, for those the
     probe sampled, their effective context (mean K_p of their rows: attributed through the
-    runner's batch, vllm_requests.py), labelled with the served model and tenant
-    ``unknown`` (the worker never sees headers). The light load's prompts are ~1570 tokens
-    with 24 generated, most of the requests; the agent's canary sends short ones too (it
-    serves through the same engine). An effective context is at most its request's."""
-    base = (("engine", "vllm"), ("model", MODEL_NAME), ("process", "VLLM::Worker"),
-            ("tenant", "unknown"))  # fmt: skip
+    runner's batch, vllm_requests.py), labelled with the served model and their tenant:
+    the light load's two (one by the X-Tenant header, one by OpenAI's ``user``), carried
+    from vLLM's API server to the worker in the request id by kcops' middleware; the
+    agent's canary and the other tests' requests name none (``none``). The load's prompts
+    are ~1570 tokens with 24 generated. An effective context is at most its request's."""
+    tenants = (TENANT_HEADER, TENANT_USER)
 
-    def series() -> tuple[dict[str, float], float] | None:
+    def series() -> dict[str, dict[str, float]] | None:
         m = stack.agent_metrics()
-        got = {n: v for (n, lp), v in m.items() if n.startswith(REQUEST_SERIES) and lp == base}
-        short = max(  # requests under 1,500 tokens of context, from the same scrape
-            (
-                v
-                for (n, lp), v in m.items()
-                if n == "kcops_request_context_tokens_bucket"
-                and tuple(x for x in lp if x[0] != "le") == base
-                and float(dict(lp)["le"]) < 1500
-            ),
-            default=0.0,
+        got = {
+            t: {n: v for (n, lp), v in m.items() if n.startswith(REQUEST_SERIES) and lp == _base(t)}
+            for t in tenants
+        }
+        enough = all(
+            g.get("kcops_request_effective_context_tokens_count", 0) >= 3 for g in got.values()
         )
-        enough = got.get("kcops_request_effective_context_tokens_count", 0) >= 5
-        return (got, short) if enough else None
+        return got if enough else None
 
-    seen = wait_until(series, 600, "effective context of 5 sampled vLLM requests", stack.log_tail)
+    seen = wait_until(series, 600, "effective context of sampled requests of both tenants",
+                      stack.log_tail)  # fmt: skip
     assert seen is not None
-    got, short = seen
-    print("per-request series:", got, "under 1,500 tokens:", short)
-    queries = got["kcops_request_context_tokens_count"]
-    sampled = got["kcops_request_effective_context_tokens_count"]
-    full_mean = got["kcops_request_context_tokens_sum"] / queries
-    eff_mean = got["kcops_request_effective_context_tokens_sum"] / sampled
-    assert sampled <= queries
-    # the load's requests (prompt ~1570 + up to 24 tokens) are most; the canary's are short
-    assert queries - short >= 5 and queries - short >= 0.75 * queries, (queries, short)
-    assert full_mean <= MAX_MODEL_LEN, full_mean
-    assert 1 <= eff_mean <= full_mean, (eff_mean, full_mean)
-    # priced = effective of the sampled + full of the others: between the two totals
-    priced = got["kcops_request_priced_effective_tokens_total"]
-    assert got["kcops_request_effective_context_tokens_sum"] <= priced
-    assert priced <= got["kcops_request_context_tokens_sum"]
-    # every series of the request histograms has exactly these labels
+    for tenant, got in seen.items():
+        print(f"per-request series of {tenant}:", got)
+        queries = got["kcops_request_context_tokens_count"]
+        sampled = got["kcops_request_effective_context_tokens_count"]
+        full_mean = got["kcops_request_context_tokens_sum"] / queries
+        eff_mean = got["kcops_request_effective_context_tokens_sum"] / sampled
+        assert sampled <= queries
+        assert 1500 <= full_mean <= MAX_MODEL_LEN, full_mean  # the load's long prompts only
+        assert 1 <= eff_mean <= full_mean, (eff_mean, full_mean)
+        # priced = effective of the sampled + full of the others: between the two totals
+        priced = got["kcops_request_priced_effective_tokens_total"]
+        assert got["kcops_request_effective_context_tokens_sum"] <= priced
+        assert priced <= got["kcops_request_context_tokens_sum"]
+        # the price of every model ('*'), counted by the agent from the probe's series
+        m = stack.agent_metrics()
+        cost = {
+            n: v for (n, lp), v in m.items() if n.startswith("kcops_cost_") and lp == _base(tenant)
+        }
+        assert cost["kcops_cost_full_total"] == pytest.approx(
+            got["kcops_request_context_tokens_sum"] * PRICE_PER_1K / 1000
+        )
+        assert cost["kcops_cost_effective_total"] == pytest.approx(priced * PRICE_PER_1K / 1000)
     m = stack.agent_metrics()
-    labels = {tuple(x for x in lp if x[0] != "le") for (n, lp) in m if n.startswith(REQUEST_SERIES)}
-    assert labels == {base}, labels
+    labels = {dict(lp)["tenant"] for (n, lp) in m if n.startswith(REQUEST_SERIES)}
+    assert set(tenants) <= labels <= {*tenants, "none"}, labels
+
+
+def test_kcops_cost_shows_both_tenants_and_its_totals_add_up(stack: Stack) -> None:
+    out = subprocess.run(
+        [kcops_bin(), "cost", "--agent", stack.agent_url, "--since", "10m", "--json"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    rows = {(r["model"], r["tenant"]): r for r in doc["rows"]}
+    print("kcops cost:", json.dumps(doc["rows"], indent=1)[:3000])
+    for tenant in (TENANT_HEADER, TENANT_USER):
+        row = rows[(MODEL_NAME, tenant)]
+        assert row["queries"] >= 3 and row["sampled"] >= 1, row
+        assert 0 < row["effective_tokens"] <= row["context_tokens"], row
+        assert 0 < row["cost_effective"] <= row["cost_full"], row
+        assert row["cost_full"] == pytest.approx(row["context_tokens"] * PRICE_PER_1K / 1000)
+    total = doc["total"]
+    for f in ("queries", "sampled", "context_tokens", "effective_tokens", "cost_full",
+              "cost_effective"):  # fmt: skip
+        assert total[f] == pytest.approx(sum(r[f] for r in doc["rows"])), f
+    text = subprocess.run(
+        [kcops_bin(), "cost", "--agent", stack.agent_url, "--since", "10m"],
+        capture_output=True, text=True, timeout=120,
+    ).stdout  # fmt: skip
+    assert TENANT_HEADER in text and TENANT_USER in text, text

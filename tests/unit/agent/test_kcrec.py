@@ -344,3 +344,72 @@ def test_the_first_figure_comes_once_every_layer_has_its_samples_not_an_interval
         assert r.runs == 3
 
     asyncio.run(body())
+
+
+def mass(store: Store, p: float, t: float, process: str = "w") -> None:
+    store.add([Sample.of("kcops_probe_kc_mass", p, {"engine": "vllm", "process": process})], t)
+
+
+def test_the_recommendation_takes_the_probes_p(tmp_path: Path) -> None:
+    r = make(tmp_path, {"min_samples": 100})
+    feed(r.ctx.store, layer_values(3, 400), T0 + 900)
+    doc = r.compute(T0 + 1000, None)
+    assert (doc["p"], doc["status"]) == (0.9, "ok") and doc["p_source"].startswith("default")
+    mass(r.ctx.store, 0.8, T0 + 950)
+    doc = r.compute(T0 + 1000, None)
+    assert (doc["p"], doc["p_source"], doc["status"]) == (0.8, "probe", "ok")
+    assert doc["calibration"]["p"] == 0.8
+
+
+def test_a_configured_p_the_probe_does_not_measure_is_refused_in_one_line(tmp_path: Path) -> None:
+    r = make(tmp_path, {"min_samples": 100, "p": 0.9})
+    feed(r.ctx.store, layer_values(3, 400), T0 + 900)
+    assert r.compute(T0 + 1000, None)["status"] == "ok"  # no probe has said: the config's
+    mass(r.ctx.store, 0.8, T0 + 950)
+    doc = r.compute(T0 + 1000, None)
+    assert doc["status"] == "p_mismatch" and doc["uniform"] is None
+    assert doc["reason"] == (
+        "recommendation.p=0.9 is not what the probe measures (p=0.8, its KCOPS_PROBE_P): "
+        "remove recommendation.p, or set it to 0.8"
+    )
+    assert all("tokens" not in row for row in doc["layers"])
+    r.doc = doc
+    r.write(T0 + 1000)
+    assert not list(r.ctx.store.keys("kcops_kc_recommended_n"))
+    # and two probes at different p cannot be summed
+    r2 = make(tmp_path)
+    mass(r2.ctx.store, 0.8, T0 + 950, "a")
+    mass(r2.ctx.store, 0.9, T0 + 950, "b")
+    feed(r2.ctx.store, layer_values(3, 400), T0 + 900)
+    doc = r2.compute(T0 + 1000, None)
+    assert doc["status"] == "p_mismatch" and "0.8 (vllm/a), 0.9 (vllm/b)" in doc["reason"]
+
+
+def test_capacity_on_an_engine_without_a_budget_is_a_what_if_in_tokens(tmp_path: Path) -> None:
+    """vLLM: no configured N, its cache size from cache_config_info (blocks x block size)."""
+    r = make(tmp_path, {"min_samples": 100})
+    store = r.ctx.store
+    feed(store, {str(i): [40 + i] * 400 for i in range(3)}, T0 + 900)
+    ctx = wire.Histogram.of(wire.CONTEXT_TOKENS)
+    for c in [1000] * 30 + [200] * 10:
+        ctx.observe(c)
+    out: list[Sample] = []
+    histogram_samples(wire.CONTEXT_TOKENS, ctx, (("engine", "vllm"),), out)
+    store.add(out, T0 + 950)
+    gauges = {"kcops_kv_cache_blocks": 7281, "kcops_kv_cache_block_tokens": 16,
+              "kcops_kv_cache_usage_ratio": 0.25, "kcops_requests_running": 8}  # fmt: skip
+    store.add([Sample.of(k, v, {"engine": "vllm"}) for k, v in gauges.items()], T0 + 995)
+    doc = r.compute(T0 + 1000, None)
+    cap, n = doc["capacity"], doc["uniform"]["tokens"]
+    assert cap["what_if"] is True and cap["kv_share_now"] == 1.0
+    assert cap["kv_cache_tokens"] == 7281 * 16
+    assert cap["kv_tokens_now"] == round(0.25 * 7281 * 16)
+    assert cap["kv_tokens_at_recommended"] == round(
+        cap["kv_tokens_now"] * cap["kv_ratio_at_recommended"]
+    )
+    assert cap["kv_ratio_at_recommended"] < 1 and n < 1000
+    assert cap["sequences_at_same_memory"] == math.floor(8 / cap["kv_ratio_at_recommended"] + 1e-9)
+    from kcops.cli.kc_recommend import capacity_lines
+
+    text = "\n".join(capacity_lines(cap, n))
+    assert "WHAT-IF" in text and f"of the cache's {7281 * 16} tokens" in text

@@ -43,8 +43,12 @@ def test_vllm_fixture_maps_every_canonical_series_with_same_values_and_buckets()
             for s in raw.get(src + suf, []):
                 labels = {("engine_index" if k == "engine" else k): v for k, v in s.labels.items()}
                 name = m.target + ("_total" if m.kind == "count" else suf)
+                want = s.value
+                if m.value_label is not None:  # an info gauge's field: its value, no labels
+                    want = float(labels[m.value_label])
+                    labels = {"engine_index": labels["engine_index"]}
                 key = SeriesKey.of(name, {**labels, "engine": "vllm"})
-                assert mapped.get(key) == s.value, key
+                assert mapped.get(key) == want, key
                 expected += 1
     assert expected == len(mapped)
     got = {k.name for k in mapped}

@@ -408,3 +408,41 @@ def test_small_active_processes_keep_their_slots() -> None:
     assert _procs(out) == {"p0", "p1", "p2", "p3", "other"}
     assert value(out, "kcops_attention_calls_total", layer="0", engine="kcops", process="p0") == 6
     assert value(out, "kcops_probe_slots_replaced_total") == 0
+
+
+def test_request_series_by_tenant_with_the_mass_p_and_a_price() -> None:
+    """vLLM's requests by tenant (frames of one tenant each), the process's K(C) mass p,
+    and the cost counters from a configured price, as the engine scrape has them."""
+    r = ProbeReceiver("/nonexistent/probe.sock", prices={"*": 2.0})
+    for seq, tenant in enumerate(["acme", "beta", ""]):
+        h = wire.Histogram.of(wire.REQUEST_CONTEXT)
+        h.observe(1000)
+        priced = wire.Histogram.of(wire.REQUEST_PRICED)
+        priced.observe(250)
+        hists = {wire.REQUEST_CONTEXT: h, wire.REQUEST_PRICED: priced}
+        r.feed(frame(seq=seq, engine="vllm", model="m", tenant=tenant, p=0.8, histograms=hists))
+    out = collect(r)
+    lab = {"engine": "vllm", "model": "m", "process": "python"}
+    for tenant in ("acme", "beta", "unknown"):
+        assert value(out, "kcops_request_context_tokens_sum", tenant=tenant, **lab) == 1000
+        assert value(out, "kcops_cost_full_total", tenant=tenant, **lab) == 2.0
+        assert value(out, "kcops_cost_effective_total", tenant=tenant, **lab) == 0.5
+    assert value(out, "kcops_probe_kc_mass", engine="vllm", process="python") == 0.8
+
+
+def test_forged_frames_cannot_spend_the_tenant_label_set() -> None:
+    r = ProbeReceiver("/nonexistent/probe.sock")
+    h = wire.Histogram.of(wire.REQUEST_CONTEXT)
+    h.observe(10)
+    for i in range(10_000):
+        r.feed(frame(seq=i, tenant=f"t{i}", histograms={wire.REQUEST_CONTEXT: h}))
+    r.feed(
+        frame(
+            seq=10_001, tenant="sk-abcdefabcdefabcdefabcdef", histograms={wire.REQUEST_CONTEXT: h}
+        )
+    )
+    tenants = {
+        dict(s.labels)["tenant"] for s in collect(r) if s.name == "kcops_request_context_tokens_sum"
+    }
+    assert len(tenants) == 51 and "other" in tenants
+    assert not any(t.startswith("sk-") for t in tenants)

@@ -54,3 +54,24 @@ def test_wait_for_attention_sends_nothing_until_a_call(listener: tuple[str, List
     assert [f.seq for f in frames] == [0, 1]
     assert frames[0].calls_by_layer == {"3": 1} and frames[1].calls_by_layer == {}
     assert frames[0].histograms[wire.CONTEXT_TOKENS].count == 1
+
+
+def test_each_tenant_with_finished_requests_gets_a_frame(listener: tuple[str, Listener]) -> None:
+    """The first tenant's request histograms go with the flush's frame, each other's in a
+    frame of its own (the tenant is in a frame's key), all with the probe's p."""
+    path, sock = listener
+    agg = Aggregator((16,))
+    pub = Publisher(agg, path, 60.0, p=0.8)
+    agg.call("0", 8)
+    agg.observe_request(100, 40.0, "acme")
+    agg.observe_request(50, None, "beta")
+    agg.observe_request(70, None, "acme")
+    assert pub.flush() == 2
+    frames = drain(sock)
+    assert [(f.seq, f.tenant, f.p) for f in frames] == [(0, "acme", 0.8), (1, "beta", 0.8)]
+    assert frames[0].calls_by_layer == {"0": 1} and frames[1].calls_by_layer == {}
+    assert frames[0].histograms[wire.REQUEST_CONTEXT].sum == 170
+    assert frames[1].histograms[wire.REQUEST_PRICED].sum == 50
+    assert wire.CONTEXT_TOKENS not in frames[1].histograms
+    assert pub.flush() == 1  # nothing finished: one frame, no tenant
+    assert drain(sock)[0].tenant == ""

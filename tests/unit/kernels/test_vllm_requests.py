@@ -184,39 +184,48 @@ def test_open_requests_are_bounded() -> None:
 
 
 def test_finished_requests_reach_the_agent_with_model_and_tenant(fake: SimpleNamespace) -> None:
-    """A finished request goes into the probe's request histograms, which a version 5 frame
-    carries with the served model to the agent, which exports them under the names the
-    reference worker's map to: model from the frame, tenant ``unknown``."""
+    """A finished request goes into the probe's request histograms of its tenant (read
+    from the request id kcops' middleware marked), which frames carry, one tenant each,
+    with the served model to the agent, which exports them under the names the reference
+    worker's map to: model from the frame, tenant from the id, ``unknown`` without one."""
     probe, requests, impl_cls = _setup(fake)
     requests.on_finish = functools.partial(vllm_plugin.observe_finished, probe)
     requests.on_model = probe.set_model
     runner = fake.runner.GPUModelRunner()
     runner.model_config = SimpleNamespace(served_model_name=["smollm2", "alias"])
+    a, b = "cmpl-kcops~acme~a-1f2e3d4c", "chatcmpl-kcops~beta~b-0a1b2c3d"
     ns, query, key, keys, paged = _case([30, 12])
     step = (_impl(impl_cls, ns), query, key, keys, paged)
-    runner.execute_model(_out(set(), {"a": 12, "b": 30}, step))
-    runner.execute_model(_out({"a", "b"}, {"c": 7}, None))  # c: never sampled
+    runner.execute_model(_out(set(), {a: 12, b: 30}, step))
+    runner.execute_model(_out({a, b}, {"c": 7}, None))  # c: never sampled, no tenant
     runner.execute_model(_out({"c"}, {}, None))
-    k = {rid: _reference(query[i], keys[i]).k_union[0.9] for i, rid in enumerate(["b", "a"])}
+    k = {rid: _reference(query[i], keys[i]).k_union[0.9] for i, rid in enumerate([b, a])}
     d = probe.aggregator.take()
-    frame = wire.Frame(
-        1, "VLLM::Worker", 0, "i", 1.0, d.calls_by_layer, d.errors, d.histograms, d.topn_mass,
-        "vllm", d.kc_by_layer, d.internal_errors, model=probe.publisher.model,
-    )  # fmt: skip
+    assert set(d.requests) == {"acme", "beta", ""}
     r = ProbeReceiver("/nonexistent/probe.sock")
-    r.feed(wire.encode(frame))
-    got = {(s.name, dict(s.labels).get("le")): s.value for s in r.collect(0.0)
-           if dict(s.labels).get("model") == "smollm2"}  # fmt: skip
+    for seq, (tenant, hists) in enumerate(d.requests.items()):
+        frame = wire.Frame(
+            1, "VLLM::Worker", seq, "i", 1.0, engine="vllm", histograms=hists,
+            model=probe.publisher.model, tenant=tenant,
+        )  # fmt: skip
+        r.feed(wire.encode(frame))
+    out = r.collect(0.0)
+    got = {(s.name, dict(s.labels)["tenant"]): s.value for s in out
+           if dict(s.labels).get("model") == "smollm2" and "le" not in dict(s.labels)}  # fmt: skip
     labels = {
         tuple(x for x in s.labels if x[0] != "le")
-        for s in r.collect(0.0)
+        for s in out
         if s.name.startswith("kcops_request_")
     }
-    assert labels == {(("engine", "vllm"), ("model", "smollm2"), ("process", "VLLM::Worker"),
-                       ("tenant", "unknown"))}  # fmt: skip
-    assert got[("kcops_request_context_tokens_count", None)] == 3
-    assert got[("kcops_request_context_tokens_sum", None)] == 12 + 30 + 7
-    assert got[("kcops_request_effective_context_tokens_count", None)] == 2  # a and b
-    assert got[("kcops_request_effective_context_tokens_sum", None)] == k["a"] + k["b"]
+    base = (("engine", "vllm"), ("model", "smollm2"), ("process", "VLLM::Worker"))
+    assert labels == {(*base, ("tenant", t)) for t in ("acme", "beta", "unknown")}
+    assert got[("kcops_request_context_tokens_sum", "acme")] == 12
+    assert got[("kcops_request_context_tokens_sum", "beta")] == 30
+    assert got[("kcops_request_context_tokens_sum", "unknown")] == 7
+    assert got[("kcops_request_effective_context_tokens_sum", "acme")] == k[a]
+    assert got[("kcops_request_effective_context_tokens_count", "beta")] == 1
+    assert ("kcops_request_effective_context_tokens_count", "unknown") in got  # 0: unsampled
+    assert got[("kcops_request_effective_context_tokens_count", "unknown")] == 0
     # priced: the effective context of the sampled ones, the full one of c
-    assert got[("kcops_request_priced_effective_tokens_total", None)] == k["a"] + k["b"] + 7
+    assert got[("kcops_request_priced_effective_tokens_total", "acme")] == k[a]
+    assert got[("kcops_request_priced_effective_tokens_total", "unknown")] == 7

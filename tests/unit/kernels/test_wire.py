@@ -1,4 +1,4 @@
-"""The probe frame format (version 5, the one version): round trip, typed errors, bounds,
+"""The probe frame format (version 6, the one version): round trip, typed errors, bounds,
 fixed buckets, socket path."""
 
 from __future__ import annotations
@@ -62,34 +62,35 @@ def with_tag(data: bytes, tag: bytes, length: int | None = None) -> bytes:
 def test_round_trip() -> None:
     frame = sample_v4()
     data = wire.encode(frame)
-    assert data[:6] == wire.MAGIC + b"\x00\x05"
+    assert data[:6] == wire.MAGIC + b"\x00\x06"
     assert wire.decode(data) == frame
 
 
 def test_header_layout() -> None:
     data = wire.encode(sample_v4())
     magic, version, length = struct.unpack(">4sHI", data[:10])
-    assert (magic, version, length) == (b"KCPF", 5, len(data) - 10)
-    assert wire.header(data) == (5, len(data) - 10)
+    assert (magic, version, length) == (b"KCPF", 6, len(data) - 10)
+    assert wire.header(data) == (6, len(data) - 10)
 
 
-def test_v5_layout_key_first() -> None:
+def test_v6_layout_key_first() -> None:
     f = sample_v4()
     for name in wire.REQUEST_HISTOGRAMS:
         del f.histograms[name]
     f.histograms[wire.REQUEST_CONTEXT] = wire.Histogram.of(wire.REQUEST_CONTEXT)
-    f.model = "smollm2"
+    f.model, f.tenant, f.p = "smollm2", "acme", 0.8
     data = wire.encode(f)
     magic, version, length = struct.unpack(">4sHI", data[:10])
-    assert (magic, version, length) == (b"KCPF", 5, len(data) - 10)
+    assert (magic, version, length) == (b"KCPF", 6, len(data) - 10)
     (key_len,) = struct.unpack_from(">H", data, 10)
-    pid, k, t, mask, ne, np, ni, nm, nl = struct.unpack_from(">IHBBBBBBH", data, 12)
-    assert (pid, k, t, ne, np, ni, nm) == (123, 3, 3, 4, 7, 3, 7)
+    pid, k, t, mask, ne, np, ni, nm, nt, pu, nl = struct.unpack_from(">IHBBBBBBBHH", data, 12)
+    assert (pid, k, t, ne, np, ni, nm, nt, pu) == (123, 3, 3, 4, 7, 3, 7, 4, 8000)
     # attention_seconds, kc_ratio, context_tokens, request context (bit 4); bit 7: K(C) by layer
     assert mask == 0b10011101
-    assert struct.unpack_from(">3I", data, 26) == (16, 32, 64)
-    labels = data[38 : 12 + key_len]
-    assert labels == b"vllmpython3abcsmollm20\x001\x00unknown" and nl == len(b"0\x001\x00unknown")
+    assert struct.unpack_from(">3I", data, 29) == (16, 32, 64)
+    labels = data[41 : 12 + key_len]
+    assert labels == b"vllmpython3abcsmollm2acme0\x001\x00unknown"
+    assert nl == len(b"0\x001\x00unknown")
     assert wire.decode(data) == f
     seq, nan, inf, exc, internal, dropped = struct.unpack_from(">Q5I", data, 12 + key_len)
     assert (seq, nan, inf, exc, internal, dropped) == (7, 1, 0, 2, 5, 4)
@@ -196,15 +197,17 @@ def test_buckets_sorted_and_named() -> None:
     [
         (b"", wire.Truncated, "truncated"),
         (b"KCPF\x00", wire.Truncated, "truncated"),
-        (b"XXXX\x00\x05\x00\x00\x00\x02{}", wire.BadMagic, "bad magic"),
+        (b"XXXX\x00\x06\x00\x00\x00\x02{}", wire.BadMagic, "bad magic"),
         (b"KCPF\x00\x09\x00\x00\x00\x02{}", wire.BadVersion, "unknown frame version 9"),
         # versions 1 (JSON), 2 and 3 were read before 1.0: now they are unknown versions
-        (b"KCPF\x00\x01\x00\x00\x00\x02{}", wire.BadVersion, "version 1, this side speaks 5"),
+        (b"KCPF\x00\x01\x00\x00\x00\x02{}", wire.BadVersion, "version 1, this side speaks 6"),
+        # version 5 (no p, no tenant) is refused by name, not misread
+        (b"KCPF\x00\x05\x00\x00\x00\x02{}", wire.BadVersion, "unknown frame version 5"),
         (b"KCPF\x00\x03\x00\x00\x00\x02{}", wire.BadVersion, "unknown frame version 3"),
-        (b"KCPF\x00\x05\x00\x00\x00\x05{}", wire.Truncated, "truncated"),
-        (b"KCPF\x00\x05\x00\x00\x00\x02{}", wire.Truncated, "ends inside a field"),
-        (b"KCPF\x00\x05\x00\x00\xff\xff" + bytes(65535), wire.TooLarge, "exceeds"),
-        (b"KCPF\x00\x05\x00\x00\x00\x01{}", wire.BadField, "payload length"),
+        (b"KCPF\x00\x06\x00\x00\x00\x05{}", wire.Truncated, "truncated"),
+        (b"KCPF\x00\x06\x00\x00\x00\x02{}", wire.Truncated, "ends inside a field"),
+        (b"KCPF\x00\x06\x00\x00\xff\xff" + bytes(65535), wire.TooLarge, "exceeds"),
+        (b"KCPF\x00\x06\x00\x00\x00\x01{}", wire.BadField, "payload length"),
     ],
 )
 def test_decode_errors_are_typed(data: bytes, error: type[wire.WireError], match: str) -> None:
@@ -283,14 +286,16 @@ def test_v4_rejects_out_of_range_fields() -> None:
     for ns in ((32, 16, 64), (16, 16, 64), (0, 32, 64), (16, 32, wire.MAX_TOPN_N + 1)):
         bad = data
         for j, n in enumerate(ns):
-            bad = _set(bad, ">I", 26 + 4 * j, n)
+            bad = _set(bad, ">I", 29 + 4 * j, n)
         _refused(bad, name="top-N keys")
     for length in (0, 5, 30, 200, 60_000):  # key length u16 at 10 disagreeing
         with pytest.raises(wire.WireError):
             wire.decode(_set(data, ">H", 10, length))
-    for field, value in ((20, 17), (21, 0), (22, 200), (23, 9), (25, 1)):  # label lengths
+    for field, value in ((20, 17), (21, 0), (22, 200), (23, 9), (24, 9), (28, 1)):  # lengths
         with pytest.raises(wire.WireError):
             wire.decode(_set(data, ">B", field, value))
+    for units in (0, wire.P_SCALE + 1, 0xFFFF):  # p u16 at 25: in (0, 1]
+        _refused(_set(data, ">H", 25, units), name="p")
 
 
 def test_v4_rejects_bad_labels() -> None:
@@ -405,3 +410,16 @@ def test_default_socket_path(monkeypatch: pytest.MonkeyPatch) -> None:
     import os
 
     assert wire.default_socket_path() == f"/tmp/kcops-{os.getuid()}/probe.sock"
+
+
+@pytest.mark.parametrize("p", [0.5, 0.8, 0.9, 0.95, 0.999, 1.0])
+def test_p_and_tenant_round_trip(p: float) -> None:
+    frame = dataclasses.replace(sample_v4(), p=p, tenant="team-a")
+    got = wire.decode(wire.encode(frame))
+    assert (got.p, got.tenant) == (p, "team-a")
+
+
+@pytest.mark.parametrize("p", [0.0, -0.1, 1.5, float("nan"), float("inf")])
+def test_encode_refuses_a_p_outside_0_1(p: float) -> None:
+    with pytest.raises(wire.BadField, match=r"p .* not allowed: in \(0, 1\]"):
+        wire.encode(dataclasses.replace(sample_v4(), p=p))

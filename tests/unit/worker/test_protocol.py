@@ -74,7 +74,7 @@ def test_unknown_openai_fields_are_ignored_admin_fields_refused() -> None:
     raw = b'{"prompt": "hi", "user": "me", "presence_penalty": 0, "logit_bias": {}}'
     body = parse(CompletionRequest, raw)
     assert body.model_extra == {"presence_penalty": 0, "logit_bias": {}}
-    assert body.user == "me"  # OpenAI's end-user id: a tenant source (kcops.worker.tenant)
+    assert body.user == "me"  # OpenAI's end-user id: a tenant source (kcops.tenant)
     with pytest.raises(ApiError):
         parse(EvictBody, b'{"policy": "lru", "fractoin": 0.5}')
 

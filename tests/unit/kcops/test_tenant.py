@@ -1,4 +1,4 @@
-"""Issue 25: the tenant label is bounded and never a raw secret (kcops.worker.tenant)."""
+"""Issue 25: the tenant label is bounded and never a raw secret (kcops.tenant)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import string
 import pytest
 from multidict import CIMultiDict
 
-from kcops.worker.tenant import NONE, OTHER, TenantLabels, looks_secret
+from kcops.tenant import NONE, OTHER, TenantLabels, looks_secret
 
 
 def test_ten_thousand_distinct_tenants_stay_under_the_cap() -> None:
