@@ -85,6 +85,8 @@ def capacity(
         "kv_cache_tokens": kv_tokens,
         "kv_tokens_now": None if held is None else round(held),
         "kv_tokens_at_recommended": None,
+        "cache_sequences_now": None,
+        "cache_sequences_at_recommended": None,
         "running_sequences": running,
         "mean_context_tokens": None,
         "kv_share_now": None,
@@ -122,6 +124,9 @@ def capacity(
         out["kv_usage_ratio_at_recommended"] = round(kv_usage * ratio, 4)
     if held is not None:
         out["kv_tokens_at_recommended"] = round(held * ratio)
+    if kv_tokens:  # whatever runs now: sequences of the mean context the whole cache holds
+        out["cache_sequences_now"] = math.floor(kv_tokens / (mean_c * now) + 1e-9)
+        out["cache_sequences_at_recommended"] = math.floor(kv_tokens / (mean_c * rec) + 1e-9)
     if running is not None and running > 0:
         fit = math.floor(running / ratio + 1e-9)
         out["sequences_at_same_memory"] = fit

@@ -141,7 +141,7 @@ class Recommender:
         window = self.window_s()
         start = now - window
         configured = self.configured(now, state, state_error)
-        model = cfg.model or configured.get("model")
+        model = cfg.model or configured.get("model") or served_model(store)
         kc = window_buckets(store, "kcops_kc_tokens", "layer", start, now)
         topn = window_buckets(store, "kcops_topn_mass_ratio", "n", start, now)
         dense = configured.get("dense_layers")
@@ -278,6 +278,15 @@ class Recommender:
             return web.json_response(self.doc)
 
         return [web.get(ROUTE, get)]
+
+
+def served_model(store: Store) -> str | None:
+    """The one model the engine's request series name (vLLM's probe: its served model
+    name), or None when they name none or several."""
+    names = {dict(k.labels).get("model") for k in store.keys("kcops_request_context_tokens_count")}
+    names.discard(None)
+    names.discard("unknown")
+    return names.pop() if len(names) == 1 else None
 
 
 def kv_cache_tokens(store: Store, now: float) -> float | None:

@@ -162,9 +162,10 @@ def capacity_lines(cap: dict[str, Any], n: int | None) -> list[str]:
         ),
     ]
     if cap.get("kv_tokens_now") is not None:
-        out.append(
+        out[-1] = (
             f"  KV held now: {cap['kv_tokens_now']} of the cache's {cap['kv_cache_tokens']:.0f} "
-            "tokens (the engine's usage ratio times its blocks x block size)"
+            f"tokens (usage ratio {cap['kv_usage_ratio_now']:.3f} x its blocks x block size), "
+            f"{round(running) if running is not None else 'unknown'} running sequences"
         )
     if n is None or cap.get("kv_ratio_at_recommended") is None:
         out.append("  at the recommended budget: unknown (no recommendation or no context lengths)")
@@ -182,6 +183,12 @@ def capacity_lines(cap: dict[str, Any], n: int | None) -> list[str]:
             else ""
         )
     )
+    if cap.get("cache_sequences_now") is not None:
+        now, at_n = cap["cache_sequences_now"], cap["cache_sequences_at_recommended"]
+        out.append(
+            f"  the cache holds {now} sequences of the mean context with every key, {at_n} "
+            f"with N={n} keys a layer: {at_n - now} more"
+        )
     if cap.get("kv_bytes_per_token_estimate") is not None:
         out.append(f"  model KV per token (estimated): {cap['kv_bytes_per_token_estimate']} bytes")
     if cap.get("sequences_at_same_memory") is not None:

@@ -91,6 +91,7 @@ def test_kc_recommend_prints_per_layer_budgets_from_vllm(stack: Stack) -> None:
     assert first_s <= FIRST_WITHIN_S, first_s
     assert doc["interval_s"] == 600.0  # the shipped schedule: not what made it come
     assert (doc["p"], doc["p_source"]) == (PROBE_P, "probe"), doc["p"]
+    assert doc["model"] == MODEL_NAME  # the served model the probe's frames name
     samples = {row["layer"]: row["samples"] for row in doc["layers"]}
     print("live recommendation:", {r["layer"]: (r["samples"], r["tokens"]) for r in doc["layers"]})
     print("uniform:", doc["uniform"], "capacity:", doc["capacity"])
@@ -133,7 +134,11 @@ def test_kc_recommend_prints_per_layer_budgets_from_vllm(stack: Stack) -> None:
     cap = doc["capacity"]
     assert cap["what_if"] is True and cap["kv_cache_tokens"] == size, (cap, fields)
     assert f"of the cache's {size} tokens" in out.stdout, out.stdout
-    assert re.search(r"the same memory would hold \d+ concurrent sequences", out.stdout)
+    # whatever runs at this moment: the whole cache, in sequences of the mean context
+    mean_c = cap["mean_context_tokens"]
+    assert abs(cap["cache_sequences_now"] - size / mean_c) <= 1, cap  # mean_c is rounded
+    assert cap["cache_sequences_at_recommended"] >= cap["cache_sequences_now"], cap
+    assert re.search(r"the cache holds \d+ sequences of the mean context .*: \d+ more", out.stdout)
 
     js = recommend(stack, "--json")
     assert js.returncode == 0, js.stderr

@@ -413,3 +413,9 @@ def test_capacity_on_an_engine_without_a_budget_is_a_what_if_in_tokens(tmp_path:
 
     text = "\n".join(capacity_lines(cap, n))
     assert "WHAT-IF" in text and f"of the cache's {7281 * 16} tokens" in text
+    mean_c = cap["mean_context_tokens"]
+    assert cap["cache_sequences_now"] == math.floor(7281 * 16 / mean_c)
+    assert cap["cache_sequences_at_recommended"] == math.floor(
+        7281 * 16 / (mean_c * cap["kv_share_at_recommended"])
+    )
+    assert f"the cache holds {cap['cache_sequences_now']} sequences" in text
