@@ -77,14 +77,19 @@ def export_rules(
     name: str = "kcops",
     namespace: str | None = None,
     labels: dict[str, str] | None = None,
+    records: RuleSet | None = None,
 ) -> str:
-    """YAML text of the rule set in ``fmt`` (prometheus | prometheus-operator)."""
+    """YAML text of the rule set in ``fmt`` (prometheus | prometheus-operator), with the
+    groups of ``records`` (the fleet's recording rules) after its own."""
     # Key order as Prometheus documents it: name, interval, limit, rules.
     order = ("name", "interval", "limit", "rules")
+    groups = prometheus_rules(ruleset)["groups"]
+    if records is not None:
+        groups += prometheus_rules(records)["groups"]
     spec = {
         "groups": [
             {k: g[k] for k in order if k in g}  # type: ignore[literal-required]
-            for g in prometheus_rules(ruleset)["groups"]
+            for g in groups
         ]
     }
     doc: dict[str, object]

@@ -144,6 +144,13 @@ def show_cmd(name: str, rules_file: str | None, params: tuple[str, ...], as_json
     multiple=True,
     help="KEY=VALUE label of the PrometheusRule (repeat), e.g. release=kube-prometheus-stack.",
 )
+@click.option(
+    "--records/--no-records",
+    default=True,
+    show_default=True,
+    help="Append the fleet's recording rules (alerts/records.yaml: cost, effective context "
+    "and K(C) by layer over every pod), for the Prometheus that scrapes the sidecars.",
+)
 @handle_errors
 def export_cmd(
     rules_file: str | None,
@@ -152,8 +159,10 @@ def export_cmd(
     name: str,
     namespace: str | None,
     labels: tuple[str, ...],
+    records: bool,
 ) -> None:
     from kcops.agent.rules.export import OPERATOR, export_rules
+    from kcops.alerts import packaged_file
 
     extra: dict[str, str] = {}
     for pair in labels:
@@ -168,6 +177,7 @@ def export_cmd(
             name=name,
             namespace=namespace,
             labels={"app.kubernetes.io/name": "kcops", **extra},
+            records=load_ruleset(str(packaged_file("records.yaml"))) if records else None,
         ),
         nl=False,
     )

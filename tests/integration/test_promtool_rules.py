@@ -54,12 +54,13 @@ def test_export_passes_promtool_check(tmp_path: Path, fmt: str) -> None:
         path.write_text(yaml.safe_dump(doc["spec"]))
     proc = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "SUCCESS: 16 rules found" in proc.stdout
+    assert "SUCCESS: 23 rules found" in proc.stdout  # 16 alerts, 7 fleet records
 
 
 @needs_promtool
 def test_packaged_tests_pass_under_promtool(tmp_path: Path) -> None:
     _export(tmp_path)
+    shutil.copy(packaged_file("records.yaml"), tmp_path / "records.yaml")
     (tmp_path / "tests").mkdir()
     for f in TESTS:
         shutil.copy(f, tmp_path / "tests" / f.name)
@@ -85,6 +86,7 @@ def test_a_wrong_expectation_fails_both(tmp_path: Path) -> None:
     bad = text.replace("eval_time: 3m\n", "eval_time: 2m45s\n", 1)
     assert bad != text
     _export(tmp_path)
+    shutil.copy(packaged_file("records.yaml"), tmp_path / "records.yaml")
     (tmp_path / "tests").mkdir()
     (tmp_path / "tests" / "bad.yaml").write_text(bad)
     proc = subprocess.run(
