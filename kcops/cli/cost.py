@@ -19,11 +19,13 @@ from __future__ import annotations
 import html
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import click
 
-from kcops.cli.common import agent_option, handle_errors
+from kcops.cli.common import handle_errors
+from kcops.cli.source import Source, source_options
 
 QUERIES = "kcops_request_context_tokens_count"
 SAMPLED = "kcops_request_effective_context_tokens_count"
@@ -76,7 +78,8 @@ def _key(labels: dict[str, str]) -> tuple[tuple[str, str], ...]:
 def window_increase(
     client: object, metric: str, start: float, end: float
 ) -> dict[tuple[str, str], float]:
-    """The increase of ``metric`` over ``start..end``, summed by (model, tenant)."""
+    """The increase of ``metric`` (a selector) over ``start..end``, summed by (model,
+    tenant) over every series: one agent's pod, or every pod a Prometheus scrapes."""
     w = f"{max(1, round(end - start))}s"
     vec = client.vector  # type: ignore[attr-defined]
     last = {_key(m): v for m, v in vec(f"last_over_time({metric}[{w}])", at=end)}
@@ -97,10 +100,13 @@ def window_increase(
     return out
 
 
-def gather(client: object, start: float, end: float) -> list[CostRow]:
-    """One row per (model, tenant) seen in the window, sorted by cost then name."""
+def gather(
+    client: object, start: float, end: float, sel: Callable[[str], str] = str
+) -> list[CostRow]:
+    """One row per (model, tenant) seen in the window, sorted by cost then name. ``sel``
+    narrows each metric (a source's label selector)."""
     got = {
-        name: window_increase(client, name, start, end)
+        name: window_increase(client, sel(name), start, end)
         for name in (QUERIES, SAMPLED, CONTEXT, EFFECTIVE, COST_FULL, COST_EFFECTIVE)
     }
     rows: dict[tuple[str, str], CostRow] = {}
@@ -161,32 +167,35 @@ def render_html(rows: list[CostRow]) -> str:
     )
 
 
-@click.command("cost", help="Queries, context and cost at full and effective context.")
-@agent_option
+@click.command(
+    "cost",
+    help="Queries, context and cost at full and effective context, by model and tenant: of "
+    "one agent's pod (--agent), or of every pod a Prometheus scrapes (--prometheus).",
+)
+@source_options
 @click.option("--since", default="24h", show_default=True, help="Window: 30m, 24h, an ISO time.")
 @click.option("--json", "as_json", is_flag=True, help="Rows and totals as JSON.")
 @handle_errors
-def cost_cmd(agent_url: str, since: str, as_json: bool) -> None:
+def cost_cmd(source: Source, since: str, as_json: bool) -> None:
     from kcops.cli.actions import parse_since
-    from kcops.cli.topdata import AgentClient
 
     end = time.time()
     start = parse_since(since, end)
     assert start is not None
     if start >= end:
         raise click.BadParameter(f"{since!r} is not in the past", param_hint="--since")
-    client = AgentClient(agent_url, timeout_s=10)
-    try:
-        rows = gather(client, start, end)
-    finally:
-        client.close()
+    cover = source.coverage(start, end)
+    rows = gather(source.client, cover.start, end, source.sel) if cover.start < end else []
     if as_json:
-        doc = {"start": start, "end": end, "rows": [r.as_json() for r in rows]}
+        doc: dict[str, object] = {"start": cover.start, "end": end, "window": cover.as_json()}
+        doc["source"] = {"kind": source.kind, "url": source.url, "selector": source.selector}
+        doc["rows"] = [r.as_json() for r in rows]
         doc["total"] = totals(rows).as_json()
         click.echo(json.dumps(doc, indent=2))
         return
+    click.echo(cover.line(source.what))
     if not rows:
-        click.echo("no finished request in the window (is the engine the kcops worker?)")
+        click.echo("no finished request in the window (is the engine the kcops worker or vLLM?)")
         return
     click.echo(render_text(rows))
     if all(r.cost_full is None for r in rows):

@@ -95,7 +95,19 @@ def test_two_tenants_show_in_kcops_cost(tmp_path: Path) -> None:
         page = tmp_path / "report.html"
         report = [kcops_bin(), "report", "--agent", agent_url, "--since", "10m", "--out", str(page)]
         reported = subprocess.run(report, capture_output=True, text=True, timeout=120)
+        # A day asked of an agent that holds a minute: the answer says what it covers.
+        day = [kcops_bin(), "cost", "--agent", agent_url, "--since", "24h"]
+        day_text = subprocess.run(day, capture_output=True, text=True, timeout=60)
+        day_json = subprocess.run([*day, "--json"], capture_output=True, text=True, timeout=60)
     sdk.close()
+    assert day_text.returncode == 0, day_text.stderr
+    first = day_text.stdout.splitlines()[0]
+    assert first.startswith("window: covers ") and "of the 1d00h asked" in first, first
+    assert f"the agent at {agent_url} holds nothing earlier" in first, first
+    window = json.loads(day_json.stdout)["window"]
+    assert window["partial"] and window["covered_s"] < 3600 and window["asked_s"] >= 86_399
+    day_rows = {r["tenant"]: r["queries"] for r in json.loads(day_json.stdout)["rows"]}
+    assert day_rows == EXPECTED  # the whole of what it holds, nothing lost by the cut
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     print(text.stdout)
