@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from kcops.agent.quotas import Quotas
 from kcops.agent.samples import STALE_NAN, LabelPairs, Sample, SeriesKey, is_stale
 
+_new_tuple = tuple.__new__
+
 AGENT = "agent"  # the source of the agent's own series
 # Whose budget a new series counts against: one source, or one per label set.
 Source = str | Callable[[LabelPairs], str]
@@ -225,6 +227,7 @@ class Store:
         key object itself); anything else goes through :meth:`append`.
         """
         series = self._series
+        refusing: dict[str, bool] = {}  # sources refused in this write, over budget or not
         keys: set[SeriesKey] = set()
         remember = keys.add
         landed = 0
@@ -251,7 +254,19 @@ class Store:
                     self.quotas.refuse(src, "")
                     self._count_refused(over)
                     continue
-                key = SeriesKey(name, labels)
+                src = source if isinstance(source, str) else source(labels)
+                key = _new_tuple(SeriesKey, (name, labels))  # SeriesKey(...), at C speed
+                remember(key)
+                again = refusing.get(src)
+                if again is not None:  # refused earlier in this write: the same answer now
+                    self.quotas.refuse(src, "")
+                    self._count_refused(again)
+                    continue
+                if self.append(key, t, value, src):
+                    landed += 1
+                elif (why := self._refused.get((name, labels))) is not None:
+                    refusing[src] = why[2]
+                continue
             remember(key)
             src = source if isinstance(source, str) else source(labels)
             if self.append(key, t, value, src):

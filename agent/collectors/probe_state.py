@@ -60,6 +60,7 @@ class Process:
         self.tenants = TenantLabels(header=None)  # a forged frame cannot spend the label set
         self.p: float | None = None  # the mass p its K(C) values are K_p of
         self.seen = now
+        self.out: list[Sample] | None = None  # its samples, until its next frame
         # Frames summed in bulk but not yet folded into the dicts above, by shape.
         self.pending: dict[Shape, Pending] = {}
 
@@ -110,6 +111,7 @@ class ProbeSums:
             if p is None:
                 p = self.procs[key] = Process(key, now)
         p.seen = now
+        p.out = None  # a frame for it: its samples change
         return p
 
     def _full(self) -> bool:
@@ -247,32 +249,41 @@ class ProbeSums:
     # -- output ------------------------------------------------------------------
 
     def samples(self, out: list[Sample]) -> None:
+        """Every process's samples; a process with no frame since the last call gives the
+        same list again (a tick of 32 processes of 4,000 series each, all quiet, cost
+        0.3 s of building the same samples)."""
         for p in self.procs.values():
-            if p.pending:
-                self.fold(p)
-            lp = p.lp
-            eng, proc = lp  # labels stay sorted: engine < kind < layer < n < process
-            for layer, n in p.calls.items():
-                lp3 = (eng, ("layer", layer), proc)
-                out.append(Sample("kcops_attention_calls_total", lp3, float(n)))
-            for kind, n in p.errors.items():
-                lp3 = (eng, ("kind", kind), proc)
-                out.append(Sample("kcops_attention_errors_total", lp3, float(n)))
-            for name, h in p.hist.items():
-                histogram_samples(name, h, lp, out)
-            for tenant, by_name in p.requests.items():
-                # labels sorted: engine < model < process < tenant
-                rlp = (eng, ("model", p.model or UNKNOWN), proc, ("tenant", tenant))
-                for name, h in by_name.items():
-                    if name == wire.REQUEST_PRICED:
-                        out.append(Sample(PRICED_TOTAL, rlp, h.sum))
-                    else:
-                        histogram_samples(name, h, rlp, out)
-            if p.p is not None:
-                out.append(Sample("kcops_probe_kc_mass", lp, p.p))
-            for layer, h in p.kc.items():
-                histogram_samples(wire.KC_TOKENS, h, (eng, ("layer", layer), proc), out)
-            for n, h in p.topn.items():
-                histogram_samples(wire.TOPN_MASS, h, (eng, ("n", str(n)), proc), out)
-            out.append(Sample("kcops_probe_dropped_total", lp, float(p.dropped)))
-            out.append(Sample("kcops_probe_internal_errors_total", lp, float(p.internal)))
+            if p.out is None:
+                p.out = []
+                self.process_samples(p, p.out)
+            out.extend(p.out)
+
+    def process_samples(self, p: Process, out: list[Sample]) -> None:
+        if p.pending:
+            self.fold(p)
+        lp = p.lp
+        eng, proc = lp  # labels stay sorted: engine < kind < layer < n < process
+        for layer, n in p.calls.items():
+            lp3 = (eng, ("layer", layer), proc)
+            out.append(Sample("kcops_attention_calls_total", lp3, float(n)))
+        for kind, n in p.errors.items():
+            lp3 = (eng, ("kind", kind), proc)
+            out.append(Sample("kcops_attention_errors_total", lp3, float(n)))
+        for name, h in p.hist.items():
+            histogram_samples(name, h, lp, out)
+        for tenant, by_name in p.requests.items():
+            # labels sorted: engine < model < process < tenant
+            rlp = (eng, ("model", p.model or UNKNOWN), proc, ("tenant", tenant))
+            for name, h in by_name.items():
+                if name == wire.REQUEST_PRICED:
+                    out.append(Sample(PRICED_TOTAL, rlp, h.sum))
+                else:
+                    histogram_samples(name, h, rlp, out)
+        if p.p is not None:
+            out.append(Sample("kcops_probe_kc_mass", lp, p.p))
+        for layer, h in p.kc.items():
+            histogram_samples(wire.KC_TOKENS, h, (eng, ("layer", layer), proc), out)
+        for n, h in p.topn.items():
+            histogram_samples(wire.TOPN_MASS, h, (eng, ("n", str(n)), proc), out)
+        out.append(Sample("kcops_probe_dropped_total", lp, float(p.dropped)))
+        out.append(Sample("kcops_probe_internal_errors_total", lp, float(p.internal)))

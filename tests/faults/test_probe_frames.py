@@ -177,7 +177,8 @@ OLD_VERSIONS = [
     (3, b"\x04vllm" + bytes(60)),  # version 3: an engine tag first
     (0, b""),
     (4, GOOD[10:]),  # version 4: no model in the key, no request histograms
-    (6, GOOD[10:]),  # a version after this one
+    (5, GOOD[10:]),  # version 5: no tenant and no p in the key
+    (wire.VERSION + 1, GOOD[10:]),  # a version after this one
     (0xFFFF, b"x"),
 ]
 
@@ -186,7 +187,7 @@ OLD_VERSIONS = [
 def test_other_versions_are_refused_as_unknown_whatever_they_carry(
     version: int, body: bytes, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Versions 1 to 4 (before 1.0, and before issue 25's request histograms) and any
+    """Versions 1 to 5 (before 1.0, before request histograms, before tenant and p) and any
     other: BadVersion, counted unknown_version (one line), their payload never parsed, and
     the frame after them still read."""
     data = wire.HEADER.pack(wire.MAGIC, version, len(body)) + body
@@ -235,7 +236,7 @@ def test_one_bad_frame_never_disables_the_receiver() -> None:
     for bad in (
         GOOD[:16] + many + GOOD[18:],  # more layers than a frame may hold
         GOOD[:-8] + struct.pack(">d", math.nan),
-        b"KCPF\x00\x05" + b"\x00\x00\x00\x3c" + b"\xff" * 60,
+        wire.HEADER.pack(wire.MAGIC, wire.VERSION, 60) + b"\xff" * 60,
     ):
         r.feed(bad)
     r.feed(GOOD)

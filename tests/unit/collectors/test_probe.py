@@ -73,6 +73,30 @@ def test_deltas_become_cumulative_counters_and_histograms() -> None:
     assert value(out, "kcops_probe_frames_total", outcome="ok") == 2
 
 
+def test_a_quiet_process_gives_the_same_samples_and_a_new_frame_new_ones() -> None:
+    """A process's samples are built once per frame, not once per tick: the same list again
+    while it is quiet (by the bulk path and the frame-by-frame one alike), its new sums
+    after its next frame, and another process's frame leaves them as they were."""
+    for bulk in (True, False):
+        r = ProbeReceiver("/nonexistent/probe.sock")
+        r._bulk = bulk
+        k = {"0": hist(wire.KC_TOKENS, 10)}
+        r.feed(frame(seq=0, calls_by_layer={"0": 3}, kc_by_layer=k))
+        first = collect(r)
+        assert collect(r) == first
+        r.feed(frame(seq=1, calls_by_layer={"0": 4}, kc_by_layer=k))
+        out = collect(r)
+        assert value(out, "kcops_attention_calls_total", layer="0", **PY) == 7
+        assert value(out, "kcops_kc_tokens_count", layer="0", **PY) == 2
+        other = make_frame(seq=0, calls_by_layer={"0": 1})
+        other.pid, other.process = 9, "other-one"
+        r.feed(wire.encode(other))
+        again = collect(r)
+        assert value(again, "kcops_attention_calls_total", layer="0", **PY) == 7
+        two = {**PY, "process": "other-one"}
+        assert value(again, "kcops_attention_calls_total", layer="0", **two) == 1
+
+
 def test_kc_without_its_layer_is_layer_unknown_and_sums_stay_whole() -> None:
     """Existing queries (``sum by (engine)``, ``sum by (le)``) see the same sums: the
     layer label splits the series, never doubles them."""
