@@ -120,7 +120,7 @@ class _LeCache:
         return got
 
 
-_le_labels = _LeCache(4096).get
+_le_labels = _LeCache(1024).get
 
 
 def histogram_samples(name: str, h: Histogram, labels: LabelPairs, out: list[Sample]) -> None:

@@ -63,19 +63,28 @@ def window_buckets(
         got = increase(store, key, start, end)
         per = cum.setdefault(group, {})
         per[ub] = per.get(ub, 0.0) + got
-    out: dict[str, tuple[tuple[float, ...], list[float]]] = {}
-    for group, per in cum.items():
-        if math.inf not in per:
-            continue
-        bounds = sorted(per)
-        counts: list[float] = []
-        top = 0.0
-        for ub in bounds:
-            c = max(per[ub], top)  # cumulative counts never fall
-            counts.append(c - top)
-            top = c
-        out[group] = (tuple(bounds[:-1]), counts)
-    return out
+    return {group: b for group, per in cum.items() if (b := buckets(per)) is not None}
+
+
+def buckets(cumulative: dict[float, float]) -> tuple[tuple[float, ...], list[float]] | None:
+    """A histogram's cumulative counts by upper bound as (finite bounds, non-cumulative
+    counts, +Inf last), or None without the +Inf bucket. Shared by the agent's window
+    and the CLI's fleet window (kcops.cli.kc_fleet)."""
+    if math.inf not in cumulative:
+        return None
+    bounds = sorted(cumulative)
+    counts: list[float] = []
+    top = 0.0
+    for ub in bounds:
+        c = max(cumulative[ub], top)  # cumulative counts never fall
+        counts.append(c - top)
+        top = c
+    return tuple(bounds[:-1]), counts
+
+
+def parse_le(text: str) -> float | None:
+    """A bucket's ``le`` label as a float (``+Inf`` is inf), or None when it is none."""
+    return _parse_le(text)
 
 
 def latest_sum(store: Store, name: str, at: float, lookback_s: float) -> float | None:

@@ -76,17 +76,21 @@ def _key(labels: dict[str, str]) -> tuple[tuple[str, str], ...]:
 
 
 def window_increase(
-    client: object, metric: str, start: float, end: float
-) -> dict[tuple[str, str], float]:
-    """The increase of ``metric`` (a selector) over ``start..end``, summed by (model,
-    tenant) over every series: one agent's pod, or every pod a Prometheus scrapes."""
+    client: object,
+    metric: str,
+    start: float,
+    end: float,
+    by: tuple[str, ...] = ("model", "tenant"),
+) -> dict[tuple[str, ...], float]:
+    """The increase of ``metric`` (a selector) over ``start..end``, summed by the labels
+    ``by`` over every series: one agent's pod, or every pod a Prometheus scrapes."""
     w = f"{max(1, round(end - start))}s"
     vec = client.vector  # type: ignore[attr-defined]
     last = {_key(m): v for m, v in vec(f"last_over_time({metric}[{w}])", at=end)}
     first = {_key(m): v for m, v in vec(metric, at=start)}
     resets = {_key(m): v for m, v in vec(f"resets({metric}[{w}])", at=end)}
     approx: dict[tuple[tuple[str, str], ...], float] | None = None
-    out: dict[tuple[str, str], float] = {}
+    out: dict[tuple[str, ...], float] = {}
     for key, v_end in last.items():
         if resets.get(key, 0.0) > 0:
             if approx is None:
@@ -95,8 +99,8 @@ def window_increase(
         else:
             inc = max(0.0, v_end - first.get(key, 0.0))
         labels = dict(key)
-        mt = (labels.get("model", ""), labels.get("tenant", ""))
-        out[mt] = out.get(mt, 0.0) + inc
+        group = tuple(labels.get(name, "") for name in by)
+        out[group] = out.get(group, 0.0) + inc
     return out
 
 
@@ -109,7 +113,7 @@ def gather(
         name: window_increase(client, sel(name), start, end)
         for name in (QUERIES, SAMPLED, CONTEXT, EFFECTIVE, COST_FULL, COST_EFFECTIVE)
     }
-    rows: dict[tuple[str, str], CostRow] = {}
+    rows: dict[tuple[str, ...], CostRow] = {}
     for mt, v in got[QUERIES].items():
         if v > 0:
             rows[mt] = CostRow(mt[0], mt[1], queries=v)
@@ -202,4 +206,6 @@ def cost_cmd(source: Source, since: str, as_json: bool) -> None:
         click.echo("no price configured: set cost.prices in the agent's config (docs/kc.md)")
 
 
-__all__ = ["CostRow", "cost_cmd", "gather", "render_html", "render_text", "totals"]
+__all__ = [
+    "CostRow", "cost_cmd", "gather", "render_html", "render_text", "totals", "window_increase",
+]  # fmt: skip

@@ -1,6 +1,8 @@
 """``kcops kc recommend``: the agent's live K(C) budget recommendation, beside the
-configured N and (``--sweep DIR``) the offline sweep's. No torch: it reads the agent's
-``GET /api/v1/kc/recommendation`` and the sweep's recommendation.json."""
+configured N and (``--sweep DIR``) the offline sweep's; or, with ``--prometheus``, the
+fleet's per model (kcops.cli.kc_fleet). No torch: it reads the agent's
+``GET /api/v1/kc/recommendation`` or a Prometheus's query API, and the sweep's
+recommendation.json."""
 
 from __future__ import annotations
 
@@ -10,7 +12,8 @@ from typing import Any
 
 import click
 
-from kcops.cli.common import agent_option, agent_request, echo_json, handle_errors
+from kcops.cli.common import agent_request, echo_json, handle_errors
+from kcops.cli.source import Source, source_options
 from kcops.errors import ConfigError, KcopsError
 
 ROUTE = "/api/v1/kc/recommendation"
@@ -76,18 +79,7 @@ def lines(doc: dict[str, Any], sweep: dict[str, Any] | None) -> list[str]:
     ]
     out += [f"  note: {n}" for n in cal.get("notes", [])]
     out.append(f"status: {doc['status']}" + (f" — {doc['reason']}" if doc.get("reason") else ""))
-    out += [
-        "",
-        "| layer | samples | budget (tokens) | interval | dense | in N |",
-        "|---|---:|---:|---|---|---|",
-    ]
-    for row in doc["layers"]:
-        budget = row.get("tokens", "—")
-        iv = _iv(row["interval"]) if "interval" in row else "—"
-        out.append(
-            f"| {row['layer']} | {row['samples']} | {budget} | {iv} "
-            f"| {'yes' if row['dense'] else ''} | {'yes' if row['in_uniform'] else ''} |"
-        )
+    out += ["", *layer_table(doc["layers"])]
     uni = doc.get("uniform")
     out.append("")
     if uni:
@@ -134,6 +126,22 @@ def lines(doc: dict[str, Any], sweep: dict[str, Any] | None) -> list[str]:
             )
         )
     out += ["", *capacity_lines(doc["capacity"], uni["tokens"] if uni else None)]
+    return out
+
+
+def layer_table(layers: list[dict[str, Any]]) -> list[str]:
+    """The per-layer rows of a recommendation: samples, budget, interval, dense, in N."""
+    out = [
+        "| layer | samples | budget (tokens) | interval | dense | in N |",
+        "|---|---:|---:|---|---|---|",
+    ]
+    for row in layers:
+        budget = row.get("tokens", "—")
+        iv = _iv(row["interval"]) if "interval" in row else "—"
+        out.append(
+            f"| {row['layer']} | {row['samples']} | {budget} | {iv} "
+            f"| {'yes' if row['dense'] else ''} | {'yes' if row['in_uniform'] else ''} |"
+        )
     return out
 
 
@@ -203,21 +211,46 @@ def capacity_lines(cap: dict[str, Any], n: int | None) -> list[str]:
     return out
 
 
-@click.command("recommend")
-@agent_option
+@click.command(
+    "recommend",
+    help="The K(C) budget per layer and the uniform N. From one agent (--agent): its live "
+    "recommendation beside the configured N and capacity. From a Prometheus (--prometheus): "
+    "per model over every pod it scrapes, each pod's own N beside the fleet's.",
+)
+@source_options
 @click.option("--sweep", "sweep_dir", default=None, help="A kc sweep --out folder to compare with.")
 @click.option("--refresh", is_flag=True, help="Have the agent recompute now, not at its schedule.")
 @click.option(
-    "--json", "as_json", is_flag=True, help="Print the agent's document (and the sweep's)."
+    "--since", default="1h", show_default=True,
+    help="With --prometheus: the window the pods' K(C) is counted over (30m, 24h, an ISO time).",
+)  # fmt: skip
+@click.option(
+    "--config", "config_path", default=None, type=click.Path(dir_okay=False),
+    help="With --prometheus: an agent config whose recommendation section (quantile, "
+    "min_samples, calibration, p) the fleet figure uses; default: the defaults.",
+)  # fmt: skip
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print the document (and the sweep's) as JSON."
 )
 @handle_errors
-def recommend_cmd(agent_url: str, sweep_dir: str | None, refresh: bool, as_json: bool) -> None:
-    """The live K(C) budget per layer and the uniform N, beside the configured N."""
+def recommend_cmd(
+    source: Source,
+    sweep_dir: str | None,
+    refresh: bool,
+    since: str,
+    config_path: str | None,
+    as_json: bool,
+) -> None:
     sweep = sweep_summary(sweep_dir) if sweep_dir else None
-    doc = fetch(agent_url, refresh)
+    if source.kind == "prometheus":
+        fleet_cmd(source, since, config_path, sweep, as_json)
+        return
+    if source.selector:
+        raise ConfigError("--selector narrows a Prometheus's pods: use it with --prometheus")
+    doc = fetch(source.url, refresh)
     if doc.get("status") == "disabled":
         raise KcopsError(
-            f"the agent at {agent_url} has the recommendation disabled (recommendation.enabled)"
+            f"the agent at {source.url} has the recommendation disabled (recommendation.enabled)"
         )
     if doc.get("status") == "p_mismatch":  # refused, in one line: no figure at a wrong p
         raise KcopsError(f"no recommendation: {doc.get('reason')}")
@@ -225,3 +258,40 @@ def recommend_cmd(agent_url: str, sweep_dir: str | None, refresh: bool, as_json:
         echo_json({"live": doc, "sweep": sweep})
         return
     click.echo("\n".join(lines(doc, sweep)))
+
+
+def fleet_cmd(
+    source: Source,
+    since: str,
+    config_path: str | None,
+    sweep: dict[str, Any] | None,
+    as_json: bool,
+) -> None:
+    import time
+
+    from kcops.agent.config import load_config
+    from kcops.cli.actions import parse_since
+    from kcops.cli.kc_fleet import fleet_recommendation
+    from kcops.cli.kc_fleet import lines as fleet_lines
+    from kcops.cli.source import Coverage
+
+    cfg = load_config(config_path).recommendation if config_path else None
+    if cfg is None:
+        from kcops.agent.config.kcrec import RecommendationSection
+
+        cfg = RecommendationSection()
+    end = time.time()
+    start = parse_since(since, end)
+    assert start is not None
+    if start >= end:
+        raise click.BadParameter(f"{since!r} is not in the past", param_hint="--since")
+    doc = fleet_recommendation(source, start, end, cfg)
+    refused = [m for m in doc["models"] if m["status"] == "p_mismatch"]
+    if refused and len(refused) == len(doc["models"]):
+        raise KcopsError(f"no recommendation: {refused[0]['reason']}")
+    if as_json:
+        echo_json({"fleet": doc, "sweep": sweep})
+        return
+    w = doc["window"]
+    cover = Coverage(w["asked_start"], w["start"], w["end"])
+    click.echo("\n".join(fleet_lines(doc, source.what, cover)))

@@ -185,7 +185,9 @@ def test_effective_context_per_request_and_tenant_from_vllm(stack: Stack) -> Non
     are ~1570 tokens with 24 generated. An effective context is at most its request's."""
     tenants = (TENANT_HEADER, TENANT_USER)
 
-    def series() -> dict[str, dict[str, float]] | None:
+    # One scrape for all the figures compared: the load runs on, and a second scrape
+    # would count requests the first did not.
+    def series() -> tuple[dict[str, dict[str, float]], dict[Any, float]] | None:
         m = stack.agent_metrics()
         got = {
             t: {n: v for (n, lp), v in m.items() if n.startswith(REQUEST_SERIES) and lp == _base(t)}
@@ -194,11 +196,12 @@ def test_effective_context_per_request_and_tenant_from_vllm(stack: Stack) -> Non
         enough = all(
             g.get("kcops_request_effective_context_tokens_count", 0) >= 3 for g in got.values()
         )
-        return got if enough else None
+        return (got, m) if enough else None
 
-    seen = wait_until(series, 600, "effective context of sampled requests of both tenants",
-                      stack.log_tail)  # fmt: skip
-    assert seen is not None
+    found = wait_until(series, 600, "effective context of sampled requests of both tenants",
+                       stack.log_tail)  # fmt: skip
+    assert found is not None
+    seen, m = found
     for tenant, got in seen.items():
         print(f"per-request series of {tenant}:", got)
         queries = got["kcops_request_context_tokens_count"]
@@ -213,7 +216,6 @@ def test_effective_context_per_request_and_tenant_from_vllm(stack: Stack) -> Non
         assert got["kcops_request_effective_context_tokens_sum"] <= priced
         assert priced <= got["kcops_request_context_tokens_sum"]
         # the price of every model ('*'), counted by the agent from the probe's series
-        m = stack.agent_metrics()
         cost = {
             n: v for (n, lp), v in m.items() if n.startswith("kcops_cost_") and lp == _base(tenant)
         }
@@ -221,7 +223,6 @@ def test_effective_context_per_request_and_tenant_from_vllm(stack: Stack) -> Non
             got["kcops_request_context_tokens_sum"] * PRICE_PER_1K / 1000
         )
         assert cost["kcops_cost_effective_total"] == pytest.approx(priced * PRICE_PER_1K / 1000)
-    m = stack.agent_metrics()
     labels = {dict(lp)["tenant"] for (n, lp) in m if n.startswith(REQUEST_SERIES)}
     assert set(tenants) <= labels <= {*tenants, "none"}, labels
 
