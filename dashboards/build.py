@@ -443,7 +443,61 @@ AGENT = Dashboard(
     ),
 )
 
-DASHBOARDS = (SERVING, ATTENTION, AGENT)
+# The fleet: every pod the Prometheus scrapes, read from the recording rules of
+# alerts/records.yaml (evaluated by that Prometheus, never by an agent), so a panel is one
+# cheap series per model and tenant instead of every pod's raw histograms. The Pod
+# variable does not apply: the records are summed over pods.
+FLEET = Dashboard(
+    uid="kcops-fleet",
+    title="kcops / fleet",
+    description="Cost, context and K(C) over every pod, from the fleet recording rules "
+    "(alerts/records.yaml: the PrometheusRule carries them).",
+    panels=(
+        Panel(
+            "Cost per hour at full vs effective context, by model and tenant",
+            (
+                q("3600 * model_tenant:kcops_cost_full:rate5m", "{{model}} {{tenant}} full"),
+                q(
+                    "3600 * model_tenant:kcops_cost_effective:rate5m",
+                    "{{model}} {{tenant}} effective",
+                ),
+            ),
+            description="Priced as cost.prices in each agent's config, summed over pods. "
+            "kcops cost --prometheus prints the table for any window.",
+        ),
+        Panel(
+            "Requests per second, by model and tenant",
+            (q("model_tenant:kcops_requests:rate5m", "{{model}} {{tenant}}"),),
+            unit="reqps",
+        ),
+        Panel(
+            "Context per request: full vs effective (5m means)",
+            (
+                q(
+                    "model_tenant:kcops_request_context_tokens:mean5m",
+                    "{{model}} {{tenant}} full",
+                ),
+                q(
+                    "model_tenant:kcops_request_effective_context_tokens:mean5m",
+                    "{{model}} {{tenant}} effective",
+                ),
+            ),
+        ),
+        Panel(
+            "K(C) p95 by layer, every pod's sampled calls",
+            (q("engine_layer:kcops_kc_tokens:p95_5m", "{{engine}} layer {{layer}}"),),
+            description="The 0.95 quantile of K_p over 5m (uncalibrated). The budget to run: "
+            "kcops kc recommend --prometheus, with the calibration and each pod's own N.",
+        ),
+        Panel(
+            "K(C) samples per second by layer",
+            (q("engine_layer:kcops_kc_tokens_samples:rate5m", "{{engine}} layer {{layer}}"),),
+            unit="ops",
+        ),
+    ),
+)
+
+DASHBOARDS = (SERVING, ATTENTION, AGENT, FLEET)
 
 
 def _param(params: Mapping[str, int | float | str], name: str, panel: str) -> int | float | str:

@@ -29,6 +29,7 @@ from kcops.errors import ConfigError
 F = TypeVar("F", bound=Callable[..., object])
 HELD = "kcops_agent_build_info"  # every agent exports it from its start: what a source holds
 COVERAGE_STEPS = 240  # resolution of the coverage probe (a range query of this many steps)
+_BARE_METRIC = re.compile(r"(?<![\w:])(kcops_\w+)(?![\w{(])")
 _SELECTOR = re.compile(r'^\s*[a-zA-Z_][a-zA-Z0-9_]*\s*(=|!=|=~|!~)\s*"(?:[^"\\]|\\.)*"\s*$')
 
 
@@ -117,6 +118,13 @@ class Source:
         """``metric{selector,extra}``."""
         matchers = ",".join(m for m in (self.selector, extra) if m)
         return f"{metric}{{{matchers}}}" if matchers else metric
+
+    def narrow(self, expr: str) -> str:
+        """``expr`` with the selector added to each kcops metric it names without one (a
+        report panel's query, written for any source)."""
+        if not self.selector:
+            return expr
+        return _BARE_METRIC.sub(lambda m: self.sel(m.group(1)), expr)
 
     def coverage(self, start: float, end: float) -> Coverage:
         """The part of ``start..end`` the source holds (see the module docstring)."""

@@ -225,6 +225,16 @@ def test_fleet_cost_and_recommendation_equal_the_pods_added(
     first = text.stdout.splitlines()[0]
     assert first.startswith("window: covers ") and "of the 10m asked" in first, first
     assert all(f"127.0.0.1:{p.port}" in text.stdout for p in pods)
+    # The report page from the same Prometheus: its window, and the fleet's cost table.
+    page = _pod_config(pods[0]).parent / "fleet.html"
+    made = subprocess.run(
+        [kcops_bin(), "report", "--prometheus", prom, "--since", "10m", "--out", str(page)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert made.returncode == 0, (made.stdout, made.stderr)
+    html = page.read_text()
+    assert "window: covers " in html and f"the Prometheus at {prom}" in html
+    assert all(t in html for t in LOAD) and "Cost by effective context" in html
     # The recording rules: the fleet's cost and K(C) per model, tenant and layer.
     wait_until(
         lambda: _query(prom, "sum(model_tenant:kcops_requests:rate5m)") or None,
@@ -234,6 +244,12 @@ def test_fleet_cost_and_recommendation_equal_the_pods_added(
     by_tenant = _by(prom, "model_tenant:kcops_cost_full:rate5m", "tenant")
     assert set(by_tenant) == set(LOAD), by_tenant
     assert _query(prom, "engine_layer:kcops_kc_tokens:p95_5m")
+    # ... and the fleet dashboard, which reads them, has data in every panel
+    from kcops.dashboards.build import build_all
+
+    for panel in build_all()["kcops-fleet.json"]["panels"]:  # type: ignore[union-attr]
+        for target in panel["targets"]:
+            assert _query(prom, target["expr"]), (panel["title"], target["expr"])
 
 
 def _pod_config(pod: Pod) -> Path:

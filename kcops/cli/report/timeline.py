@@ -9,6 +9,7 @@ the grid (the agent answers PromQL at any ``time`` its store still holds) and
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -90,10 +91,12 @@ def grid(start: float, end: float, step_s: float) -> list[float]:
     return [start + i * step for i in range(n)]
 
 
-def alert_intervals(client: AgentClient, times: list[float], step_s: float) -> list[Interval]:
+def alert_intervals(
+    client: AgentClient, times: list[float], step_s: float, expr: str = "ALERTS"
+) -> list[Interval]:
     """Runs of consecutive grid points where ``ALERTS`` held (alertname, state)."""
     out: list[Interval] = []
-    for labels, pts in client.matrix("ALERTS", times[0], times[-1], step_s):
+    for labels, pts in client.matrix(expr, times[0], times[-1], step_s):
         name, state = labels.get("alertname", "?"), labels.get("alertstate", "?")
         run: Interval | None = None
         for t in times:
@@ -109,16 +112,28 @@ def alert_intervals(client: AgentClient, times: list[float], step_s: float) -> l
     return out
 
 
-def collect(client: AgentClient, start: float, end: float, step_s: float) -> Timeline:
+def collect(
+    client: AgentClient,
+    start: float,
+    end: float,
+    step_s: float,
+    narrow: Callable[[str], str] = str,
+    alerts: str = "ALERTS",
+) -> Timeline:
+    """The panels' series over ``start..end`` (each query narrowed by ``narrow``: a
+    source's selector), the alerts and, from an agent, its actions (a Prometheus keeps
+    no action history: none)."""
     times = grid(start, end, step_s)
     step = times[1] - times[0] if len(times) > 1 else step_s
     series: dict[str, dict[str, list[float]]] = {}
     for panel in PANELS:
         per_line = series[panel.key] = {}
         for line in panel.lines:
-            got = client.matrix(line.expr, times[0], times[-1], step)
+            got = client.matrix(narrow(line.expr), times[0], times[-1], step)
             pts = got[0][1] if got else {}
             per_line[line.label] = [pts.get(round(t, 3), math.nan) * line.scale for t in times]
     hist = client.get("/api/v1/actions/history", {"since": f"{start:.3f}"}) or {}
     actions = [r for r in hist.get("records", []) if r.get("kind") == "action"]
-    return Timeline(client.url, times, series, alert_intervals(client, times, step), actions)
+    return Timeline(
+        client.url, times, series, alert_intervals(client, times, step, alerts), actions
+    )

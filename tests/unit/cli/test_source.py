@@ -76,3 +76,20 @@ def test_coverage_starts_where_the_source_starts_holding_data() -> None:
     assert src.coverage(0.0, 86_400.0).start == 0.0
     src.client = FakeClient(first=1e9)  # type: ignore[assignment]
     assert src.coverage(0.0, 86_400.0).start == 86_400.0  # holds nothing of the window
+
+
+def test_narrow_adds_the_selector_to_each_bare_kcops_metric_only() -> None:
+    s = Source("http://127.0.0.1:1", "prometheus", 'namespace="prod"')
+    try:
+        got = s.narrow(
+            "histogram_quantile(0.99, sum by (le) (rate(kcops_ttft_seconds_bucket[1m])))"
+            ' + max(kcops_a / kcops_b) + kcops_c{x="1"} + rate(other_total[1m])'
+        )
+    finally:
+        s.close()
+    assert 'rate(kcops_ttft_seconds_bucket{namespace="prod"}[1m])' in got
+    assert 'max(kcops_a{namespace="prod"} / kcops_b{namespace="prod"})' in got
+    assert 'kcops_c{x="1"}' in got and "other_total[1m]" in got  # its own braces kept
+    plain = Source("http://127.0.0.1:1", "agent")
+    assert plain.narrow("max(kcops_a)") == "max(kcops_a)"
+    plain.close()

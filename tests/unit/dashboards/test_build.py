@@ -81,7 +81,12 @@ def unknown_series(expr: str, known: set[str]) -> list[str]:
 
 @pytest.fixture(scope="module")
 def known_series() -> set[str]:
-    return exported_series() | recorded_series(load_rules(default_rules_path()))
+    fleet = load_rules(default_rules_path().parent / "records.yaml")  # the fleet's records
+    return (
+        exported_series()
+        | recorded_series(load_rules(default_rules_path()))
+        | recorded_series(fleet)
+    )
 
 
 def test_generated_files_match_the_builder() -> None:
