@@ -11,7 +11,7 @@ APT_PACKAGES := redis-server prometheus prometheus-alertmanager strace
 # module's asserts; collecting tests/unit took 26 s of CPU instead of 17.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: install services lint typecheck test test-fast test-vllm demo load soak deploy-gen clean structure
+.PHONY: install services lint typecheck test test-fast test-vllm demo load soak deploy-gen clean structure docs
 .PHONY: image image-engine test-image release
 
 install: $(STAMP)
@@ -104,6 +104,13 @@ load: install
 			--users $(USERS) --spawn-rate $(RATE) --run-time $(TIME); \
 		rc=$$?; kill $$wpid 2>/dev/null; wait $$wpid 2>/dev/null; exit $$rc; \
 	fi
+
+# The docs site into build/site: the references regenerated from the code, then mkdocs
+# with --strict (a broken link or anchor fails). Offline: no web fonts, no plugins that fetch.
+docs: install
+	@$(PY) -c "import mkdocs, material" 2>/dev/null || $(PIP) install --quiet -e ".[docs]"
+	$(PY) -m kcops.cli.docs_export --root .
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir build/site
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache

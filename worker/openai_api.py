@@ -33,7 +33,7 @@ from kcops.worker.protocol import (
     CompletionRequest,
     parse,
 )
-from kcops.worker.shapes import ChatShape, CompletionShape, Shape
+from kcops.worker.shapes import AnswerShape, ChatShape, CompletionShape
 from kcops.worker.state import WorkerState, hang_gate, state_of
 
 if TYPE_CHECKING:
@@ -175,7 +175,7 @@ async def _respond(
     request: web.Request,
     state: WorkerState,
     gen: Generation,
-    shape: Shape,
+    shape: AnswerShape,
     stream: bool,
     include_usage: bool,
 ) -> web.StreamResponse:
@@ -194,7 +194,7 @@ async def _respond(
         state.in_flight -= 1
 
 
-async def _whole(gen: Generation, shape: Shape, head: dict[str, object]) -> web.Response:
+async def _whole(gen: Generation, shape: AnswerShape, head: dict[str, object]) -> web.Response:
     try:
         async for _ in gen.events():
             pass
@@ -218,7 +218,7 @@ async def _whole(gen: Generation, shape: Shape, head: dict[str, object]) -> web.
 async def _stream(
     request: web.Request,
     gen: Generation,
-    shape: Shape,
+    shape: AnswerShape,
     head: dict[str, object],
     include_usage: bool,
 ) -> web.StreamResponse:

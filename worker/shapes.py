@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 JsonDict = dict[str, object]
 
 
-class Shape:
+class AnswerShape:
     """What both endpoints share; subclasses fill the per-choice dicts."""
 
     object = ""
@@ -44,7 +44,7 @@ class Shape:
         raise NotImplementedError
 
 
-class CompletionShape(Shape):
+class CompletionShape(AnswerShape):
     object = chunk_object = "text_completion"
     id_prefix = "cmpl-"
 
@@ -95,7 +95,7 @@ class CompletionShape(Shape):
         return self._choice(choice, text, lps, choice.finish_reason)
 
 
-class ChatShape(Shape):
+class ChatShape(AnswerShape):
     object = "chat.completion"
     chunk_object = "chat.completion.chunk"
     id_prefix = "chatcmpl-"

@@ -24,7 +24,10 @@ class GuardsSection(Section):
     )
     budget_per_hour: int = Field(20, ge=0, description="action runs per hour, all actions")
     action_budget_per_hour: int = Field(6, ge=0, description="runs per hour of one action")
-    action_budget_overrides: dict[str, int] = Field(default_factory=dict)
+    action_budget_overrides: dict[str, int] = Field(
+        default_factory=dict,
+        description="runs per hour per action name, overriding action_budget_per_hour",
+    )
     action_timeout_s: Duration = Field(120.0, gt=0, le=3600, description="a run past this fails")
     default_verify_s: Duration = Field(
         DEFAULT_VERIFY_S, ge=0, description="verify window of a ladder step that gives none"
@@ -65,9 +68,9 @@ class EvictSection(Section):
 
 
 class TopNSection(Section):
-    step: int = Field(16, ge=1)
-    min: int = Field(16, ge=1)
-    max: int = Field(1024, ge=1)
+    step: int = Field(16, ge=1, description="tokens lower_topn and raise_topn move N by")
+    min: int = Field(16, ge=1, description="N is never lowered below this")
+    max: int = Field(1024, ge=1, description="N is never raised above this")
 
     @model_validator(mode="after")
     def _order(self) -> TopNSection:
@@ -90,14 +93,25 @@ class RestartSection(Section):
     configured explicitly.
     """
 
-    mode: RestartMode = "auto"
-    drain_deadline_s: Duration = Field(30.0, ge=0, le=3600)
+    mode: RestartMode = Field(
+        "auto",
+        description="supervisor, signal (engine.pid/pidfile), kubernetes (delete the pod) or off",
+    )
+    drain_deadline_s: Duration = Field(
+        30.0, ge=0, le=3600, description="how long in-flight requests may finish before the stop"
+    )
     grace_s: Duration = Field(10.0, ge=0, le=600, description="SIGTERM to SIGKILL")
-    backoff_initial_s: Duration = Field(1.0, ge=0, le=600)
-    backoff_max_s: Duration = Field(60.0, ge=0, le=3600)
+    backoff_initial_s: Duration = Field(
+        1.0, ge=0, le=600, description="first wait before respawning a crashed engine"
+    )
+    backoff_max_s: Duration = Field(
+        60.0, ge=0, le=3600, description="the respawn wait doubles up to this"
+    )
     stable_s: Duration = Field(60.0, ge=0, description="up this long resets the backoff")
     crash_loop_max: int = Field(5, ge=1, description="crashes within the window, then stop")
-    crash_loop_window_s: Duration = Field(600.0, gt=0)
+    crash_loop_window_s: Duration = Field(
+        600.0, gt=0, description="the window crash_loop_max counts crashes in"
+    )
     crash_loop: Literal["page", "evict_pod"] = Field(
         "page",
         description="after a supervised engine's crash loop (supervision stops): page, or "
@@ -121,12 +135,18 @@ class RestartSection(Section):
 class KubernetesSection(Section):
     """In-cluster API access (service account) for pod delete and scale."""
 
-    api_url: str = "https://kubernetes.default.svc"
-    token_file: Path = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
-    ca_file: Path | None = Path("/var/run/secrets/kubernetes.io/serviceaccount/ca.crt")
+    api_url: str = Field("https://kubernetes.default.svc", description="the Kubernetes API server")
+    token_file: Path = Field(
+        Path("/var/run/secrets/kubernetes.io/serviceaccount/token"),
+        description="the service account token the agent calls the API with",
+    )
+    ca_file: Path | None = Field(
+        Path("/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"),
+        description="CA bundle the API server's certificate is checked against",
+    )
     namespace: str | None = Field(None, description="default: the service account's namespace")
     pod_name: str | None = Field(None, description="default: $POD_NAME, then $HOSTNAME")
-    timeout_s: Duration = Field(5.0, gt=0, le=60)
+    timeout_s: Duration = Field(5.0, gt=0, le=60, description="one API call's timeout")
 
 
 _K8S_NAME = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
@@ -156,9 +176,9 @@ class LeaseSection(Section):
 
 
 class ScaleSection(Section):
-    min_replicas: int = Field(1, ge=0)
-    max_replicas: int = Field(10, ge=1)
-    step: int = Field(1, ge=1)
+    min_replicas: int = Field(1, ge=0, description="replicas never asked below this")
+    max_replicas: int = Field(10, ge=1, description="replicas never asked above this")
+    step: int = Field(1, ge=1, description="replicas added by one scale_out")
     deployment: str | None = Field(
         None,
         pattern=_K8S_NAME,
@@ -189,12 +209,16 @@ class ScaleSection(Section):
 
 class NotifySection(Section):
     url: str | None = Field(None, description="webhook that receives notify and page messages")
-    timeout_s: Duration = Field(5.0, gt=0, le=60)
-    headers: dict[str, str] = Field(default_factory=dict)
+    timeout_s: Duration = Field(5.0, gt=0, le=60, description="one webhook call's timeout")
+    headers: dict[str, str] = Field(
+        default_factory=dict, description="HTTP headers sent with each call (an auth token)"
+    )
 
 
 class ActionsSection(Section):
-    mode: Mode = "dry-run"
+    mode: Mode = Field(
+        "dry-run", description="enforce acts; dry-run records what it would do; off does neither"
+    )
     guards: GuardsSection = Field(default_factory=GuardsSection)
     evict: EvictSection = Field(default_factory=EvictSection)
     topn: TopNSection = Field(default_factory=TopNSection)

@@ -20,12 +20,19 @@ def default_state_dir() -> Path:
 class AgentSection(Section):
     listen: str = Field("127.0.0.1:9464", description="HOST:PORT of the control API and /metrics")
     tick_s: Duration = Field(1.0, ge=0.05, le=60.0, description="seconds between ticks")
-    state_dir: Path = Field(default_factory=default_state_dir)
+    state_dir: Path = Field(
+        default_factory=default_state_dir,
+        description="guard state, rule state, audit log and the remediation state file",
+    )
     token_file: Path | None = Field(
         None, description="file holding the bearer token (else $KCOPS_TOKEN)"
     )
-    shutdown_deadline_s: Duration = Field(5.0, gt=0, le=120)
-    log_level: str = Field("info", pattern="^(debug|info|warning|error)$")
+    shutdown_deadline_s: Duration = Field(
+        5.0, gt=0, le=120, description="how long a stop waits for components to finish"
+    )
+    log_level: str = Field(
+        "info", pattern="^(debug|info|warning|error)$", description="debug, info, warning or error"
+    )
 
     @field_validator("listen")
     @classmethod
@@ -42,7 +49,9 @@ class AgentSection(Section):
 
 class StoreSection(Section):
     retention_s: Duration = Field(3900.0, ge=60, le=7 * 86400, description="sample retention")
-    max_series: int = Field(50_000, ge=100, le=5_000_000)
+    max_series: int = Field(
+        50_000, ge=100, le=5_000_000, description="series the store holds, all sources together"
+    )
     max_bytes: int = Field(
         256 << 20,
         ge=1 << 20,

@@ -13,9 +13,15 @@ class PriceSection(Section):
     """One model's price: per 1,000 tokens of context, or per device-hour with the context
     tokens one device-hour serves (a throughput you measured: the conversion is yours)."""
 
-    per_1k_context_tokens: float | None = Field(None, ge=0, allow_inf_nan=False)
-    per_device_hour: float | None = Field(None, ge=0, allow_inf_nan=False)
-    context_tokens_per_device_hour: float | None = Field(None, gt=0, allow_inf_nan=False)
+    per_1k_context_tokens: float | None = Field(
+        None, ge=0, allow_inf_nan=False, description="price of 1,000 context tokens"
+    )
+    per_device_hour: float | None = Field(
+        None, ge=0, allow_inf_nan=False, description="or: a device hour's price ..."
+    )
+    context_tokens_per_device_hour: float | None = Field(
+        None, gt=0, allow_inf_nan=False, description="... and the context tokens it serves"
+    )
 
     @model_validator(mode="after")
     def _one_way(self) -> PriceSection:

@@ -22,7 +22,9 @@ class CanarySection(Section):
     deadline_s: Duration = Field(
         3.0, gt=0, le=600, description="a run not answered within this is a timeout"
     )
-    prompt: str = Field("Hi", min_length=1, max_length=4096)
+    prompt: str = Field(
+        "Hi", min_length=1, max_length=4096, description="the canary completion's prompt"
+    )
     model: str | None = Field(None, description="model name sent; none: the first of /v1/models")
     path: str = Field("/v1/completions", description="the OpenAI-compatible completions route")
 
@@ -35,8 +37,8 @@ class EngineSection(Section):
         pattern=r"^[a-z][a-z0-9_-]{0,31}$",
         description="engine kind (auto: detected from /metrics or its probe route)",
     )
-    health_path: str = "/health"
-    metrics_path: str = "/metrics"
+    health_path: str = Field("/health", description="the engine's health route")
+    metrics_path: str = Field("/metrics", description="the engine's Prometheus route")
     state_path: str = Field(
         "/admin/state", description="kcops worker state (its pid), read when adapter is kcops"
     )
@@ -56,8 +58,10 @@ class EngineSection(Section):
         "(and the canary failed, when enabled) is 'stalled'",
     )
     canary: CanarySection = Field(default_factory=CanarySection)
-    pid: int | None = Field(None, ge=1)
-    pidfile: Path | None = None
+    pid: int | None = Field(None, ge=1, description="the engine's pid (restart mode signal)")
+    pidfile: Path | None = Field(
+        None, description="a file holding the engine's pid, read each time"
+    )
     log_path: Path | None = Field(
         None, description="engine log searched for its own out-of-memory error when it exits"
     )

@@ -35,7 +35,7 @@ class Calibration(Section):
 
 
 class RecommendationSection(Section):
-    enabled: StrictBool = True
+    enabled: StrictBool = Field(True, description="compute the live recommendation")
     interval_s: Duration = Field(
         600.0, ge=1.0, le=86_400.0, description="how often the recommendation is recomputed"
     )

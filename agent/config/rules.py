@@ -31,7 +31,7 @@ ParamValue = Annotated[int | float | str, BeforeValidator(_param_value)]
 
 class RulesSection(Section):
     file: Path | None = Field(None, description="rule file; none = the packaged alerts/rules.yaml")
-    enabled: StrictBool = True
+    enabled: StrictBool = Field(True, description="evaluate the alert table")
     params: dict[str, ParamValue] = Field(
         default_factory=dict,
         description=(

@@ -31,7 +31,7 @@ from kcops.agent.kcrec.compute import (
 )
 from kcops.agent.kcrec.window import buckets, parse_le
 from kcops.cli.cost import QUERIES, window_increase
-from kcops.cli.source import Coverage, Source
+from kcops.cli.source import Source, Window
 
 KC_BUCKET = "kcops_kc_tokens_bucket"
 MASS = "kcops_probe_kc_mass"
@@ -154,7 +154,7 @@ def fleet_recommendation(
     source: Source, start: float, end: float, cfg: RecommendationSection
 ) -> dict[str, Any]:
     """Every model's fleet recommendation over the part of ``start..end`` the source holds."""
-    cover: Coverage = source.coverage(start, end)
+    cover: Window = source.coverage(start, end)
     doc: dict[str, Any] = {
         "source": {"kind": source.kind, "url": source.url, "selector": source.selector},
         "window": cover.as_json(),
@@ -179,7 +179,7 @@ def fleet_recommendation(
     return doc
 
 
-def lines(doc: dict[str, Any], what: str, cover: Coverage) -> list[str]:
+def lines(doc: dict[str, Any], what: str, cover: Window) -> list[str]:
     """The text view: per model, its layers, uniform N and pods."""
     from kcops.cli.kc_recommend import layer_table
 

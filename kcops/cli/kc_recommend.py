@@ -273,7 +273,7 @@ def fleet_cmd(
     from kcops.cli.actions import parse_since
     from kcops.cli.kc_fleet import fleet_recommendation
     from kcops.cli.kc_fleet import lines as fleet_lines
-    from kcops.cli.source import Coverage
+    from kcops.cli.source import Window
 
     cfg = load_config(config_path).recommendation if config_path else None
     if cfg is None:
@@ -293,5 +293,5 @@ def fleet_cmd(
         echo_json({"fleet": doc, "sweep": sweep})
         return
     w = doc["window"]
-    cover = Coverage(w["asked_start"], w["start"], w["end"])
+    cover = Window(w["asked_start"], w["start"], w["end"])
     click.echo("\n".join(fleet_lines(doc, source.what, cover)))

@@ -68,7 +68,7 @@ def _split(text: str) -> list[str]:
 
 
 @dataclass(frozen=True)
-class Coverage:
+class Window:
     """The window asked and the part of it the source holds."""
 
     asked_start: float
@@ -126,7 +126,7 @@ class Source:
             return expr
         return _BARE_METRIC.sub(lambda m: self.sel(m.group(1)), expr)
 
-    def coverage(self, start: float, end: float) -> Coverage:
+    def coverage(self, start: float, end: float) -> Window:
         """The part of ``start..end`` the source holds (see the module docstring)."""
         step = max(15.0, (end - start) / COVERAGE_STEPS)
         rows = self.client.matrix(f"count({self.sel(HELD)})", start, end, step)
@@ -134,7 +134,7 @@ class Source:
         first = max(start, times[0] - step) if times else end
         if first - start <= step:  # held from the first step on: the whole window
             first = start
-        return Coverage(start, first, end)
+        return Window(start, first, end)
 
     def close(self) -> None:
         self.client.close()

@@ -51,3 +51,17 @@ def test_the_agent_imports_only_the_wire_format_of_kernels() -> None:
         assert all(m.startswith("kcops.kernels.wire") for m in kernels), (
             f"{path.relative_to(REPO)}: {sorted(kernels)}"
         )
+
+
+def test_no_two_top_level_classes_share_a_name() -> None:
+    """One name, one concept: a class name means one thing across agent, kcops, kernels and
+    worker (two ``Coverage``s and two ``Shape``s once read as one)."""
+    seen: dict[str, list[str]] = {}
+    for path in _modules():
+        if path.is_relative_to(REPO / "dashboards") or path.is_relative_to(REPO / "alerts"):
+            continue
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ClassDef):
+                seen.setdefault(node.name, []).append(str(path.relative_to(REPO)))
+    twice = {name: where for name, where in seen.items() if len(where) > 1}
+    assert not twice, twice

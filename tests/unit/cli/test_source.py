@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kcops.cli.source import Coverage, Source, check_selector
+from kcops.cli.source import Source, Window, check_selector
 from kcops.errors import ConfigError
 
 
@@ -38,12 +38,12 @@ def test_a_selector_narrows_every_series() -> None:
 
 
 def test_the_window_line_says_what_is_covered() -> None:
-    day = Coverage(asked_start=0.0, start=86_400 - 3900, end=86_400.0)
+    day = Window(asked_start=0.0, start=86_400 - 3900, end=86_400.0)
     assert day.partial
     assert day.line("the agent at U") == (
         "window: covers 1h05m of the 1d00h asked (the agent at U holds nothing earlier)"
     )
-    whole = Coverage(asked_start=0.0, start=0.0, end=600.0)
+    whole = Window(asked_start=0.0, start=0.0, end=600.0)
     assert not whole.partial and whole.line("X") == "window: the last 10m, all held by X"
     assert day.as_json()["covered_s"] == 3900
 
