@@ -65,6 +65,12 @@ def vllm_env(probe_socket: Path) -> dict[str, str]:
         "PYTHONPATH": checkout_pythonpath(),
         "VLLM_CPU_KVCACHE_SPACE": "2",
         "VLLM_SERVER_DEV_MODE": "1",
+        # vLLM's CPU worker reserves a core for its scheduler on x86 ("reserved_cpus=[1]"
+        # in its log): on this 2-core machine that leaves its OpenMP one thread, a prefill
+        # ran at half speed (4 prompts of 1,978 tokens at once: p99 TTFT 152 s against the
+        # busy phase's 80 s; the soak's light load over the 0.5 s page). Both cores to the
+        # worker, as a small CPU deployment would run it (docs/engines.md).
+        "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
         "KCOPS_PROBE_SOCKET": str(probe_socket),
         # A sampled call costs ~1 ms on this model; at vLLM's default share (0.003) the
         # light load gives a layer ~5 K(C) samples in the soak's five minutes, too few
@@ -99,10 +105,12 @@ DRAIN_DEADLINE_S = 60.0
 # the busy phase (test_stall.py) sends four prompts of ~2,000 tokens at once to 2 CPU
 # cores, where each prefill alone takes seconds and four queue for tens of seconds (p99
 # 35.6 s here): real users of this box would be told so, not paged. CI paged on it at
-# 0.5 s once the engine had been ready for ten minutes. 80 s is one of vLLM's TTFT bucket
-# bounds (..., 20, 40, 80, 160): with ~25 requests the p99 estimate is over it only when
-# a request took over 80 s, twice what the phase takes here.
-TTFT_SLO_S = 80.0
+# 0.5 s once the engine had been ready for ten minutes. 160 s is one of vLLM's TTFT bucket
+# bounds (..., 20, 40, 80, 160): the p99 estimate is over it only when a request took over
+# 160 s. Measured p99 of the phase: 35.6 s on 2026-12-04, 78.8 s on 2026-12-06 on a slower
+# machine of the same kind (13 prompts in the phase; 152 s while vLLM kept one of the two
+# cores for its scheduler, see vllm_env). 80 s was at that edge.
+TTFT_SLO_S = 160.0
 
 
 def ttft_p99(window: str) -> str:
