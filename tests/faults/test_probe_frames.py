@@ -320,7 +320,7 @@ def test_burst_from_1000_processes_then_rss_returns(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
     """RSS once settled after a burst: the store grew within its budget and the rest is back
-    within 25% of before; and RSS beside the store settles (a leak would keep it climbing)."""
+    within 40% of before; and RSS beside the store settles (a leak would keep it climbing)."""
     # 1,000 stream connections come and go faster than the agent's 25 ms reads close them:
     # room for all of them (the cap and its refusals are tested in tests/unit/collectors)
     tmp = tmp_path_factory.mktemp("burst")
@@ -354,9 +354,13 @@ def test_burst_from_1000_processes_then_rss_returns(
         # state of 1,000 processes, kept until idle_s, and allocator fragmentation) back
         # within 25% of before. The old single bound, growth <= 64 MiB, mixed them and
         # sat at its edge: the rest measured +8% to +17% over six runs, the store 52-62 MiB,
-        # so the sum crossed 64 MiB now and then with nothing growing. A leak of the
-        # connections' buffers (up to 64 KiB each, 1,000 of them) is far over 25%.
-        assert after - store_grew <= before * 1.25, (after, store_grew, before)
+        # so the sum crossed 64 MiB now and then with nothing growing. Since the probe keeps
+        # each process's last samples until its next frame (a flood's tick costs half: bench/
+        # flood_tick.py), the rest holds those of its 32 slots too: +14.7% measured alone,
+        # +25.8% and +31.1% inside make test's two workers (2026-12-06), so the bound is 40%.
+        # A leak of the connections' buffers (up to 64 KiB each, 1,000 of them: 64 MiB,
+        # +100% of before) is still far over it.
+        assert after - store_grew <= before * 1.40, (after, store_grew, before)
     finally:
         stop_agent(agent)
 
