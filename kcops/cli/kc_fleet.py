@@ -179,10 +179,29 @@ def fleet_recommendation(
     return doc
 
 
+def interval_text(interval: list[float | None]) -> str:
+    low, high = interval
+    return f"({low:g}, {'inf' if high is None else f'{high:g}'}]"
+
+
+def layer_table(layers: list[dict[str, Any]]) -> list[str]:
+    """The per-layer rows of a recommendation: samples, budget, interval, dense, in N."""
+    out = [
+        "| layer | samples | budget (tokens) | interval | dense | in N |",
+        "|---|---:|---:|---|---|---|",
+    ]
+    for row in layers:
+        budget = row.get("tokens", "—")
+        iv = interval_text(row["interval"]) if "interval" in row else "—"
+        out.append(
+            f"| {row['layer']} | {row['samples']} | {budget} | {iv} "
+            f"| {'yes' if row['dense'] else ''} | {'yes' if row['in_uniform'] else ''} |"
+        )
+    return out
+
+
 def lines(doc: dict[str, Any], what: str, cover: Window) -> list[str]:
     """The text view: per model, its layers, uniform N and pods."""
-    from kcops.cli.kc_recommend import layer_table
-
     out = [cover.line(what)]
     if not doc["models"]:
         out.append("no K(C) observations in the window (is a kcops probe sampling K(C)?)")

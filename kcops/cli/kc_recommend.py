@@ -13,6 +13,7 @@ from typing import Any
 import click
 
 from kcops.cli.common import agent_request, echo_json, handle_errors
+from kcops.cli.kc_fleet import interval_text, layer_table
 from kcops.cli.source import Source, source_options
 from kcops.errors import ConfigError, KcopsError
 
@@ -53,11 +54,6 @@ def sweep_summary(folder: str) -> dict[str, Any]:
     return {**rec, "model": model, "folder": str(path)}
 
 
-def _iv(interval: list[float | None]) -> str:
-    low, high = interval
-    return f"({low:g}, {'inf' if high is None else f'{high:g}'}]"
-
-
 def _bytes(n: float | None) -> str:
     if n is None:
         return "unknown"
@@ -85,7 +81,7 @@ def lines(doc: dict[str, Any], sweep: dict[str, Any] | None) -> list[str]:
     if uni:
         over = "all layers" if doc["uniform_over"] == "all" else "the non-dense layers"
         out.append(
-            f"uniform N = {uni['tokens']} (interval {_iv(uni['interval'])}, over {over}; "
+            f"uniform N = {uni['tokens']} (interval {interval_text(uni['interval'])}, over {over}; "
             f"binding layer {uni['binding_layer']})"
         )
     else:
@@ -126,22 +122,6 @@ def lines(doc: dict[str, Any], sweep: dict[str, Any] | None) -> list[str]:
             )
         )
     out += ["", *capacity_lines(doc["capacity"], uni["tokens"] if uni else None)]
-    return out
-
-
-def layer_table(layers: list[dict[str, Any]]) -> list[str]:
-    """The per-layer rows of a recommendation: samples, budget, interval, dense, in N."""
-    out = [
-        "| layer | samples | budget (tokens) | interval | dense | in N |",
-        "|---|---:|---:|---|---|---|",
-    ]
-    for row in layers:
-        budget = row.get("tokens", "—")
-        iv = _iv(row["interval"]) if "interval" in row else "—"
-        out.append(
-            f"| {row['layer']} | {row['samples']} | {budget} | {iv} "
-            f"| {'yes' if row['dense'] else ''} | {'yes' if row['in_uniform'] else ''} |"
-        )
     return out
 
 
