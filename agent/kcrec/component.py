@@ -32,6 +32,7 @@ from kcops.agent.kcrec.compute import (
     refuse,
     resolve_over,
     resolve_p,
+    sized_for,
     topn_coverage,
 )
 from kcops.agent.kcrec.window import (
@@ -167,12 +168,7 @@ class Recommender:
             "window_s": window,
             "window_start": round(start, 3),
             "interval_s": cfg.interval_s,
-            "model": model,
-            "p": cov.p,
-            "p_source": p_source,
-            "quantile": cov.quantile,
-            "min_samples": cfg.min_samples,
-            "calibration": cov.as_json(),
+            **sized_for(model, cov, p_source, cfg.min_samples),
             **rec,
             "configured": configured,
             "topn_mass": topn_coverage(topn, cov.p),

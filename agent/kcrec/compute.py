@@ -86,6 +86,20 @@ class Coverage:
         }
 
 
+def sized_for(model: str | None, cov: Coverage, p_source: str, min_samples: int) -> dict[str, Any]:
+    """What a recommendation document says it is sized for: the model, the mass p and
+    where it comes from, the call quantile, the samples a layer needs, the calibration
+    (the live document's and the fleet's alike)."""
+    return {
+        "model": model,
+        "p": cov.p,
+        "p_source": p_source,
+        "quantile": cov.quantile,
+        "min_samples": min_samples,
+        "calibration": cov.as_json(),
+    }
+
+
 @dataclass
 class Inputs:
     """What one computation reads: K(C) buckets by layer, top-N mass buckets by n."""

@@ -28,6 +28,7 @@ from kcops.agent.kcrec.compute import (
     refuse,
     resolve_over,
     resolve_p,
+    sized_for,
 )
 from kcops.agent.kcrec.window import buckets, parse_le
 from kcops.cli.cost import QUERIES, window_increase
@@ -138,16 +139,7 @@ def model_doc(
                 "differs": ratio is not None and not (1 / ABOVE_RATIO <= ratio <= ABOVE_RATIO),
             }
         )
-    return {
-        "model": model,
-        "p": cov.p,
-        "p_source": p_source,
-        "quantile": cov.quantile,
-        "min_samples": cfg.min_samples,
-        "calibration": cov.as_json(),
-        **rec,
-        "pods": rows,
-    }
+    return {**sized_for(model, cov, p_source, cfg.min_samples), **rec, "pods": rows}
 
 
 def fleet_recommendation(
