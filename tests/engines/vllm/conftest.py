@@ -47,10 +47,11 @@ SOAK_S = 300.0
 # The TTFT page (KcopsP99LatencyHigh) counts only once the engine has been ready for a
 # whole rate window before the current one and through it: ~10 min after each start,
 # longer than the soak. So the soak evaluates the alert's own expression without that
-# guard, over its steady part (the last STEADY_WINDOW: after the cold start's first slow
-# requests), and asserts it under the shipped threshold: what the alert would see once
-# the guard lifts.
-STEADY_WINDOW = "3m"
+# guard, over its steady part (the last STEADY_S: after the cold start's first slow
+# requests), beside the same requests' time to first chunk as the load's client saw it
+# (test_soak.py).
+STEADY_S = 180
+STEADY_WINDOW = f"{STEADY_S}s"
 TTFT_COUNT = f"sum by (engine) (increase(kcops_ttft_seconds_count[{STEADY_WINDOW}]))"
 
 
@@ -94,6 +95,16 @@ class Soak:
                     "ttft_p99_steady_s": _one(self.stack.query(ttft_p99(STEADY_WINDOW))),
                     "ttft_requests_steady": _one(self.stack.query(TTFT_COUNT)),
                     "ttft_p99_whole_soak_s": _one(self.stack.query(ttft_p99("5m"))),
+                    # The client's seconds to first chunk of the requests whose first
+                    # chunk came in the steady window, sorted.
+                    "ttft_client_steady_s": sorted(
+                        secs for at, secs in self.load.first_chunks if at >= time.time() - STEADY_S
+                    ),
+                    "ttft_bucket_bounds": sorted(
+                        float(r["metric"]["le"])
+                        for r in self.stack.query("sum by (le) (kcops_ttft_seconds_bucket)")
+                        if r["metric"].get("le") not in (None, "+Inf")
+                    ),
                     "loadavg": Path("/proc/loadavg").read_text().split()[:3],
                 }
                 self.load.stop()

@@ -68,8 +68,8 @@ def vllm_env(probe_socket: Path) -> dict[str, str]:
         # vLLM's CPU worker reserves a core for its scheduler on x86 ("reserved_cpus=[1]"
         # in its log): on this 2-core machine that leaves its OpenMP one thread, a prefill
         # ran at half speed (4 prompts of 1,978 tokens at once: p99 TTFT 152 s against the
-        # busy phase's 80 s; the soak's light load over the 0.5 s page). Both cores to the
-        # worker, as a small CPU deployment would run it (docs/engines.md).
+        # busy phase's 80 s). Both cores to the worker, as a small CPU deployment would
+        # run it (docs/engines.md).
         "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
         "KCOPS_PROBE_SOCKET": str(probe_socket),
         # A sampled call costs ~1 ms on this model; at vLLM's default share (0.003) the
@@ -101,15 +101,15 @@ MIDDLEWARE = "kcops.kernels.integrations.vllm_tenant.TenantMiddleware"
 RESTART_IN_FLIGHT_S = 24.0
 DRAIN_DEADLINE_S = 60.0
 # This deployment's TTFT objective (KcopsP99LatencyHigh's p99_ttft_seconds). The shipped
-# 0.5 s fits a GPU, and vLLM here under light load (test_soak.py holds the p99 under it);
-# the busy phase (test_stall.py) sends four prompts of ~2,000 tokens at once to 2 CPU
-# cores, where each prefill alone takes seconds and four queue for tens of seconds (p99
-# 35.6 s here): real users of this box would be told so, not paged. CI paged on it at
-# 0.5 s once the engine had been ready for ten minutes. 160 s is one of vLLM's TTFT bucket
-# bounds (..., 20, 40, 80, 160): the p99 estimate is over it only when a request took over
-# 160 s. Measured p99 of the phase: 35.6 s on 2026-12-04, 78.8 s on 2026-12-06 on a slower
-# machine of the same kind (13 prompts in the phase; 152 s while vLLM kept one of the two
-# cores for its scheduler, see vllm_env). 80 s was at that edge.
+# 0.5 s fits a GPU, not 2 CPU cores: one light-load request alone takes 0.36-0.57 s to its
+# first chunk here (test_soak.py prints the shipped figure beside its p99). The busy phase
+# (test_stall.py) sends four prompts of ~2,000 tokens at once, where each prefill alone
+# takes seconds and four queue for tens of seconds: real users of this box would be told
+# so, not paged. CI paged on it at 0.5 s once the engine had been ready for ten minutes.
+# 160 s is one of vLLM's TTFT bucket bounds (..., 20, 40, 80, 160): the p99 estimate is
+# over it only when a request took over 160 s. Measured p99 of the phase: 35.6 s on
+# 2026-12-04, 78.8 s on 2026-12-06 on a slower machine of the same kind (13 prompts in the
+# phase; 152 s while vLLM kept one of the two cores for its scheduler, see vllm_env).
 TTFT_SLO_S = 160.0
 
 
@@ -187,6 +187,10 @@ class StreamResult:
     finish_reason: str | None = None
     completion_tokens: int | None = None
     error: str | None = None
+    # Seconds from sending the request to its first chunk, as the client saw them, and
+    # the wall time that chunk came (None until it does).
+    first_chunk_s: float | None = None
+    first_chunk_at: float | None = None
     first_chunk: threading.Event = field(default_factory=threading.Event)
     done: threading.Event = field(default_factory=threading.Event)
     stop: threading.Event = field(default_factory=threading.Event)  # set: hang up early
@@ -213,6 +217,7 @@ def stream_completion(
         }  # fmt: skip
         if user is not None:
             body["user"] = user
+        sent = time.monotonic()
         try:
             with httpx.stream(
                 "POST", f"{engine_url}/v1/completions", json=body, headers=headers, timeout=300.0
@@ -227,6 +232,9 @@ def stream_completion(
                     if not chunk.get("choices"):
                         continue
                     choice = chunk["choices"][0]
+                    if res.first_chunk_s is None:
+                        res.first_chunk_s = time.monotonic() - sent
+                        res.first_chunk_at = time.time()
                     res.chunks += 1
                     res.text += choice.get("text") or ""
                     res.finish_reason = choice.get("finish_reason") or res.finish_reason
@@ -247,7 +255,8 @@ class Load:
     """Light load: one short streaming completion every ``interval_s`` that shares a long
     prefix with the others, from two tenants in turn (TENANT_HEADER by the X-Tenant
     header, TENANT_USER by OpenAI's ``user``). ``paused()`` holds it (the request in flight
-    finishes first)."""
+    finishes first). ``first_chunks`` keeps each request's (wall time of its first chunk,
+    seconds to it) as the client saw them."""
 
     def __init__(self, engine_url: str, interval_s: float = 2.0, max_tokens: int = 24) -> None:
         self.engine_url = engine_url
@@ -255,6 +264,7 @@ class Load:
         self.max_tokens = max_tokens
         self.ok = 0
         self.errors: list[str] = []
+        self.first_chunks: list[tuple[float, float]] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="load")
@@ -284,6 +294,8 @@ class Load:
                     user=None if by_header else TENANT_USER,
                 )  # fmt: skip
                 res.done.wait(180)
+                if res.first_chunk_s is not None and res.first_chunk_at is not None:
+                    self.first_chunks.append((res.first_chunk_at, res.first_chunk_s))
                 if res.error is None and res.finish_reason is not None:
                     self.ok += 1
                 else:
