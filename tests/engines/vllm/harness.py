@@ -219,9 +219,13 @@ def stream_completion(
             body["user"] = user
         sent = time.monotonic()
         try:
+            # trust_env=False: this thread can outlive the test that started it, and the
+            # next test's fixtures set and delete variables (tests/conftest.py) while
+            # httpx would iterate os.environ for proxies (a KeyError in CI's soak).
             with httpx.stream(
-                "POST", f"{engine_url}/v1/completions", json=body, headers=headers, timeout=300.0
-            ) as r:
+                "POST", f"{engine_url}/v1/completions", json=body, headers=headers,
+                timeout=300.0, trust_env=False,
+            ) as r:  # fmt: skip
                 r.raise_for_status()
                 for line in r.iter_lines():
                     if not line.startswith("data: ") or line == "data: [DONE]":
@@ -304,12 +308,15 @@ class Load:
 
 
 class Watch:
-    """Polls the agent's alerts once a second and keeps every alert seen firing."""
+    """Polls the agent's alerts once a second and keeps every alert seen firing, and the
+    first failures other than the agent being busy (a dead watch would read as an agent
+    that went quiet)."""
 
     def __init__(self, agent_url: str) -> None:
         self.agent_url = agent_url
         self.firing: dict[str, dict[str, Any]] = {}
         self.polls = 0
+        self.failures: list[str] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="watch")
 
@@ -321,9 +328,17 @@ class Watch:
         self._thread.join(10)
 
     def _run(self) -> None:
-        while not self._stop.wait(1.0):
-            with contextlib.suppress(httpx.HTTPError, ValueError):
-                alerts = httpx.get(f"{self.agent_url}/api/v1/alerts", timeout=2).json()["alerts"]
+        # One client for the thread's life, blind to the environment (see stream_completion).
+        with httpx.Client(timeout=2, trust_env=False) as client:
+            while not self._stop.wait(1.0):
+                try:
+                    alerts = client.get(f"{self.agent_url}/api/v1/alerts").json()["alerts"]
+                except (httpx.HTTPError, ValueError):
+                    continue
+                except Exception as exc:  # kept for the test's message, the watch goes on
+                    if len(self.failures) < 5:
+                        self.failures.append(repr(exc))
+                    continue
                 self.polls += 1
                 for a in alerts:
                     if a.get("state") == "firing":

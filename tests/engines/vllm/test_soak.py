@@ -38,7 +38,10 @@ def bucket(x: float, bounds: list[float]) -> int:
 
 def test_healthy_vllm_is_left_alone(soak: Soak) -> None:
     v = soak.finish()
-    assert v["polls"] > 100, f"the agent's alerts were read only {v['polls']} times"
+    assert v["polls"] > 100, (
+        f"the agent's alerts were read only {v['polls']} times; the watch's failures: "
+        f"{soak.watch.failures}"
+    )
     assert v["load_ok"] > 20 and not v["load_errors"], (v["load_ok"], v["load_errors"][:3])
     assert not v["pages"], f"page alerts fired: {v['pages']}"
     assert not v["page_records"], v["page_records"]
