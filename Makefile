@@ -55,7 +55,7 @@ typecheck: install
 # Two workers, one per core; a test file stays on one worker (its fixtures share
 # servers). Each test has its own probe socket and state dir (tests/conftest.py).
 test: install services lint typecheck
-	$(VENV)/bin/pytest -q -n 2 --dist loadfile
+	$(VENV)/bin/pytest -q -n 2 --dist loadfile --durations=15
 
 # The developer's loop: lint, types and the unit tests, under 90 s on 2 cores.
 test-fast: install lint typecheck
