@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,9 +28,30 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+PRIVATE_VARS = ("KCOPS_PROBE_SOCKET", "XDG_STATE_HOME")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _session_paths(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The private variables exist for the whole session, so each test's own values
+    replace them and never delete them: a thread that outlives its test (a load, a watch)
+    and iterates os.environ (httpx does, for proxies) would get a KeyError on a key
+    deleted under it."""
+    home = tmp_path_factory.mktemp("session")
+    before = {k: os.environ.get(k) for k in PRIVATE_VARS}
+    os.environ["KCOPS_PROBE_SOCKET"] = str(home / "probe.sock")
+    os.environ["XDG_STATE_HOME"] = str(home / "state")
+    yield
+    for k, v in before.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
 @pytest.fixture(autouse=True)
 def _private_paths(
-    monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory
+    _session_paths: None, monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     """Each test gets its own probe socket and state dir, so tests run in parallel
     (pytest-xdist) without two agents binding one default path."""
