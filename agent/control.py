@@ -96,11 +96,9 @@ def core_routes(agent: Served) -> list[web.RouteDef]:
 
     async def metrics(request: web.Request) -> web.Response:
         body, content_type = render(agent.registry, request.headers.get("Accept"))
-        ctype, _, params = content_type.partition(";")
         resp = web.Response(body=body)
-        # aiohttp wants charset apart from the media type.
+        # Set as a header: aiohttp's content_type argument refuses one with a charset.
         resp.headers["Content-Type"] = content_type
-        del ctype, params
         return resp
 
     return [
