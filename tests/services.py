@@ -159,6 +159,27 @@ def wait_http(url: str, timeout_s: float = 30.0, proc: subprocess.Popen | None =
     raise TimeoutError(f"{url} did not answer within {timeout_s}s ({last})")
 
 
+def unix_connect(path: Path, data: bytes = b"", timeout_s: float = 10.0) -> socket.socket:
+    """A connected Unix stream socket to ``path``, ``data`` sent. While the listener's
+    backlog is full, connect fails at once (EAGAIN, or ECONNREFUSED for some kernels) until
+    it accepts: retried every 2 ms for ``timeout_s``, then a TimeoutError that says so."""
+    c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    c.settimeout(timeout_s)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            c.connect(str(path))
+            break
+        except (BlockingIOError, ConnectionRefusedError) as exc:
+            if time.monotonic() >= deadline:
+                c.close()
+                raise TimeoutError(f"{path} accepted no connection within {timeout_s}s") from exc
+            time.sleep(0.002)
+    if data:
+        c.sendall(data)
+    return c
+
+
 def stop(proc: subprocess.Popen, timeout_s: float = 10.0) -> None:
     if proc.poll() is not None:
         return

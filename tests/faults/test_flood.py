@@ -14,16 +14,15 @@ The test prints what it measured.
 from __future__ import annotations
 
 import re
-import socket
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
 
 from kcops.kernels import wire
 from tests.faults.conftest import RealAgent, start_agent, stop_agent
+from tests.services import unix_connect
 
 pytestmark = pytest.mark.slow
 
@@ -46,19 +45,6 @@ def _flood_frame(i: int, seq: int) -> bytes:
             kc_by_layer={f"layer-{j}": kc for j in range(LAYERS)},
         )
     )
-
-
-def _send(path: Path, data: bytes) -> None:
-    c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    c.settimeout(10.0)
-    for _ in range(5000):  # the backlog is full: EAGAIN until the agent accepts
-        try:
-            c.connect(str(path))
-            break
-        except (BlockingIOError, ConnectionRefusedError):
-            time.sleep(0.002)
-    c.sendall(data)
-    c.close()
 
 
 def _metrics(agent: RealAgent) -> str:
@@ -93,7 +79,7 @@ def test_a_new_engine_is_admitted_after_a_flood_of_1000_sources(agent: RealAgent
     frames = [_flood_frame(i, 0) for i in range(SOURCES)]
     for i in range(0, SOURCES, OPEN_AT_ONCE):
         for f in frames[i : i + OPEN_AT_ONCE]:
-            _send(agent.probe_socket, f)
+            unix_connect(agent.probe_socket, f).close()
     flood_s = time.monotonic() - t0
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:  # the flood is received and in the store
@@ -112,18 +98,14 @@ def test_a_new_engine_is_admitted_after_a_flood_of_1000_sources(agent: RealAgent
     seen_after = None
     seq = 0
     while time.monotonic() - start < 3 * WITHIN_S:
-        _send(
-            agent.probe_socket,
-            wire.encode(
-                wire.Frame(
-                    pid=4242,
-                    process="engine-new",
-                    seq=seq,
-                    engine="vllm",
-                    calls_by_layer={"model.layers.0.attn": 3},
-                )
-            ),
+        new = wire.Frame(
+            pid=4242,
+            process="engine-new",
+            seq=seq,
+            engine="vllm",
+            calls_by_layer={"model.layers.0.attn": 3},
         )
+        unix_connect(agent.probe_socket, wire.encode(new)).close()
         seq += 1
         if _engine_series(agent):
             seen_after = time.monotonic() - start

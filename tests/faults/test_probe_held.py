@@ -21,7 +21,6 @@ import resource
 import socket
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import psutil
@@ -29,7 +28,7 @@ import pytest
 
 from kcops.kernels import wire
 from tests.faults.conftest import RealAgent, start_agent, stop_agent
-from tests.services import wait_until
+from tests.services import unix_connect, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -56,20 +55,6 @@ def _ok_frames(agent: RealAgent) -> float:
     return _metric(agent, 'kcops_probe_frames_total{outcome="ok"}')
 
 
-def _connect(path: Path, data: bytes = b"") -> socket.socket:
-    c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    c.settimeout(10.0)
-    for _ in range(5000):  # the backlog is full: EAGAIN until the agent accepts
-        try:
-            c.connect(str(path))
-            break
-        except BlockingIOError:
-            time.sleep(0.002)
-    if data:
-        c.sendall(data)
-    return c
-
-
 @pytest.fixture
 def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealAgent]:
     a = start_agent(tmp_path_factory.mktemp("held"))
@@ -83,14 +68,14 @@ def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealAgent]:
 def test_300_half_sent_connections_held_and_a_good_frame_is_still_counted(
     agent: RealAgent,
 ) -> None:
-    held = [_connect(agent.probe_socket, _frame(0)[:20]) for _ in range(HELD)]
+    held = [unix_connect(agent.probe_socket, _frame(0)[:20]) for _ in range(HELD)]
     try:
         wait_until(
             lambda: _metric(agent, "kcops_probe_connections_open") >= 256, 30, "the limit full"
         )
         before = _ok_frames(agent)
         t0 = time.monotonic()
-        with _connect(agent.probe_socket, _frame(1)):
+        with unix_connect(agent.probe_socket, _frame(1)):
             wait_until(lambda: _ok_frames(agent) > before, 30, "the good frame counted")
             took = time.monotonic() - t0
         evicted = _metric(agent, 'kcops_probe_connections_total{outcome="evicted"}')
@@ -151,7 +136,7 @@ def test_fd_exhaustion_costs_little_cpu_and_log_and_service_returns(agent: RealA
         30, "/healthz once the connections are released",
     )  # fmt: skip
     healthz_s = time.monotonic() - t_release
-    with _connect(agent.probe_socket, _frame(7)):
+    with unix_connect(agent.probe_socket, _frame(7)):
         wait_until(lambda: _ok_frames(agent) >= 1, 30, "a good frame counted after")
     errors = _metric(agent, 'kcops_collector_errors_total{collector="probe",reason="accept"}')
     http_errors = _metric(agent, 'kcops_collector_errors_total{collector="http",reason="accept"}')
