@@ -12,7 +12,8 @@ objective (harness.TTFT_SLO_S), so the page stays quiet once the guard lifts.
 The shipped objective (0.5 s, GPU-sized) is printed beside it, not asserted: on 2 CPU
 cores one idle request of this load takes 0.36-0.57 s to its first chunk (measured
 2026-12-06, the probe off or on), so the p99 of light load lands either side of 0.5 s
-with the speed of the box (0.25 s on 2026-12-04, 0.497 and 0.72 s on 2026-12-06)."""
+with the speed of the box and its other load (0.25 s on 2026-12-04; 0.497, 0.72 and
+0.90 s on 2026-12-06)."""
 
 from __future__ import annotations
 
