@@ -248,3 +248,40 @@ def test_the_demo_agent_has_a_calibrated_live_recommendation_within_minutes(
     finally:
         env._stop_all()
     assert not coverage_for(cfg, cfg.model).calibrated
+
+
+class _MemoryEnv:
+    """The agent's view of the worker's memory, one reading per query, then the last."""
+
+    cgroup = None
+
+    def __init__(self, used: list[float], total: float) -> None:
+        self.used, self.total = list(used), total
+
+    def query(self, expr: str) -> float | None:
+        if "total" in expr:
+            return self.total
+        return self.used.pop(0) if len(self.used) > 1 else self.used[0]
+
+
+@pytest.fixture
+def quick_ramp(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(drill_causes, "RAMP_POLL_S", 0.01)
+    monkeypatch.setattr(drill_causes, "RAMP_STILL_S", 0.1)
+
+
+def test_the_ramp_starts_from_memory_after_the_last_drills_drop(quick_ramp: None) -> None:
+    # The drill before gave back its cache tier as this one began: 65% fell to 57%.
+    env = _MemoryEnv([1300.0, 1302.0, 1150.0, 1149.0, 1151.0], total=2000.0)
+    used, total = drill_causes.still_device(env)  # type: ignore[arg-type]
+    assert used in (1149.0, 1150.0, 1151.0) and total == 2000.0  # after the drop
+
+
+def test_memory_that_never_holds_still_gives_its_last_reading(
+    quick_ramp: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(drill_causes, "RAMP_STILL_WITHIN_S", 0.3)
+    env = _MemoryEnv([1000.0, 1200.0] * 1000, total=2000.0)
+    used, _ = drill_causes.still_device(env)  # type: ignore[arg-type]
+    assert used in (1000.0, 1200.0)
+    assert "still moving; the ramp starts from" in capsys.readouterr().out
