@@ -19,7 +19,7 @@ import click
 
 from kcops.cli.timefmt import duration
 from kcops.demo import causes as c
-from kcops.demo.env import DemoEnv, DemoFailed, wait
+from kcops.demo.env import DEMO_COOLDOWN_S, DemoEnv, DemoFailed, wait
 
 Step = Callable[[DemoEnv], None]
 
@@ -85,6 +85,7 @@ DEMO_MAX_KEEP_FIRING_FOR = "1m"
 # the demo's 10m baseline window, its 1m keep_firing_for, and margin
 BASELINE_SETTLE_S = 600 + 60 + 90
 QUIET_WITHIN_S = 240  # an alert's 1m rate window plus its keep_firing_for, and margin
+COOLDOWNS_WITHIN_S = DEMO_COOLDOWN_S + 30  # the demo's guard cooldown, and margin
 RELIEF_WITHIN_S = 300  # a ladder's first steps and their verify windows
 
 DRILLS: tuple[Drill, ...] = (
@@ -262,6 +263,14 @@ def run_drill(env: DemoEnv, drill: Drill) -> DrillResult:
             wait(quiet, QUIET_WITHIN_S, lambda: env.alert_state(drill.alert) == "inactive")
         except DemoFailed:
             raise DemoFailed(f"not drilled: {drill.alert} was active before its cause") from None
+        # Its ladder must be free to act: a cooldown the drill before set on the same
+        # target (two restarts 21 s apart: the second's notify skipped) would fail it.
+        # A longer cooldown (an action's own) is said, and the drill goes on.
+        try:
+            free = "the agent's cooldowns running out"
+            wait(free, COOLDOWNS_WITHIN_S, lambda: not env.cooldowns_left())
+        except DemoFailed:
+            click.echo(f"  cooldowns still running: {env.cooldowns_left()}")
         t0 = time.time()
         drill.start(env)
         # Its ladder acting proves it fired: a restart without a drain (a hung or stalled

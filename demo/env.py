@@ -440,6 +440,12 @@ class DemoEnv:
             raise DemoFailed(f"action {name}: HTTP {r.status_code}: {r.text[:200]}")
         return dict(r.json())
 
+    def cooldowns_left(self) -> dict[str, float]:
+        """The agent's guard cooldowns still running: target -> seconds left."""
+        r = httpx.get(f"{self.agent}/api/v1/actions", headers=self.headers, timeout=5)
+        r.raise_for_status()
+        return {k: float(v) for k, v in r.json()["guards"]["cooldowns"].items() if float(v) > 0}
+
     def alert_state(self, alertname: str) -> str:
         """``firing``, ``pending`` or ``inactive`` (the worst of the alert's instances)."""
         alerts = httpx.get(self.agent + "/api/v1/alerts", timeout=5).json()["alerts"]

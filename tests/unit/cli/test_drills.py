@@ -55,9 +55,14 @@ class _Env:
         self.calls: list[str] = []
         self.load_since: float | None = None
         self.started_at: float | None = None
+        self.cooldown_until = 0.0  # the agent's guard on the ladder's target
 
     def alert_state(self, alertname: str) -> str:
         return self.state
+
+    def cooldowns_left(self) -> dict[str, float]:
+        left = self.cooldown_until - time.time()
+        return {"notify|notify:KcopsX": left} if left > 0 else {}
 
     def firing(self, alertname: str) -> bool:
         return self.state == "firing"
@@ -118,6 +123,23 @@ def test_a_drill_against_a_baseline_waits_for_its_history_of_usual_load(
     env.state, env.load_since = "inactive", time.time() - 60
     drills_mod.run_drill(env, drill)  # type: ignore[arg-type]
     assert "compares with a baseline" not in capsys.readouterr().out
+
+
+def test_the_cause_waits_for_a_cooldown_the_drill_before_left(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Two restarts 21 s apart: the second's notify was skipped in its cooldown and the
+    # drill saw no action. The cause now waits for the cooldown to run out.
+    monkeypatch.setattr(drills_mod, "QUIET_WITHIN_S", 0.3)
+    env = _Env("inactive")
+    env.cooldown_until = time.time() + 0.6
+    res = drills_mod.run_drill(env, _drill(env))  # type: ignore[arg-type]
+    assert res.fired and env.started_at is not None and env.started_at >= env.cooldown_until
+    # One longer than the demo's own is said, and the drill goes on.
+    monkeypatch.setattr(drills_mod, "COOLDOWNS_WITHIN_S", 0.3)
+    env.state, env.cooldown_until = "inactive", time.time() + 60
+    res = drills_mod.run_drill(env, _drill(env))  # type: ignore[arg-type]
+    assert res.fired and "cooldowns still running" in capsys.readouterr().out
 
 
 def test_actions_text_counts_repeated_steps() -> None:
