@@ -28,6 +28,7 @@ from kcops.demo.env import (
 )
 
 DEVICE_MEMORY_RATIO = 0.9  # KcopsDeviceMemoryHigh's shipped threshold, which the demo keeps
+DEVICE_USED = 'max(kcops_device_memory_used_bytes{device="cpu"})'  # as the agent sees it
 
 MEMORY_HIGH_TARGET = 0.91  # of the device, the cache alone: over the alert's 0.9
 FILL_TARGET = 0.93  # while filling (prefills' activations included): under the kernel's limit
@@ -76,7 +77,7 @@ def device_memory(env: DemoEnv) -> tuple[float, float]:
     limit = env.cgroup.limit_bytes() if env.cgroup is not None else None
 
     def seen() -> tuple[float, float] | None:
-        used = env.query('max(kcops_device_memory_used_bytes{device="cpu"})')
+        used = env.query(DEVICE_USED)
         total = env.query('max(kcops_device_memory_total_bytes{device="cpu"})')
         if used is None or total is None or (limit is not None and int(total) != limit):
             return None
@@ -168,7 +169,7 @@ def still_device(env: DemoEnv) -> tuple[float, float]:
     seen: list[tuple[float, float]] = []
 
     def still() -> float | None:
-        used = env.query('max(kcops_device_memory_used_bytes{device="cpu"})')
+        used = env.query(DEVICE_USED)
         if used is None:
             return None
         now = time.monotonic()
