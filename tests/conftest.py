@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,7 +27,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
-PRIVATE_VARS = ("KCOPS_PROBE_SOCKET", "XDG_STATE_HOME")
+def _point_at(mp: pytest.MonkeyPatch, home: Path) -> None:
+    """The probe socket and the state dir under ``home``."""
+    mp.setenv("KCOPS_PROBE_SOCKET", str(home / "probe.sock"))
+    mp.setenv("XDG_STATE_HOME", str(home / "state"))
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -37,16 +39,9 @@ def _session_paths(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     replace them and never delete them: a thread that outlives its test (a load, a watch)
     and iterates os.environ (httpx does, for proxies) would get a KeyError on a key
     deleted under it."""
-    home = tmp_path_factory.mktemp("session")
-    before = {k: os.environ.get(k) for k in PRIVATE_VARS}
-    os.environ["KCOPS_PROBE_SOCKET"] = str(home / "probe.sock")
-    os.environ["XDG_STATE_HOME"] = str(home / "state")
-    yield
-    for k, v in before.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+    with pytest.MonkeyPatch.context() as mp:
+        _point_at(mp, tmp_path_factory.mktemp("session"))
+        yield
 
 
 @pytest.fixture(autouse=True)
@@ -55,9 +50,7 @@ def _private_paths(
 ) -> None:
     """Each test gets its own probe socket and state dir, so tests run in parallel
     (pytest-xdist) without two agents binding one default path."""
-    home = tmp_path_factory.mktemp("h")
-    monkeypatch.setenv("KCOPS_PROBE_SOCKET", str(home / "probe.sock"))
-    monkeypatch.setenv("XDG_STATE_HOME", str(home / "state"))
+    _point_at(monkeypatch, tmp_path_factory.mktemp("h"))
 
 
 @pytest.fixture
