@@ -6,7 +6,7 @@ with more sequences runs as several folders over disjoint text. This writes
 ``kc sweep --corpus FOLDER`` reads) in the same sorted order, whole files appended
 to a part until it holds at least ``--sequences`` x (``--context`` + 1) tokens of
 the model's tokenizer, with a margin. The text left over after the last full part is
-not written. docs/kc.md's "Prose at 8,160 tokens, with the power to decide" used:
+not written. docs/kc-record.md's "Prose at 8,160 tokens, with the power to decide" used:
 
     PYTHONPATH=. .venv/bin/python bench/corpus_parts.py /usr/share/doc/nodejs/api nodejs8k
 """
