@@ -19,8 +19,8 @@ from typing import Any
 from aiohttp import web
 
 from kcops import __version__
-from kcops.agent import actions as actions_pkg
 from kcops.agent import collectors as collectors_pkg
+from kcops.agent import remediation as remediation_pkg
 from kcops.agent import rules as rules_pkg
 from kcops.agent.backoff import LoopErrors
 from kcops.agent.clock import Clock, system_clock
@@ -32,12 +32,12 @@ from kcops.agent.control import build_app, core_routes
 from kcops.agent.engine import Engine
 from kcops.agent.engine.pid import EnginePid
 from kcops.agent.events import EventBus
-from kcops.agent.exporter import build_registry
+from kcops.agent.exporter import StoreExporter, build_registry
 from kcops.agent.jsonapi import error_body
 from kcops.agent.kcrec import Recommender
 from kcops.agent.preflight import check_machine, preflight
+from kcops.agent.promql.regex import CACHE as REGEX_CACHE
 from kcops.agent.query import QueryComponent
-from kcops.agent.rules.regex import CACHE as REGEX_CACHE
 from kcops.agent.samples import Sample
 from kcops.agent.signals import register_all
 from kcops.agent.store import Store
@@ -73,28 +73,26 @@ class Agent:
             max_series_per_source=st.max_series_per_source, quiet_after_s=st.stale_after_s,
         )  # fmt: skip
         register_all(self.store)
-        self.registry = build_registry(self.store, clock, config.store.stale_after_s)
+        self.exporter = StoreExporter(self.store, clock, config.store.stale_after_s)
+        self.registry = build_registry(self.exporter)
         self.tracer_provider = build_tracer_provider(config.exporters.otlp)
-        state_dir = Path(config.agent.state_dir)
         # Everything `kcops agent check-config` checks too, by the same function.
         checked = preflight(config, token)
-        token = checked.token
         # What the machine must give (a writable state dir, the probe socket's place, a
         # free listen address), before any part is built: a refusal is one line, exit 2.
-        check_machine(config)
+        self.state_lock = check_machine(config)
         self.ctx = AgentContext(
             config=config,
             store=self.store,
             clock=clock,
             bus=EventBus(),
             tracer=self.tracer_provider.get_tracer("kcops.agent"),
-            auth=TokenCheck(token),
-            state_dir=state_dir,
+            auth=TokenCheck(checked.token),
+            state_dir=Path(config.agent.state_dir),
         )
         # The one engine object and the one engine pid source, handed to whoever needs them.
-        eng = config.engine
-        self.engine = Engine.configured_by(eng, token, clock())
-        pids = EnginePid(pid=eng.pid, pidfile=eng.pidfile)
+        self.engine = Engine.configured_by(config.engine, checked.token, clock())
+        pids = EnginePid(pid=config.engine.pid, pidfile=config.engine.pidfile)
         self.ticks = tick_histogram()
         self.collector_runner = CollectorRunner(
             self.store,
@@ -105,11 +103,9 @@ class Agent:
         # Tick order is the list order: collectors (health feeds the engine's
         # lifecycle, the process watcher reads exits), rules, supervisor, remediation.
         self.components: list[Component] = [self.collector_runner]
-        rules = rules_pkg.build(self.ctx, checked.ruleset)
-        self.components += rules
-        self.components += actions_pkg.build(self.ctx, self.engine, pids, checked.ruleset)
-        self.components.append(QueryComponent(self.ctx))
-        self.components.append(Recommender(self.ctx, self.engine))
+        self.components += rules_pkg.build(self.ctx, checked.ruleset)
+        self.components += remediation_pkg.build(self.ctx, self.engine, pids, checked.ruleset)
+        self.components += [QueryComponent(self.ctx), Recommender(self.ctx, self.engine)]
         self.components += build_metric_exporters(self.ctx, self.started_at)
         self.components += list(extra_components or [])
         self._stop = asyncio.Event()
@@ -224,6 +220,7 @@ class Agent:
         remaining_ms = int(max(0.1, deadline / 2) * 1000)
         self.tracer_provider.force_flush(remaining_ms)
         self.tracer_provider.shutdown()
+        self.state_lock.close()
 
     # -- status --------------------------------------------------------------
 

@@ -19,9 +19,8 @@ from typing import Protocol
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Handler
-from prometheus_client import CollectorRegistry
 
-from kcops.agent.exporter import render
+from kcops.agent.exporter import StoreExporter
 from kcops.agent.jsonapi import BadRequest, error_body, error_response, json_dumps
 from kcops.httpedge import BODY_TIMEOUT_S, body_deadline, describe
 
@@ -38,7 +37,7 @@ class Served(Protocol):
     """What the control API's own routes read of the running agent."""
 
     ticks_done: int
-    registry: CollectorRegistry
+    exporter: StoreExporter
 
     def status(self) -> Mapping[str, object]: ...
 
@@ -95,7 +94,7 @@ def core_routes(agent: Served) -> list[web.RouteDef]:
         return web.json_response(agent.status(), dumps=json_dumps)
 
     async def metrics(request: web.Request) -> web.Response:
-        body, content_type = render(agent.registry, request.headers.get("Accept"))
+        body, content_type = await agent.exporter.scrape(request.headers.get("Accept"))
         resp = web.Response(body=body)
         # Set as a header: aiohttp's content_type argument refuses one with a charset.
         resp.headers["Content-Type"] = content_type

@@ -13,6 +13,8 @@ from typing import Literal
 
 from pydantic import JsonValue
 
+from kcops.agent.outcome import ActionName
+
 AlertStateName = Literal["inactive", "pending", "firing"]
 # The verify window of a ladder step that names none (``actions.guards.default_verify_s``).
 DEFAULT_VERIFY_S = 60.0
@@ -30,7 +32,7 @@ class Step:
     the runner hands ``params`` to the action's parameter model.
     """
 
-    action: str
+    action: ActionName
     params: Mapping[str, JsonValue] = field(default_factory=dict)
     verify_s: float = DEFAULT_VERIFY_S
 

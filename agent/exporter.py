@@ -8,10 +8,16 @@ than ``stale_after_s`` or is a staleness marker: absent stays absent.
 One label that UTF-8 cannot encode (a lone surrogate, from any input that let one
 through) must not cost the whole page: prometheus-client encodes the page in one
 piece, so :func:`render` renders again with such text escaped (:func:`safe_text`).
+
+A scrape must not stall the agent's loop (about a second of CPU at 50k series): the
+loop only reads each series' newest value, a few thousand at a time between yields, and
+a thread builds and encodes the page from that snapshot (:meth:`StoreExporter.scrape`).
+Scrapes that arrive while one is rendering share its page.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import Iterator
 from typing import Protocol
@@ -25,6 +31,8 @@ from kcops.agent.store import Store
 from kcops.exposition import negotiate
 
 _HIST_SUFFIXES = ("_bucket", "_sum", "_count")
+_YIELD_EVERY = 2_000  # series read between two yields to the loop
+Snapshot = list[tuple[SeriesKey, float]]
 
 
 def family_of(store: Store, name: str) -> tuple[str, str, str]:
@@ -50,29 +58,67 @@ class StoreExporter:
         self.store = store
         self.clock = clock
         self.stale_after_s = stale_after_s
+        self._building: dict[str, asyncio.Future[tuple[bytes, str]]] = {}
 
     def describe(self) -> list[Metric]:
         # Custom collector: describing would run collect() at registration.
         return []
 
     def collect(self) -> Iterator[Metric]:
-        now = self.clock()
+        now, keys = self.clock(), self.store.keys()
+        yield from self.families([kv for key in keys if (kv := self._read(key, now))])
+
+    def _read(self, key: SeriesKey, now: float) -> tuple[SeriesKey, float] | None:
+        latest = self.store.latest(key, at=now, lookback_s=self.stale_after_s)
+        return None if latest is None else (key, latest[1])
+
+    def families(self, snapshot: Snapshot) -> list[Metric]:
+        """The exposition's families from (series, newest value) pairs; reads only the
+        store's metadata, so a thread may call it while the loop writes samples."""
         families: dict[str, Metric] = {}
         held: dict[str, list[tuple[SeriesKey, float]]] = {}
-        for key in sorted(self.store.keys()):
-            latest = self.store.latest(key, at=now, lookback_s=self.stale_after_s)
-            if latest is None:
-                continue
+        for key, value in snapshot:
             fam_name, typ, help_ = family_of(self.store, key.name)
             if fam_name not in families:
                 families[fam_name] = Metric(fam_name, help_ or fam_name, typ)
                 held[fam_name] = []
-            held[fam_name].append((key, latest[1]))
-        for fam_name in sorted(families):
-            fam = families[fam_name]
+            held[fam_name].append((key, value))
+        for fam_name, fam in families.items():
             for key, value in sorted(held[fam_name], key=lambda kv: sample_order(fam_name, kv[0])):
                 fam.add_sample(key.name, key.label_dict(), value)
-            yield fam
+        return [families[name] for name in sorted(families)]
+
+    async def scrape(self, accept: str | None) -> tuple[bytes, str]:
+        """The page for ``accept``, built off the loop; one build per content type at a time,
+        shared by the scrapes that arrive while it runs."""
+        _, content_type = negotiate(accept)
+        task = self._building.get(content_type)
+        if task is None:
+            task = asyncio.ensure_future(self._build(accept))
+            self._building[content_type] = task
+            task.add_done_callback(lambda _: self._building.pop(content_type, None))
+        return await asyncio.shield(task)
+
+    async def _build(self, accept: str | None) -> tuple[bytes, str]:
+        snapshot: Snapshot = []
+        now = self.clock()
+        for i, key in enumerate(self.store.keys()):
+            if (kv := self._read(key, now)) is not None:
+                snapshot.append(kv)
+            if i % _YIELD_EVERY == _YIELD_EVERY - 1:
+                await asyncio.sleep(0)
+        metrics = await asyncio.to_thread(self.families, snapshot)
+        return await asyncio.to_thread(render, _Fixed(metrics), accept)
+
+
+class _Fixed:
+    """Metrics already built, in the shape :func:`render` encodes."""
+
+    def __init__(self, metrics: list[Metric]) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self.metrics)
 
 
 _SUFFIX_RANK = {"_bucket": 0, "_count": 1, "_sum": 2}
@@ -98,9 +144,10 @@ def _number(text: str) -> float:
         return math.inf
 
 
-def build_registry(store: Store, clock: Clock, stale_after_s: float) -> CollectorRegistry:
+def build_registry(exporter: StoreExporter) -> CollectorRegistry:
+    """A private registry holding ``exporter`` only (never the global one)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(StoreExporter(store, clock, stale_after_s))
+    registry.register(exporter)
     return registry
 
 
@@ -140,13 +187,13 @@ class _Escaped:
             yield m
 
 
-def render(registry: CollectorRegistry, accept: str | None) -> tuple[bytes, str]:
+def render(registry: _Collects, accept: str | None) -> tuple[bytes, str]:
     """Exposition bytes and content type, negotiated from the Accept header.
 
     The page is encoded whole, so one unencodable label would fail it: then it is
     rendered again with such text escaped (the cost of that scrape only)."""
     encoder, content_type = negotiate(accept)
     try:
-        return encoder(registry), content_type
+        return encoder(registry), content_type  # type: ignore[arg-type]
     except UnicodeEncodeError:
         return encoder(_Escaped(registry)), content_type  # type: ignore[arg-type]

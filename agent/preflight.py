@@ -16,20 +16,22 @@ line (exit 2), what the agent would refuse at start:
   actions: this is where the rules and the actions meet (neither imports the other);
 - a collector switched ``on`` whose source is not configured.
 
-What needs this machine (the state dir written, the probe socket's place, the listen
-address free) is :func:`check_machine`, which ``agent run`` calls before any component
-starts: a failure there is one line and exit 2, never a component started and stopped.
+What needs this machine (the state dir written and held by this agent alone, its files
+regular files, the probe socket's place, the listen address free) is
+:func:`check_machine`, which ``agent run`` calls before any component starts: a failure
+there is one line and exit 2, never a component started and stopped.
 """
 
 from __future__ import annotations
 
+import fcntl
 import ipaddress
 import os
 import socket
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 
 from kcops.agent.collectors import check_sources
 from kcops.auth import load_token
@@ -59,8 +61,8 @@ def preflight(config: Config, token: str | None = None) -> Checked:
     from kcops.agent.actions.registry import builtin_actions
     from kcops.agent.config.actions import warnings
     from kcops.agent.engine.kinds import builtin_kinds
+    from kcops.agent.promql.model import RuleError
     from kcops.agent.rules.loader import ruleset_from_config
-    from kcops.agent.rules.model import RuleError
 
     if token is None:
         token = load_token(config.agent.token_file)
@@ -103,17 +105,78 @@ def check_exposure(host: str, token_configured: bool) -> None:
 MAX_SOCKET_PATH_BYTES = 107
 
 
-def check_machine(config: Config) -> None:
+def check_machine(config: Config) -> BinaryIO:
     """What ``agent run`` needs of this machine, before anything starts; ConfigError (one
     line, exit 2) naming the field: ``agent.state_dir`` written to (created if missing),
-    the probe's socket path usable, ``agent.listen`` free to bind."""
-    _writable_dir(Path(config.agent.state_dir), "agent.state_dir")
+    held by no other agent and its files regular files, the probe's socket path usable,
+    ``agent.listen`` free to bind. Returns the state dir's lock: held until it is closed."""
+    state_dir = Path(config.agent.state_dir)
+    _writable_dir(state_dir, "agent.state_dir")
+    _regular_files(state_dir)
     probe = config.collectors.probe
     if probe.enabled:
         from kcops.kernels.wire import default_socket_path
 
         _socket_path(Path(probe.socket_path or default_socket_path()))
     _bindable(config.agent.listen, *config.agent.host_port())
+    return lock_state_dir(state_dir)
+
+
+LOCK_FILE = "agent.lock"
+
+
+def lock_state_dir(state_dir: Path) -> BinaryIO:
+    """An exclusive lock on ``state_dir`` for this process's life (released when the file
+    is closed, or by the kernel when the process dies, ``kill -9`` included). A second agent
+    on the same folder would mark the first one's live runs interrupted and both would
+    write one audit log: it is refused, naming the holder's pid."""
+    path = state_dir / LOCK_FILE
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise ConfigError(f"agent.state_dir: cannot open {path}: {exc.strerror or exc}") from None
+    lock = os.fdopen(fd, "r+b", buffering=0)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = lock.read(32).decode(errors="replace").strip() or "unknown"
+        lock.close()
+        raise ConfigError(
+            f"agent.state_dir: {state_dir} is held by another agent (pid {holder}); "
+            "each agent needs a state dir of its own"
+        ) from None
+    lock.truncate(0)
+    lock.write(f"{os.getpid()}\n".encode())
+    return lock
+
+
+def _regular_files(state_dir: Path) -> None:
+    """The agent's files in its state dir are regular files of that folder, or absent: a
+    FIFO would hang the start, a device (``/dev/full``) grow memory, a folder fail later."""
+    from kcops.agent.remediation.remediation import AUDIT_FILE, STATE_FILE
+    from kcops.agent.rules.forstate import FILE_NAME
+
+    for name in (AUDIT_FILE, STATE_FILE, FILE_NAME):
+        path = state_dir / name
+        try:
+            mode = path.lstat().st_mode
+            if stat.S_ISLNK(mode):
+                if path.resolve().parent != state_dir.resolve():
+                    raise ConfigError(
+                        f"agent.state_dir: {path} links out of the state dir (to "
+                        f"{path.resolve()}); kcops keeps its state in files of that folder"
+                    )
+                mode = path.stat().st_mode
+        except FileNotFoundError:
+            continue
+        except (OSError, RuntimeError) as exc:  # a link loop, a folder it may not read
+            raise ConfigError(f"agent.state_dir: cannot read {path}: {exc}") from None
+        if not stat.S_ISREG(mode):
+            kind = {stat.S_IFDIR: "folder", stat.S_IFIFO: "FIFO"}.get(stat.S_IFMT(mode), "device")
+            raise ConfigError(
+                f"agent.state_dir: {path} is a {kind}, not a regular file; move it away "
+                "(the agent writes its state there)"
+            )
 
 
 def _writable_dir(path: Path, field: str) -> None:

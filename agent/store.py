@@ -72,8 +72,7 @@ class _Ring:
         """
         i = bisect.bisect_left(self.ts, t, lo=self.head)
         dropped = i - self.head
-        self.head = i
-        head = self.head
+        head = self.head = i
         if head and (compact or (head >= COMPACT_MIN and head * 8 > len(self.ts))):
             self.ts = self.ts[head:]
             self.vs = self.vs[head:]
@@ -82,10 +81,8 @@ class _Ring:
         return dropped, 0
 
     def window(self, start: float, end: float, left_open: bool) -> tuple[array, array]:
-        if left_open:
-            lo = bisect.bisect_right(self.ts, start, lo=self.head)
-        else:
-            lo = bisect.bisect_left(self.ts, start, lo=self.head)
+        first = bisect.bisect_right if left_open else bisect.bisect_left
+        lo = first(self.ts, start, lo=self.head)
         hi = bisect.bisect_right(self.ts, end, lo=lo)
         return self.ts[lo:hi], self.vs[lo:hi]
 
@@ -276,11 +273,8 @@ class Store:
     def mark_stale(self, key: SeriesKey, ts: float) -> None:
         """Write Prometheus's staleness marker: the series stops here."""
         ring = self._series.get(key)
-        if ring is None or not len(ring):
-            return
-        if is_stale(ring.vs[-1]):
-            return
-        self.append(key, ts, STALE_NAN)
+        if ring is not None and len(ring) and not is_stale(ring.vs[-1]):
+            self.append(key, ts, STALE_NAN)
 
     def set_meta(self, name: str, type_: str, help_: str) -> None:
         self._meta[name] = Meta(type_, help_)
@@ -363,10 +357,7 @@ class Store:
         Staleness markers are returned as they are; callers that want
         Prometheus semantics use :func:`kcops.agent.samples.is_stale`.
         """
-        ring = self._series.get(key)
-        if ring is None:
-            return []
-        ts, vs = ring.window(start, end, left_open)
+        ts, vs = self.range_arrays(key, start, end, left_open=left_open)
         return list(zip(ts, vs, strict=True))
 
     def range_arrays(

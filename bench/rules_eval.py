@@ -13,10 +13,10 @@ import random
 import statistics
 import time
 
+from kcops.agent.promql.model import EvalError
+from kcops.agent.promql.parse import parse_expr
 from kcops.agent.rules.engine import RuleEngine
 from kcops.agent.rules.loader import default_rules_path, load_rules
-from kcops.agent.rules.model import EvalError
-from kcops.agent.rules.parse import parse_expr
 from kcops.agent.samples import SeriesKey
 from kcops.agent.store import Store
 

@@ -1,9 +1,10 @@
 """Grafana dashboards for kcops, built from code so they never drift from the signals.
 
 Each dashboard is a list of panels; each panel is one or more PromQL queries
-over DESIGN §3 names. ``build_all()`` returns Grafana's dashboard JSON model
-keyed by file name; ``kcops dashboards build`` writes them to
-``dashboards/generated/`` and ``kcops dashboards push`` uploads them.
+over the signal names (kcops.agent.signals). ``build_all()`` returns Grafana's
+dashboard JSON model keyed by file name; ``kcops dashboards build`` writes them
+to ``dashboards/generated/`` (not committed: the JSON is this module's output, which
+deploy/'s ConfigMaps carry too), ``kcops dashboards push`` uploads them.
 
 The JSON is made by grafana-foundation-sdk's typed builders (dashboard,
 time series and stat panels, Prometheus queries), not written by hand: the
@@ -13,7 +14,7 @@ know: the panels below, and the numbers they take from the rules.
 
 Thresholds, query windows and the alert notes in panel descriptions are not
 copied from the rules: a panel names the rule parameter
-(``Threshold("device_memory_ratio")``, ``[${rate_window}]`` in a query,
+(``threshold="device_memory_ratio"``, ``[${rate_window}]`` in a query,
 ``${cache_hit_ratio}`` in its text) and the alert it shows, and
 :func:`build_all` reads them from the loaded rule set, so a parameter
 overridden for the rules moves the panel's line and window with it. Rates use
@@ -53,27 +54,27 @@ class Query:
     legend: str = ""
 
 
-@dataclass(frozen=True)
-class Threshold:
-    """A red line on a panel: a number, or the name of a rule parameter holding it."""
-
-    value: float | str
-    color: str = "red"
-
-
-@dataclass(frozen=True)
 class Panel:
-    title: str
-    queries: tuple[Query, ...]
-    unit: str = "short"
-    kind: type[timeseries.Panel] | type[stat.Panel] = timeseries.Panel
-    # ``${param}`` in the title, the description and the queries is replaced by the
-    # rule parameter's value.
-    description: str = ""
-    thresholds: tuple[Threshold, ...] = ()
-    alert: str | None = None  # the rule this panel watches: its `for` joins the description
-    width: int = 12
-    height: int = 8
+    """One panel: its title and queries. ``${param}`` in the title, the description
+    and the queries is replaced by the rule parameter's value; ``threshold`` (a red
+    line) is a number or the name of the rule parameter holding it; ``alert`` names
+    the rule this panel watches (its `for` joins the description)."""
+
+    def __init__(
+        self,
+        title: str,
+        *queries: Query,
+        unit: str = "short",
+        kind: type[timeseries.Panel] | type[stat.Panel] = timeseries.Panel,
+        description: str = "",
+        threshold: float | str | None = None,
+        alert: str | None = None,
+        width: int = 12,
+        height: int = 8,
+    ) -> None:
+        self.title, self.queries, self.unit, self.kind = title, queries, unit, kind
+        self.description, self.threshold, self.alert = description, threshold, alert
+        self.width, self.height = width, height
 
 
 @dataclass(frozen=True)
@@ -106,127 +107,104 @@ SERVING = Dashboard(
     panels=(
         Panel(
             "Time to first token p99",
-            (q(_p99("kcops_ttft_seconds"), "TTFT p99"),),
+            q(_p99("kcops_ttft_seconds"), "TTFT p99"),
             unit="s",
-            thresholds=(Threshold("p99_ttft_seconds"),),
+            threshold="p99_ttft_seconds",
             description="p99 time to first token above ${p99_ttft_seconds}s.",
             alert="KcopsP99LatencyHigh",
         ),
         Panel(
             "Inter-token latency p99",
-            (q(_p99("kcops_inter_token_latency_seconds"), "inter-token p99"),),
+            q(_p99("kcops_inter_token_latency_seconds"), "inter-token p99"),
             unit="s",
-            thresholds=(Threshold("p99_inter_token_seconds"),),
+            threshold="p99_inter_token_seconds",
             description="p99 gap between streamed tokens above ${p99_inter_token_seconds}s.",
             alert="KcopsInterTokenLatencyHigh",
         ),
         Panel(
             "Request latency p99 (whole request)",
-            (q(_p99("kcops_request_latency_seconds"), "p99"),),
+            q(_p99("kcops_request_latency_seconds"), "p99"),
             unit="s",
-            description=(
-                "End to end, every decoded token included: it grows with the answer's "
-                "length, so no alert watches it; TTFT and inter-token latency do."
-            ),
+            description="End to end, every decoded token included: it grows with the answer's "
+            "length, so no alert watches it; TTFT and inter-token latency do.",
         ),
         Panel(
             "Requests",
-            (
-                q("sum(kcops_requests_running{$SEL})", "running"),
-                q("sum(kcops_requests_waiting{$SEL})", "waiting"),
-            ),
+            q("sum(kcops_requests_running{$SEL})", "running"),
+            q("sum(kcops_requests_waiting{$SEL})", "waiting"),
         ),
         Panel(
             "KV cache usage",
-            (q("max by (instance) (kcops_kv_cache_usage_ratio{$SEL})", "{{instance}}"),),
+            q("max by (instance) (kcops_kv_cache_usage_ratio{$SEL})", "{{instance}}"),
             unit="percentunit",
         ),
         Panel(
             "Prefix cache hit rate",
-            (
-                q(
-                    "sum(rate(kcops_prefix_cache_hits_total{$SEL}[${rate_window}]))"
-                    " / sum(rate(kcops_prefix_cache_queries_total{$SEL}[${rate_window}]))",
-                    "hit rate",
-                ),
+            q(
+                "sum(rate(kcops_prefix_cache_hits_total{$SEL}[${rate_window}]))"
+                " / sum(rate(kcops_prefix_cache_queries_total{$SEL}[${rate_window}]))",
+                "hit rate",
             ),
             unit="percentunit",
-            thresholds=(Threshold("cache_hit_ratio"),),
+            threshold="cache_hit_ratio",
             description="Hit rate below ${cache_hit_ratio}.",
             alert="KcopsPrefixCacheHitRateLow",
         ),
         Panel(
             "Device memory used",
-            (
-                q(
-                    "kcops_device_memory_used_bytes{$SEL} / kcops_device_memory_total_bytes{$SEL}",
-                    "{{instance}} {{device}}",
-                ),
+            q(
+                "kcops_device_memory_used_bytes{$SEL} / kcops_device_memory_total_bytes{$SEL}",
+                "{{instance}} {{device}}",
             ),
             unit="percentunit",
-            thresholds=(Threshold("device_memory_ratio"),),
+            threshold="device_memory_ratio",
             description="Used share above ${device_memory_ratio}.",
             alert="KcopsDeviceMemoryHigh",
         ),
         Panel(
             "Segment transfer p99 (Redis KV tier)",
-            (q(_p99("kcops_segment_transfer_seconds"), "p99"),),
+            q(_p99("kcops_segment_transfer_seconds"), "p99"),
             unit="s",
-            thresholds=(Threshold("segment_transfer_p99_seconds"),),
+            threshold="segment_transfer_p99_seconds",
             description="p99 above ${segment_transfer_p99_seconds}s.",
             alert="KcopsSegmentTransferSlow",
         ),
         Panel(
             "Engine state",
-            (q("max by (state) (kcops_engine_state{$SEL})", "{{state}}"),),
-            description=(
-                "starting -> ready -> stalled/hung/down. Engine down is paged only once the "
-                "engine has been ready."
-            ),
+            q("max by (state) (kcops_engine_state{$SEL})", "{{state}}"),
+            description="starting -> ready -> stalled/hung/down. Engine down is paged only once "
+            "the engine has been ready.",
             alert="KcopsEngineDown",
             width=6,
         ),
         Panel(
             "Engine start time",
-            (
-                q("max(kcops_engine_starting_seconds{$SEL})", "starting for"),
-                q("max(kcops_engine_startup_timeout_seconds{$SEL})", "timeout"),
-            ),
+            q("max(kcops_engine_starting_seconds{$SEL})", "starting for"),
+            q("max(kcops_engine_startup_timeout_seconds{$SEL})", "timeout"),
             unit="s",
             alert="KcopsEngineStartSlow",
             width=6,
         ),
         Panel(
             "Engine stall: work pending without progress",
-            (
-                q("max(kcops_engine_stalled_seconds{$SEL})", "stalled for"),
-                q("max(kcops_engine_pending_requests{$SEL})", "pending requests"),
-            ),
-            description=(
-                "Seconds pending work has seen no token, step or attention call (absent "
-                "while idle); stalled once past engine.stall_after_s with a failed canary."
-            ),
+            q("max(kcops_engine_stalled_seconds{$SEL})", "stalled for"),
+            q("max(kcops_engine_pending_requests{$SEL})", "pending requests"),
+            description="Seconds pending work has seen no token, step or attention call (absent "
+            "while idle); stalled once past engine.stall_after_s with a failed canary.",
             alert="KcopsEngineStalled",
             width=6,
         ),
         Panel(
             "Engine canary",
-            (
-                q("min(kcops_engine_canary_success{$SEL})", "success"),
-                q("max(kcops_engine_canary_duration_seconds{$SEL})", "duration (s)"),
-            ),
+            q("min(kcops_engine_canary_success{$SEL})", "success"),
+            q("max(kcops_engine_canary_duration_seconds{$SEL})", "duration (s)"),
             description="The last one-token completion the agent sent: 1 answered, 0 failed.",
             width=6,
         ),
         Panel(
             "Engine restarts / OOM (${baseline_window})",
-            (
-                q(
-                    "sum(increase(kcops_engine_restarts_total{$SEL}[${baseline_window}]))",
-                    "restarts",
-                ),
-                q("sum(increase(kcops_engine_oom_total{$SEL}[${baseline_window}]))", "OOM"),
-            ),
+            q("sum(increase(kcops_engine_restarts_total{$SEL}[${baseline_window}]))", "restarts"),
+            q("sum(increase(kcops_engine_oom_total{$SEL}[${baseline_window}]))", "OOM"),
             kind=stat.Panel,
             width=6,
         ),
@@ -240,101 +218,63 @@ ATTENTION = Dashboard(
     panels=(
         Panel(
             "K(C): context tokens that hold mass p",
-            (
-                q(
-                    _quantile(0.5, "kcops_kc_tokens"),
-                    "median",
-                ),
-                q(
-                    _quantile(0.9, "kcops_kc_tokens"),
-                    "p90",
-                ),
-            ),
+            q(_quantile(0.5, "kcops_kc_tokens"), "median"),
+            q(_quantile(0.9, "kcops_kc_tokens"), "p90"),
             description="Mean K(C) at ${kc_surge_ratio} x its baseline or more.",
             alert="KcopsKCSurge",
         ),
         Panel(
-            "kappa = K / context",
-            (
-                q(
-                    _quantile(0.5, "kcops_kc_ratio"),
-                    "median",
-                ),
-            ),
-            unit="percentunit",
+            "kappa = K / context", q(_quantile(0.5, "kcops_kc_ratio"), "median"), unit="percentunit"
         ),
         Panel(
             "Attention mass held by the top-N keys (median)",
-            (
-                q(
-                    _quantile(0.5, "kcops_topn_mass_ratio", "le, n"),
-                    "N={{n}}",
-                ),
-            ),
+            q(_quantile(0.5, "kcops_topn_mass_ratio", "le, n"), "N={{n}}"),
             unit="percentunit",
         ),
         Panel(
             "Shadow agreement (served vs full attention)",
-            (q("min(kcops_shadow_agreement_ratio{$SEL})", "agreement"),),
+            q("min(kcops_shadow_agreement_ratio{$SEL})", "agreement"),
             unit="percentunit",
             description="Agreement down more than ${accuracy_drop_ratio} from its baseline.",
             alert="KcopsAccuracyDrop",
         ),
         Panel(
             "Attention errors",
-            (
-                q(
-                    "sum by (kind) (increase(kcops_attention_errors_total{$SEL}"
-                    "[${attention_errors_window}]))",
-                    "{{kind}}",
-                ),
+            q(
+                "sum by (kind) (increase(kcops_attention_errors_total{$SEL}"
+                "[${attention_errors_window}]))",
+                "{{kind}}",
             ),
-            thresholds=(Threshold(1),),
+            threshold=1,
             description="Any NaN/Inf or other attention error within ${attention_errors_window}.",
             alert="KcopsAttentionErrors",
         ),
         Panel(
             "Attention calls per second by layer",
-            (
-                q(
-                    "sum by (layer) (rate(kcops_attention_calls_total{$SEL}[${rate_window}]))",
-                    "layer {{layer}}",
-                ),
+            q(
+                "sum by (layer) (rate(kcops_attention_calls_total{$SEL}[${rate_window}]))",
+                "layer {{layer}}",
             ),
             unit="ops",
         ),
         Panel(
-            "Attention call time p99 (sampled)",
-            (q(_p99("kcops_attention_seconds"), "p99"),),
-            unit="s",
+            "Attention call time p99 (sampled)", q(_p99("kcops_attention_seconds"), "p99"), unit="s"
         ),
         Panel(
             "Context length p50 / p99",
-            (
-                q(
-                    _quantile(0.5, "kcops_context_tokens"),
-                    "p50",
-                ),
-                q(
-                    _quantile(0.99, "kcops_context_tokens"),
-                    "p99",
-                ),
-            ),
+            q(_quantile(0.5, "kcops_context_tokens"), "p50"),
+            q(_quantile(0.99, "kcops_context_tokens"), "p99"),
         ),
         Panel(
             "Attention budget N and route",
-            (
-                q("max(kcops_attention_topn{$SEL})", "N"),
-                q("max(kcops_route_fallback{$SEL})", "fallback"),
-            ),
+            q("max(kcops_attention_topn{$SEL})", "N"),
+            q("max(kcops_route_fallback{$SEL})", "fallback"),
         ),
         Panel(
             "Attention budget: configured N vs live K(C) recommendation",
-            (
-                q("max(kcops_attention_topn{$SEL})", "configured N"),
-                q("max(kcops_kc_recommended_n{$SEL})", "recommended N"),
-                q("max by (layer) (kcops_kc_recommended_tokens{$SEL})", "layer {{layer}}"),
-            ),
+            q("max(kcops_attention_topn{$SEL})", "configured N"),
+            q("max(kcops_kc_recommended_n{$SEL})", "recommended N"),
+            q("max by (layer) (kcops_kc_recommended_tokens{$SEL})", "layer {{layer}}"),
             description="The live recommendation (docs/kc.md): per layer, the tokens that "
             "hold the probe's mass p for the chosen share of calls over the last hour; "
             "absent while too few samples. Above ${budget_over_ratio}x or below it: "
@@ -343,31 +283,26 @@ ATTENTION = Dashboard(
         ),
         Panel(
             "KV at the recommended N (computed)",
-            (
-                q("max(kcops_kc_recommended_kv_ratio{$SEL})", "KV vs now"),
-                q("max(kcops_kc_recommended_more_sequences{$SEL})", "more sequences"),
-            ),
+            q("max(kcops_kc_recommended_kv_ratio{$SEL})", "KV vs now"),
+            q("max(kcops_kc_recommended_more_sequences{$SEL})", "more sequences"),
             description="What the current load's KV would be at the recommended N, as a share "
             "of what it holds now, and how many more concurrent sequences that memory would "
             "fit: an estimate from the window's context lengths, not a measurement.",
         ),
         Panel(
             "Probe records dropped",
-            (q("sum(rate(kcops_probe_dropped_total{$SEL}[${rate_window}]))", "dropped/s"),),
+            q("sum(rate(kcops_probe_dropped_total{$SEL}[${rate_window}]))", "dropped/s"),
             unit="ops",
         ),
         Panel(
             "Cost at full vs effective context, by tenant (${baseline_window})",
-            (
-                q(
-                    "sum by (tenant) (increase(kcops_cost_full_total{$SEL}[${baseline_window}]))",
-                    "{{tenant}} full",
-                ),
-                q(
-                    "sum by (tenant) "
-                    "(increase(kcops_cost_effective_total{$SEL}[${baseline_window}]))",
-                    "{{tenant}} effective",
-                ),
+            q(
+                "sum by (tenant) (increase(kcops_cost_full_total{$SEL}[${baseline_window}]))",
+                "{{tenant}} full",
+            ),
+            q(
+                "sum by (tenant) (increase(kcops_cost_effective_total{$SEL}[${baseline_window}]))",
+                "{{tenant}} effective",
             ),
             description="Finished requests priced (cost.prices) at their full context and at "
             "their effective context (mean K_p; unsampled requests at full). The gap is the "
@@ -375,20 +310,18 @@ ATTENTION = Dashboard(
         ),
         Panel(
             "Context per request: full vs effective (mean over ${baseline_window})",
-            (
-                q(
-                    "sum by (tenant) (increase(kcops_request_context_tokens_sum{$SEL}"
-                    "[${baseline_window}])) / sum by (tenant) "
-                    "(increase(kcops_request_context_tokens_count{$SEL}[${baseline_window}]))",
-                    "{{tenant}} full",
-                ),
-                q(
-                    "sum by (tenant) (increase(kcops_request_effective_context_tokens_sum{$SEL}"
-                    "[${baseline_window}])) / sum by (tenant) "
-                    "(increase(kcops_request_effective_context_tokens_count{$SEL}"
-                    "[${baseline_window}]))",
-                    "{{tenant}} effective",
-                ),
+            q(
+                "sum by (tenant) (increase(kcops_request_context_tokens_sum{$SEL}"
+                "[${baseline_window}])) / sum by (tenant) "
+                "(increase(kcops_request_context_tokens_count{$SEL}[${baseline_window}]))",
+                "{{tenant}} full",
+            ),
+            q(
+                "sum by (tenant) (increase(kcops_request_effective_context_tokens_sum{$SEL}"
+                "[${baseline_window}])) / sum by (tenant) "
+                "(increase(kcops_request_effective_context_tokens_count{$SEL}"
+                "[${baseline_window}]))",
+                "{{tenant}} effective",
             ),
             description="Mean full context (prompt + generated) of finished requests, and "
             "mean effective context of those the probe sampled.",
@@ -403,41 +336,30 @@ AGENT = Dashboard(
     panels=(
         Panel(
             "Alerts firing",
-            (q('sum by (alertname) (kcops_alert_state{$SEL, state="firing"})', "{{alertname}}"),),
+            q('sum by (alertname) (kcops_alert_state{$SEL, state="firing"})', "{{alertname}}"),
         ),
         Panel(
             "Remediation runs (${baseline_window})",
-            (
-                q(
-                    "sum by (action, outcome) "
-                    "(increase(kcops_action_runs_total{$SEL}[${baseline_window}]))",
-                    "{{action}} {{outcome}}",
-                ),
+            q(
+                "sum by (action, outcome) "
+                "(increase(kcops_action_runs_total{$SEL}[${baseline_window}]))",
+                "{{action}} {{outcome}}",
             ),
         ),
-        Panel(
-            "Desired replicas (for the HPA)",
-            (q("max(kcops_desired_replicas{$SEL})", "desired"),),
-        ),
+        Panel("Desired replicas (for the HPA)", q("max(kcops_desired_replicas{$SEL})", "desired")),
         Panel(
             "Collector errors",
-            (
-                q(
-                    "sum by (collector, reason) "
-                    "(rate(kcops_collector_errors_total{$SEL}[${rate_window}]))",
-                    "{{collector}} {{reason}}",
-                ),
+            q(
+                "sum by (collector, reason) "
+                "(rate(kcops_collector_errors_total{$SEL}[${rate_window}]))",
+                "{{collector}} {{reason}}",
             ),
             unit="ops",
         ),
-        Panel(
-            "Agent tick p99",
-            (q(_p99("kcops_agent_tick_seconds"), "p99"),),
-            unit="s",
-        ),
+        Panel("Agent tick p99", q(_p99("kcops_agent_tick_seconds"), "p99"), unit="s"),
         Panel(
             "Agent resident memory",
-            (q('kcops_process_resident_memory_bytes{$SEL, process="agent"}', "{{instance}}"),),
+            q('kcops_process_resident_memory_bytes{$SEL, process="agent"}', "{{instance}}"),
             unit="bytes",
         ),
     ),
@@ -455,43 +377,33 @@ FLEET = Dashboard(
     panels=(
         Panel(
             "Cost per hour at full vs effective context, by model and tenant",
-            (
-                q("3600 * model_tenant:kcops_cost_full:rate5m", "{{model}} {{tenant}} full"),
-                q(
-                    "3600 * model_tenant:kcops_cost_effective:rate5m",
-                    "{{model}} {{tenant}} effective",
-                ),
-            ),
+            q("3600 * model_tenant:kcops_cost_full:rate5m", "{{model}} {{tenant}} full"),
+            q("3600 * model_tenant:kcops_cost_effective:rate5m", "{{model}} {{tenant}} effective"),
             description="Priced as cost.prices in each agent's config, summed over pods. "
             "kcops cost --prometheus prints the table for any window.",
         ),
         Panel(
             "Requests per second, by model and tenant",
-            (q("model_tenant:kcops_requests:rate5m", "{{model}} {{tenant}}"),),
+            q("model_tenant:kcops_requests:rate5m", "{{model}} {{tenant}}"),
             unit="reqps",
         ),
         Panel(
             "Context per request: full vs effective (5m means)",
-            (
-                q(
-                    "model_tenant:kcops_request_context_tokens:mean5m",
-                    "{{model}} {{tenant}} full",
-                ),
-                q(
-                    "model_tenant:kcops_request_effective_context_tokens:mean5m",
-                    "{{model}} {{tenant}} effective",
-                ),
+            q("model_tenant:kcops_request_context_tokens:mean5m", "{{model}} {{tenant}} full"),
+            q(
+                "model_tenant:kcops_request_effective_context_tokens:mean5m",
+                "{{model}} {{tenant}} effective",
             ),
         ),
         Panel(
             "K(C) p95 by layer, every pod's sampled calls",
-            (q("engine_layer:kcops_kc_tokens:p95_5m", "{{engine}} layer {{layer}}"),),
+            q("engine_layer:kcops_kc_tokens:p95_5m", "{{engine}} layer {{layer}}"),
             description="The 0.95 quantile of K_p over 5m (uncalibrated). The budget to run: "
             "kcops kc recommend --prometheus, with the calibration and each pod's own N.",
         ),
         Panel(
             "K(C) samples per second by layer",
-            (q("engine_layer:kcops_kc_tokens_samples:rate5m", "{{engine}} layer {{layer}}"),),
+            q("engine_layer:kcops_kc_tokens_samples:rate5m", "{{engine}} layer {{layer}}"),
             unit="ops",
         ),
     ),
@@ -515,14 +427,12 @@ def _text(text: str, params: Mapping[str, int | float | str], panel: str) -> str
         raise ValueError(f"panel {panel!r}: {exc}") from None
 
 
-def _threshold(t: Threshold, params: Mapping[str, int | float | str], panel: str) -> float:
-    value = _param(params, t.value, panel) if isinstance(t.value, str) else t.value
+def _threshold(t: float | str, params: Mapping[str, int | float | str], panel: str) -> float:
+    value = _param(params, t, panel) if isinstance(t, str) else t
     try:
         return float(value)
     except (TypeError, ValueError):
-        raise ValueError(
-            f"panel {panel!r}: threshold {t.value!r} is {value!r}, not a number"
-        ) from None
+        raise ValueError(f"panel {panel!r}: threshold {t!r} is {value!r}, not a number") from None
 
 
 def _description(p: Panel, ruleset: RuleSet) -> str:
@@ -540,7 +450,8 @@ def _panel(p: Panel, pid: int, ruleset: RuleSet) -> timeseries.Panel | stat.Pane
     params = ruleset.params
     # Green from -Infinity (Grafana writes it as null), then each rule's line.
     steps = [Step(None, "green")]
-    steps += [Step(_threshold(t, params, p.title), t.color) for t in p.thresholds]
+    if p.threshold is not None:
+        steps.append(Step(_threshold(p.threshold, params, p.title), "red"))
     panel = (
         p.kind()
         .id(pid)

@@ -65,10 +65,6 @@ def needs_cgroup(env: DemoEnv) -> str | None:
     return None
 
 
-def needs_redis(env: DemoEnv) -> str | None:
-    return None if env.redis_proxy is not None else "redis-server (the KV cache's Redis tier)"
-
-
 def device_memory(env: DemoEnv) -> tuple[float, float]:
     """(used, total) bytes of the worker's device as the agent sees them.
 
@@ -83,8 +79,7 @@ def device_memory(env: DemoEnv) -> tuple[float, float]:
             return None
         return used, total
 
-    got: tuple[float, float] = wait("the agent seeing the worker's memory limit", 60, seen)
-    return got
+    return wait("the agent seeing the worker's memory limit", 60, seen)
 
 
 def fill_cache(env: DemoEnv) -> None:
@@ -204,10 +199,6 @@ def ramp_device(env: DemoEnv) -> None:
     env.fault({"memory_ramp_bytes_per_s": rate, "memory_ramp_to_bytes": cap})
 
 
-def stop_ramp(env: DemoEnv) -> None:
-    env.fault({"memory_ramp_bytes_per_s": 0})
-
-
 def out_of_memory(env: DemoEnv) -> None:
     """Allocate past the cgroup limit: the kernel's OOM killer ends the worker."""
     cg = env.cgroup
@@ -229,7 +220,7 @@ def end_stall(env: DemoEnv) -> None:
     (nothing restarted it) has its stall cleared instead."""
     try:
         if env.worker_state()["pid"] == env.first_pid:
-            if env.fault_state().get("stall"):
+            if env.worker_state()["faults"].get("stall"):
                 env.fault({"stall": False})
             return
     except httpx.HTTPError:
@@ -241,7 +232,7 @@ def wait_new_worker(env: DemoEnv) -> None:
     """After a restart, the new worker answering (at once when the old one still serves)."""
     first = env.first_pid
     try:
-        if env.worker_state()["pid"] == first and env.fault_state().get("hang") is False:
+        if env.worker_state()["pid"] == first and env.worker_state()["faults"].get("hang") is False:
             return  # nothing was restarted (the cause did not take)
     except httpx.HTTPError:
         pass
@@ -319,10 +310,6 @@ def end_overload(env: DemoEnv) -> None:
         env.overload = None
 
 
-def lower_budget(env: DemoEnv) -> None:
-    env.admin("/admin/attention", {"top_n": LOW_TOP_N})
-
-
 def restore_budget(env: DemoEnv) -> None:
     """N back to the worker's configured budget (the ladder raised it by steps from 2)."""
     env.admin("/admin/attention", {"top_n": DEMO_TOP_N})
@@ -365,14 +352,13 @@ def budget_over_ratio(env: DemoEnv) -> float:
 
 def recommended_n(env: DemoEnv) -> float:
     """The agent's live K(C) recommendation (kcops_kc_recommended_n), once it has one."""
-    got: float = wait(
+    return wait(
         "the agent's live K(C) recommendation (kcops_kc_recommended_n; its window "
         "filling to recommendation.min_samples a layer)",
         RECOMMENDATION_WITHIN_S,
         lambda: env.query(RECOMMENDED_N),
         every_s=2,
     )
-    return got
 
 
 def await_recommendation(env: DemoEnv) -> None:

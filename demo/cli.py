@@ -27,16 +27,9 @@ from kcops.cli.common import EXIT_FAILURE, FiniteFloat, handle_errors
 from kcops.cli.timefmt import duration
 from kcops.demo import drills as drills_mod
 from kcops.demo.env import LOAD_USERS, DemoEnv, DemoFailed, kcops_exe, summary
-from kcops.demo.load.run import LocustRun, summary_lines
+from kcops.demo.load.run import summary_lines
 
 CONTEXT_HINT = "see the logs in {work}"
-
-
-def _start_load(env: DemoEnv) -> LocustRun:
-    env.set_load_mode("mixed")
-    run = env.start_locust("locust", LOAD_USERS)
-    env.load_since = time.time()
-    return run
 
 
 def _drills(env: DemoEnv, chosen: list[drills_mod.Drill]) -> list[drills_mod.DrillResult]:
@@ -77,7 +70,9 @@ def run_demo(env: DemoEnv, chosen: list[drills_mod.Drill], load_seconds: float) 
     t0 = time.time()
     env.make_cgroup()
     env.start_agent(env.start_redis())
-    load = _start_load(env)
+    env.set_load_mode("mixed")
+    load = env.start_locust("locust", LOAD_USERS)
+    env.load_since = time.time()
     click.echo(
         f"- real load with Locust for {load_seconds:.0f}s ({LOAD_USERS} user, CPython docs prompts)"
     )

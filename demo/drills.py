@@ -11,6 +11,7 @@ reported as not run.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -100,9 +101,10 @@ DRILLS: tuple[Drill, ...] = (
         "KcopsLatencyFluctuation",
         "every request delayed 1.5x the mean latency (>= 3 s): mean latency off its baseline",
         c.fluctuate, lambda e: e.fault({"latency_ms": 0}),
-        # 4 min of the usual load first: with 20 s of history the 10m baseline is the
-        # 1m mean itself and the two rise together (the last full run never fired)
-        fire_within_s=420, estimate_s=420, history_s=240, settle_s=BASELINE_SETTLE_S,
+        # 10 min of the usual load first: the rule counts only once the engine has been
+        # ready for its whole (demo: 10m) baseline window, and with a short history the
+        # baseline is the 1m mean itself and the two rise together
+        fire_within_s=420, estimate_s=420, history_s=600, settle_s=BASELINE_SETTLE_S,
     ),
     Drill(
         "KcopsP99LatencyHigh",
@@ -127,7 +129,8 @@ DRILLS: tuple[Drill, ...] = (
     # agreement gauge (the last 32 checks) takes minutes of mixed traffic to recover.
     Drill(
         "KcopsAccuracyDrop", "attention budget N lowered to 2 keys: shadow agreement falls",
-        c.lower_budget, c.restore_budget, fire_within_s=600, estimate_s=300, history_s=240,
+        lambda e: e.admin("/admin/attention", {"top_n": c.LOW_TOP_N}), c.restore_budget,
+        fire_within_s=600, estimate_s=300, history_s=240,
     ),
     Drill(
         "KcopsKCSurge",
@@ -139,14 +142,15 @@ DRILLS: tuple[Drill, ...] = (
         "KcopsSegmentTransferSlow",
         "150 ms added to each request burst on the worker's Redis connection",
         c.slow_redis, c.fast_redis, fire_within_s=420, estimate_s=240,
-        precheck=c.needs_redis,
+        precheck=lambda e: None if e.redis_proxy else "redis-server (the KV cache's Redis tier)",
         # One long prompt for every user, with a memory tier smaller than its KV:
         # its segments come back from Redis on every request (transfers to measure).
         prepare=c.hot_from_redis,
     ),
     Drill(
         "KcopsDeviceMemoryFullSoon", "the worker's memory climbs steadily to 80% of its limit",
-        c.ramp_device, c.stop_ramp, fire_within_s=720, estimate_s=480,
+        c.ramp_device, lambda e: e.fault({"memory_ramp_bytes_per_s": 0}),
+        fire_within_s=720, estimate_s=480,
         precheck=c.needs_cgroup,
     ),
     Drill(
@@ -218,30 +222,18 @@ def estimate_s(drills: list[Drill]) -> float:
     return sum(d.estimate_s for d in drills if d.needs is None)
 
 
-def ladder_actions(env: DemoEnv, alert: str, since: float) -> list[str]:
-    """Actions the alert's ladder ran (outcome ok) since ``since``, in order."""
-    return [
-        str(rec.get("action"))
-        for rec in env.audit_runs(since)
-        if (rec.get("ladder") or {}).get("alertname") == alert
-    ]
-
-
 def actions_text(names: list[str]) -> str | None:
     """``evict_cache x2``, ``raise_topn, fallback_to_base``; None for no action."""
-    if not names:
-        return None
-    runs: list[tuple[str, int]] = []
-    for n in names:
-        if runs and runs[-1][0] == n:
-            runs[-1] = (n, runs[-1][1] + 1)
-        else:
-            runs.append((n, 1))
-    return ", ".join(n if k == 1 else f"{n} x{k}" for n, k in runs)
+    runs = [(n, len(list(same))) for n, same in itertools.groupby(names)]
+    return ", ".join(n if k == 1 else f"{n} x{k}" for n, k in runs) or None
 
 
 def ladder_action(env: DemoEnv, alert: str, since: float) -> str | None:
-    return actions_text(ladder_actions(env, alert, since))
+    """The actions the alert's ladder ran (outcome ok) since ``since``, in order."""
+    runs = env.audit_runs(since)
+    return actions_text(
+        [str(r.get("action")) for r in runs if (r.get("ladder") or {}).get("alertname") == alert]
+    )
 
 
 def run_drill(env: DemoEnv, drill: Drill) -> DrillResult:
@@ -279,7 +271,7 @@ def run_drill(env: DemoEnv, drill: Drill) -> DrillResult:
         wait(
             f"{drill.alert} firing",
             drill.fire_within_s,
-            lambda: env.firing(drill.alert) or ladder_action(env, drill.alert, t0),
+            lambda: env.alert_state(drill.alert) == "firing" or ladder_action(env, drill.alert, t0),
         )
         res.fired, res.time_to_fire_s = True, time.time() - t0
         res.action = wait(

@@ -7,6 +7,7 @@ the worker what they see, over their HTTP APIs, with a deadline on every wait.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -384,19 +385,8 @@ class DemoEnv:
 
     # -- what the parts see ----------------------------------------------------
 
-    def log_tail(self, name: str, lines: int = 40) -> str:
-        """The last ``lines`` lines of a process's log in the work folder (for a failure)."""
-        try:
-            text = (self.work / name).read_text(errors="replace")
-        except OSError as exc:
-            return f"({name}: {exc.strerror})"
-        return "\n".join(text.splitlines()[-lines:])
-
     def worker_state(self) -> dict[str, Any]:
         return dict(httpx.get(self.worker + "/admin/state", timeout=2).json())
-
-    def fault_state(self) -> dict[str, Any]:
-        return dict(self.worker_state()["faults"])
 
     def route_mode(self) -> str:
         """The worker's route mode, or ``?`` while it does not answer (being restarted)."""
@@ -417,14 +407,18 @@ class DemoEnv:
         wait("route mode back to normal for the next drill", 300, probe, every_s=1)
 
     def fault(self, body: dict[str, object]) -> None:
-        r = httpx.post(self.worker + "/admin/faults", json=body, headers=self.headers, timeout=10)
-        if r.status_code != 200:
-            raise DemoFailed(f"POST /admin/faults {body}: HTTP {r.status_code}: {r.text[:200]}")
+        self.admin("/admin/faults", body)
 
     def admin(self, path: str, body: dict[str, object]) -> None:
-        r = httpx.post(self.worker + path, json=body, headers=self.headers, timeout=10)
+        self._post(self.worker + path, body, 10, f"POST {path} {body}")
+
+    def _post(
+        self, url: str, body: dict[str, object], timeout_s: float, what: str
+    ) -> httpx.Response:
+        r = httpx.post(url, json=body, headers=self.headers, timeout=timeout_s)
         if r.status_code != 200:
-            raise DemoFailed(f"POST {path} {body}: HTTP {r.status_code}: {r.text[:200]}")
+            raise DemoFailed(f"{what}: HTTP {r.status_code}: {r.text[:200]}")
+        return r
 
     def query(self, expr: str) -> float | None:
         """One value of an instant query to the agent (its rule evaluator), or None."""
@@ -433,12 +427,9 @@ class DemoEnv:
     def run_action(self, name: str, params: dict[str, object] | None = None) -> dict[str, Any]:
         """Run an agent action as on-call would (``kcops actions run``), through its guards."""
         body = {"params": params or {}, "force": True, "reason": "kcops demo drill"}
-        r = httpx.post(
-            f"{self.agent}/api/v1/actions/{name}", json=body, headers=self.headers, timeout=300
+        return dict(
+            self._post(f"{self.agent}/api/v1/actions/{name}", body, 300, f"action {name}").json()
         )
-        if r.status_code != 200:
-            raise DemoFailed(f"action {name}: HTTP {r.status_code}: {r.text[:200]}")
-        return dict(r.json())
 
     def cooldowns_left(self) -> dict[str, float]:
         """The agent's guard cooldowns still running: target -> seconds left."""
@@ -452,23 +443,16 @@ class DemoEnv:
         states = {a["state"] for a in alerts if a.get("alertname") == alertname}
         return "firing" if "firing" in states else "pending" if "pending" in states else "inactive"
 
-    def firing(self, alertname: str) -> bool:
-        return self.alert_state(alertname) == "firing"
-
     def audit_runs(self, since: float) -> list[dict[str, Any]]:
         """Actions the agent ran (outcome ok) since ``since``, from its audit log."""
         path = self.state_dir / "audit.jsonl"
-        if not path.exists():
-            return []
         out = []
-        for raw in path.read_text().splitlines():
-            try:
+        for raw in path.read_text().splitlines() if path.exists() else []:
+            with contextlib.suppress(ValueError):
                 rec = json.loads(raw)
-            except ValueError:
-                continue
-            ok = rec.get("kind") == "action" and rec.get("outcome") == "ok"
-            if ok and float(rec.get("ts", 0)) >= since:
-                out.append(rec)
+                ok = rec.get("kind") == "action" and rec.get("outcome") == "ok"
+                if ok and float(rec.get("ts", 0)) >= since:
+                    out.append(rec)
         return out
 
     def start_locust(self, name: str, users: int) -> LocustRun:
@@ -489,37 +473,22 @@ class DemoEnv:
 
 
 # What the agent knows, asked through its own query API (the rule engine's evaluator).
-SUMMARY = (
-    ("completions seen", "sum(kcops_request_latency_seconds_count)", "{:.0f}"),
-    (
-        "p99 latency (1m), s",
-        "histogram_quantile(0.99, sum by (le) (rate(kcops_request_latency_seconds_bucket[1m])))",
-        "{:.3f}",
-    ),
-    (
-        "prefix-cache hit rate",
-        "sum(kcops_prefix_cache_hits_total) / sum(kcops_prefix_cache_queries_total)",
-        "{:.1%}",
-    ),
-    ("KV cache usage", "max(kcops_kv_cache_usage_ratio)", "{:.1%}"),
-    (
-        "device memory used",
-        "max(kcops_device_memory_used_bytes / kcops_device_memory_total_bytes)",
-        "{:.1%}",
-    ),
-    ("attention calls", "sum(kcops_attention_calls_total)", "{:.0f}"),
-    (
-        "K(C) median, tokens (p=0.9)",
-        "histogram_quantile(0.5, sum by (le) (kcops_kc_tokens_bucket))",
-        "{:.0f}",
-    ),
-    ("kappa median", "histogram_quantile(0.5, sum by (le) (kcops_kc_ratio_bucket))", "{:.1%}"),
-    (
-        "top-32 keys' mass, median",
-        'histogram_quantile(0.5, sum by (le) (kcops_topn_mass_ratio_bucket{n="32"}))',
-        "{:.1%}",
-    ),
-)
+SUMMARY = (  # label, format, expression
+    ("completions seen", "{:.0f}", "sum(kcops_request_latency_seconds_count)"),
+    ("p99 latency (1m), s", "{:.3f}",
+     "histogram_quantile(0.99, sum by (le) (rate(kcops_request_latency_seconds_bucket[1m])))"),
+    ("prefix-cache hit rate", "{:.1%}",
+     "sum(kcops_prefix_cache_hits_total) / sum(kcops_prefix_cache_queries_total)"),
+    ("KV cache usage", "{:.1%}", "max(kcops_kv_cache_usage_ratio)"),
+    ("device memory used", "{:.1%}",
+     "max(kcops_device_memory_used_bytes / kcops_device_memory_total_bytes)"),
+    ("attention calls", "{:.0f}", "sum(kcops_attention_calls_total)"),
+    ("K(C) median, tokens (p=0.9)", "{:.0f}",
+     "histogram_quantile(0.5, sum by (le) (kcops_kc_tokens_bucket))"),
+    ("kappa median", "{:.1%}", "histogram_quantile(0.5, sum by (le) (kcops_kc_ratio_bucket))"),
+    ("top-32 keys' mass, median", "{:.1%}",
+     'histogram_quantile(0.5, sum by (le) (kcops_topn_mass_ratio_bucket{n="32"}))'),
+)  # fmt: skip
 
 
 def instant_value(agent: str, expr: str) -> float | None:
@@ -532,7 +501,7 @@ def instant_value(agent: str, expr: str) -> float | None:
 
 def summary(agent: str) -> list[str]:
     rows = []
-    for label, expr, fmt in SUMMARY:
+    for label, fmt, expr in SUMMARY:
         value = instant_value(agent, expr)
         text = "absent" if value is None else "n/a" if value != value else fmt.format(value)
         rows.append(f"{label:<30} {text}")

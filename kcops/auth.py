@@ -1,4 +1,4 @@
-"""Bearer-token check for everything that changes state (DESIGN §7).
+"""Bearer-token check for everything that changes state.
 
 The token comes from ``$KCOPS_TOKEN`` or a token file. With no token
 configured, every mutating request is refused (401): never open.

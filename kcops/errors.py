@@ -1,7 +1,7 @@
 """Typed errors raised at the agent's boundaries.
 
 Each carries what was wrong and, where it helps, what is allowed, so the CLI
-can print it as is and exit with the code of DESIGN §7.
+can print it as is and exit with its code (kcops.cli.common).
 """
 
 from __future__ import annotations
@@ -26,14 +26,6 @@ class CollectorUnavailable(KcopsError):
     """
 
     def __init__(self, message: str, reason: str = "unavailable") -> None:
-        super().__init__(message)
-        self.reason = reason
-
-
-class ActionRejected(KcopsError):
-    """A remediation action was refused (bad parameters, guard, mode)."""
-
-    def __init__(self, message: str, reason: str = "rejected") -> None:
         super().__init__(message)
         self.reason = reason
 

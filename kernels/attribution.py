@@ -6,7 +6,7 @@ says so with :func:`attribute` around the forward; the probe reads
 K_p to the :class:`RequestKC` of its batch entry. Torch-free; costs one context
 variable read per sampled call, nothing on other calls.
 
-Which figure a request keeps (DESIGN §4, docs/kc.md "Effective context and
+Which figure a request keeps (docs/kc.md "Effective context and
 cost"): the **mean** over its sampled rows (every layer, every sampled step) of
 ``k_union`` at the probe's first p. The mean, not the max, because a KV budget
 is paid by every layer at every step (the KV held is the sum over layers of the

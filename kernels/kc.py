@@ -1,4 +1,4 @@
-"""K(C) for a few query rows of one attention call (DESIGN §4).
+"""K(C) for a few query rows of one attention call (docs/kc.md).
 
 Never builds the full attention matrix (unless asked for every row): for the
 chosen rows it recomputes softmax(q·Kᵀ·scale + mask) the way eager attention
@@ -79,23 +79,10 @@ class KcRow:
         return self.k_union[p] / self.visible if self.visible else 0.0
 
 
-def select_rows(tq: int, rows: str | int) -> list[int]:
-    """Query-row indices (0..tq-1) to recompute: ``last``, ``all`` or N evenly spaced
-    rows ending with the last."""
-    if rows == "last" or tq <= 1:
-        return [tq - 1]
-    if rows == "all":
-        return list(range(tq))
-    n = min(int(rows), tq)
-    if n == 1:
-        return [tq - 1]
-    step = (tq - 1) / (n - 1)
-    return sorted({round(i * step) for i in range(n)})
-
-
 def row_index(tq: int, rows: str | int, device: torch.device) -> torch.Tensor:
-    """:func:`select_rows` built on ``device`` directly: no host-to-device copy (a sync on
-    CUDA)."""
+    """Query-row indices (0..tq-1) to recompute: ``last``, ``all`` or N evenly spaced
+    rows ending with the last; built on ``device`` directly: no host-to-device copy (a
+    sync on CUDA)."""
     if rows == "last" or tq <= 1:
         return torch.arange(tq - 1, tq, device=device)
     if rows == "all":
@@ -103,7 +90,7 @@ def row_index(tq: int, rows: str | int, device: torch.device) -> torch.Tensor:
     n = min(int(rows), tq)
     if n == 1:
         return torch.arange(tq - 1, tq, device=device)
-    # step (tq-1)/(n-1) >= 1, so the rounded positions are distinct, as in select_rows
+    # step (tq-1)/(n-1) >= 1, so the rounded positions are distinct
     return (
         (torch.arange(n, device=device, dtype=torch.float64) * ((tq - 1) / (n - 1))).round().long()
     )

@@ -320,7 +320,7 @@ def record_scores(
 
 def group_unions(weights: torch.Tensor, g: int, w: int, p: float) -> torch.Tensor:
     """Per KV group and row, the size of the union of its ``g`` query heads' top-K_p key
-    sets (DESIGN §4): the keys one KV head's budget must hold for all of them.
+    sets (docs/kc.md): the keys one KV head's budget must hold for all of them.
     ``weights`` (B, Hkv, g * w, T), head-major, rows at the last ``w`` positions (causal);
     the result is (B, Hkv, w)."""
     from kcops.kernels.kc import k_from_sorted

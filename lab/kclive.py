@@ -30,12 +30,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from kcops.kernels.kc import k_from_sorted
 from kcops.kernels.kvkeep import split_budget
+
+if TYPE_CHECKING:
+    from kcops.lab.sweepbatch import GroupedLayer
 
 EVERY = 4  # decode steps between re-splits (growth: at most one key a step)
 ALPHA = 0.25  # weight of a new step's edge mass in the running mean
@@ -153,7 +156,7 @@ class LiveBudget:
         self.trace.append(list(self.budgets))
         return self.budgets
 
-    def evidence(self) -> dict[str, Any]:
+    def evidence(self) -> dict[str, object]:
         return {
             "every": self.every,
             "budgets": self.trace,
@@ -162,7 +165,9 @@ class LiveBudget:
         }
 
 
-def observe_step(live: LiveBudget, layers: Sequence[Any], x: int, heads_per_group: int) -> None:
+def observe_step(
+    live: LiveBudget, layers: Sequence[GroupedLayer], x: int, heads_per_group: int
+) -> None:
     """Feed ``live`` group ``x``'s weights of this step from each
     :class:`~kcops.lab.sweepbatch.GroupedLayer` (``mass[x]``, set by ``attend``)."""
     for i, layer in enumerate(layers):

@@ -17,16 +17,16 @@ bisection. The full context is always on the grid, so K_pred exists.
 
 from __future__ import annotations
 
-import inspect
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 import torch
 
 from kcops.kernels.kvkeep import capture_scores
 from kcops.kernels.topn import DENSE, use_policy
+from kcops.lab.sweep import last_only
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -48,31 +48,32 @@ def grid(context: int) -> list[int]:
     return sorted(out)
 
 
-def _last_only(model: PreTrainedModel) -> dict[str, object]:
-    """``logits_to_keep=1`` where the model takes it: only the last position is read, and
-    every position's logits are t x vocab floats."""
-    params = inspect.signature(model.forward).parameters
-    return {"logits_to_keep": 1} if "logits_to_keep" in params else {}
-
-
-def _argmax_last(model: PreTrainedModel, ids: torch.Tensor, **kwargs: Any) -> int:
+def _argmax_last(model: PreTrainedModel, ids: torch.Tensor, **kwargs: torch.Tensor) -> int:
     with torch.inference_mode(), use_policy(DENSE):
-        out = model(input_ids=ids, **kwargs, **_last_only(model))
+        out = model(input_ids=ids, **kwargs, **last_only(model))
         return int(out.logits[0, -1].float().argmax())
+
+
+def _first_keeping(
+    model: PreTrainedModel, t: int, want: int, keeps: Callable[[int], dict[str, torch.Tensor]]
+) -> tuple[int, int]:
+    """``(K_pred, want)``: the first k of the grid whose forward (``keeps(k)``: its inputs)
+    gives the greedy token ``want``."""
+    for k in grid(t + 1):
+        if k == t + 1 or _argmax_last(model, **keeps(k)) == want:
+            return k, want
+    raise AssertionError("unreachable: the full context is on the grid")
 
 
 def kpred_recency(model: PreTrainedModel, ids: Sequence[int]) -> tuple[int, int]:
     """``(K_pred, greedy token)`` for the last position of ``ids`` (recency variant)."""
     t = len(ids) - 1
     full = torch.tensor([list(ids)])
-    want = _argmax_last(model, full)
-    for k in grid(t + 1):
-        if k == t + 1:
-            return k, want
-        pos = torch.arange(t + 1 - k, t + 1)[None]
-        if _argmax_last(model, full[:, t + 1 - k :], position_ids=pos) == want:
-            return k, want
-    raise AssertionError("unreachable: the full context is on the grid")
+
+    def recent(k: int) -> dict[str, torch.Tensor]:  # the k most recent, at their positions
+        return {"ids": full[:, t + 1 - k :], "position_ids": torch.arange(t + 1 - k, t + 1)[None]}
+
+    return _first_keeping(model, t, _argmax_last(model, full), recent)
 
 
 def kpred_top(model: PreTrainedModel, ids: Sequence[int]) -> tuple[int, int]:
@@ -80,20 +81,18 @@ def kpred_top(model: PreTrainedModel, ids: Sequence[int]) -> tuple[int, int]:
     t = len(ids) - 1
     full = torch.tensor([list(ids)])
     with torch.inference_mode(), use_policy(DENSE), capture_scores() as cap:
-        want = int(model(input_ids=full, **_last_only(model)).logits[0, -1].float().argmax())
+        want = int(model(input_ids=full, **last_only(model)).logits[0, -1].float().argmax())
     importance = sum(s[0].float().sum(0) for s in cap.scores.values())
     assert isinstance(importance, torch.Tensor)
     importance[t] = float("inf")  # the current token is always kept
     order = importance.argsort(descending=True)
-    for k in grid(t + 1):
-        if k == t + 1:
-            return k, want
+
+    def top(k: int) -> dict[str, torch.Tensor]:
         mask = torch.zeros(1, t + 1, dtype=torch.long)
         mask[0, order[:k]] = 1
-        pos = torch.arange(t + 1)[None]
-        if _argmax_last(model, full, attention_mask=mask, position_ids=pos) == want:
-            return k, want
-    raise AssertionError("unreachable: the full context is on the grid")
+        return {"ids": full, "attention_mask": mask, "position_ids": torch.arange(t + 1)[None]}
+
+    return _first_keeping(model, t, want, top)
 
 
 @dataclass

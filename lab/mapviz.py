@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -30,7 +31,7 @@ TB_FOLDER = "tensorboard"
 FLOOR = 1e-6  # weights below this are drawn as the floor (log colour scale)
 
 
-def _plt() -> Any:
+def _plt() -> ModuleType:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -39,15 +40,11 @@ def _plt() -> Any:
     return plt
 
 
-def _integer_ticks() -> Any:
-    from matplotlib.ticker import MaxNLocator
-
-    return MaxNLocator(integer=True)
-
-
 def heatmap_figure(maps: AttentionMaps, row: int) -> Figure:
     """Layers (rows) x key positions (columns) for one sampled query, log10 of the
     head-mean weight."""
+    from matplotlib.ticker import MaxNLocator
+
     plt = _plt()
     pos = int(maps.positions[row])
     w = np.maximum(maps.weights[:, row, : pos + 1], FLOOR)
@@ -55,7 +52,7 @@ def heatmap_figure(maps: AttentionMaps, row: int) -> Figure:
     im = ax.imshow(np.log10(w), aspect="auto", interpolation="nearest", cmap="viridis")
     ax.set_xlabel("key position")
     ax.set_ylabel("layer")
-    ax.yaxis.set_major_locator(_integer_ticks())
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     kp = int(np.median(maps.kp[:, row]))
     ax.set_title(f"query t={pos}: log10 weight, mean of heads; median K_{maps.p:g} {kp}")
     fig.colorbar(im, ax=ax)
@@ -64,6 +61,8 @@ def heatmap_figure(maps: AttentionMaps, row: int) -> Figure:
 
 def kp_figure(maps: AttentionMaps) -> Figure:
     """Median K_p per layer over the sampled rows, with their min-max range, and κ."""
+    from matplotlib.ticker import MaxNLocator
+
     plt = _plt()
     layers = np.arange(maps.kp.shape[0])
     visible = maps.positions.astype(np.float64) + 1.0
@@ -72,7 +71,7 @@ def kp_figure(maps: AttentionMaps) -> Figure:
     ax.fill_between(layers, maps.kp.min(1), maps.kp.max(1), alpha=0.25, label="range over queries")
     ax.plot(layers, np.median(maps.kp, 1), marker="o", label=f"median K_{maps.p:g}")
     ax.set_xlabel("layer")
-    ax.xaxis.set_major_locator(_integer_ticks())
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel(f"K_{maps.p:g} (keys)")
     ax2 = ax.twinx()
     ax2.plot(layers, np.median(kappa, 1), color="k", ls="--", label="median κ = K/t")

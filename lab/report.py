@@ -30,10 +30,6 @@ if TYPE_CHECKING:
 PAGE = "report.html"
 
 
-def _rows(folder: Path) -> list[Row]:
-    return read_rows(folder)[1]
-
-
 def _img(path: Path) -> str:
     data = base64.b64encode(path.read_bytes()).decode()
     return f'<img alt="{html.escape(path.stem)}" src="data:image/png;base64,{data}">'
@@ -49,7 +45,7 @@ def _png(fig: Figure, path: Path) -> str:
 
 def maps_section(maps: AttentionMaps, figures: dict[str, Figure], folder: Path) -> list[str]:
     """K_p per layer (table and plot) and the heatmaps, as PNGs next to the page."""
-    from kcops.lab import mapviz
+    from kcops.lab import mapviz  # matplotlib: the viz extra
 
     visible = maps.positions.astype(float) + 1.0
     parts = [
@@ -73,11 +69,9 @@ def maps_section(maps: AttentionMaps, figures: dict[str, Figure], folder: Path) 
 
 
 def sweep_plots(rows: list[Row], folder: Path) -> list[str]:
-    import matplotlib
+    from kcops.lab.mapviz import _plt
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _plt()
     out = []
     for context in sorted({r.context for r in rows}):
         ctx = [r for r in rows if r.context == context]
@@ -105,8 +99,16 @@ def sweep_plots(rows: list[Row], folder: Path) -> list[str]:
     return out
 
 
-def kpred_plot(doc: dict[str, Any], folder: Path) -> str:
+def kpred_section(doc: dict[str, Any], folder: Path) -> list[str]:
+    """The K_pred summary and its cumulative plot."""
     import matplotlib.pyplot as plt
+
+    parts = ["<h2>K_pred</h2><ul>"]
+    for v, s in doc["summary"].items():
+        parts.append(
+            f"<li>{html.escape(v)}: median {s['k_pred_median']}, p90 {s['k_pred_p90']}, "
+            f"share needing &lt; 10% of context {s['share_below_10pct']:.2f}</li>"
+        )
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for v in sorted({r["variant"] for r in doc["rows"]}):
@@ -117,11 +119,24 @@ def kpred_plot(doc: dict[str, Any], folder: Path) -> str:
     ax.set_ylabel("share of tokens")
     ax.set_title("K_pred (cumulative)")
     ax.legend()
-    return _png(fig, folder / "kpred.png")
+    return [*parts, "</ul>", _png(fig, folder / "kpred.png")]
 
 
-def verify_plot(doc: VerifyDoc, folder: Path) -> str:
+def verify_section(doc: VerifyDoc, folder: Path) -> list[str]:
+    """The approximations' table and their per-layer errors."""
     import matplotlib.pyplot as plt
+
+    parts = [
+        "<h2>Approximations vs full attention</h2><table><tr><th>variant</th>"
+        "<th>max rel error</th><th>mean KL</th><th>agreement</th><th>pass</th></tr>"
+    ]
+    for r in doc["results"]:
+        ok = ", ".join(t for t, v in r["pass"].items() if v) or "none"
+        parts.append(
+            f"<tr><td>{html.escape(r['variant'])}</td><td>{r['max_rel_error']:.2e}</td>"
+            f"<td>{r['mean_kl']:.2e}</td><td>{r['agreement']:.3f}</td>"
+            f"<td>{html.escape(ok)}</td></tr>"
+        )
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for r in doc["results"]:
@@ -135,7 +150,7 @@ def verify_plot(doc: VerifyDoc, folder: Path) -> str:
     ax.set_xlabel("layer")
     ax.set_ylabel("relative output error")
     ax.legend(fontsize=8)
-    return _png(fig, folder / "verify.png")
+    return [*parts, "</table>", _png(fig, folder / "verify.png")]
 
 
 def _md_table_html(md: str) -> str:
@@ -163,7 +178,7 @@ def render(folder: Path, tolerance: float = 1.0, tensorboard: bool = False) -> P
     ``tensorboard/``) into ``folder``; returns the page's path."""
     if not folder.is_dir():
         raise SweepError(f"{folder}: not a folder (give the --out folder of kc sweep)")
-    rows = _rows(folder)
+    rows = read_rows(folder)[1]
     kpred = folder / "kpred.json"
     ver = folder / "verify.json"
     maps_path = folder / MAPS_FILE
@@ -178,14 +193,12 @@ def render(folder: Path, tolerance: float = 1.0, tensorboard: bool = False) -> P
         parts += sweep_plots(rows, folder)
     maps = AttentionMaps.load(maps_path) if maps_path.exists() else None
     figures: dict[str, Figure] = {}
-    if maps is not None:
-        from kcops.lab import mapviz
+    from kcops.lab import mapviz
 
+    if maps is not None:
         figures = mapviz.maps_figures(maps)
         parts += maps_section(maps, figures, folder)
     if tensorboard:
-        from kcops.lab import mapviz
-
         mapviz.write_tensorboard(folder, figures, maps, rows)
     if figures:
         import matplotlib.pyplot as plt
@@ -193,28 +206,9 @@ def render(folder: Path, tolerance: float = 1.0, tensorboard: bool = False) -> P
         for fig in figures.values():
             plt.close(fig)
     if kpred.exists():
-        doc = json.loads(kpred.read_text(encoding="utf-8"))
-        parts.append("<h2>K_pred</h2><ul>")
-        for v, s in doc["summary"].items():
-            parts.append(
-                f"<li>{html.escape(v)}: median {s['k_pred_median']}, p90 {s['k_pred_p90']}, "
-                f"share needing &lt; 10% of context {s['share_below_10pct']:.2f}</li>"
-            )
-        parts += ["</ul>", kpred_plot(doc, folder)]
+        parts += kpred_section(json.loads(kpred.read_text(encoding="utf-8")), folder)
     if ver.exists():
-        doc = json.loads(ver.read_text(encoding="utf-8"))
-        parts.append(
-            "<h2>Approximations vs full attention</h2><table><tr><th>variant</th>"
-            "<th>max rel error</th><th>mean KL</th><th>agreement</th><th>pass</th></tr>"
-        )
-        for r in doc["results"]:
-            ok = ", ".join(t for t, v in r["pass"].items() if v) or "none"
-            parts.append(
-                f"<tr><td>{html.escape(r['variant'])}</td><td>{r['max_rel_error']:.2e}</td>"
-                f"<td>{r['mean_kl']:.2e}</td><td>{r['agreement']:.3f}</td>"
-                f"<td>{html.escape(ok)}</td></tr>"
-            )
-        parts += ["</table>", verify_plot(doc, folder)]
+        parts += verify_section(json.loads(ver.read_text(encoding="utf-8")), folder)
     style = "body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}"
     style += "td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}img{max-width:100%}"
     page = folder / PAGE

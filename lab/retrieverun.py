@@ -9,6 +9,7 @@ or budgets can be added to a folder later (item i of a cell never changes).
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,7 +19,7 @@ import torch
 
 from kcops.lab.retrieve import Builder, score_batch
 from kcops.lab.sweep import FULL, POLICIES, paired_se
-from kcops.lab.sweepio import ROWS_FILE, resume_lines
+from kcops.lab.sweepio import ROWS_FILE, append_json, resume_lines
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -31,30 +32,15 @@ def _key(length: int, depth: float, lo: int, hi: int, policy: str, n: int | None
 
 
 def load_done(out: Path, settings: dict[str, object]) -> dict[str, dict[str, Any]]:
-    done: dict[str, dict[str, Any]] = {}
-    for row in resume_lines(out, settings, what="run"):
-        if isinstance(row, dict) and isinstance(row.get("key"), str):
-            done[row["key"]] = row
-    return done
+    lines = resume_lines(out, settings, what="run")
+    return {r["key"]: r for r in lines if isinstance(r, dict) and isinstance(r.get("key"), str)}
 
 
 def run_retrieve(
-    *,
-    model_name: str,
-    task: str,
-    lengths: Sequence[int],
-    depths: Sequence[float],
-    items: int,
-    ns: Sequence[int],
-    policies: Sequence[str],
-    seed: int,
-    min_full: float,
-    tolerance: float,
-    out: Path | None,
-    model: PreTrainedModel,
-    tok: PreTrainedTokenizerBase,
-    progress: bool = True,
-) -> dict[str, Any]:
+    *, model_name: str, task: str, lengths: Sequence[int], depths: Sequence[float], items: int,
+    ns: Sequence[int], policies: Sequence[str], seed: int, min_full: float, tolerance: float,
+    out: Path | None, model: PreTrainedModel, tok: PreTrainedTokenizerBase, progress: bool = True,
+) -> dict[str, Any]:  # fmt: skip
     """The ``--json`` document: ``cells``, ``succeeding``, ``pooled``, ``recommendation``,
     ``markdown``."""
     from tqdm import tqdm
@@ -64,33 +50,25 @@ def run_retrieve(
     builder = Builder(tok, seed)
     plans: list[tuple[str, int | None]] = [(FULL, None)] + [(p, n) for p in policies for n in ns]
     rows: list[dict[str, Any]] = []
-    total = len(lengths) * len(depths) * items
-    with tqdm(total=total, desc="kc retrieve", unit="item", disable=not progress) as bar:
-        for length in lengths:
-            for depth in depths:
-                for lo in range(0, items, BATCH):
-                    hi = min(items, lo + BATCH)
-                    keys = [_key(length, depth, lo, hi, p, n) for p, n in plans]
-                    todo = [pl for pl, k in zip(plans, keys, strict=True) if k not in done]
-                    if todo:
-                        batch = [builder.item(task, length, depth, i) for i in range(lo, hi)]
-                        for (p, n), res in zip(todo, score_batch(model, batch, todo), strict=True):
-                            row = {
-                                "key": _key(length, depth, lo, hi, p, n),
-                                "length": length,
-                                "depth": depth,
-                                "items": [lo, hi],
-                                "policy": p,
-                                "n": n,
-                                **res,
-                            }
-                            done[row["key"]] = row
-                            if out is not None:
-                                with (out / ROWS_FILE).open("a", encoding="utf-8") as fh:
-                                    fh.write(json.dumps(row) + "\n")
-                    rows += [done[k] for k in keys]
-                    bar.update(hi - lo)
-                    bar.set_postfix_str(f"L={length} depth={depth:g}")
+    batches = itertools.product(lengths, depths, range(0, items, BATCH))
+    with tqdm(total=len(lengths) * len(depths) * items, desc="kc retrieve", unit="item",
+              disable=not progress) as bar:  # fmt: skip
+        for length, depth, lo in batches:
+            hi = min(items, lo + BATCH)
+            keys = [_key(length, depth, lo, hi, p, n) for p, n in plans]
+            todo = [pl for pl, k in zip(plans, keys, strict=True) if k not in done]
+            batch = [builder.item(task, length, depth, i) for i in range(lo, hi)] if todo else []
+            for (p, n), res in zip(
+                todo, score_batch(model, batch, todo) if todo else [], strict=True
+            ):
+                row = {"key": _key(length, depth, lo, hi, p, n), "length": length, "depth": depth,
+                       "items": [lo, hi], "policy": p, "n": n, **res}  # fmt: skip
+                done[row["key"]] = row
+                if out is not None:
+                    append_json(out / ROWS_FILE, row)
+            rows += [done[k] for k in keys]
+            bar.update(hi - lo)
+            bar.set_postfix_str(f"L={length} depth={depth:g}")
     doc = summarize(rows, plans, min_full, tolerance)
     doc["settings"] = {**settings, "items": items, "min_full": min_full, "tolerance": tolerance}
     doc["markdown"] = markdown(doc)
@@ -122,44 +100,37 @@ def summarize(
     for r in sorted(rows, key=lambda r: r["items"][0]):
         correct.setdefault((r["length"], r["depth"], r["policy"], r["n"]), []).extend(r["correct"])
         kv[(r["length"], r["policy"], r["n"])] = r["kv_bytes"]
-    cells = []
+
+    def ratio(length: int, p: str, n: int | None) -> float:
+        return kv[(length, p, n)] / kv[(length, FULL, None)]
+
+    cells: list[dict[str, Any]] = []
     for length, depth in dict.fromkeys((k[0], k[1]) for k in correct):
         full = correct[(length, depth, FULL, None)]
-        cell: dict[str, Any] = {
-            "length": length,
-            "depth": depth,
-            "items": len(full),
-            "full_accuracy": sum(full) / len(full),
-            "succeeds": sum(full) / len(full) >= min_full,
-            "budgets": [],
-        }
-        for p, n in plans[1:]:
-            cmp = _compare(correct[(length, depth, p, n)], full)
-            kv_ratio = kv[(length, p, n)] / kv[(length, FULL, None)]
-            cell["budgets"].append({"policy": p, "n": n, "kv_ratio": kv_ratio, **cmp})
-        cells.append(cell)
+        budgets = [{"policy": p, "n": n, "kv_ratio": ratio(length, p, n),
+                    **_compare(correct[(length, depth, p, n)], full)}
+                   for p, n in plans[1:]]  # fmt: skip
+        acc = sum(full) / len(full)
+        cells.append({"length": length, "depth": depth, "items": len(full), "full_accuracy": acc,
+                      "succeeds": acc >= min_full, "budgets": budgets})  # fmt: skip
     ok = [c for c in cells if c["succeeds"]]
+    full_items = [x for c in ok for x in correct[(c["length"], c["depth"], FULL, None)]]
     pooled = []
     for p, n in plans[1:]:
         b = [x for c in ok for x in correct[(c["length"], c["depth"], p, n)]]
-        f = [x for c in ok for x in correct[(c["length"], c["depth"], FULL, None)]]
-        ratios = [kv[(c["length"], p, n)] / kv[(c["length"], FULL, None)] for c in ok]
-        entry: dict[str, Any] = {"policy": p, "n": n, "items": len(b), **_compare(b, f)}
+        ratios = [ratio(c["length"], p, n) for c in ok]
+        entry: dict[str, Any] = {"policy": p, "n": n, "items": len(b), **_compare(b, full_items)}
         entry["kv_ratio"] = sum(ratios) / len(ratios) if ratios else None
         entry["holds"] = bool(b) and entry["delta_points"] - 2 * entry["se_points"] >= -tolerance
         pooled.append(entry)
     holding = [e for e in pooled if e["holds"]]
-    rec = min(
-        holding,
-        key=lambda e: (e["kv_ratio"], e["n"], POLICIES.index(e["policy"])),
-        default=None,
-    )
+    rec = min(holding, key=lambda e: (e["kv_ratio"], e["n"], POLICIES.index(e["policy"])),
+              default=None)  # fmt: skip
     neighbours: list[dict[str, Any]] = []
     if rec is not None:  # the recommended policy one grid step either side
         same = sorted((e for e in pooled if e["policy"] == rec["policy"]), key=lambda e: e["n"])
         i = same.index(rec)
         neighbours = same[max(0, i - 1) : i + 2]
-    full_items = [x for c in ok for x in correct[(c["length"], c["depth"], FULL, None)]]
     return {
         "cells": cells,
         "succeeding": [[c["length"], c["depth"]] for c in ok],
@@ -174,14 +145,10 @@ def summarize(
 
 
 def markdown(doc: dict[str, Any]) -> str:
-    lines = [
-        "| length | depth | items | full acc | "
-        + " | ".join(
-            f"{b['policy']} {b['n']}" for b in (doc["cells"][0]["budgets"] if doc["cells"] else [])
-        )
-        + " |"
-    ]
-    lines.append("|---:|---:|---:|---:|" + "---:|" * (lines[0].count("|") - 5))
+    budgets = doc["cells"][0]["budgets"] if doc["cells"] else []
+    head = "| length | depth | items | full acc | "
+    head += " | ".join(f"{b['policy']} {b['n']}" for b in budgets) + " |"
+    lines = [head, "|---:|---:|---:|---:|" + "---:|" * (head.count("|") - 5)]
     for c in doc["cells"]:
         mark = "" if c["succeeds"] else " ✗"
         lines.append(
@@ -189,15 +156,12 @@ def markdown(doc: dict[str, Any]) -> str:
             + " | ".join(f"{b['delta_points']:+.0f} ± {b['se_points']:.0f}" for b in c["budgets"])
             + " |"
         )
+    full = doc["succeeding_full_accuracy"]
     lines += [
         "",
         f"Cells where full attention succeeds (accuracy ≥ {doc['min_full']:g}, ✗: not): "
         f"{len(doc['succeeding'])} of {len(doc['cells'])}, {doc['succeeding_items']} items"
-        + (
-            f", full attention {doc['succeeding_full_accuracy']:.3f}"
-            if doc["succeeding_full_accuracy"] is not None
-            else ""
-        ),
+        + (f", full attention {full:.3f}" if full is not None else ""),
         "",
         "| policy | N | items | accuracy | Δ ± SE (pts, paired) | Δ − 2 SE | KV vs full |",
         "|---|---:|---:|---:|---:|---:|---:|",

@@ -55,6 +55,8 @@ from kcops.lab.sweepbatch import group_keys, group_nbytes, grouped_cache
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
+    from kcops.lab.sweepcal import Coverage
+
 POLICIES = ("uniform", "per_layer", "dense_first", "window", "kc_live")
 FULL = "full"
 DENSE_FIRST = frozenset({0, 1})
@@ -87,7 +89,7 @@ class Row:
     # the same difference's standard error over sequence means (positions of one
     # sequence share its context and are not independent); None in older sweeps
     accuracy_delta_se_seq: float | None = None
-    live: dict[str, Any] | None = None  # kc_live: budgets over the steps, edge mass, kept K
+    live: dict[str, object] | None = None  # kc_live: budgets over the steps, edge mass, kept K
 
     @property
     def delta_se(self) -> float:
@@ -213,6 +215,13 @@ def _cache_kw(model: PreTrainedModel) -> str:
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
+def last_only(model: PreTrainedModel) -> dict[str, object]:
+    """``logits_to_keep=1`` where the model takes it: only the last position's logits are
+    read, and all of them are S x C x vocab floats."""
+    params = inspect.signature(model.forward).parameters
+    return {"logits_to_keep": 1} if "logits_to_keep" in params else {}
+
+
 @dataclass
 class Prefilled:
     kv: list[tuple[torch.Tensor, torch.Tensor]]
@@ -239,9 +248,7 @@ def prefill(
     if start < 1:
         raise SweepError(f"context {context} must exceed --eval-tokens {eval_tokens}")
     cache = DynamicCache(config=model.config)
-    kw: dict[str, Any] = {_cache_kw(model): cache}
-    if "logits_to_keep" in inspect.signature(model.forward).parameters:
-        kw["logits_to_keep"] = 1  # the sweep needs none; all of them are S x C x vocab floats
+    kw = {_cache_kw(model): cache, **last_only(model)}  # the sweep reads no prefill logit
     with (
         torch.inference_mode(),
         use_policy(DENSE),
@@ -253,6 +260,16 @@ def prefill(
     kv = [(layer.keys, layer.values) for layer in layers]
     feed, target = seqs[:, start:context], seqs[:, start + 1 :]
     return Prefilled(kv, cap.scores, cap.kp, feed, target, start, cap.rows, last)
+
+
+class Decoded(TypedDict, total=False):
+    """What decoding a row gives: its logits (S, steps, V) and costs."""
+
+    logits: torch.Tensor
+    step_s: float  # the median decode step (:func:`decode` only)
+    kv_bytes: int  # peak KV bytes per sequence
+    keys_attended: float  # mean over layers and steps
+    live: dict[str, object] | None  # kc_live's evidence (:func:`decode_groups` only)
 
 
 def _kept_layer(pre: Prefilled, i: int, n: int | None, heavy: bool) -> KeptLayer:
@@ -275,7 +292,7 @@ def decode(
     per_layer: list[int | None],
     heavy: bool,
     steps: int | None = None,
-) -> dict[str, Any]:
+) -> Decoded:
     """Teacher-forced decode steps (the first ``steps``, default all) over a cache cut to
     ``per_layer``, one row on its own; logits and costs."""
     s = pre.feed.shape[0]
@@ -299,13 +316,10 @@ def decode(
             peak = max(peak, cache_nbytes(cache))
             attended += sum(layer.keys.shape[-2] for layer in cache.layers) / len(cache.layers)
             evict(cache.layers, per_layer)
-    return {
-        "logits": torch.stack(logits, dim=1),  # (S, steps, V)
-        # the median step: a burst of other work on a shared machine moves one step, not it
-        "step_s": statistics.median(times),
-        "kv_bytes": peak // s,
-        "keys_attended": attended / steps,
-    }
+    # the median step: a burst of other work on a shared machine moves one step, not it
+    step_s = statistics.median(times)
+    return Decoded(logits=torch.stack(logits, dim=1), step_s=step_s, kv_bytes=peak // s,
+                   keys_attended=attended / steps)  # fmt: skip
 
 
 def decode_groups(
@@ -313,7 +327,7 @@ def decode_groups(
     pre: Prefilled,
     plans: Sequence[tuple[list[int | None], bool]],
     live: Sequence[LiveBudget | None] = (),
-) -> list[dict[str, Any]]:
+) -> list[Decoded]:
     """:func:`decode` of every ``(per_layer, heavy)`` plan at once, the plans' sequences
     sharing each forward (kcops.lab.sweepbatch); no timing. A plan with a
     :class:`LiveBudget` in ``live`` (same order) takes its budgets from it at every
@@ -324,9 +338,9 @@ def decode_groups(
     layers = [
         [_kept_layer(pre, i, per[i], heavy) for per, heavy in plans] for i in range(len(pre.kv))
     ]
-    cache = grouped_cache(model.config, layers, s)
+    cache, grouped = grouped_cache(model.config, layers, s)
     heads = model.config.num_attention_heads // model.config.num_key_value_heads
-    for layer in cache.layers:
+    for layer in grouped:
         layer.track = {x for x, lb in enumerate(lives) if lb is not None}
     per_now = [list(per) for per, _ in plans]
     feed = pre.feed.repeat(g, 1)  # group-major: (G*S, E)
@@ -342,31 +356,27 @@ def decode_groups(
             )
             logits.append(out.logits[:, -1].float())
             for x in range(g):
-                peak[x] = max(peak[x], group_nbytes(cache, x))
-                attended[x] += group_keys(cache, x)
+                peak[x] = max(peak[x], group_nbytes(grouped, x))
+                attended[x] += group_keys(grouped, x)
             for x, lb in enumerate(lives):
                 if lb is not None:
-                    observe_step(lb, cache.layers, x, heads)
+                    observe_step(lb, grouped, x, heads)
                     per_now[x] = list(lb.step())
-            for i, layer in enumerate(cache.layers):
+            for i, layer in enumerate(grouped):
                 layer.evict([per[i] for per in per_now])
     stacked = torch.stack(logits, dim=1)  # (G*S, E, V)
     return [
-        {
-            "logits": stacked[x * s : (x + 1) * s],
-            "kv_bytes": peak[x] // s,
-            "keys_attended": attended[x] / steps,
-            "live": None if lb is None else lb.evidence(),
-        }
+        Decoded(logits=stacked[x * s : (x + 1) * s], kv_bytes=peak[x] // s,
+                keys_attended=attended[x] / steps, live=None if lb is None else lb.evidence())
         for x, lb in enumerate(lives)
-    ]
+    ]  # fmt: skip
 
 
 def score_row(
     policy: str,
     n: int | None,
     context: int,
-    res: dict[str, Any],
+    res: Decoded,
     pre: Prefilled,
     full_pred: torch.Tensor | None,
     per_layer: list[int | None],
@@ -417,26 +427,12 @@ def paired_se_by_sequence(
     return float(d.mean(dim=1).std() / math.sqrt(d.shape[0]))
 
 
-def _timed(
-    model: PreTrainedModel, pre: Prefilled, per: list[int | None], heavy: bool
-) -> dict[str, Any]:
-    """Speed of one row on its own: the median of its first ``TIMED_STEPS`` decode steps."""
-    return {"step_s": decode(model, pre, per, heavy, steps=TIMED_STEPS)["step_s"]}
-
-
 def sweep_context(
-    model: PreTrainedModel,
-    seqs: torch.Tensor,
-    *,
-    ns: Sequence[int],
-    policies: Sequence[str],
-    eval_tokens: int,
-    done: dict[str, Row],
-    on_row: Callable[[Row], None],
-    tick: Callable[[], None] = lambda: None,
-    groups_per_pass: int = GROUPS_PER_PASS,
+    model: PreTrainedModel, seqs: torch.Tensor, *, ns: Sequence[int], policies: Sequence[str],
+    eval_tokens: int, done: dict[str, Row], on_row: Callable[[Row], None],
+    tick: Callable[[], object] = lambda: None, groups_per_pass: int = GROUPS_PER_PASS,
     kc_rows: dict[int, dict[int, dict[float, list[int]]]] | None = None,
-) -> list[Row]:
+) -> list[Row]:  # fmt: skip
     """All rows of one context (full attention first); rows in ``done`` are reused.
 
     Up to ``groups_per_pass`` rows (full attention in the first pass, always: the
@@ -448,26 +444,21 @@ def sweep_context(
     jobs = [(p, n) for p in policies for n in ns]
     full_key = row_key(FULL, None, context)
     wanted = [full_key] + [row_key(p, n, context) for p, n in jobs]
+    for _ in (k for k in wanted if k in done):
+        tick()
     if all(k in done for k in wanted):
-        for _ in wanted:
-            tick()
         return [done[k] for k in wanted]
-    if kc_rows is None:
-        pre = prefill(model, seqs, eval_tokens)
-    else:
-        from kcops.lab.sweepcal import P_GRID
+    from kcops.lab.sweepcal import P_GRID
 
-        pre = prefill(model, seqs, eval_tokens, p_grid=P_GRID)
+    pre = prefill(model, seqs, eval_tokens, p_grid=P_GRID if kc_rows is not None else ())
+    if kc_rows is not None:
         kc_rows[context] = pre.rows
     layers = len(pre.kv)
     todo = [(p, n) for p, n in jobs if row_key(p, n, context) not in done]
-    dense: list[int | None] = [None] * layers
-    plans: list[tuple[str, int | None, list[int | None], bool]] = [(FULL, None, dense, True)] + [
-        (p, n, budgets(p, n, layers, context, pre.kp), p != "window") for p, n in todo
+    plans: list[tuple[str, int | None, list[int | None], bool]] = [
+        (FULL, None, [None] * layers, True)
     ]
-    for key in wanted:
-        if key in done:
-            tick()
+    plans += [(p, n, budgets(p, n, layers, context, pre.kp), p != "window") for p, n in todo]
     measured: dict[str, Row] = {}
     full_pred: torch.Tensor | None = None
     for start in range(0, len(plans), groups_per_pass):
@@ -481,7 +472,8 @@ def sweep_context(
             if policy == FULL and full_key in done:  # recomputed only for its tokens
                 full_pred = res["logits"].argmax(-1)
                 continue
-            res.update(_timed(model, pre, per, heavy))
+            # speed of the row on its own: the median of its first TIMED_STEPS steps
+            res["step_s"] = decode(model, pre, per, heavy, steps=TIMED_STEPS)["step_s"]
             row, pred = score_row(policy, n, context, res, pre, full_pred, per)
             if policy == FULL:
                 full_pred = pred
@@ -506,7 +498,7 @@ class Recommendation(TypedDict, total=False):
     kv_bytes_saved_ratio: float
     tokens_per_s_ratio: float
     positions: int
-    kc_coverage: dict[str, Any]  # kcops.lab.sweepcal.coverage: the live calibration
+    kc_coverage: Coverage  # the live calibration
 
 
 def recommend(rows: Sequence[Row], tolerance_points: float) -> list[Recommendation]:

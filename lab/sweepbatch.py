@@ -15,7 +15,7 @@ are counted per group; speed cannot be told apart in a shared batch, so
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 from transformers.cache_utils import DynamicLayer
@@ -23,7 +23,7 @@ from transformers.cache_utils import DynamicLayer
 from kcops.kernels.kvkeep import KeptLayer, evict, kept_attention
 
 if TYPE_CHECKING:
-    from transformers import Cache, PretrainedConfig
+    from transformers import DynamicCache, PretrainedConfig
 
 
 class GroupedLayer(DynamicLayer):
@@ -44,7 +44,7 @@ class GroupedLayer(DynamicLayer):
         return slice(g * self.rows, (g + 1) * self.rows)
 
     def update(
-        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object, **kwargs: object
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Appends each group's new keys to its own layer; returns the new states only
         (attention reads the groups' layers, see :meth:`attend`)."""
@@ -86,24 +86,21 @@ class GroupedLayer(DynamicLayer):
 
 def grouped_cache(
     config: PretrainedConfig, layers: Sequence[Sequence[KeptLayer]], rows: int
-) -> Any:  # its layers are GroupedLayer
-    """A ``DynamicCache`` whose layer i is ``GroupedLayer(layers[i], rows)``."""
+) -> tuple[DynamicCache, list[GroupedLayer]]:
+    """A ``DynamicCache`` whose layer i is ``GroupedLayer(layers[i], rows)``, and its layers."""
     from transformers import DynamicCache
 
     cache = DynamicCache(config=config)
-    cache.layers = [GroupedLayer(subs, rows) for subs in layers]
-    return cache
+    grouped = [GroupedLayer(subs, rows) for subs in layers]
+    cache.layers = list(grouped)
+    return cache, grouped
 
 
-def _groups(cache: Cache) -> list[GroupedLayer]:
-    return [layer for layer in cache.layers if isinstance(layer, GroupedLayer)]
+def group_nbytes(layers: Sequence[GroupedLayer], g: int) -> int:
+    return sum(layer.subs[g].nbytes for layer in layers)
 
 
-def group_nbytes(cache: Cache, g: int) -> int:
-    return sum(layer.subs[g].nbytes for layer in _groups(cache))
-
-
-def group_keys(cache: Cache, g: int) -> float:
+def group_keys(layers: Sequence[GroupedLayer], g: int) -> float:
     """Keys attended by group g this step, mean over layers."""
-    subs = [layer.subs[g] for layer in _groups(cache)]
+    subs = [layer.subs[g] for layer in layers]
     return sum(int(s.keys.shape[-2]) for s in subs if s.keys is not None) / len(subs)

@@ -14,7 +14,7 @@ traffic, the N that covers calls as the sweep's N covered its corpus.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 from kcops.kcbudget import bucket_counts, matching_quantile, uniform_at
 from kcops.kernels.wire import BUCKETS, KC_TOKENS
@@ -23,14 +23,37 @@ KC_BOUNDS = BUCKETS[KC_TOKENS]
 
 if TYPE_CHECKING:
     import torch
+    from transformers import PreTrainedModel
 
 P_GRID = (0.5, 0.8, 0.9, 0.95, 0.99)
 PROBE_P = 0.9  # the probe's default p (kcops.kernels.config.ProbeConfig.p_values[0])
 DENSE_FIRST = frozenset({0, 1})
 
+# One p's match: the call quantile, how it matched, the live-style uniform N at 0.95.
+Match = TypedDict("Match", {"quantile": float | None, "match": str, "uniform_n_at_0.95": float})
+
+
+class LayerSet(TypedDict):
+    dense_layers: list[int]
+    by_p: dict[str, Match]
+
+
+class Coverage(TypedDict):
+    """:func:`coverage`'s answer (``recommendation.json``'s ``kc_coverage``)."""
+
+    p: float
+    quantile: float | None
+    match: str | None
+    n: int
+    layers: str
+    dense_layers: list[int]
+    samples_per_layer: int
+    by_p: dict[str, Match]
+    by_layers: dict[str, LayerSet]
+
 
 def measure_rows(
-    model: Any, seqs: torch.Tensor, eval_tokens: int
+    model: PreTrainedModel, seqs: torch.Tensor, eval_tokens: int
 ) -> dict[int, dict[float, list[int]]]:
     """K_p rows per layer and p of one context's prefill (the sweep's own prefill, again:
     a resumed sweep may have measured every row without one)."""
@@ -41,16 +64,13 @@ def measure_rows(
 
 def _by_p(
     rows: Mapping[int, Mapping[float, Sequence[int]]], used: Sequence[int], n: int
-) -> dict[str, dict[str, Any]]:
-    by_p: dict[str, dict[str, Any]] = {}
+) -> dict[str, Match]:
+    by_p: dict[str, Match] = {}
     for p in sorted({p for i in used for p in rows[i]}):
         hists = {str(i): bucket_counts(rows[i][p], KC_BOUNDS) for i in used}
         q, how = matching_quantile(n, hists, KC_BOUNDS)
-        by_p[f"{p:g}"] = {
-            "quantile": q,
-            "match": how,
-            "uniform_n_at_0.95": round(uniform_at(0.95, hists, KC_BOUNDS), 1),
-        }
+        uniform = round(uniform_at(0.95, hists, KC_BOUNDS), 1)
+        by_p[f"{p:g}"] = {"quantile": q, "match": how, "uniform_n_at_0.95": uniform}
     return by_p
 
 
@@ -59,7 +79,7 @@ def coverage(
     n: int,
     policy: str | None,
     probe_p: float = PROBE_P,
-) -> dict[str, Any]:
+) -> Coverage:
     """The K(C) coverage that matches ``n``: per p of the grid, the call quantile at which
     the live-style uniform N equals ``n`` (over the non-dense layers when ``policy`` is
     ``dense_first``, else over all), and the entry for ``probe_p`` as ``p``/``quantile``.
@@ -75,7 +95,7 @@ def coverage(
         "all": sorted(rows),
         "non_dense": sorted(i for i in rows if i not in DENSE_FIRST),
     }
-    by_layers: dict[str, dict[str, Any]] = {
+    by_layers: dict[str, LayerSet] = {
         name: {"dense_layers": sorted(DENSE_FIRST) if name == "non_dense" else [],
                "by_p": _by_p(rows, used, n)}
         for name, used in sets.items()
@@ -83,7 +103,7 @@ def coverage(
     }  # fmt: skip
     name = "non_dense" if dense else "all"
     used = sets[name]
-    by_p = by_layers.get(name, {}).get("by_p", {})
+    by_p = by_layers[name]["by_p"] if name in by_layers else {}
     main = by_p.get(f"{probe_p:g}")
     return {
         "p": probe_p,

@@ -17,14 +17,13 @@ what the sweep cost to run (``runs.jsonl``: wall time, peak RSS).
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from kcops.lab.sweep import FULL, Row, SweepError, recommend
-from kcops.lab.sweepio import ROWS_FILE, RUNS_FILE, read_rows
+from kcops.lab.sweepio import ROWS_FILE, RUNS_FILE, json_lines, read_rows
 
 SAVING = 0.30  # the documents' "30–50%": the claim holds from its lower end
 
@@ -36,17 +35,17 @@ class Verdict:
     context: int
     positions: int
     full_accuracy: float
-    policy: str | None  # the smallest KV within the tolerance with confidence
-    n: int | None
-    kv_fraction: float | None
-    delta_points: float | None
-    se_points: float | None
-    kv_kib_per_seq: float | None
-    tokens_per_s_ratio: float | None
     verdict: str  # confirmed | refuted | undecided
     why: str
     wall_s: float | None
     peak_rss_bytes: int | None
+    policy: str | None = None  # the smallest KV within the tolerance with confidence
+    n: int | None = None
+    kv_fraction: float | None = None
+    delta_points: float | None = None
+    se_points: float | None = None
+    kv_kib_per_seq: float | None = None
+    tokens_per_s_ratio: float | None = None
 
     def as_json(self) -> dict[str, object]:
         return asdict(self)
@@ -65,21 +64,12 @@ def read_folder(folder: Path) -> tuple[dict[str, object], list[Row]]:
 
 def run_cost(folder: Path) -> tuple[float | None, int | None]:
     """Total wall time and the largest peak RSS over the folder's invocations."""
-    path = folder / RUNS_FILE
-    if not path.is_file():
-        return None, None
-    runs = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            runs.append(json.loads(line))
-        except ValueError:
-            continue
+    first, rest = json_lines(folder / RUNS_FILE)
+    runs = [r for r in (first, *rest) if isinstance(r, dict)]
     if not runs:
         return None, None
-    return (
-        round(sum(float(r.get("wall_s", 0.0)) for r in runs), 1),
-        max(int(r.get("peak_rss_bytes", 0)) for r in runs),
-    )
+    wall = round(sum(float(r.get("wall_s", 0.0)) for r in runs), 1)
+    return wall, max(int(r.get("peak_rss_bytes", 0)) for r in runs)
 
 
 def decide(
@@ -100,12 +90,10 @@ def decide(
             out.append((context, "undecided", f"no budget in the sweep saves {saving:.0%}"))
             continue
 
-        base = full.accuracy
-
-        def lo(r: Row, base: float = base) -> float:
+        def lo(r: Row, base: float = full.accuracy) -> float:
             return r.accuracy - base - 2 * r.delta_se
 
-        def hi(r: Row, base: float = base) -> float:
+        def hi(r: Row, base: float = full.accuracy) -> float:
             return r.accuracy - base + 2 * r.delta_se
 
         good = [r for r in saving_rows if lo(r) >= -tol]
@@ -252,38 +240,19 @@ def _verdicts(
         full = next(r for r in rows if r.context == context and r.policy == FULL)
         rec = recs.get(context, {})
         confident = rec.get("policy") is not None and not rec.get("within_noise", True)
-        row = next(
-            (
-                r
-                for r in rows
-                if confident
-                and r.context == context
-                and (r.policy, r.n) == (rec.get("policy"), rec.get("n"))
-            ),
-            None,
-        )
-        out.append(
-            Verdict(
-                folder=str(folder),
-                corpus=str(settings.get("corpus")),
-                context=context,
-                positions=full.positions,
-                full_accuracy=full.accuracy,
-                policy=row.policy if row else None,
-                n=row.n if row else None,
-                kv_fraction=row.kv_bytes / full.kv_bytes if row else None,
-                delta_points=100 * (row.accuracy - full.accuracy) if row else None,
-                se_points=100 * row.delta_se if row else None,
-                kv_kib_per_seq=row.kv_bytes / 1024 if row else None,
-                tokens_per_s_ratio=(
-                    row.tokens_per_s / full.tokens_per_s if row and full.tokens_per_s else None
-                ),
-                verdict=verdict,
-                why=why,
-                wall_s=wall,
-                peak_rss_bytes=rss,
+        pick = (rec.get("policy"), rec.get("n"))
+        row = next((r for r in rows if confident and r.context == context
+                    and (r.policy, r.n) == pick), None)  # fmt: skip
+        v = Verdict(str(folder), str(settings.get("corpus")), context, full.positions,
+                    full.accuracy, verdict, why, wall, rss)  # fmt: skip
+        if row is not None:
+            v.policy, v.n, v.kv_fraction = row.policy, row.n, row.kv_bytes / full.kv_bytes
+            v.delta_points, v.se_points = 100 * (row.accuracy - full.accuracy), 100 * row.delta_se
+            v.kv_kib_per_seq = row.kv_bytes / 1024
+            v.tokens_per_s_ratio = (
+                row.tokens_per_s / full.tokens_per_s if full.tokens_per_s else None
             )
-        )
+        out.append(v)
     return out
 
 

@@ -14,53 +14,52 @@ import datetime
 import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from kcops.lab.sweep import FULL, Recommendation, Row, SweepError
+
+if TYPE_CHECKING:
+    from kcops.lab.sweepcal import Coverage
 
 ROWS_FILE = "rows.jsonl"
 RUNS_FILE = "runs.jsonl"
 COLUMNS = (
-    "policy",
-    "n",
-    "context",
-    "accuracy",
-    "accuracy_delta_se",
-    "accuracy_delta_se_seq",
-    "agreement",
-    "perplexity",
-    "latency_s_per_token",
-    "tokens_per_s",
-    "kv_bytes",
-    "keys_attended",
-    "positions",
-)
+    "policy", "n", "context", "accuracy", "accuracy_delta_se", "accuracy_delta_se_seq",
+    "agreement", "perplexity", "latency_s_per_token", "tokens_per_s", "kv_bytes",
+    "keys_attended", "positions",
+)  # fmt: skip
 
 
-def resume_lines(out: Path, settings: dict[str, object], what: str = "sweep") -> list[Any]:
+def json_lines(path: Path) -> tuple[object, list[object]]:
+    """The first line of a JSON-lines file (None when it is missing or not JSON) and the
+    others; a line cut by an interrupted run is left out (it is measured again)."""
+    lines = path.read_text(encoding="utf-8").splitlines() if path.is_file() else []
+    docs: list[object] = []
+    for line in lines:
+        try:
+            docs.append(json.loads(line))
+        except ValueError:
+            docs.append(None)
+    return (docs[0] if docs else None), [d for d in docs[1:] if d is not None]
+
+
+def resume_lines(out: Path, settings: dict[str, object], what: str = "sweep") -> list[object]:
     """The JSON lines already written under the same ``settings`` (a new folder gets the
-    settings header and none); a line cut by an interrupted run is left out (measured
-    again) and the file made to end a line. Other settings refuse the folder."""
+    settings header and none); a cut line is left out and the file made to end a line.
+    Other settings refuse the folder."""
     path = out / ROWS_FILE
     if not path.exists():
         out.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"settings": settings}) + "\n", encoding="utf-8")
         return []
-    text = path.read_text(encoding="utf-8")
-    lines = text.splitlines()
-    head = json.loads(lines[0]) if lines else {}
-    if head.get("settings") != settings:
+    head, rows = json_lines(path)
+    if (head.get("settings") if isinstance(head, dict) else None) != settings:
+        held = head.get("settings") if isinstance(head, dict) else None
         raise SweepError(
-            f"{path} holds a {what} with other settings ({head.get('settings')}); "
+            f"{path} holds a {what} with other settings ({held}); "
             "use another --out folder or delete it"
         )
-    rows: list[Any] = []
-    for line in lines[1:]:
-        try:
-            rows.append(json.loads(line))
-        except ValueError:
-            continue  # a line cut by an interrupted run: measure it again
-    if not text.endswith("\n"):  # cut mid-line: the next row must start a line of its own
+    if not path.read_text(encoding="utf-8").endswith("\n"):  # the next row starts a line
         with path.open("a", encoding="utf-8") as fh:
             fh.write("\n")
     return rows
@@ -71,13 +70,12 @@ def _by_key(docs: Iterable[object]) -> dict[str, Row]:
     that still parsed as JSON) is left out."""
     rows: dict[str, Row] = {}
     for doc in docs:
-        if not isinstance(doc, dict):
-            continue
         try:
-            row = Row(**doc)
+            row = Row(**doc) if isinstance(doc, dict) else None
         except TypeError:
             continue
-        rows[row.key] = row
+        if row is not None:
+            rows[row.key] = row
     return rows
 
 
@@ -88,29 +86,17 @@ def load_done(out: Path, settings: dict[str, object]) -> dict[str, Row]:
 
 def read_rows(folder: Path) -> tuple[dict[str, object] | None, list[Row]]:
     """A sweep folder read without touching it: its settings header (None when the first
-    line is not one) and its rows, the last measurement of each key; a cut line is left
-    out. No ``rows.jsonl``: no settings and no rows."""
-    path = folder / ROWS_FILE
-    if not path.is_file():
-        return None, []
-    lines = path.read_text(encoding="utf-8").splitlines()
-    try:
-        head = json.loads(lines[0]) if lines else {}
-    except ValueError:
-        head = {}
+    line is not one) and its rows, the last measurement of each key. No ``rows.jsonl``:
+    no settings and no rows."""
+    head, docs = json_lines(folder / ROWS_FILE)
     settings = head.get("settings") if isinstance(head, dict) else None
-    docs: list[object] = []
-    for line in lines[1:]:
-        try:
-            docs.append(json.loads(line))
-        except ValueError:
-            continue  # a line cut by an interrupted run
     return (settings if isinstance(settings, dict) else None), list(_by_key(docs).values())
 
 
-def append_row(out: Path, row: Row) -> None:
-    with (out / ROWS_FILE).open("a", encoding="utf-8") as fh:
-        fh.write(json.dumps(row.as_json()) + "\n")
+def append_json(path: Path, doc: object) -> None:
+    """One more line of a JSON-lines file (``rows.jsonl``, ``runs.jsonl``)."""
+    with path.open("a", encoding="utf-8") as fh:
+        fh.write(json.dumps(doc) + "\n")
 
 
 def run_record(began: float, measured: int) -> dict[str, object]:
@@ -125,12 +111,6 @@ def run_record(began: float, measured: int) -> dict[str, object]:
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "rows_measured": measured,
     }
-
-
-def append_run(out: Path, run: dict[str, object]) -> None:
-    """``runs.jsonl``: one line per invocation (a resumed sweep has several)."""
-    with (out / RUNS_FILE).open("a", encoding="utf-8") as fh:
-        fh.write(json.dumps(run) + "\n")
 
 
 def _full(rows: Sequence[Row], context: int) -> Row | None:
@@ -188,10 +168,10 @@ def markdown(rows: Sequence[Row], rec: Sequence[Recommendation], tolerance: floa
     return "\n".join(lines) + "\n"
 
 
-def _other_layers(cov: dict[str, Any]) -> str:
+def _other_layers(cov: Coverage) -> str:
     """The coverage over the other layer set (``by_layers``), when the sweep recorded it."""
     other = "non_dense" if cov.get("layers") == "all" else "all"
-    got = ((cov.get("by_layers") or {}).get(other) or {}).get("by_p", {}).get(f"{cov['p']:g}")
+    got = cov["by_layers"].get(other, {"by_p": {}})["by_p"].get(f"{cov['p']:g}")
     if not got:
         return ""
     return f"; over {other} layers: call quantile {got['quantile']:.3f} ({got['match']})"

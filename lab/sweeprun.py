@@ -9,49 +9,28 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from kcops.lab import sweepio
 from kcops.lab.sweep import Row, chunks, corpus_text, recommend, sweep_context
 from kcops.lab.sweepcal import coverage, measure_rows
-from kcops.lab.sweepio import (
-    append_row,
-    append_run,
-    load_done,
-    markdown,
-    run_record,
-    write_tables,
-)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 
 def run_sweep(
-    *,
-    model_name: str,
-    corpus: str,
-    ns: Sequence[int],
-    contexts: Sequence[int],
-    policies: Sequence[str],
-    sequences: int,
-    eval_tokens: int,
-    tolerance: float,
-    out: Path | None,
-    model: PreTrainedModel,
-    tok: PreTrainedTokenizerBase,
-    progress: bool = True,
-) -> dict[str, Any]:
+    *, model_name: str, corpus: str, ns: Sequence[int], contexts: Sequence[int],
+    policies: Sequence[str], sequences: int, eval_tokens: int, tolerance: float,
+    out: Path | None, model: PreTrainedModel, tok: PreTrainedTokenizerBase, progress: bool = True,
+) -> dict[str, object]:  # fmt: skip
     """The ``--json`` document: ``rows`` (full attention's included), ``recommendation``,
     ``markdown``. ``model_name`` names the model in the resumable rows' settings."""
     from tqdm import tqdm
 
-    settings = {
-        "model": model_name,
-        "corpus": corpus,
-        "sequences": sequences,
-        "eval_tokens": eval_tokens,
-    }
-    done = load_done(out, settings) if out is not None else {}
+    settings = {"model": model_name, "corpus": corpus, "sequences": sequences,
+                "eval_tokens": eval_tokens}  # fmt: skip
+    done = sweepio.load_done(out, settings) if out is not None else {}
     need_chars = 8 * sequences * (max(contexts) + 1)  # > 4 chars a token, with margin
     ids = tok(corpus_text(corpus, need_chars), add_special_tokens=False).input_ids
     total = len(contexts) * (1 + len(ns) * len(policies))
@@ -60,26 +39,17 @@ def run_sweep(
     began = time.monotonic()
     with tqdm(total=total, desc="kc sweep", unit="row", disable=not progress) as bar:
 
-        def tick() -> None:
-            bar.update(1)
-
         def on_row(row: Row) -> None:
             if out is not None:
-                append_row(out, row)
+                sweepio.append_json(out / sweepio.ROWS_FILE, row.as_json())
             bar.set_postfix_str(f"C={row.context} {row.policy} N={row.n}")
 
         for context in contexts:
             rows += sweep_context(
-                model,
-                chunks(ids, sequences, context),
-                ns=ns,
-                policies=policies,
-                eval_tokens=eval_tokens,
-                done=done,
-                on_row=on_row,
-                tick=tick,
+                model, chunks(ids, sequences, context), ns=ns, policies=policies,
+                eval_tokens=eval_tokens, done=done, on_row=on_row, tick=lambda: bar.update(1),
                 kc_rows=kc_rows,
-            )
+            )  # fmt: skip
     rec = recommend(rows, tolerance)
     for item in rec:  # the K(C) coverage of each recommended N: the agent's calibration
         n = item.get("n")
@@ -88,13 +58,13 @@ def run_sweep(
                 model, chunks(ids, sequences, item["context"]), eval_tokens
             )
             item["kc_coverage"] = coverage(kc, n, item.get("policy"))
-    run = run_record(began, measured=sum(1 for r in rows if r.key not in done))
+    run = sweepio.run_record(began, measured=sum(1 for r in rows if r.key not in done))
     if out is not None:
-        write_tables(out, rows, rec, tolerance)
-        append_run(out, run)
+        sweepio.write_tables(out, rows, rec, tolerance)
+        sweepio.append_json(out / sweepio.RUNS_FILE, run)  # a line per invocation
     return {
         "run": run,
         "rows": [r.as_json() for r in rows],
         "recommendation": rec,
-        "markdown": markdown(rows, rec, tolerance),
+        "markdown": sweepio.markdown(rows, rec, tolerance),
     }

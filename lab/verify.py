@@ -26,7 +26,7 @@ import contextvars
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 import torch
 
@@ -165,9 +165,8 @@ def verify_attention_forward(
     key: torch.Tensor,
     value: torch.Tensor,
     attention_mask: torch.Tensor | None,
-    dropout: float = 0.0,
     scaling: float | None = None,
-    **kwargs: Any,
+    **kwargs: object,
 ) -> tuple[torch.Tensor, None]:
     """transformers attention function: full attention, measuring or applying a variant."""
     _b, h, q_len, d = query.shape
@@ -208,17 +207,10 @@ class LayerLine(TypedDict):
 
 
 # One variant's line of ``verify.json`` ("pass": task -> within its threshold).
-VariantResult = TypedDict(
-    "VariantResult",
-    {
-        "variant": str,
-        "max_rel_error": float,
-        "mean_kl": float,
-        "agreement": float,
-        "pass": dict[str, bool],
-        "layers": list[LayerLine],
-    },
-)
+VariantResult = TypedDict("VariantResult", {
+    "variant": str, "max_rel_error": float, "mean_kl": float, "agreement": float,
+    "pass": dict[str, bool], "layers": list[LayerLine],
+})  # fmt: skip
 
 
 class VerifyDoc(TypedDict):
@@ -248,16 +240,12 @@ def verify(
             LayerLine(layer=i, rel_error=e.rel_error, kl=e.kl) for i, e in sorted(errors.items())
         ]
         worst = max((x["rel_error"] for x in layers), default=0.0)
-        results.append(
-            {
-                "variant": variant.name,
-                "max_rel_error": worst,
-                "mean_kl": sum(x["kl"] for x in layers) / max(1, len(layers)),
-                "agreement": float((pred == full_pred).float().mean()),
-                "pass": {task: worst <= t for task, t in THRESHOLDS.items()},
-                "layers": layers,
-            }
-        )
+        results.append({
+            "variant": variant.name, "max_rel_error": worst,
+            "mean_kl": sum(x["kl"] for x in layers) / max(1, len(layers)),
+            "agreement": float((pred == full_pred).float().mean()),
+            "pass": {task: worst <= t for task, t in THRESHOLDS.items()}, "layers": layers,
+        })  # fmt: skip
         if tick is not None:
             tick()
     return results

@@ -87,22 +87,31 @@ def install_probe() -> str:
     return "probe installed"
 
 
+def _model(
+    opts: WorkerOptions, model: PreTrainedModel | None, tokenizer: PreTrainedTokenizerBase | None
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The model given, or loaded, with the probe's top-N attention as its implementation."""
+    from kcops.kernels.topn import register
+    from kcops.worker.models import load_model
+
+    attn = register()
+    if model is None:
+        return load_model(opts.model, progress=opts.progress, attn_implementation=attn)
+    if tokenizer is None:
+        raise TypeError("build: a model given comes with its tokenizer")
+    model.set_attn_implementation(attn)
+    return model, tokenizer
+
+
 def build(
     opts: WorkerOptions,
     model: PreTrainedModel | None = None,
     tokenizer: PreTrainedTokenizerBase | None = None,
 ) -> WorkerState:
     """Load (or take) the model and wire every part; nothing is started yet."""
-    from kcops.kernels.topn import register
-    from kcops.worker.models import context_tokens, load_model
+    from kcops.worker.models import context_tokens
 
-    attn = register()
-    if model is None:
-        model, tokenizer = load_model(opts.model, progress=opts.progress, attn_implementation=attn)
-    elif tokenizer is None:
-        raise TypeError("build: a model given comes with its tokenizer")
-    else:
-        model.set_attn_implementation(attn)
+    model, tokenizer = _model(opts, model, tokenizer)
     name = Path(opts.model).name if opts.model not in ("tiny", "smollm2") else opts.model
     num_layers = int(model.config.num_hidden_layers)
     control = Control(
@@ -113,16 +122,13 @@ def build(
         topn_max=opts.topn_max,
         num_layers=num_layers,
     )
-    holder: dict[str, WorkerState] = {}
-    metrics = WorkerMetrics(name, lambda: live_state(holder["state"]))
-    redis_tier = None
+    # Read at scrape time, by when `state` (below) is bound.
+    metrics = WorkerMetrics(name, lambda: live_state(state))
     cache = PrefixCache(budget_bytes=opts.cache_budget_bytes)
+    redis_tier = None
     if opts.redis_url:
         redis_tier = RedisTier.from_url(
-            opts.redis_url,
-            opts.redis_prefix,
-            int(opts.cache_ttl_s),
-            on_transfer=metrics.transfer.observe,
+            opts.redis_url, opts.redis_prefix, int(opts.cache_ttl_s), metrics.transfer.observe
         )
         cache.loader, cache.spiller = redis_tier.load, redis_tier.store
     faults = Faults()
@@ -149,7 +155,6 @@ def build(
         enable_faults=opts.enable_faults,
         tenants=TenantLabels(opts.tenant_cap, opts.tenant_header),
     )
-    holder["state"] = state
 
     def resize_cache(budget: int | None) -> None:
         with engine.cache_lock:

@@ -112,11 +112,7 @@ class Control:
         return idx
 
     def set_budget(
-        self,
-        *,
-        top_n: object = None,
-        top_n_by_layer: object = None,
-        dense_layers: object = None,
+        self, *, top_n: object = None, top_n_by_layer: object = None, dense_layers: object = None
     ) -> tuple[TopNBudget, TopNBudget]:
         """Validate and apply; fields left None keep their value. Returns (before, after)."""
         if top_n is None and top_n_by_layer is None and dense_layers is None:

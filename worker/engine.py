@@ -147,7 +147,6 @@ class BatchEngine:
         self.cache_lock = threading.Lock()
         self.shadow_checks = 0
         self.max_batch_seen = 0  # largest decode batch so far (evidence of batching)
-        self.shadow_agree = 0
         self.shadow_recent: deque[bool] = deque(maxlen=SHADOW_WINDOW)
         self.kv_bytes = 0  # KV held by live cohorts, after the last iteration
         self.kv_bytes_peak = 0
@@ -254,9 +253,16 @@ class BatchEngine:
         with use_policy(policy), use_kept(kv_cache):
             return self.model(use_cache=True, **kwargs)
 
-    def _prefill(self, req: GenRequest) -> list[LayerKV] | None:
+    def _dense_cache(self, kv: KV) -> Any:
+        """A one-row transformers cache holding every key of ``kv``."""
         from transformers import DynamicCache
 
+        cache = DynamicCache(config=self.model.config)
+        for layer, (k, v) in enumerate(kv):
+            cache.update(k[None], v[None], layer)
+        return cache
+
+    def _prefill(self, req: GenRequest) -> list[LayerKV] | None:
         if self.faults.latency_ms > 0:
             time.sleep(self.faults.latency_ms / 1000.0)
         ids = req.prompt_ids
@@ -274,9 +280,7 @@ class BatchEngine:
         self.metrics.prefix_hits.inc(n_cached)
         self.metrics.prompt_tokens.inc(len(ids))
         req.cached_tokens = n_cached
-        kv_cache: Any = DynamicCache(config=self.model.config)  # its layers: DynamicLayer
-        for layer, (k, v) in enumerate(cached):
-            kv_cache.update(k[None], v[None], layer)
+        kv_cache = self._dense_cache(cached)  # its layers: DynamicLayer
         # Logits of the last position only (at 8k tokens, all of them are 1.6 GB); the
         # heavy-hitter scores only for the path that keeps a budget.
         with (
@@ -309,19 +313,13 @@ class BatchEngine:
 
     def _shadow(self, full: KV, kept: list[LayerKV], token: int, pos: int) -> None:
         """One decode step on the full KV and on the kept KV: count greedy agreement."""
-        from transformers import DynamicCache
-
-        dense_cache = DynamicCache(config=self.model.config)
-        for layer, (k, v) in enumerate(full):
-            dense_cache.update(k[None], v[None], layer)
         choices = []
-        for cache in (dense_cache, self._batch_cache([kept])[0]):
+        for cache in (self._dense_cache(full), self._batch_cache([kept])[0]):
             out = self._forward(
                 DENSE, cache, input_ids=torch.tensor([[token]]), position_ids=torch.tensor([[pos]])
             )
             choices.append(int(torch.nan_to_num(out.logits[0, -1].float()).argmax()))
         self.shadow_checks += 1
-        self.shadow_agree += int(choices[0] == choices[1])
         self.shadow_recent.append(choices[0] == choices[1])
         self.metrics.shadow_checks.inc()
 

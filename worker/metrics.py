@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
@@ -87,68 +86,60 @@ class _LiveCollector(Collector):
 class WorkerMetrics:
     def __init__(self, model_name: str, read_live: Callable[[], LiveState]) -> None:
         self.model_name = model_name
-        self.registry = CollectorRegistry(auto_describe=True)
-        r, lbl = self.registry, ["model_name"]
-        self.e2e = Histogram(
+        self.registry = r = CollectorRegistry(auto_describe=True)
+        lbl = ["model_name"]
+
+        def hist(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(name, doc, lbl, buckets=buckets, registry=r).labels(model_name)
+
+        def counter(name: str, doc: str) -> Counter:
+            return Counter(name, doc, lbl, registry=r).labels(model_name)
+
+        self.e2e = hist(
             "vllm:e2e_request_latency_seconds",
             "Histogram of end to end request latency in seconds.",
-            lbl,
-            buckets=LATENCY_BUCKETS,
-            registry=r,
-        ).labels(model_name)
-        self.ttft = Histogram(
+            LATENCY_BUCKETS,
+        )
+        self.ttft = hist(
             "vllm:time_to_first_token_seconds",
             "Histogram of time to first token in seconds.",
-            lbl,
-            buckets=TTFT_BUCKETS,
-            registry=r,
-        ).labels(model_name)
-        self.itl = Histogram(
+            TTFT_BUCKETS,
+        )
+        self.itl = hist(
             "vllm:inter_token_latency_seconds",
             "Histogram of inter-token latency in seconds.",
-            lbl,
-            buckets=ITL_BUCKETS,
-            registry=r,
-        ).labels(model_name)
+            ITL_BUCKETS,
+        )
         # vLLM's name: one observation per engine step (tokens it scheduled), so the agent
         # counts steps (kcops_engine_iterations_total) for stall detection.
-        self.iteration_tokens = Histogram(
+        self.iteration_tokens = hist(
             "vllm:iteration_tokens_total",
             "Histogram of number of tokens per engine_step.",
-            lbl,
-            buckets=ITERATION_BUCKETS,
-            registry=r,
-        ).labels(model_name)
-        self.transfer = Histogram(
+            ITERATION_BUCKETS,
+        )
+        self.transfer = hist(
             "kcops_worker_segment_transfer_seconds",
             "Time to bring a cached KV segment back from the Redis tier.",
-            lbl,
-            buckets=TRANSFER_BUCKETS,
-            registry=r,
-        ).labels(model_name)
-
-        def counter(name: str, doc: str, extra: list[str] | None = None) -> Any:
-            return Counter(name, doc, lbl + (extra or []), registry=r)
-
+            TRANSFER_BUCKETS,
+        )
         self.prefix_queries = counter(
             "vllm:prefix_cache_queries", "Prefix cache queries, in tokens."
-        ).labels(model_name)
-        self.prefix_hits = counter(
-            "vllm:prefix_cache_hits", "Prefix cache hits, in tokens."
-        ).labels(model_name)
-        self._success = counter(
-            "vllm:request_success", "Count of successfully processed requests.", ["finished_reason"]
         )
-        self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens.").labels(
-            model_name
-        )
-        self.generation_tokens = counter(
-            "vllm:generation_tokens", "Number of generation tokens."
-        ).labels(model_name)
+        self.prefix_hits = counter("vllm:prefix_cache_hits", "Prefix cache hits, in tokens.")
+        self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens.")
+        self.generation_tokens = counter("vllm:generation_tokens", "Number of generation tokens.")
         self.shadow_checks = counter(
             "kcops_worker_shadow_checks", "Shadow checks of optimized requests."
-        ).labels(model_name)
-        self._routed = counter("kcops_worker_requests_routed", "Requests by path.", ["path"])
+        )
+        self._success = Counter(
+            "vllm:request_success",
+            "Count of successfully processed requests.",
+            [*lbl, "finished_reason"],
+            registry=r,
+        )
+        self._routed = Counter(
+            "kcops_worker_requests_routed", "Requests by path.", [*lbl, "path"], registry=r
+        )
         self._per_request(r)
         r.register(_LiveCollector(model_name, read_live))
 

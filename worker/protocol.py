@@ -62,12 +62,7 @@ class ApiError(Exception):
     }
 
     def __init__(
-        self,
-        message: str,
-        status: int = 400,
-        *,
-        param: str | None = None,
-        code: str | None = None,
+        self, message: str, status: int = 400, *, param: str | None = None, code: str | None = None
     ) -> None:
         super().__init__(message)
         self.message, self.status, self.param, self.code = message, status, param, code

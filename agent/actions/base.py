@@ -1,8 +1,8 @@
 """What every action is: a plain async function over a typed parameter model.
 
-An action never applies guards itself; :class:`~kcops.agent.actions.runner.Runner`
+An action never applies guards itself; :class:`~kcops.agent.remediation.runner.Runner`
 does that for all of them. It raises
-:class:`~kcops.errors.ActionRejected` when it cannot do what was asked
+:class:`~kcops.agent.outcome.ActionRejected` when it cannot do what was asked
 (unsupported engine, already at a bound) and lets anything else raise.
 """
 
@@ -14,16 +14,22 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, JsonValue, ValidationError
 
-from kcops.agent.actions.outcome import ActionName, Refusal
-from kcops.agent.actions.records import JSONObject
+from kcops.agent.outcome import ActionName, ActionRejected, Refusal
 from kcops.agent.yamlload import excerpt
-from kcops.errors import ActionRejected
 
 if TYPE_CHECKING:
-    from kcops.agent.actions.scale_out import Replicas
     from kcops.agent.config import Config
     from kcops.agent.engine import Engine
     from kcops.agent.store import Store
+
+JSONObject = dict[str, JsonValue]
+
+
+class Replicas:
+    """The desired replica count the agent publishes (scale_out); persisted with the guards."""
+
+    def __init__(self, desired: int | None = None) -> None:
+        self.desired = desired
 
 
 class SupervisorHandle(Protocol):
@@ -83,6 +89,14 @@ class ActionContext:
     replicas: Replicas | None = None
 
 
+class Change(BaseModel):
+    """An engine's answer to an admin change (route, top-N): its state before and after."""
+
+    model_config = ConfigDict(extra="ignore")
+    before: JsonValue = None
+    after: JsonValue = None
+
+
 @dataclass
 class ActionResult:
     """What a run did. ``before``/``after`` are what the engine reported."""
@@ -99,13 +113,26 @@ class ActionResult:
 ActionFn = Callable[[ActionContext, Any], Awaitable[ActionResult]]
 # Runs before any guard, in dry-run as in enforce: raise ActionRejected to refuse
 # without using the budget or starting a cooldown (unsupported by the engine,
-# not configured, no target, the engine still starting).
+# not configured, no target, the engine still starting). It looks at configuration
+# and local facts that cost nothing to read (a file's existence), never the engine.
 Precheck = Callable[[Check, Any], None]
 # Runs after the prechecks and guards and before acting, in dry-run as in enforce:
 # it may read (the engine's state document) but never change anything. Raising
 # ActionRejected refuses the run (at a bound, ...): a dry run then records "would
 # refuse" where an enforcing run refuses, and neither spends cooldown or budget.
 Look = Callable[[ActionContext, Any], Awaitable[None]]
+
+
+def kube_token(check: Check, what: str) -> None:
+    """A precheck of the actions that call the Kubernetes API: refuse (``not_configured``)
+    when the service account token file is missing (every call would be refused for it)."""
+    path = check.config.actions.kubernetes.token_file
+    if not path.is_file():
+        raise ActionRejected(
+            f"{what}: no Kubernetes service account token at {path} (mount the service "
+            "account token, or set actions.kubernetes.token_file)",
+            Refusal.NOT_CONFIGURED,
+        )
 
 
 # What a run acts on, for one-in-flight and cooldown: the engine, unless said.
@@ -121,7 +148,7 @@ class ActionSpec:
     precheck: Precheck | None = None
     look: Look | None = None
     # pod: runs in every pod's agent; fleet: once per fleet, under the fleet
-    # lease (kcops.agent.actions.lease), which the action itself takes.
+    # lease (kcops.agent.actions.lease_core), which the action itself takes.
     scope: Literal["pod", "fleet"] = "pod"
     # False: run by kcops itself or by hand, never named by a rule's ladder.
     ladder: bool = True

@@ -14,11 +14,16 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from kcops.agent.actions.base import ActionContext, ActionResult, ActionSpec, Check, Params
-from kcops.agent.actions.outcome import ActionName, Refusal
-from kcops.agent.actions.records import JSONObject
+from kcops.agent.actions.base import (
+    ActionContext,
+    ActionResult,
+    ActionSpec,
+    Check,
+    JSONObject,
+    Params,
+)
 from kcops.agent.engine import series
-from kcops.errors import ActionRejected
+from kcops.agent.outcome import ActionName, ActionRejected, Refusal
 
 # How long to wait for a scrape after the eviction, for "after" (a few ticks).
 AFTER_WAIT_S = 5.0
@@ -58,11 +63,12 @@ async def _evict_engine(ctx: ActionContext, p: EvictParams) -> dict[str, Any]:
     after: dict[str, Any] = {}
     if ctx.store is not None and before.get("t") is not None:
         after = await series.after(ctx.store, adapter, returned_at, AFTER_WAIT_S)
+    own_before, own_after = out.get("before"), out.get("after")
     return {
         "answer": out,
         # The engine's series, plus the kcops worker's own block counts when it reports them.
-        "before": {**before, **(out["before"] if isinstance(out.get("before"), dict) else {})},
-        "after": {**after, **(out["after"] if isinstance(out.get("after"), dict) else {})},
+        "before": {**before, **(own_before if isinstance(own_before, dict) else {})},
+        "after": {**after, **(own_after if isinstance(own_after, dict) else {})},
     }
 
 

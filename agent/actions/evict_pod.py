@@ -16,10 +16,10 @@ from kcops.agent.actions.base import (
     Check,
     NoParams,
     Params,
+    kube_token,
 )
 from kcops.agent.actions.kube import KubeClient
-from kcops.agent.actions.outcome import ActionName
-from kcops.agent.actions.prechecks import kube_token
+from kcops.agent.outcome import ActionName
 
 
 def needs_token(check: Check, _: Params) -> None:

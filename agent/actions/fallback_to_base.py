@@ -14,11 +14,12 @@ from kcops.agent.actions.base import (
     ActionContext,
     ActionResult,
     ActionSpec,
+    Change,
     Check,
     NoParams,
     Params,
 )
-from kcops.agent.actions.outcome import ActionName
+from kcops.agent.outcome import ActionName
 
 
 class FallbackParams(Params):
@@ -40,21 +41,16 @@ def needs_route(check: Check, _: Params) -> None:
 
 
 async def fallback_to_base(ctx: ActionContext, p: FallbackParams) -> ActionResult:
-    out = await ctx.engine.set_route("fallback")
+    out = Change.model_validate(await ctx.engine.set_route("fallback"))
     hold = ctx.config.actions.fallback.hold_s if p.hold_s is None else p.hold_s
     return ActionResult(
-        detail="routing long requests to the base model",
-        before=out.get("before"),
-        after=out.get("after"),
-        data={"restore_after_s": hold},
+        "routing long requests to the base model", out.before, out.after, {"restore_after_s": hold}
     )
 
 
 async def restore_route(ctx: ActionContext, p: NoParams) -> ActionResult:
-    out = await ctx.engine.set_route("normal")
-    return ActionResult(
-        detail="normal routing restored", before=out.get("before"), after=out.get("after")
-    )
+    out = Change.model_validate(await ctx.engine.set_route("normal"))
+    return ActionResult("normal routing restored", out.before, out.after)
 
 
 SPEC = ActionSpec(

@@ -26,9 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kcops.agent.actions.outcome import Refusal
 from kcops.agent.config.actions import KubernetesSection
-from kcops.errors import ActionRejected
+from kcops.agent.outcome import ActionRejected, Refusal
 
 NS_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 

@@ -1,5 +1,5 @@
 """The fleet lease in Kubernetes: a ``coordination.k8s.io`` Lease for the lock, the
-HPA's own annotations for the state (see :mod:`.lease`)."""
+HPA's own annotations for the state (see :mod:`.lease_core`)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from kcops.agent.actions.lease_core import FleetState, FleetWrite, Grant, busy, opt_float
-from kcops.agent.actions.outcome import Refusal
-from kcops.errors import ActionRejected
+from kcops.agent.outcome import ActionRejected, Refusal
 
 ANN = "kcops.io/"  # annotation prefix of the fleet state on the HPA
 

@@ -1,5 +1,5 @@
 """The fleet lease on Redis: a lock key with a fencing token, the state in a hash
-beside it, written by one Lua script (see :mod:`.lease`)."""
+beside it, written by one Lua script (see :mod:`.lease_core`)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,7 @@ import time
 from typing import Any
 
 from kcops.agent.actions.lease_core import FleetState, FleetWrite, Grant, busy, opt_float
-from kcops.agent.actions.outcome import Refusal
-from kcops.errors import ActionRejected
+from kcops.agent.outcome import ActionRejected, Refusal
 
 _ACQUIRE = """
 local cur = redis.call('GET', KEYS[1])

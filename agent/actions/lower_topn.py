@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from kcops.agent.actions.base import ActionContext, ActionResult, ActionSpec
-from kcops.agent.actions.outcome import ActionName
 from kcops.agent.actions.topn import TopNParams, change_topn, look_lower, needs_topn
+from kcops.agent.outcome import ActionName
 
 
 async def lower_topn(ctx: ActionContext, p: TopNParams) -> ActionResult:

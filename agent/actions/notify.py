@@ -7,12 +7,17 @@ from typing import Literal
 
 from pydantic import Field, JsonValue
 
-from kcops.agent.actions.base import ActionContext, ActionResult, ActionSpec, Check, Params
-from kcops.agent.actions.outcome import ActionName, Refusal
-from kcops.agent.actions.records import JSONObject
+from kcops.agent.actions.base import (
+    ActionContext,
+    ActionResult,
+    ActionSpec,
+    Check,
+    JSONObject,
+    Params,
+)
 from kcops.agent.config.actions import NotifySection
 from kcops.agent.httpclient import HttpClient
-from kcops.errors import ActionRejected
+from kcops.agent.outcome import ActionName, ActionRejected, Refusal
 
 
 class NotifyParams(Params):

@@ -13,7 +13,7 @@ import redis.asyncio as aioredis
 from redis.crc import key_slot
 from redis.exceptions import ResponseError
 
-from kcops.agent.actions.records import JSONObject
+from kcops.agent.actions.base import JSONObject
 
 _GLOB_SPECIAL = "\\*?[]^"
 

@@ -25,17 +25,16 @@ from kcops.agent.actions.base import (
     ActionResult,
     ActionSpec,
     Check,
+    JSONObject,
     NoParams,
     Params,
+    kube_token,
 )
 from kcops.agent.actions.kube import KubeClient
-from kcops.agent.actions.outcome import ActionName, Refusal
-from kcops.agent.actions.prechecks import kube_token
-from kcops.agent.actions.records import JSONObject
 from kcops.agent.engine import lifecycle as lc
 from kcops.agent.engine import proctree
 from kcops.agent.engine.shutdown import engine_drain_s
-from kcops.errors import ActionRejected
+from kcops.agent.outcome import ActionName, ActionRejected, Refusal
 
 
 def engine_pid(ctx: ActionContext) -> int | None:

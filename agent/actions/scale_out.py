@@ -1,7 +1,7 @@
 """``scale_out``: ask for more replicas, once per fleet.
 
 A fleet action: with ``actions.scale.lease.backend`` set it first takes the
-fleet lease (:mod:`kcops.agent.actions.lease`), checks the fleet's cooldown,
+fleet lease (:mod:`kcops.agent.actions.lease_core`), checks the fleet's cooldown,
 and writes the new replica floor fenced by its lease token. In a cluster the
 floor is the HPA's ``minReplicas`` (``actions.scale.hpa``, and never above
 the HPA's own ``maxReplicas``): the HPA keeps owning ``replicas``, kcops only
@@ -27,13 +27,18 @@ from typing import Any
 
 from pydantic import Field
 
-from kcops.agent.actions.audit import AuditLog
-from kcops.agent.actions.base import ActionContext, ActionResult, ActionSpec, Params
-from kcops.agent.actions.lease import Fleet, FleetState, FleetWrite, Grant
-from kcops.agent.actions.outcome import ActionName, Refusal
-from kcops.agent.actions.records import FleetRecord
+from kcops.agent.actions.base import (
+    ActionContext,
+    ActionResult,
+    ActionSpec,
+    Check,
+    Params,
+    Replicas,
+    kube_token,
+)
+from kcops.agent.actions.lease_core import Fleet, FleetState, FleetWrite, Grant
 from kcops.agent.config import Config
-from kcops.errors import ActionRejected
+from kcops.agent.outcome import ActionName, ActionRejected, Refusal
 
 log = logging.getLogger("kcops.agent.actions")
 
@@ -41,13 +46,6 @@ log = logging.getLogger("kcops.agent.actions")
 
 # How often each agent reads the fleet's hold (one GET of the HPA, or one HGETALL).
 RELEASE_CHECK_S = 30.0
-
-
-class Replicas:
-    """The desired replica count the agent publishes; persisted with the guard state."""
-
-    def __init__(self, desired: int | None = None) -> None:
-        self.desired = desired
 
 
 class ScaleParams(Params):
@@ -65,32 +63,64 @@ def holder_name(config: Config) -> str:
     )
 
 
+def configured(config: Config) -> None:
+    """Refuse what the configuration alone says scale_out cannot do: checked by its
+    precheck (so a dry run says it too) and again by :func:`open_fleet` before acting."""
+    cfg = config.actions.scale
+    lease = cfg.lease
+    if not (cfg.deployment or cfg.hpa or cfg.hpa_reads_gauge) and lease.backend == "none":
+        # Nothing would act on its number: it would report a scale-out that never is.
+        raise ActionRejected(
+            "scale_out: no scaler configured (set actions.scale.deployment, actions.scale.hpa, "
+            "actions.scale.hpa_reads_gauge, or a fleet lease)",
+            Refusal.NOT_CONFIGURED,
+        )
+    if cfg.hpa and lease.backend == "none":
+        raise ActionRejected(
+            f"actions.scale.hpa {cfg.hpa} is set but actions.scale.lease.backend is none: "
+            "raising an HPA's floor is a fleet action and needs the lease",
+            Refusal.UNSUPPORTED,
+        )
+    if lease.backend == "kubernetes" and not cfg.hpa:
+        raise ActionRejected(
+            "actions.scale.lease.backend is kubernetes but actions.scale.hpa is not set",
+            Refusal.UNSUPPORTED,
+        )
+    if lease.backend == "redis" and not (lease.redis_url or config.actions.evict.redis_url):
+        raise ActionRejected(
+            "actions.scale.lease.backend is redis but neither lease.redis_url nor "
+            "actions.evict.redis_url is set",
+            Refusal.UNSUPPORTED,
+        )
+
+
+def precheck(check: Check, _: Params) -> None:
+    configured(check.config)
+    cfg = check.config.actions.scale
+    if cfg.lease.backend == "kubernetes" or (cfg.lease.backend == "none" and cfg.deployment):
+        kube_token(check, ActionName.SCALE_OUT)  # it would call the Kubernetes API
+
+
 def open_fleet(config: Config) -> Fleet | None:
-    """The configured fleet backend, or None (this agent acts alone)."""
+    """The configured fleet backend, or None (this agent acts alone); ActionRejected for
+    a configuration it cannot act on (:func:`configured`)."""
+    configured(config)
     cfg = config.actions.scale
     lease = cfg.lease
     if lease.backend == "redis":
         url = lease.redis_url or config.actions.evict.redis_url
-        if not url:
-            raise ActionRejected(
-                "actions.scale.lease.backend is redis but neither lease.redis_url nor "
-                "actions.evict.redis_url is set",
-                Refusal.UNSUPPORTED,
-            )
-        from kcops.agent.actions.lease import RedisFleet
+        assert url  # configured() checked it
+        from kcops.agent.actions.lease_redis import RedisFleet
 
         return RedisFleet(url, lease.name, lease.duration_s, cfg.min_replicas)
     if lease.backend == "kubernetes":
-        if not cfg.hpa:
-            raise ActionRejected(
-                "actions.scale.lease.backend is kubernetes but actions.scale.hpa is not set",
-                Refusal.UNSUPPORTED,
-            )
         from kcops.agent.actions.kube import KubeClient
-        from kcops.agent.actions.lease import KubeFleet
+        from kcops.agent.actions.lease_kube import KubeFleet
 
-        kube = KubeClient(config.actions.kubernetes)
-        return KubeFleet(kube, lease.name, cfg.hpa, lease.duration_s)
+        assert cfg.hpa  # configured() checked it
+        return KubeFleet(
+            KubeClient(config.actions.kubernetes), lease.name, cfg.hpa, lease.duration_s
+        )
     return None
 
 
@@ -164,12 +194,6 @@ async def _alone(ctx: ActionContext, replicas: Replicas, step: int) -> ActionRes
     """No fleet lease: a single replica's agent. With actions.scale.deployment (and no
     HPA owning it) it patches the Deployment's scale; else it only publishes the gauge."""
     cfg = ctx.config.actions.scale
-    if cfg.hpa:
-        raise ActionRejected(
-            f"actions.scale.hpa {cfg.hpa} is set but actions.scale.lease.backend is none: "
-            "raising an HPA's floor is a fleet action and needs the lease",
-            Refusal.UNSUPPORTED,
-        )
     kube = None
     if cfg.deployment:
         from kcops.agent.actions.kube import KubeClient
@@ -241,15 +265,11 @@ class HoldKeeper:
     def __init__(
         self,
         config: Config,
-        audit: AuditLog,
-        replicas: Replicas,
-        on_change: Callable[[], None],
+        on_release: Callable[[float, int], None],
         every_s: float = RELEASE_CHECK_S,
     ) -> None:
         self.config = config
-        self.audit = audit
-        self.replicas = replicas
-        self.on_change = on_change
+        self.on_release = on_release  # (now, the restored floor): publish, save, audit
         self.every_s = every_s
         self.next_at = 0.0
         self.task: asyncio.Task[None] | None = None
@@ -278,9 +298,7 @@ class HoldKeeper:
             return
         self.last_error = None
         if restored is not None:
-            self.replicas.desired = restored
-            self.on_change()
-            self.audit.append(FleetRecord(ts=now, event="hold_released", min_replicas=restored))
+            self.on_release(now, restored)
             log.info("fleet hold over: replica floor back to %d", restored)
 
     async def stop(self) -> None:
@@ -295,6 +313,7 @@ SPEC = ActionSpec(
     ScaleParams,
     "Raise the fleet's replica floor (HPA minReplicas, or the desired-replicas gauge) "
     "under the fleet lease, for actions.scale.hold_s.",
+    precheck=precheck,
     scope="fleet",
     target="replicas",
 )

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 
-from kcops.agent.actions.base import ActionContext, ActionResult, Check, Params
-from kcops.agent.actions.outcome import Refusal
-from kcops.errors import ActionRejected
+from kcops.agent.actions.base import ActionContext, ActionResult, Change, Check, Params
+from kcops.agent.outcome import ActionRejected, Refusal
+
+
+class TopNState(BaseModel):
+    """What top-N reads of the engine's state document: N and the engine's own bounds."""
+
+    model_config = ConfigDict(extra="ignore")
+    top_n: int
+    top_n_bounds: tuple[int, int] | None = None
 
 
 class TopNParams(Params):
@@ -24,12 +31,10 @@ async def plan(ctx: ActionContext, p: TopNParams, direction: int) -> tuple[int, 
     exactly where an enforcing run would.
     """
     cfg = ctx.config.actions.topn
-    state = await ctx.engine.state_doc()
-    current = int(state["top_n"])
-    lo, hi = cfg.min, cfg.max
-    bounds = state.get("top_n_bounds")
-    if isinstance(bounds, list | tuple) and len(bounds) == 2:
-        lo, hi = max(lo, int(bounds[0])), min(hi, int(bounds[1]))
+    state = TopNState.model_validate(await ctx.engine.state_doc())
+    current, lo, hi = state.top_n, cfg.min, cfg.max
+    if state.top_n_bounds is not None:
+        lo, hi = max(lo, state.top_n_bounds[0]), min(hi, state.top_n_bounds[1])
     step = p.step or cfg.step
     wanted = min(hi, max(lo, current + direction * step))
     if wanted == current:
@@ -49,9 +54,9 @@ async def look_raise(ctx: ActionContext, p: TopNParams) -> None:
 
 async def change_topn(ctx: ActionContext, p: TopNParams, direction: int) -> ActionResult:
     current, wanted = await plan(ctx, p, direction)
-    out = await ctx.engine.set_topn(wanted)
-    return ActionResult(
-        detail=f"top_n {current} -> {wanted}",
-        before=out.get("before", {"top_n": current}),
-        after=out.get("after", {"top_n": wanted}),
+    answer = await ctx.engine.set_topn(wanted)
+    # The engine's own before/after when it gives them, else what was asked.
+    out = Change.model_validate(
+        {"before": {"top_n": current}, "after": {"top_n": wanted}, **answer}
     )
+    return ActionResult(f"top_n {current} -> {wanted}", out.before, out.after)

@@ -34,7 +34,7 @@ def tick_histogram() -> Histogram:
 
 class RegexCacheStats(Protocol):
     """A bounded cache's size, bound and evictions (the rules' and queries' compiled
-    regexes, kcops.agent.rules.regex.CACHE, handed in by the app)."""
+    regexes, kcops.agent.promql.regex.CACHE, handed in by the app)."""
 
     bytes: int
     max_bytes: int

@@ -8,7 +8,7 @@ metrics page, else by the registry's probes), keeps one shared HTTP client,
 and reads routes and capabilities from the kind
 (:class:`~kcops.agent.engine.kinds.kind.EngineKind`): nothing here names an engine.
 
-Refusals are :class:`~kcops.errors.ActionRejected` with a reason code
+Refusals are :class:`~kcops.agent.outcome.ActionRejected` with a reason code
 the runner records in the audit log: ``not_configured`` (no ``engine.url``),
 ``unsupported`` (the engine lacks the capability), ``starting`` (the engine
 is loading or not identified yet).
@@ -18,26 +18,25 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Protocol
 
 from pydantic import JsonValue
 
 from kcops.agent.engine import lifecycle as lc
 from kcops.agent.engine.kinds import AUTO, Capabilities, EngineKind, EngineRegistry, builtin_kinds
-from kcops.agent.engine.kinds.kind import WHAT
+from kcops.agent.engine.kinds.kind import WHAT, Routes
 from kcops.agent.engine.lifecycle import EngineState, Lifecycle
 from kcops.agent.httpclient import HttpClient, HttpError, HttpTimeout
-from kcops.errors import ActionRejected
+from kcops.agent.outcome import ActionRejected, Refusal
 
 if TYPE_CHECKING:
     from kcops.agent.config.engine import EngineSection
-    from kcops.agent.engine.watch import StallWatch
 
 # What an admin route answers: its JSON, its text (first 300 chars), or None when empty.
 Answer = dict[str, object] | list[object] | str | int | float | bool | None
 JsonBody = dict[str, object]
-# An admin route's JSON object as the actions read it (by key: agent/actions).
-Report = dict[str, Any]
+# An admin route's JSON object; the actions read it through their own models.
+Report = dict[str, object]
 
 log = logging.getLogger("kcops.agent.engine")
 
@@ -46,6 +45,11 @@ IDENTIFY_EVERY_S = 10.0
 
 class EngineFailed(RuntimeError):
     """The engine answered, and its answer says the operation did not happen."""
+
+
+class Watch(Protocol):  # what the engine reads of the stall watch (engine/watch.py)
+    def report(self) -> dict[str, object]: ...
+    def evidence(self) -> dict[str, JsonValue]: ...
 
 
 class Engine:
@@ -77,12 +81,12 @@ class Engine:
         # True once something feeds the lifecycle (the health collector): without
         # health checks the state is unknown and never holds an action back.
         self.tracked = False
-        self._probed_dev_mode = False
+        self._identified = False  # the kind known and its run-time extras (pause) probed
         # Set while a restart drains and stops the engine (why), so a load balancer
         # asking the agent's /api/v1/engine/ready stops sending it work.
         self.draining: str | None = None
         # The stall watch (progress and canary), when one runs: status and evidence.
-        self.watch: StallWatch | None = None
+        self.watch: Watch | None = None
         self._identify_at = 0.0
         self._identifying: asyncio.Task[None] | None = None
 
@@ -121,7 +125,7 @@ class Engine:
         """Find an auto-detected engine's kind and capabilities, off the caller's tick (an
         engine that does not answer must not hold the loop): tried at most every
         ``IDENTIFY_EVERY_S`` until known."""
-        if self.url is None or self.identified or now < self._identify_at:
+        if self.url is None or self._identified or now < self._identify_at:
             return
         if self._identifying is not None and not self._identifying.done():
             return
@@ -150,14 +154,7 @@ class Engine:
     @property
     def capabilities(self) -> Capabilities | None:
         """What the engine can do; None until the kind is known."""
-        if self.kind is None:
-            return None
-        return self._caps if self._caps is not None else self.kind.capabilities
-
-    @property
-    def identified(self) -> bool:
-        """True once the kind is known and its run-time extras (pause) were probed."""
-        return self.kind is not None and self._probed_dev_mode
+        return None if self.kind is None else (self._caps or self.kind.capabilities)
 
     async def resolve(self) -> str:
         """The kind's name, found once (asking the registry's probes when still unknown)."""
@@ -174,10 +171,10 @@ class Engine:
             else:
                 raise ActionRejected(
                     f"cannot tell which engine answers at {base} yet; set engine.adapter",
-                    "starting",
+                    Refusal.STARTING,
                 )
         assert self.kind is not None
-        if not self._probed_dev_mode:
+        if not self._identified:
             await self._probe_extras(base, self.kind)
         return self.kind.name
 
@@ -191,7 +188,7 @@ class Engine:
             except HttpError:
                 return  # not answering yet: probe again next time
         self._caps = table
-        self._probed_dev_mode = True
+        self._identified = True
 
     def _kind(self) -> EngineKind:
         assert self.kind is not None, "resolve() first"
@@ -199,7 +196,7 @@ class Engine:
 
     def need_url(self) -> str:
         if not self.url:
-            raise ActionRejected("engine.url is not configured", "not_configured")
+            raise ActionRejected("engine.url is not configured", Refusal.NOT_CONFIGURED)
         return self.url
 
     def not_starting(self) -> None:
@@ -208,7 +205,7 @@ class Engine:
             raise ActionRejected(
                 "the engine is still starting (not ready since it started at "
                 f"{self.lifecycle.started_at:.0f})",
-                "starting",
+                Refusal.STARTING,
             )
 
     def require(self, what: str, *, policy: str | None = None) -> None:
@@ -219,7 +216,7 @@ class Engine:
             raise ActionRejected(
                 f"the engine at {self.url} is not identified yet (adapter auto); "
                 "set engine.adapter",
-                "starting",
+                Refusal.STARTING,
             )
         name = self.adapter
         if what == "evict":
@@ -227,11 +224,11 @@ class Engine:
                 allowed = ", ".join(sorted(have.evict)) or "none"
                 raise ActionRejected(
                     f"{name} cannot evict with policy {policy!r} (it can: {allowed})",
-                    "unsupported",
+                    Refusal.UNSUPPORTED,
                 )
             return
         if not getattr(have, what):
-            raise ActionRejected(f"{name} has no {WHAT.get(what, what)}", "unsupported")
+            raise ActionRejected(f"{name} has no {WHAT.get(what, what)}", Refusal.UNSUPPORTED)
 
     # -- lifecycle --------------------------------------------------------------
 
@@ -253,20 +250,17 @@ class Engine:
 
     def report(self) -> dict[str, object]:
         """The engine section of the agent's status: its kind, lifecycle and progress."""
-        out: dict[str, object] = {
+        return {
             "adapter": self.adapter,
             "state": self.state.value,
             "since": round(self.lifecycle.since, 3),
             "draining": self.draining,
+            "progress": self.watch.report() if self.watch is not None else None,
         }
-        out["progress"] = self.watch.report() if self.watch is not None else None
-        return out
 
     def evidence(self) -> dict[str, JsonValue]:
         """Why the engine is judged as it is (for an audit record)."""
-        if self.watch is not None:
-            return self.watch.evidence()
-        return {"state": self.state.value}
+        return self.watch.evidence() if self.watch is not None else {"state": self.state.value}
 
     def starting_overrun_s(self, now: float) -> float | None:
         """Seconds the current start has lasted, while starting; None otherwise."""
@@ -296,7 +290,7 @@ class Engine:
         )
         if resp.status_code == 400:
             raise ActionRejected(
-                f"{method} {path}: engine refused: {resp.text[:300]}", "engine_refused"
+                f"{method} {path}: engine refused: {resp.text[:300]}", Refusal.ENGINE_REFUSED
             )
         if resp.status_code >= 400:
             raise EngineFailed(f"{method} {path}: HTTP {resp.status_code}: {resp.text[:300]}")
@@ -308,11 +302,16 @@ class Engine:
             return resp.text[:300]
         return got
 
-    async def state_doc(self) -> Report:
+    async def _route(self, what: str) -> str:
+        """The path of admin route ``what`` (route, topn, state), refused where there is none."""
         await self.resolve()
-        self.require("state")
-        path = self._kind().routes.state
-        assert path is not None  # require("state") checked it
+        self.require(what)
+        path: str | None = getattr(self._kind().routes, what)
+        assert path is not None  # require() checked it
+        return path
+
+    async def state_doc(self) -> Report:
+        path = await self._route("state")
         out = await self.call("GET", path)
         if not isinstance(out, dict):
             raise EngineFailed(f"GET {path}: not a JSON object: {str(out)[:200]}")
@@ -326,7 +325,7 @@ class Engine:
         assert route is not None  # require("evict") checked it
         if route.policy_body:
             out = await self.call("POST", route.path, {"policy": policy, "fraction": fraction})
-            return out if isinstance(out, dict) else {"response": out}
+            return _report(out)
         params = None
         if route.drop_running_param is not None:
             have = self.capabilities
@@ -342,20 +341,10 @@ class Engine:
         return {"policy": "all", "route": route.path, "response": out}
 
     async def set_route(self, mode: str) -> Report:
-        await self.resolve()
-        self.require("route")
-        path = self._kind().routes.route
-        assert path is not None
-        out = await self.call("POST", path, {"mode": mode})
-        return out if isinstance(out, dict) else {"response": out}
+        return _report(await self.call("POST", await self._route("route"), {"mode": mode}))
 
     async def set_topn(self, top_n: int) -> Report:
-        await self.resolve()
-        self.require("topn")
-        path = self._kind().routes.topn
-        assert path is not None
-        out = await self.call("POST", path, {"top_n": top_n})
-        return out if isinstance(out, dict) else {"response": out}
+        return _report(await self.call("POST", await self._route("topn"), {"top_n": top_n}))
 
     async def admission_control(self) -> str | None:
         """How this engine stops admitting new work: ``drain`` (kcops worker), ``pause``
@@ -365,12 +354,8 @@ class Engine:
             await self.resolve()
         except ActionRejected:
             return None
-        have = self.capabilities
-        if have is not None and have.drain:
-            return "drain"
-        if have is not None and have.pause:
-            return "pause"
-        return None
+        have = self.capabilities or Capabilities()
+        return "drain" if have.drain else "pause" if have.pause else None
 
     async def stop_admitting(self, deadline_s: float) -> str | None:
         """Stop new work: kcops drain, vLLM /pause (dev mode). Returns how, or None.
@@ -379,26 +364,21 @@ class Engine:
         requests finished: it is the drain itself, so it gets the drain deadline.
         """
         how = await self.admission_control()
-        routes = self._kind().routes if how is not None else None
-        if how == "drain" and routes is not None and routes.drain is not None:
+        routes = self._kind().routes if how is not None else Routes()
+        if how == "drain" and routes.drain is not None:
             await self.call("POST", routes.drain, {"admit": False})
-        elif how == "pause" and routes is not None and routes.pause is not None:
+        elif how == "pause" and routes.pause is not None:
             p = routes.pause
             try:
                 await self.call("POST", p.pause, params=dict(p.pause_params), timeout_s=deadline_s)
             except HttpTimeout:
                 log.warning(
-                    "%s %s: running requests not done within %.0fs",
-                    self.adapter,
-                    p.pause,
-                    deadline_s,
+                    "%s %s: requests still running after %.0fs", self.adapter, p.pause, deadline_s
                 )
         return how
 
     async def resume_admitting(self, how: str | None) -> None:
-        routes = self.kind.routes if self.kind is not None else None
-        if routes is None:
-            return
+        routes = self.kind.routes if self.kind is not None else Routes()
         if how == "drain" and routes.drain is not None:
             await self.call("POST", routes.drain, {"admit": True})
         elif how == "pause" and routes.pause is not None:
@@ -411,3 +391,8 @@ class Engine:
             return None
         got = (await self.state_doc()).get("in_flight")
         return int(got) if isinstance(got, int) and not isinstance(got, bool) else None
+
+
+def _report(answer: Answer) -> Report:
+    """An admin route's answer as a JSON object (a non-object one under ``response``)."""
+    return answer if isinstance(answer, dict) else {"response": answer}

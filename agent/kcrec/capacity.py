@@ -61,6 +61,16 @@ def kv_share(
     return (dense + (layers - dense) * kept / total) / layers
 
 
+# The document's figures in the order it lists them; each None until it is known.
+FIGURES = (
+    "what_if", "kv_bytes_now", "kv_usage_ratio_now", "kv_cache_tokens", "kv_tokens_now",
+    "kv_tokens_at_recommended", "cache_sequences_now", "cache_sequences_at_recommended",
+    "running_sequences", "mean_context_tokens", "kv_share_now", "kv_share_at_recommended",
+    "kv_ratio_at_recommended", "kv_bytes_at_recommended", "kv_usage_ratio_at_recommended",
+    "kv_bytes_per_token_estimate", "sequences_at_same_memory", "more_sequences",
+)  # fmt: skip
+
+
 def capacity(
     *,
     context: tuple[Sequence[float], Sequence[float]] | None,
@@ -78,26 +88,15 @@ def capacity(
     """The ``capacity`` part of the document; figures that cannot be known are None.
     ``kv_tokens``: the tokens the engine's KV cache holds when full."""
     held = kv_usage * kv_tokens if kv_usage is not None and kv_tokens is not None else None
-    out: dict[str, Any] = {
-        "what_if": n_now is None,
-        "kv_bytes_now": kv_bytes,
-        "kv_usage_ratio_now": kv_usage,
-        "kv_cache_tokens": kv_tokens,
-        "kv_tokens_now": None if held is None else round(held),
-        "kv_tokens_at_recommended": None,
-        "cache_sequences_now": None,
-        "cache_sequences_at_recommended": None,
-        "running_sequences": running,
-        "mean_context_tokens": None,
-        "kv_share_now": None,
-        "kv_share_at_recommended": None,
-        "kv_ratio_at_recommended": None,
-        "kv_bytes_at_recommended": None,
-        "kv_usage_ratio_at_recommended": None,
-        "kv_bytes_per_token_estimate": None,
-        "sequences_at_same_memory": None,
-        "more_sequences": None,
-    }
+    out: dict[str, Any] = dict.fromkeys(FIGURES)
+    out.update(
+        what_if=n_now is None,
+        kv_bytes_now=kv_bytes,
+        kv_usage_ratio_now=kv_usage,
+        kv_cache_tokens=kv_tokens,
+        kv_tokens_now=None if held is None else round(held),
+        running_sequences=running,
+    )
     if context is None or n_rec is None:
         return out
     ctx = _mids(*context)

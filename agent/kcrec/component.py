@@ -1,11 +1,13 @@
 """The recommender: the live K(C) budget recommendation, on a schedule and on demand.
 
-Every ``recommendation.interval_s`` (and on ``GET /api/v1/kc/recommendation?refresh=1``)
-it reads the window's K(C) buckets from the store, asks the engine for its current
-budget (the admin state, where the engine has one; else ``kcops_attention_topn``),
-and builds the document (:mod:`.compute`, :mod:`.capacity`). Its gauges are written every
-tick from the last document, so they stay fresh for the exporter and the rules; a
-document that recommends nothing removes them (staleness markers): unknown is absent.
+Every ``recommendation.interval_s`` (and on ``GET /api/v1/kc/recommendation?refresh=1``,
+which needs the token: a recomputation reads every K(C) series of the window, so callers
+that ask together share one) it reads the window's K(C) buckets from the store, asks the
+engine for its current budget (the admin state, where the engine has one; else
+``kcops_attention_topn``), and builds the document (:mod:`.compute`, :mod:`.capacity`).
+Its gauges are written every tick from the last document, so they stay fresh for the
+exporter and the rules; a document that recommends nothing removes them (staleness
+markers): unknown is absent.
 
 While there is no recommendation yet (no data, too few samples), it looks every
 ``READY_CHECK_S`` whether every layer now has its ``min_samples``, and recomputes as soon
@@ -59,6 +61,7 @@ LOOKBACK_S = 300.0  # a gauge older than this (Prometheus's lookback) is not "no
 MISMATCH_BELOW, MISMATCH_ABOVE = "below", "above"
 ABOVE_RATIO = 4.0
 READY_CHECK_S = 5.0  # while nothing is recommended: how often the samples are counted
+REFRESH_MIN_S = 1.0  # a document computed this recently answers ?refresh=1
 
 
 class Recommender:
@@ -74,6 +77,7 @@ class Recommender:
         self.written: set[SeriesKey] = set()
         self.runs = 0
         self.ready_check_at = 0.0
+        self.refreshed_at = -math.inf  # loop time of the last computation a caller waited for
 
     async def start(self) -> None:
         # A calibration that cannot be read refuses the start, with its file and reason.
@@ -122,6 +126,18 @@ class Recommender:
         except Exception:
             log.exception("the live K(C) recommendation failed")
             return self.doc or {}
+
+    async def refreshed(self) -> None:
+        """A recomputation, shared: whoever asks while one runs (the schedule's or another
+        caller's) waits for that one, and one that ended under ``REFRESH_MIN_S`` ago is
+        fresh enough, so callers cost at most one computation a second however many."""
+        loop = asyncio.get_running_loop()
+        if self.task is None or self.task.done():
+            if self.doc is not None and loop.time() - self.refreshed_at < REFRESH_MIN_S:
+                return
+            self.task = asyncio.create_task(self.scheduled(self.ctx.clock()))
+        await asyncio.shield(self.task)
+        self.refreshed_at = loop.time()
 
     async def refresh(self, now: float | None = None) -> dict[str, Any]:
         state, why = await self.engine_state()
@@ -262,15 +278,18 @@ class Recommender:
         }
 
     def routes(self) -> list[web.RouteDef]:
-        async def get(request: web.Request) -> web.Response:
+        @self.ctx.auth.require
+        async def refresh(_: web.Request) -> web.Response:
+            await self.refreshed()
+            return web.json_response(self.doc)
+
+        async def get(request: web.Request) -> web.StreamResponse:
             if not self.cfg.enabled:
                 return web.json_response({"status": "disabled"})
-            fresh = request.query.get("refresh", "") not in ("", "0", "false")
-            if fresh or self.doc is None:
-                if self.task is not None and not self.task.done():
-                    await self.task
-                if fresh or self.doc is None:
-                    await self.refresh()
+            if request.query.get("refresh", "") not in ("", "0", "false"):
+                return await refresh(request)
+            if self.doc is None:
+                await self.refreshed()
             return web.json_response(self.doc)
 
         return [web.get(ROUTE, get)]

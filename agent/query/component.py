@@ -12,7 +12,7 @@ that needs more work than the evaluation budget (budget.py; Prometheus's
 (503), as Prometheus answers for ``query.timeout``. Past the query API's
 share of the event loop or its limit of concurrent queries (gate.py) a
 query is ``unavailable`` (503), as Prometheus answers when its query queue
-is full. Its regexes are bounded as a query's (rules/regex.py: a smaller
+is full. Its regexes are bounded as a query's (promql/regex.py: a smaller
 program, compiled only within the query's deadline). Sample values are
 strings formatted as Go formats a float64 (``"NaN"``, ``"+Inf"``), so the body
 never holds a bare NaN or Infinity. A vector keeps the evaluator's order, as
@@ -25,6 +25,11 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from kcops.agent.promql.evaluator import Evaluator
+from kcops.agent.promql.gofmt import go_float
+from kcops.agent.promql.model import RuleError, Value
+from kcops.agent.promql.parse import parse_expr
+from kcops.agent.promql.regex import query_bounds
 from kcops.agent.query.form import (
     MAX_QUERY_CHARS,
     FormError,
@@ -35,11 +40,6 @@ from kcops.agent.query.form import (
 )
 from kcops.agent.query.gate import QueryGate, QueryUnavailable
 from kcops.agent.query.range import range_routes
-from kcops.agent.rules.evaluator import Evaluator
-from kcops.agent.rules.gofmt import go_float
-from kcops.agent.rules.model import RuleError, Value
-from kcops.agent.rules.parse import parse_expr
-from kcops.agent.rules.regex import query_bounds
 from kcops.agent.samples import SeriesKey
 
 if TYPE_CHECKING:

@@ -9,9 +9,9 @@ from urllib.parse import parse_qsl
 from aiohttp import web
 from multidict import MultiDict, MultiMapping
 
+from kcops.agent.promql.budget import QueryTimeout
+from kcops.agent.promql.model import EvalError, RuleError
 from kcops.agent.query.gate import QueryUnavailable
-from kcops.agent.rules.budget import QueryTimeout
-from kcops.agent.rules.model import EvalError, RuleError
 
 MAX_QUERY_CHARS = 4000
 

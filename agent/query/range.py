@@ -16,6 +16,12 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 from multidict import MultiMapping
 
+from kcops.agent.promql.budget import ITEM_UNITS
+from kcops.agent.promql.evaluator import Evaluator
+from kcops.agent.promql.gofmt import go_float
+from kcops.agent.promql.model import RuleError
+from kcops.agent.promql.parse import parse_expr
+from kcops.agent.promql.regex import query_bounds
 from kcops.agent.query.form import (
     MAX_QUERY_CHARS,
     FormError,
@@ -24,12 +30,6 @@ from kcops.agent.query.form import (
     query_params,
 )
 from kcops.agent.query.gate import QueryGate
-from kcops.agent.rules.budget import ITEM_UNITS
-from kcops.agent.rules.evaluator import Evaluator
-from kcops.agent.rules.gofmt import go_float
-from kcops.agent.rules.model import RuleError
-from kcops.agent.rules.parse import parse_expr
-from kcops.agent.rules.regex import query_bounds
 
 if TYPE_CHECKING:
     from kcops.agent.component import AgentContext

@@ -1,12 +1,10 @@
-"""Alert rules: the PromQL-subset evaluator and the alert state machine.
+"""Alerting and recording rules: load, evaluate through :mod:`kcops.agent.promql`, alert.
 
 :func:`build` returns the rule-engine components the configuration asks for.
-Modules: ``parse`` (promql-parser + subset check), ``evaluator`` with
-``selectors``, ``functions``/``rangefns``/``histogram``, ``aggregations``,
-``binops``; ``templates``/``gofmt`` (annotation templating); ``loader`` (rule
-files, params, remediation ladders); ``alerting`` (pure state machine);
-``engine`` (rules over a store); ``component``; ``promtest`` (promtool test
-files, replay); ``export``.
+Modules: ``loader``/``rulefile`` (rule files, params, remediation ladders);
+``templates``/``templatebound`` (annotation templating); ``alerting`` (pure
+state machine); ``engine`` (rules over a store); ``group``, ``forstate``,
+``inhibit``, ``component``; ``promtest`` (promtool test files, replay); ``export``.
 """
 
 from __future__ import annotations

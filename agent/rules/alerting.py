@@ -14,8 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from kcops.agent.events import AlertStateName, AlertTransition
+from kcops.agent.promql.model import Labels
 from kcops.agent.rules.loader import AlertRule
-from kcops.agent.rules.model import Labels
 
 
 @dataclass(frozen=True)

@@ -12,12 +12,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from kcops.agent.events import AlertTransition
+from kcops.agent.promql.budget import Limits, SharedBudgetSpent
+from kcops.agent.promql.evaluator import DEFAULT_STEP_S, Evaluator
+from kcops.agent.promql.gofmt import go_float
+from kcops.agent.promql.model import NAME, Elem, EvalError, Labels, Vector, labels_of
 from kcops.agent.rules.alerting import Instance, Result, step
-from kcops.agent.rules.budget import Limits, SharedBudgetSpent
-from kcops.agent.rules.evaluator import DEFAULT_STEP_S, Evaluator
-from kcops.agent.rules.gofmt import go_float
 from kcops.agent.rules.loader import AlertRule, RecordingRule, Rule, RuleSet
-from kcops.agent.rules.model import NAME, Elem, EvalError, Labels, Vector, labels_of
 from kcops.agent.rules.templatebound import TemplateStats
 from kcops.agent.rules.views import ActiveAlert, RuleInfo, StepInfo
 from kcops.agent.samples import SeriesKey
@@ -227,16 +227,6 @@ class RuleEngine:
         h.series = written
 
     # -- queries ---------------------------------------------------------------
-
-    def is_firing(self, alertname: str, labels: Mapping[str, str] | None = None) -> bool:
-        want = dict(labels or {})
-        for inst in self.states.get(alertname, {}).values():
-            if inst.state != "firing":
-                continue
-            d = dict(inst.labels)
-            if all(d.get(k) == v for k, v in want.items()):
-                return True
-        return False
 
     def active(self) -> list[ActiveAlert]:
         out: list[ActiveAlert] = []

@@ -41,9 +41,9 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kcops.agent.atomicfile import remove_stale_temps, write_bytes_atomic
+from kcops.agent.promql.model import Labels, labels_of
 from kcops.agent.rules.engine import RuleEngine
 from kcops.agent.rules.group import Group
-from kcops.agent.rules.model import Labels, labels_of
 
 log = logging.getLogger("kcops.agent.rules")
 

@@ -17,8 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from kcops.agent.events import AlertTransition
-from kcops.agent.rules.model import RuleError
-from kcops.agent.rules.regex import compile_anchored
+from kcops.agent.promql.model import RuleError
+from kcops.agent.promql.regex import compile_anchored
 from kcops.agent.samples import LabelPairs, label_pairs
 
 # Alertmanager's matcher: name, operator, a double-quoted value (escapes \" and \\).

@@ -25,9 +25,10 @@ from pydantic import TypeAdapter, ValidationError
 from kcops.agent.config.rules import ParamValue
 from kcops.agent.duration import parse_duration
 from kcops.agent.events import DEFAULT_VERIFY_S, Step
+from kcops.agent.outcome import ActionName
+from kcops.agent.promql.model import RuleError
+from kcops.agent.promql.parse import parse_expr
 from kcops.agent.rules.inhibit import InhibitRule, Matcher
-from kcops.agent.rules.model import RuleError
-from kcops.agent.rules.parse import parse_expr
 from kcops.agent.rules.rulefile import (
     ActionParams,
     Params,
@@ -212,7 +213,7 @@ def _short(exc: BaseException, limit: int = 240) -> str:
 
 def _step(step: StepModel, default_verify_s: float) -> Step:
     verify_s = parse_duration(step.verify) if step.verify is not None else default_verify_s
-    return Step(action=step.action, params=dict(step.params or {}), verify_s=verify_s)
+    return Step(action=ActionName(step.action), params=dict(step.params or {}), verify_s=verify_s)
 
 
 def _templates(raw: Mapping[str, str] | None, what: str, where: str) -> dict[str, Template]:

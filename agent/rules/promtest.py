@@ -19,10 +19,10 @@ from pathlib import Path
 import promql_parser as pp
 
 from kcops.agent.events import AlertTransition
+from kcops.agent.promql.literals import requote_raw, string_literals
+from kcops.agent.promql.model import NAME, RuleError
 from kcops.agent.rules.engine import RuleEngine
-from kcops.agent.rules.literals import requote_raw, string_literals
 from kcops.agent.rules.loader import RuleSet, load_rules, parse_duration
-from kcops.agent.rules.model import NAME, RuleError
 from kcops.agent.samples import STALE_NAN, SeriesKey
 from kcops.agent.store import Store
 from kcops.agent.yamlload import excerpt, load_yaml_file

@@ -42,7 +42,8 @@ from pydantic import (
 
 from kcops.agent.config.rules import ParamValue
 from kcops.agent.duration import parse_duration
-from kcops.agent.rules.exprguard import check_expr_text
+from kcops.agent.outcome import ActionName
+from kcops.agent.promql.exprguard import check_expr_text
 from kcops.agent.rules.inhibit import Matcher
 from kcops.agent.validation import render_path
 from kcops.agent.yamlload import excerpt
@@ -194,11 +195,13 @@ def _actions(info: ValidationInfo) -> ActionParams | None:
     return actions if isinstance(actions, Mapping) else None
 
 
-def _check_action(v: str, info: ValidationInfo) -> str:
+def _check_action(v: str, info: ValidationInfo) -> ActionName:
+    """An action kcops runs; where the caller hands the actions in (the agent), one of those."""
     actions = _actions(info)
-    if actions is not None and v not in actions:
-        raise ValueError(f"unknown action {excerpt(v)}; allowed: {', '.join(sorted(actions))}")
-    return v
+    allowed = sorted(actions) if actions is not None else sorted(ActionName)
+    if v not in allowed:
+        raise ValueError(f"unknown action {excerpt(v)}; allowed: {', '.join(allowed)}")
+    return ActionName(v)
 
 
 _ALERTING_ONLY = (

@@ -22,8 +22,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kcops.agent.rules.gofmt import go_g4, go_sprintf, go_value
-from kcops.agent.rules.model import RuleError
+from kcops.agent.promql.gofmt import go_g4, go_sprintf, go_value
+from kcops.agent.promql.model import RuleError
 from kcops.agent.rules.templatebound import (
     MAX_OUTPUT_BYTES,
     OverWork,

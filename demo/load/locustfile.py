@@ -27,6 +27,7 @@ import random
 import time
 
 from locust import HttpUser, between, task
+from locust.clients import ResponseContextManager
 
 from kcops.demo.load.prompts import load_mode, prompt
 
@@ -35,11 +36,16 @@ MODEL = os.environ.get("KCOPS_LOAD_MODEL", "")
 PLAIN_EVERY = max(1, int(os.environ.get("KCOPS_LOAD_PLAIN_EVERY", "3")))
 
 
-def _back_off(status: int) -> None:
-    # Status 0 is "no answer" (engine down or restarting): a user waits a second
-    # instead of counting hundreds of refused connections, as a client with retry would.
-    if status == 0:
+def _refused(resp: ResponseContextManager) -> bool:
+    """A failed answer, marked so; after no answer at all (status 0: the engine is down or
+    restarting) a user waits a second instead of counting hundreds of refused
+    connections, as a client with retry would."""
+    if resp.status_code == 200:
+        return False
+    resp.failure(f"HTTP {resp.status_code}")
+    if resp.status_code == 0:
         time.sleep(1.0)
+    return True
 
 
 class CompletionsUser(HttpUser):
@@ -81,9 +87,7 @@ class CompletionsUser(HttpUser):
         with self.client.post(
             "/v1/completions", json=self._body(kind, False), name=kind, catch_response=True
         ) as resp:
-            if resp.status_code != 200:
-                resp.failure(f"HTTP {resp.status_code}")
-                _back_off(resp.status_code)
+            if _refused(resp):
                 return
             try:
                 route = resp.json().get("kcops", {}).get("route")
@@ -104,9 +108,7 @@ class CompletionsUser(HttpUser):
             stream=True,
             catch_response=True,
         ) as resp:
-            if resp.status_code != 200:
-                resp.failure(f"HTTP {resp.status_code}")
-                _back_off(resp.status_code)
+            if _refused(resp):
                 return
             error = None
             try:

@@ -55,22 +55,15 @@ LONG_CHARS = _long_chars()
 POOL = _env_int("KCOPS_LOAD_POOL", 24, 1, 24)
 
 
-def _corpus() -> list[str]:
+def _docs(longer_than: int) -> list[str]:
+    """CPython's reference topics longer than ``longer_than`` characters, shortest first."""
     import pydoc_data.topics as topics
 
-    texts = sorted((t for t in topics.topics.values() if len(t) > HOT_CHARS), key=len)
-    return texts[:POOL]
+    return sorted((t for t in topics.topics.values() if len(t) > longer_than), key=len)
 
 
-def _longest() -> list[str]:
-    import pydoc_data.topics as topics
-
-    texts = sorted((t for t in topics.topics.values() if len(t) > LONGER_CHARS[1]), key=len)
-    return texts[-4:]
-
-
-CORPUS = _corpus()
-LONGEST = _longest()
+CORPUS = _docs(HOT_CHARS)[:POOL]
+LONGEST = _docs(LONGER_CHARS[1])[-4:]
 MODE_FILE = os.environ.get("KCOPS_LOAD_MODE_FILE", "")
 
 

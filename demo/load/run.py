@@ -7,6 +7,7 @@ printed: the aggregated p99 and error rate, and the ``TTFT`` entries' p99.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import math
 import os
@@ -85,15 +86,6 @@ class Stats:
 
     rows: list[dict[str, str]]
 
-    def row(self, type_: str, name: str) -> dict[str, str] | None:
-        return next((r for r in self.rows if r["Type"] == type_ and r["Name"] == name), None)
-
-    def aggregated(self) -> dict[str, str]:
-        agg = self.row("", "Aggregated")
-        if agg is None:
-            raise ConfigError("Locust wrote no Aggregated row: did any request run?")
-        return agg
-
     def requests(self) -> int:
         return sum(int(r["Request Count"]) for r in self.served())
 
@@ -108,35 +100,27 @@ class Stats:
         """Request rows (the TTFT entries are measurements, not requests)."""
         return [r for r in self.rows if r["Type"] not in ("", "TTFT")]
 
-    def p99_ms(self, rows: list[dict[str, str]]) -> float:
-        """The largest p99 of ``rows`` (Locust keeps per-entry percentiles, not merged ones)."""
-        vals = [_num(r["99%"]) for r in rows if int(r["Request Count"]) > 0]
-        vals = [v for v in vals if math.isfinite(v)]
-        return max(vals) if vals else math.nan
-
-    def latency_p99_ms(self) -> float:
-        return self.p99_ms(self.served())
-
-    def ttft_p99_ms(self) -> float:
-        """The worst TTFT p99 of the prompt classes (short, long)."""
-        return self.p99_ms([r for r in self.rows if r["Type"] == "TTFT"])
-
-    def ttft_p99_by_class_ms(self) -> dict[str, float]:
-        """TTFT p99 of each prompt class, as Locust keeps it (one entry per class)."""
+    @staticmethod
+    def p99s_ms(rows: list[dict[str, str]]) -> dict[str, float]:
+        """Each entry's p99 by name, where it served any and Locust wrote a number."""
         out = {}
-        for r in self.rows:
-            if r["Type"] == "TTFT" and int(r["Request Count"]) > 0:
-                v = _num(r["99%"])
-                if math.isfinite(v):
+        for r in rows:
+            with contextlib.suppress(ValueError):
+                if int(r["Request Count"]) > 0 and math.isfinite(v := float(r["99%"])):
                     out[r["Name"]] = v
         return out
 
+    def latency_p99_ms(self) -> float:
+        """The largest p99 of the entries (Locust keeps per-entry percentiles, not merged ones)."""
+        return max(self.p99s_ms(self.served()).values(), default=math.nan)
 
-def _num(text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        return math.nan
+    def ttft_p99_ms(self) -> float:
+        """The worst TTFT p99 of the prompt classes (short, long)."""
+        return max(self.ttft_p99_by_class_ms().values(), default=math.nan)
+
+    def ttft_p99_by_class_ms(self) -> dict[str, float]:
+        """TTFT p99 of each prompt class, as Locust keeps it (one entry per class)."""
+        return self.p99s_ms([r for r in self.rows if r["Type"] == "TTFT"])
 
 
 def read_stats(csv_prefix: Path) -> Stats:

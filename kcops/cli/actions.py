@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 from pydantic import JsonValue
 
-from kcops.agent.actions.records import (
+from kcops.agent.remediation.records import (
     ActionRecord,
     AlertRecord,
     AuditRecord,
@@ -31,6 +31,7 @@ from kcops.cli.common import (
     agent_request,
     echo_json,
     handle_errors,
+    one_line,
     parse_params,
     token_headers,
 )
@@ -64,6 +65,15 @@ def parse_since(value: str | None, now: float | None = None) -> float | None:
     return dt.timestamp()
 
 
+def past_window(since: str) -> tuple[float, float]:
+    """``(start, end)`` in Unix seconds: from ``--since`` (:func:`parse_since`) to now."""
+    end = time.time()
+    start = parse_since(since, end)
+    if start is None or start >= end:
+        raise click.BadParameter(f"{since!r} is not in the past", param_hint="--since")
+    return start, end
+
+
 def _when(ts: float) -> str:
     """Local ISO time and how long ago, e.g. ``2026-12-01T03:04:05+01:00 (3m ago)``."""
     t = as_float(ts)
@@ -71,7 +81,12 @@ def _when(ts: float) -> str:
 
 
 def format_record(r: AuditRecord) -> str:
-    """One line of ``kcops actions history`` for a record, by its kind."""
+    """One line of ``kcops actions history`` for a record, by its kind: printable, whatever
+    the alert's labels or an engine's answer held."""
+    return one_line(_record_line(r))
+
+
+def _record_line(r: AuditRecord) -> str:
     when = _when(r.ts)
     if isinstance(r, ActionRecord):
         alert = (r.ladder.alertname if r.ladder else None) or (
@@ -183,12 +198,7 @@ def run_cmd(
 ) -> None:
     if force and not reason:
         raise click.UsageError("--force needs --reason")
-    body = {
-        "params": parse_params(params),
-        "dry_run": dry_run,
-        "force": force,
-        "reason": reason,
-    }
+    body = {"params": parse_params(params), "dry_run": dry_run, "force": force, "reason": reason}
     resp = agent_request(
         "POST",
         agent_url,
@@ -230,7 +240,7 @@ def history_cmd(since: str | None, as_json: bool, state_dir: str | None, agent_u
     since_ts = parse_since(since)
     records: list[AuditRecord]
     if state_dir:
-        from kcops.agent.actions.audit import read_records
+        from kcops.agent.remediation.auditread import read_records
 
         path = Path(state_dir) / "audit.jsonl"
         if not path.exists():

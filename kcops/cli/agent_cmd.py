@@ -6,7 +6,7 @@ import asyncio
 import logging
 import sys
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import click
 
@@ -19,7 +19,7 @@ from kcops.errors import ConfigError
 ADAPTERS = list(builtin_kinds().choices())
 
 
-def apply_overrides(cfg: Config, overrides: dict[str, Any]) -> Config:
+def apply_overrides(cfg: Config, overrides: dict[str, object]) -> Config:
     """Flags override the file; the result is validated like the file was."""
     data = cfg.model_dump(mode="json")
     for dotted, value in overrides.items():
@@ -69,7 +69,7 @@ def config_flags(fn: F) -> F:
 
 
 def config_from_flags(
-    config_path: str | None, flags: dict[str, Any], engine_cmd: tuple[str, ...] = ()
+    config_path: str | None, flags: dict[str, object], engine_cmd: tuple[str, ...] = ()
 ) -> Config:
     """The config file (none: the defaults) with the flags applied, validated."""
     return apply_overrides(
@@ -92,16 +92,14 @@ def config_from_flags(
 @agent_group.command(
     "run",
     context_settings={"allow_interspersed_args": False},
-    help=(
-        "Run the agent daemon. Flags override the config file. "
-        "Anything after `--` is an engine command the agent launches and supervises."
-    ),
+    help="Run the agent daemon. Flags override the config file. "
+    "Anything after `--` is an engine command the agent launches and supervises.",
 )
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="YAML config file.")
 @config_flags
 @click.argument("engine_cmd", nargs=-1, type=click.UNPROCESSED)
 @handle_errors
-def run_cmd(config_path: str | None, engine_cmd: tuple[str, ...], **flags: Any) -> None:
+def run_cmd(config_path: str | None, engine_cmd: tuple[str, ...], **flags: object) -> None:
     from kcops.agent.app import Agent
 
     cfg = config_from_flags(config_path, flags, engine_cmd)
@@ -118,16 +116,14 @@ def run_cmd(config_path: str | None, engine_cmd: tuple[str, ...], **flags: Any) 
 
 @agent_group.command(
     "check-config",
-    help=(
-        "Validate a config file without starting the agent: the checks `agent run` makes "
-        "before it starts (the file, the token, the listen address, the rule file), with "
-        "the same flags."
-    ),
+    help="Validate a config file without starting the agent: the checks `agent run` makes "
+    "before it starts (the file, the token, the listen address, the rule file), with "
+    "the same flags.",
 )
 @click.argument("path", type=click.Path(dir_okay=False))
 @config_flags
 @click.option("--json", "as_json", is_flag=True, help="Print the verdict and the config as JSON.")
-def check_config(path: str, as_json: bool, **flags: Any) -> None:
+def check_config(path: str, as_json: bool, **flags: object) -> None:
     from kcops.agent.preflight import preflight
 
     try:

@@ -16,6 +16,7 @@ from kcops.cli.common import (
     agent_option,
     echo_json,
     handle_errors,
+    one_line,
     parse_params,
 )
 from kcops.cli.timefmt import as_float, when
@@ -23,6 +24,11 @@ from kcops.errors import ConfigError
 
 if TYPE_CHECKING:
     from kcops.agent.rules.loader import RuleSet
+
+
+# A rule that reads the engine's ready state holds itself quiet while the engine warms up
+# (alerts/rules.yaml: the forecast, the latency and hit-rate rules).
+WARM_UP = 'kcops_engine_state{state="ready"}'
 
 
 def load_ruleset(rules: str | None, params: tuple[str, ...] = ()) -> RuleSet:
@@ -73,6 +79,7 @@ def list_cmd(agent_url: str, rules_file: str | None, as_json: bool) -> None:
                 "type": r.kind,
                 "for": r.raw.get("for", ""),
                 "severity": r.raw.get("labels", {}).get("severity", ""),
+                "guard": "warm-up" if WARM_UP in str(r.raw.get("expr", "")) else "",
             }
             for r in rs.rules
         ]
@@ -80,7 +87,9 @@ def list_cmd(agent_url: str, rules_file: str | None, as_json: bool) -> None:
             echo_json(rows)
             return
         for row in rows:
-            click.echo(f"{row['name']:<30} {row['type']:<9} for={row['for']:<5} {row['severity']}")
+            guard = " quiet while the engine warms up" if row["guard"] else ""
+            line = f"{row['name']:<30} {row['type']:<9} for={row['for']:<5} {row['severity']:<7}"
+            click.echo((line + guard).rstrip())
         return
     alerts = agent_get_json(agent_url, "/api/v1/alerts")
     if as_json:
@@ -93,9 +102,8 @@ def list_cmd(agent_url: str, rules_file: str | None, as_json: bool) -> None:
         labels = ",".join(f"{k}={v}" for k, v in sorted(a["labels"].items()) if k != "alertname")
         since = a.get("fired_at") if a["state"] == "firing" else a.get("active_since")
         by = f" (inhibited by {a['inhibited_by']})" if a.get("inhibited_by") else ""
-        click.echo(
-            f"{a['alertname']:<30} {a['state']:<8} since {when(as_float(since))} {labels}{by}"
-        )
+        line = f"{a['alertname']:<30} {a['state']:<8} since {when(as_float(since))} {labels}{by}"
+        click.echo(one_line(line))
 
 
 @alerts_group.command("show", help="One rule: expression, for, labels, annotations, remediation.")
@@ -116,7 +124,7 @@ def show_cmd(name: str, rules_file: str | None, params: tuple[str, ...], as_json
 
     if isinstance(rule, AlertRule) and rule.remediation:
         doc["remediation"] = [
-            {"action": s.action, "params": dict(s.params), "verify_s": s.verify_s}
+            {"action": s.action.value, "params": dict(s.params), "verify_s": s.verify_s}
             for s in rule.remediation
         ]
     if as_json:

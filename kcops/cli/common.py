@@ -1,9 +1,10 @@
-"""Conventions shared by every command (DESIGN §7): agent URL, exit codes, HTTP."""
+"""Conventions shared by every command: agent URL, exit codes, HTTP."""
 
 from __future__ import annotations
 
 import functools
 import json
+import re
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -38,7 +39,7 @@ def agent_option(fn: F) -> F:
 
 
 def handle_errors(fn: F) -> F:
-    """Turn kcops's typed errors into a one-line message and DESIGN §7's exit codes."""
+    """Turn kcops's typed errors into a one-line message and their exit codes."""
 
     @functools.wraps(fn)
     def wrapped(*args: object, **kwargs: object) -> object:
@@ -201,11 +202,28 @@ def is_unavailable(resp: httpx.Response) -> bool:
     return isinstance(doc, dict) and doc.get("errorType") == "unavailable"
 
 
+# A JSON object the agent's API answered, read by key to print it: its schema is the
+# agent's (the routes' own tests hold it), and the CLI does not restate it as types.
+Doc = dict[str, Any]
+
+
 def agent_get_json(agent_url: str, path: str) -> Any:
     resp = agent_request("GET", agent_url, path)
     if resp.status_code >= 400:
         raise KcopsError(f"GET {path}: HTTP {resp.status_code}: {resp.text[:300]}")
     return resp.json()
+
+
+# C0 and C1 controls, line and paragraph separators, bidi overrides: what could split a
+# row, rewrite the terminal or reorder what on-call reads.
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def one_line(text: object) -> str:
+    """``text`` as one printable line: each control character written as its escape
+    (a newline as ``\\n``), so a value from outside (a label, a model name) cannot split
+    a row of a table or drive the terminal."""
+    return _UNPRINTABLE.sub(lambda m: m[0].encode("unicode_escape").decode(), str(text))
 
 
 def echo_json(data: object) -> None:

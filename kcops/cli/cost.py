@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import html
 import json
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import click
 
-from kcops.cli.common import handle_errors
+from kcops.cli.common import handle_errors, one_line
 from kcops.cli.source import Source, source_options
 
 QUERIES = "kcops_request_context_tokens_count"
@@ -76,11 +75,7 @@ def _key(labels: dict[str, str]) -> tuple[tuple[str, str], ...]:
 
 
 def window_increase(
-    client: object,
-    metric: str,
-    start: float,
-    end: float,
-    by: tuple[str, ...] = ("model", "tenant"),
+    client: object, metric: str, start: float, end: float, by: tuple[str, ...] = ("model", "tenant")
 ) -> dict[tuple[str, ...], float]:
     """The increase of ``metric`` (a selector) over ``start..end``, summed by the labels
     ``by`` over every series: one agent's pod, or every pod a Prometheus scrapes."""
@@ -133,9 +128,9 @@ def _cells(r: CostRow) -> list[str]:
     saving = r.saving
     pct = f" ({100 * saving / r.cost_full:.0f}%)" if saving is not None and r.cost_full else ""
     return [
-        r.model, r.tenant, f"{r.queries:.0f}", f"{r.sampled:.0f}", f"{r.context_tokens:.0f}",
-        f"{r.effective_tokens:.1f}", money(r.cost_full), money(r.cost_effective),
-        money(saving) + pct,
+        one_line(r.model), one_line(r.tenant), f"{r.queries:.0f}", f"{r.sampled:.0f}",
+        f"{r.context_tokens:.0f}", f"{r.effective_tokens:.1f}", money(r.cost_full),
+        money(r.cost_effective), money(saving) + pct,
     ]  # fmt: skip
 
 
@@ -181,13 +176,9 @@ def render_html(rows: list[CostRow]) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Rows and totals as JSON.")
 @handle_errors
 def cost_cmd(source: Source, since: str, as_json: bool) -> None:
-    from kcops.cli.actions import parse_since
+    from kcops.cli.actions import past_window
 
-    end = time.time()
-    start = parse_since(since, end)
-    assert start is not None
-    if start >= end:
-        raise click.BadParameter(f"{since!r} is not in the past", param_hint="--since")
+    start, end = past_window(since)
     cover = source.coverage(start, end)
     rows = gather(source.client, cover.start, end, source.sel) if cover.start < end else []
     if as_json:

@@ -59,10 +59,8 @@ SIDECAR_LABEL = "grafana_dashboard"
 
 @dashboards_group.command(
     "export",
-    help=(
-        "Write the dashboards as Kubernetes ConfigMaps labelled for the Grafana sidecar "
-        "(one YAML stream on stdout)."
-    ),
+    help="Write the dashboards as Kubernetes ConfigMaps labelled for the Grafana sidecar "
+    "(one YAML stream on stdout).",
 )
 @click.option(
     "--format", "fmt", type=click.Choice(["configmap"]), default="configmap", show_default=True
@@ -102,10 +100,8 @@ def export_cmd(
 
 @dashboards_group.command(
     "push",
-    help=(
-        "Upload the dashboards to Grafana (POST /api/dashboards/db, overwrite). "
-        "The API token comes from $GRAFANA_TOKEN or --token-file."
-    ),
+    help="Upload the dashboards to Grafana (POST /api/dashboards/db, overwrite). "
+    "The API token comes from $GRAFANA_TOKEN or --token-file.",
 )
 @click.option("--grafana-url", required=True, help="Grafana base URL, e.g. http://grafana:3000.")
 @click.option("--token-file", type=click.Path(dir_okay=False), help="File with a Grafana token.")

@@ -7,6 +7,7 @@ from typing import Any
 import click
 
 from kcops.cli.common import (
+    Doc,
     agent_get_json,
     agent_option,
     agent_request,
@@ -26,7 +27,7 @@ def _optional(agent_url: str, path: str) -> Any:
     return resp.json()
 
 
-def gather(agent_url: str) -> dict[str, Any]:
+def gather(agent_url: str) -> Doc:
     return {
         "status": agent_get_json(agent_url, "/api/v1/status"),
         "alerts": _optional(agent_url, "/api/v1/alerts"),
@@ -35,7 +36,7 @@ def gather(agent_url: str) -> dict[str, Any]:
     }
 
 
-def problems(report: dict[str, Any]) -> list[str]:
+def problems(report: Doc) -> list[str]:
     """Plain findings, most urgent first."""
     out = []
     alerts = (report.get("alerts") or {}).get("alerts", [])

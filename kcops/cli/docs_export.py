@@ -17,7 +17,6 @@ import json
 import types
 import typing
 from pathlib import Path
-from typing import Any
 
 import click
 from pydantic import BaseModel
@@ -31,7 +30,7 @@ _BOUNDS = (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<"))
 # -- configuration --------------------------------------------------------------------
 
 
-def _type(ann: Any) -> str:
+def _type(ann: object) -> str:
     """A readable type: ``float (seconds or a duration like 5m)``, ``"auto" | "on"``..."""
     origin = typing.get_origin(ann)
     args = typing.get_args(ann)
@@ -51,7 +50,7 @@ def _type(ann: Any) -> str:
     return getattr(ann, "__name__", str(ann))
 
 
-def _validators(meta: tuple[Any, ...]) -> list[Any]:
+def _validators(meta: tuple[object, ...]) -> list[object]:
     return [getattr(m, "func", None) for m in meta]
 
 
@@ -71,7 +70,7 @@ def _default(model: BaseModel, name: str) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _models_in(ann: Any) -> list[type[BaseModel]]:
+def _models_in(ann: object) -> list[type[BaseModel]]:
     """The models a field's type holds (a section, or the values of a dict of models)."""
     if isinstance(ann, type) and issubclass(ann, BaseModel):
         return [ann]

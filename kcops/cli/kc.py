@@ -13,13 +13,13 @@ from kcops.cli.lazy import LazyGroup
 
 KC_COMMANDS: dict[str, tuple[str, str]] = {
     "recommend": ("kcops.cli.kc_recommend", "recommend_cmd"),
-    "measure": ("kcops.lab.cli.measure", "measure_cmd"),
-    "sweep": ("kcops.lab.cli.sweep", "sweep_cmd"),
-    "kpred": ("kcops.lab.cli.kpred", "kpred_cmd"),
-    "verify": ("kcops.lab.cli.verify", "verify_cmd"),
-    "report": ("kcops.lab.cli.report", "report_cmd"),
-    "claim": ("kcops.lab.cli.claim", "claim_cmd"),
-    "retrieve": ("kcops.lab.cli.retrieve", "retrieve_cmd"),
+    "measure": ("kcops.lab.cli", "measure_cmd"),
+    "sweep": ("kcops.lab.cli", "sweep_cmd"),
+    "kpred": ("kcops.lab.cli", "kpred_cmd"),
+    "verify": ("kcops.lab.cli", "verify_cmd"),
+    "report": ("kcops.lab.cli", "report_cmd"),
+    "claim": ("kcops.lab.cli", "claim_cmd"),
+    "retrieve": ("kcops.lab.cli", "retrieve_cmd"),
 }
 
 

@@ -15,7 +15,6 @@ the model's pods say (``kcops_probe_kc_mass``); probes at different p are refuse
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from kcops.agent.config.kcrec import RecommendationSection
 from kcops.agent.kcrec.calibration import coverage_for
@@ -31,6 +30,7 @@ from kcops.agent.kcrec.compute import (
     sized_for,
 )
 from kcops.agent.kcrec.window import buckets, parse_le
+from kcops.cli.common import Doc
 from kcops.cli.cost import QUERIES, window_increase
 from kcops.cli.source import Source, Window
 
@@ -96,24 +96,21 @@ def merged(per_pod: list[Buckets]) -> Buckets:
     return _by_layer(cum)
 
 
-def _uniform(rec: dict[str, Any]) -> int | None:
+def _uniform(rec: Doc) -> int | None:
     uni = rec.get("uniform")
     return int(uni["tokens"]) if rec.get("status") == OK and uni else None
 
 
 def model_doc(
-    model: str,
-    pods: dict[str, Buckets],
-    masses: dict[str, float],
-    cfg: RecommendationSection,
-) -> dict[str, Any]:
+    model: str, pods: dict[str, Buckets], masses: dict[str, float], cfg: RecommendationSection
+) -> Doc:
     """One model's fleet recommendation, with each pod's own figure beside it."""
     fleet = merged(list(pods.values()))
     p, p_source, refused = resolve_p(cfg.p, masses)
     over = resolve_over(cfg.uniform_over, fleet, None)
     cov = coverage_for(cfg, None if model == UNKNOWN else model, over, None, p)
 
-    def one(layers: Buckets) -> dict[str, Any]:
+    def one(layers: Buckets) -> Doc:
         rec = recommend(
             Inputs(layers), cov, min_samples=cfg.min_samples, uniform_over=cfg.uniform_over
         )
@@ -144,10 +141,10 @@ def model_doc(
 
 def fleet_recommendation(
     source: Source, start: float, end: float, cfg: RecommendationSection
-) -> dict[str, Any]:
+) -> Doc:
     """Every model's fleet recommendation over the part of ``start..end`` the source holds."""
     cover: Window = source.coverage(start, end)
-    doc: dict[str, Any] = {
+    doc: Doc = {
         "source": {"kind": source.kind, "url": source.url, "selector": source.selector},
         "window": cover.as_json(),
         "computed_at": round(time.time(), 3),
@@ -176,7 +173,7 @@ def interval_text(interval: list[float | None]) -> str:
     return f"({low:g}, {'inf' if high is None else f'{high:g}'}]"
 
 
-def layer_table(layers: list[dict[str, Any]]) -> list[str]:
+def layer_table(layers: list[Doc]) -> list[str]:
     """The per-layer rows of a recommendation: samples, budget, interval, dense, in N."""
     out = [
         "| layer | samples | budget (tokens) | interval | dense | in N |",
@@ -192,7 +189,7 @@ def layer_table(layers: list[dict[str, Any]]) -> list[str]:
     return out
 
 
-def lines(doc: dict[str, Any], what: str, cover: Window) -> list[str]:
+def lines(doc: Doc, what: str, cover: Window) -> list[str]:
     """The text view: per model, its layers, uniform N and pods."""
     out = [cover.line(what)]
     if not doc["models"]:

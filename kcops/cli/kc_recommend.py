@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import click
 
-from kcops.cli.common import agent_request, echo_json, handle_errors
+from kcops.cli.common import Doc, agent_request, echo_json, handle_errors, token_headers
 from kcops.cli.kc_fleet import interval_text, layer_table
 from kcops.cli.source import Source, source_options
 from kcops.errors import ConfigError, KcopsError
@@ -20,8 +19,15 @@ from kcops.errors import ConfigError, KcopsError
 ROUTE = "/api/v1/kc/recommendation"
 
 
-def fetch(agent_url: str, refresh: bool) -> dict[str, Any]:
-    resp = agent_request("GET", agent_url, ROUTE + ("?refresh=1" if refresh else ""), timeout_s=30)
+def fetch(agent_url: str, refresh: bool, token_file: str | None = None) -> Doc:
+    """The agent's document; ``refresh`` (which needs the token) has it recomputed first."""
+    headers = token_headers(token_file) if refresh else None
+    path = ROUTE + ("?refresh=1" if refresh else "")
+    resp = agent_request("GET", agent_url, path, timeout_s=30, headers=headers)
+    if resp.status_code == 401:
+        raise KcopsError(
+            f"--refresh needs the agent's token (KCOPS_TOKEN or --token-file): {resp.text[:200]}"
+        )
     if resp.status_code == 404:
         raise KcopsError(
             f"the agent at {agent_url} has no {ROUTE} (an agent older than the live recommendation)"
@@ -37,7 +43,7 @@ def fetch(agent_url: str, refresh: bool) -> dict[str, Any]:
     return doc
 
 
-def sweep_summary(folder: str) -> dict[str, Any]:
+def sweep_summary(folder: str) -> Doc:
     """The sweep's recommendation (largest context) and the model it ran on."""
     from kcops.agent.kcrec.calibration import read_sweep
 
@@ -64,14 +70,14 @@ def _bytes(n: float | None) -> str:
     return str(n)
 
 
-def lines(doc: dict[str, Any], sweep: dict[str, Any] | None) -> list[str]:
+def lines(doc: Doc, sweep: Doc | None) -> list[str]:
     cal = doc["calibration"]
     out = [
         f"Live K(C) budget recommendation, model {doc.get('model') or 'unknown'}: "
         f"K_{doc['p']:g} (the keys holding {doc['p']:.0%} of the attention mass; p from the "
         f"{doc.get('p_source') or 'configuration'}) for "
         f"{doc['quantile']:.1%} of attention calls, over the last {doc['window_s'] / 60:g} min "
-        f"({cal['status']}{': ' + cal['source'] if cal['status'] == 'calibrated' else ''})",
+        f"({cal['status']}{': ' + cal['source'] if cal['status'] == 'calibrated' else ''})"
     ]
     out += [f"  note: {n}" for n in cal.get("notes", [])]
     out.append(f"status: {doc['status']}" + (f" — {doc['reason']}" if doc.get("reason") else ""))
@@ -125,8 +131,14 @@ def lines(doc: dict[str, Any], sweep: dict[str, Any] | None) -> list[str]:
     return out
 
 
-def capacity_lines(cap: dict[str, Any], n: int | None) -> list[str]:
+def _opt(cap: Doc, key: str, template: str) -> str:
+    """``template`` filled with ``cap[key]``, or nothing where that is absent."""
+    return template.format(cap[key]) if cap.get(key) is not None else ""
+
+
+def capacity_lines(cap: Doc, n: int | None) -> list[str]:
     running = cap.get("running_sequences")
+    sequences = f"{round(running) if running is not None else 'unknown'} running sequences"
     kind = (
         "WHAT-IF: this engine keeps every key (no top-N path); the figures at N are what "
         "the same memory would hold if it kept only N a layer, not what it serves"
@@ -137,39 +149,26 @@ def capacity_lines(cap: dict[str, Any], n: int | None) -> list[str]:
         f"capacity ({kind}; mean context {cap.get('mean_context_tokens') or 'unknown'} tokens "
         f"of the window's sampled calls):",
         f"  KV held now: {_bytes(cap.get('kv_bytes_now'))}"
-        + (
-            f", usage ratio {cap['kv_usage_ratio_now']:.3f}"
-            if cap.get("kv_usage_ratio_now") is not None
-            else ""
-        )
-        + f", {round(running) if running is not None else 'unknown'} running sequences"
-        + (
-            f", {cap['kv_share_now']:.3f} of their full-context KV"
-            if cap.get("kv_share_now") is not None
-            else ""
-        ),
+        + _opt(cap, "kv_usage_ratio_now", ", usage ratio {:.3f}")
+        + f", {sequences}"
+        + _opt(cap, "kv_share_now", ", {:.3f} of their full-context KV"),
     ]
     if cap.get("kv_tokens_now") is not None:
         out[-1] = (
             f"  KV held now: {cap['kv_tokens_now']} of the cache's {cap['kv_cache_tokens']:.0f} "
             f"tokens (usage ratio {cap['kv_usage_ratio_now']:.3f} x its blocks x block size), "
-            f"{round(running) if running is not None else 'unknown'} running sequences"
+            f"{sequences}"
         )
     if n is None or cap.get("kv_ratio_at_recommended") is None:
         out.append("  at the recommended budget: unknown (no recommendation or no context lengths)")
         return out
     held = cap.get("kv_bytes_at_recommended")
-    usage = cap.get("kv_usage_ratio_at_recommended")
     out.append(
         f"  at N={n}: {cap['kv_share_at_recommended']:.3f} of full-context KV, "
         f"{cap['kv_ratio_at_recommended']:.3f}x what is held now"
         + (f" = {_bytes(held)}" if held is not None else "")
-        + (f" (usage ratio {usage:.3f})" if usage is not None else "")
-        + (
-            f", {cap['kv_tokens_at_recommended']} tokens"
-            if cap.get("kv_tokens_at_recommended") is not None
-            else ""
-        )
+        + _opt(cap, "kv_usage_ratio_at_recommended", " (usage ratio {:.3f})")
+        + _opt(cap, "kv_tokens_at_recommended", ", {} tokens")
     )
     if cap.get("cache_sequences_now") is not None:
         now, at_n = cap["cache_sequences_now"], cap["cache_sequences_at_recommended"]
@@ -177,8 +176,9 @@ def capacity_lines(cap: dict[str, Any], n: int | None) -> list[str]:
             f"  the cache holds {now} sequences of the mean context with every key, {at_n} "
             f"with N={n} keys a layer: {at_n - now} more"
         )
-    if cap.get("kv_bytes_per_token_estimate") is not None:
-        out.append(f"  model KV per token (estimated): {cap['kv_bytes_per_token_estimate']} bytes")
+    out.append(
+        _opt(cap, "kv_bytes_per_token_estimate", "  model KV per token (estimated): {} bytes")
+    )
     if cap.get("sequences_at_same_memory") is not None:
         out.append(
             f"  the same memory would hold {cap['sequences_at_same_memory']} concurrent "
@@ -188,7 +188,7 @@ def capacity_lines(cap: dict[str, Any], n: int | None) -> list[str]:
         out.append(
             f"  the same memory would hold {1 / cap['kv_ratio_at_recommended']:.2f}x the sequences"
         )
-    return out
+    return [line for line in out if line]
 
 
 @click.command(
@@ -199,7 +199,11 @@ def capacity_lines(cap: dict[str, Any], n: int | None) -> list[str]:
 )
 @source_options
 @click.option("--sweep", "sweep_dir", default=None, help="A kc sweep --out folder to compare with.")
-@click.option("--refresh", is_flag=True, help="Have the agent recompute now, not at its schedule.")
+@click.option(
+    "--refresh", is_flag=True,
+    help="Have the agent recompute now, not at its schedule (needs the token).",
+)  # fmt: skip
+@click.option("--token-file", type=click.Path(dir_okay=False), help="Bearer token file.")
 @click.option(
     "--since", default="1h", show_default=True,
     help="With --prometheus: the window the pods' K(C) is counted over (30m, 24h, an ISO time).",
@@ -217,6 +221,7 @@ def recommend_cmd(
     source: Source,
     sweep_dir: str | None,
     refresh: bool,
+    token_file: str | None,
     since: str,
     config_path: str | None,
     as_json: bool,
@@ -227,7 +232,7 @@ def recommend_cmd(
         return
     if source.selector:
         raise ConfigError("--selector narrows a Prometheus's pods: use it with --prometheus")
-    doc = fetch(source.url, refresh)
+    doc = fetch(source.url, refresh, token_file)
     if doc.get("status") == "disabled":
         raise KcopsError(
             f"the agent at {source.url} has the recommendation disabled (recommendation.enabled)"
@@ -241,16 +246,11 @@ def recommend_cmd(
 
 
 def fleet_cmd(
-    source: Source,
-    since: str,
-    config_path: str | None,
-    sweep: dict[str, Any] | None,
-    as_json: bool,
+    source: Source, since: str, config_path: str | None, sweep: Doc | None, as_json: bool
 ) -> None:
-    import time
 
     from kcops.agent.config import load_config
-    from kcops.cli.actions import parse_since
+    from kcops.cli.actions import past_window
     from kcops.cli.kc_fleet import fleet_recommendation
     from kcops.cli.kc_fleet import lines as fleet_lines
     from kcops.cli.source import Window
@@ -260,11 +260,7 @@ def fleet_cmd(
         from kcops.agent.config.kcrec import RecommendationSection
 
         cfg = RecommendationSection()
-    end = time.time()
-    start = parse_since(since, end)
-    assert start is not None
-    if start >= end:
-        raise click.BadParameter(f"{since!r} is not in the past", param_hint="--since")
+    start, end = past_window(since)
     doc = fleet_recommendation(source, start, end, cfg)
     refused = [m for m in doc["models"] if m["status"] == "p_mismatch"]
     if refused and len(refused) == len(doc["models"]):

@@ -12,17 +12,18 @@ import re
 import sys
 from importlib import resources
 from pathlib import Path
-from typing import Any
 
 import click
 
 from kcops.cli.common import (
     EXIT_USAGE,
+    Doc,
     agent_get_json,
     agent_option,
     agent_request,
     echo_json,
     handle_errors,
+    one_line,
 )
 from kcops.cli.timefmt import as_float, when
 
@@ -60,7 +61,7 @@ def runbook_queries(text: str) -> list[str]:
     return out
 
 
-def _fmt_result(data: dict[str, Any]) -> list[str]:
+def _fmt_result(data: Doc) -> list[str]:
     if data["resultType"] in ("scalar", "string"):
         return [str(data["result"][1])]
     rows = []
@@ -72,14 +73,14 @@ def _fmt_result(data: dict[str, Any]) -> list[str]:
     return rows or ["(no data)"]
 
 
-def _query(agent_url: str, expr: str) -> dict[str, Any]:
+def _query(agent_url: str, expr: str) -> Doc:
     """The query API's answer: ``{"status": ..., "data": ...}`` or an error body."""
     resp = agent_request("GET", agent_url, "/api/v1/query?" + _qs(expr))
-    body: dict[str, Any] = resp.json()
+    body: Doc = resp.json()
     return body
 
 
-def _rows(body: dict[str, Any]) -> list[str]:
+def _rows(body: Doc) -> list[str]:
     if body.get("status") != "success":
         return [f"error: {body.get('error')}"]
     return _fmt_result(body["data"])
@@ -91,7 +92,7 @@ def _qs(expr: str) -> str:
     return urlencode({"query": expr})
 
 
-def live_data(agent_url: str, name: str, text: str) -> dict[str, Any]:
+def live_data(agent_url: str, name: str, text: str) -> Doc:
     """The alert's state, its expression's value now and each check's value, as JSON."""
     alerts = agent_get_json(agent_url, "/api/v1/alerts").get("alerts", [])
     rules = agent_get_json(agent_url, "/api/v1/rules").get("rules", [])
@@ -106,14 +107,14 @@ def live_data(agent_url: str, name: str, text: str) -> dict[str, Any]:
     }
 
 
-def print_live(name: str, live: dict[str, Any]) -> None:
+def print_live(name: str, live: Doc) -> None:
     click.echo("\n## Live data from " + live["agent"])
     if not live["alerts"]:
         click.echo(f"- {name}: inactive")
     for a in live["alerts"]:
         labels = ",".join(f"{k}={v}" for k, v in sorted(a.get("labels", {}).items()))
         since = a.get("fired_at") if a["state"] == "firing" else a.get("active_since")
-        click.echo(f"- {name}: {a['state']} since {when(as_float(since))} {{{labels}}}")
+        click.echo(one_line(f"- {name}: {a['state']} since {when(as_float(since))} {{{labels}}}"))
     if live["expr"]:
         click.echo(f"- the alert's expression now: {live['expr']}")
         for row in _rows(live["expr_result"]):

@@ -68,40 +68,32 @@ if TYPE_CHECKING:
 )
 @handle_errors
 def serve_cmd(
-    model: str,
-    host: str,
-    port: int,
-    redis_url: str | None,
-    redis_prefix: str,
-    enable_faults: bool,
-    token_file: Path | None,
-    long_threshold: int,
-    top_n: int,
-    topn_min: int,
-    topn_max: int,
-    dense_layers: str,
-    shadow_fraction: float,
-    cache_budget_bytes: int,
-    cache_ttl_s: float,
     threads: int,
+    token_file: Path | None,
     pidfile: Path | None,
     no_probe: bool,
     start_delay_file: Path | None,
-    tenant_header: str,
-    tenant_cap: int,
+    **flags: object,
 ) -> None:
     from kcops.auth import load_token
     from kcops.tenant import check_header_name
 
+    # Every other flag is a WorkerOptions field of the same name.
+    params = click.get_current_context().params
     try:
-        header = check_header_name(tenant_header) if tenant_header else None
+        header = check_header_name(params["tenant_header"]) if params["tenant_header"] else None
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--tenant-header") from None
-
-    dense = _check_usage(dense_layers, top_n, topn_min, topn_max, redis_url)
+    dense = _check_usage(
+        params["dense_layers"],
+        params["top_n"],
+        params["topn_min"],
+        params["topn_max"],
+        params["redis_url"],
+    )
     token = load_token(token_file)
     if start_delay_file is not None:
-        _start_delay(start_delay_file, enable_faults)
+        _start_delay(start_delay_file, params["enable_faults"])
 
     import torch
 
@@ -109,24 +101,9 @@ def serve_cmd(
     from kcops.worker.control import BadSetting
 
     torch.set_num_threads(threads)
+    given = {k: params[k] for k in flags}
     opts = WorkerOptions(
-        model=model,
-        host=host,
-        port=port,
-        token=token,
-        redis_url=redis_url,
-        redis_prefix=redis_prefix,
-        enable_faults=enable_faults,
-        long_threshold=long_threshold,
-        top_n=top_n,
-        dense_layers=dense,
-        topn_min=topn_min,
-        topn_max=topn_max,
-        shadow_fraction=shadow_fraction,
-        cache_budget_bytes=cache_budget_bytes,
-        cache_ttl_s=cache_ttl_s,
-        tenant_header=header,
-        tenant_cap=tenant_cap,
+        **{**given, "token": token, "dense_layers": dense, "tenant_header": header}
     )
     try:
         state = build(opts)
@@ -136,7 +113,7 @@ def serve_cmd(
     probe = install_probe() if not no_probe else "probe off (--no-probe)"
     if token is None:
         click.echo("kcops serve: no token configured: admin endpoints answer 401", err=True)
-    _serve(state, host, port, pidfile, probe)
+    _serve(state, opts.host, opts.port, pidfile, probe)
 
 
 def _check_usage(

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import click
 
-from kcops.cli.common import agent_get_json, agent_option, echo_json, handle_errors
+from kcops.cli.common import Doc, agent_get_json, agent_option, echo_json, handle_errors, one_line
 from kcops.cli.timefmt import ago, duration, local_iso
 
 
-def format_status(st: dict[str, Any], now: float | None = None) -> str:
+def format_status(st: Doc, now: float | None = None) -> str:
     now = time.time() if now is None else now
     started = local_iso(now - float(st["uptime_s"]))
     lines = [
@@ -42,10 +41,10 @@ def format_status(st: dict[str, Any], now: float | None = None) -> str:
         health = "ok" if c.get("healthy", False) else "unhealthy"
         detail = c.get("summary") or c.get("error") or ""
         lines.append(f"  {cname}: {health}{(' — ' + detail) if detail else ''}")
-    return "\n".join(lines)
+    return "\n".join(one_line(line) for line in lines)
 
 
-def progress_line(state: str, p: dict[str, Any]) -> str:
+def progress_line(state: str, p: Doc) -> str:
     """The stall watch in one line: what it sees, or why it cannot watch."""
     if not p.get("watched", False):
         why = p.get("why") or "no reading yet"

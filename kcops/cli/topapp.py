@@ -105,10 +105,7 @@ class TopApp(App[None]):
     ]
 
     def __init__(
-        self,
-        client: AgentClient,
-        headers: Callable[[], dict[str, str]],
-        refresh_s: float = 2.0,
+        self, client: AgentClient, headers: Callable[[], dict[str, str]], refresh_s: float = 2.0
     ) -> None:
         super().__init__()
         self.client = client

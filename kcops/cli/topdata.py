@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from kcops.cli.common import retry_unavailable
+from kcops.cli.common import Doc, retry_unavailable
 from kcops.errors import KcopsError, Unreachable
 
 # One PromQL expression per number on the screen: (key, expression).
@@ -72,14 +72,14 @@ class Snapshot:
 
     agent_url: str
     taken_at: float
-    status: dict[str, Any]
+    status: Doc
     values: dict[str, float | None]
     engine_state: str | None  # starting, ready, stalled, hung, down; None when the agent has none
     kc_by_layer: list[tuple[str, float]]
     calls_by_layer: list[tuple[str, float]]
-    alerts: list[dict[str, Any]]
-    rules: list[dict[str, Any]]
-    actions: list[dict[str, Any]]
+    alerts: list[Doc]
+    rules: list[Doc]
+    actions: list[Doc]
     history: dict[str, list[float | None]] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
 
@@ -220,7 +220,7 @@ class AgentClient:
         rows = self.vector(expr, at)
         return rows[0][1] if rows else None
 
-    def run_action(self, name: str, headers: dict[str, str], reason: str) -> dict[str, Any]:
+    def run_action(self, name: str, headers: dict[str, str], reason: str) -> Doc:
         """POST an action through the agent's guards; the audit record (or error) back."""
         try:
             resp = self.http.post(

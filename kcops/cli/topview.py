@@ -165,8 +165,7 @@ def kc(s: Snapshot) -> Table:
     if s.kc_by_layer:
         vals = [x for _, x in s.kc_by_layer]
         t.add_row(
-            "layers",
-            f"K(C) p50 {sparkline(vals, 48)} {len(vals)} layers, max {max(vals):.0f}",
+            "layers", f"K(C) p50 {sparkline(vals, 48)} {len(vals)} layers, max {max(vals):.0f}"
         )
     elif calls:
         t.add_row(

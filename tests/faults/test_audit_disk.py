@@ -23,8 +23,9 @@ from typing import Any
 import httpx
 import pytest
 
-from kcops.agent.actions.audit import AuditLog, ReadStats, read_audit
-from kcops.agent.actions.records import parse_record
+from kcops.agent.remediation.audit import AuditLog
+from kcops.agent.remediation.auditread import ReadStats, read_audit
+from kcops.agent.remediation.records import parse_record
 from tests.faults.conftest import RealAgent, start_agent, stop_agent
 
 NONFINITE = (b"NaN", b"Infinity")

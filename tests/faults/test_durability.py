@@ -19,14 +19,21 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kcops.agent.actions import audit as audit_mod
-from kcops.agent.actions.audit import AuditLog, read_audit
-from kcops.agent.actions.records import parse_record
-from kcops.agent.actions.remediation import Remediation
-from kcops.agent.actions.statefile import StateFile, read_state, write_atomic
 from kcops.agent.clock import ManualClock
+from kcops.agent.remediation import audit as audit_mod
+from kcops.agent.remediation.audit import AuditLog
+from kcops.agent.remediation.auditread import read_audit
+from kcops.agent.remediation.records import parse_record
+from kcops.agent.remediation.remediation import Remediation
+from kcops.agent.remediation.statefile import StateFile
 from kcops.agent.samples import SeriesKey
-from tests.unit.actions.harness import make_ctx, make_rem
+from tests.unit.actions.harness import make_ctx, make_rem, unsynced
+
+
+def read_state(path: Path) -> dict[str, Any]:
+    """The saved state as a dict ({}: none or set aside), read by the state file itself."""
+    st = StateFile(path).read()
+    return {} if st is None else st.model_dump()
 
 
 def test_torn_tail_is_set_aside_and_loses_no_later_record(tmp_path: Path) -> None:
@@ -65,7 +72,7 @@ def test_append_on_the_loop_queues_and_sync_awaits_the_writer(tmp_path: Path) ->
             assert await log.sync()
         finally:
             audit_mod.os.write = real_write
-        assert log.unsynced == 0 and len(list(read_audit(log.path))) == 500
+        assert unsynced(log) == 0 and len(list(read_audit(log.path))) == 500
         assert writes and loop_thread not in writes  # every write off the loop
         log.close()
 
@@ -78,7 +85,7 @@ def test_wrong_shaped_state_is_set_aside_never_fatal(tmp_path: Path) -> None:
         path.write_bytes(bad)
         assert read_state(path) == {}
         assert not path.exists() and (tmp_path / "state.json.corrupt").read_bytes() == bad
-    write_atomic(path, {"version": 1, "ended": {"A": 5.0}, "replicas": 2, "extra": 1})
+    StateFile(path).save({"version": 1, "ended": {"A": 5.0}, "replicas": 2, "extra": 1})
     got = read_state(path)
     assert got["ended"] == {"A": 5.0} and got["replicas"] == 2 and "extra" not in got
     assert got["ladders"] == {} and got["guards"]["runs"] == []
@@ -149,7 +156,7 @@ def test_a_state_file_wrong_inside_is_set_aside_and_the_agent_starts(
     tmp_path: Path, state: dict[str, object]
 ) -> None:
     rem = _start(tmp_path, json.dumps(state).encode())
-    assert rem.ladders == {} and rem.restores == {}
+    assert rem.driver.ladders == {} and rem.restorer.pending == {}
     assert rem.state_file.set_aside_count == 1
     assert json.loads((tmp_path / "remediation-state.json.corrupt").read_bytes()) == state
     assert rem.status()["state_files_set_aside"] == 1
@@ -160,14 +167,14 @@ def test_a_state_file_wrong_inside_is_set_aside_and_the_agent_starts(
 def test_non_finite_numbers_in_state_are_set_aside(tmp_path: Path) -> None:
     for text in (b'{"version": 1, "ended": {"a": NaN}}', b'{"version": 1, "ended": {"a": 1e999}}'):
         rem = _start(tmp_path, text)
-        assert rem.state_file.set_aside_count == 1 and rem.ended == {}
+        assert rem.state_file.set_aside_count == 1 and rem.driver.ended == {}
 
 
 def test_a_good_state_file_is_rebuilt_whole(tmp_path: Path) -> None:
     rem = _start(tmp_path, json.dumps(GOOD_STATE).encode())
     assert rem.state_file.set_aside_count == 0
-    assert set(rem.ladders) == {"KcopsOOM"}  # held: unconfirmed until the rules catch up
-    assert rem.ended["KcopsHot"] == 50.0 and rem.replicas.desired == 2
+    assert set(rem.driver.ladders) == {"KcopsOOM"}  # held: unconfirmed until the rules catch up
+    assert rem.driver.ended["KcopsHot"] == 50.0 and rem.replicas.desired == 2
     assert rem.guards.cooldown_until == {"notify|engine": 400.0}
     assert rem.addressed.where == {"KcopsOOM": {"alertmanager:abc": "here"}}  # kept, typed
     saved = read_state(tmp_path / "remediation-state.json")  # written back by stop()
@@ -215,7 +222,7 @@ def test_any_value_anywhere_in_the_state_file_never_stops_the_agent(
 def test_leftover_temp_files_are_removed(tmp_path: Path) -> None:
     path = tmp_path / "state.json"
     (tmp_path / ".state.json.12345.tmp").write_text("{half")
-    write_atomic(path, {"version": 1})
+    StateFile(path).save({"version": 1})
     read_state(path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["state.json"]
 
@@ -223,15 +230,16 @@ def test_leftover_temp_files_are_removed(tmp_path: Path) -> None:
 WRITER = r"""
 import sys
 from pathlib import Path
-from kcops.agent.actions.audit import AuditLog
-from kcops.agent.actions.records import parse_record
-from kcops.agent.actions.statefile import write_atomic
+from kcops.agent.remediation.audit import AuditLog
+from kcops.agent.remediation.records import parse_record
+from kcops.agent.remediation.statefile import StateFile
 d = Path(sys.argv[1])
+state = StateFile(d / "state.json")
 log = AuditLog(d / "audit.jsonl")
 i = 0
 while True:
     log.append(parse_record({"ts": float(i), "n": i, "pad": "x" * (i % 500)}))  # durable: no loop
-    write_atomic(d / "state.json", {"version": 1, "ended": {"n": float(i)}})
+    state.save({"version": 1, "ended": {"n": float(i)}})
     print(i, flush=True)  # acknowledged
     i += 1
 """

@@ -17,11 +17,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kcops.agent.actions.alertmanager import MAX_LADDER_INSTANCES
 from kcops.agent.actions.registry import builtin_actions
 from kcops.agent.app import Agent
 from kcops.agent.config import parse_config
 from kcops.agent.control import core_routes
+from kcops.agent.remediation.alertmanager import MAX_LADDER_INSTANCES
 from tests.faults.conftest import RealAgent
 from tests.faults.fuzzing import Req, bodies, check_answer, hostile_values, query_values, send
 from tests.services import wait_until

@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 import pytest
 
-from kcops.agent.actions.alertmanager import MAX_ALERTS
+from kcops.agent.remediation.alertmanager import MAX_ALERTS
 from tests.faults.conftest import TOKEN, RealAgent
 from tests.services import free_port, need_binary, running, wait_http, wait_until
 

@@ -47,8 +47,8 @@ from typing import Any
 import httpx
 import pytest
 
-from kcops.agent.actions.audit import read_audit
 from kcops.agent.actions.registry import builtin_actions
+from kcops.agent.remediation.auditread import read_audit
 from tests.faults.conftest import RealAgent, start_agent, stop_agent
 from tests.faults.test_audit_disk import check_log
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import stat
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.services import free_port
+from tests.services import free_port, wait_until
 
 pytestmark = pytest.mark.slow
 AGENT = (sys.executable, "-c", "from kcops.cli import main; main()", "agent", "run")
@@ -91,3 +92,49 @@ def test_a_probe_socket_path_that_cannot_be_a_socket_is_one_line_and_exit_2(
                     "--listen", listen)  # fmt: skip
     one_line_exit_2(out, "exists and is not a socket")
     assert not_a_socket.read_text() == "keep me"
+
+
+def test_a_second_agent_on_the_same_state_dir_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    state = tmp_path / "s"
+    env = {**os.environ, "KCOPS_PROBE_SOCKET": str(tmp_path / "first.sock")}
+    first = subprocess.Popen(
+        [*AGENT, "--state-dir", str(state), "--listen", f"127.0.0.1:{free_port()}"],
+        env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        lock = state / "agent.lock"
+        wait_until(
+            lambda: lock.exists() and lock.read_text().strip() == str(first.pid),
+            60,
+            "the first agent's lock",
+        )
+        out = run_agent(tmp_path, "--state-dir", str(state), "--listen", f"127.0.0.1:{free_port()}")
+        one_line_exit_2(out, f"held by another agent (pid {first.pid})")
+        assert first.poll() is None  # the first one never noticed
+    finally:
+        first.terminate()
+        first.wait(30)
+
+
+@pytest.mark.parametrize("name", ["audit.jsonl", "remediation-state.json"])
+@pytest.mark.parametrize("kind", ["fifo", "folder", "device", "link out"])
+def test_a_state_file_that_is_not_a_regular_file_is_one_line_and_exit_2(
+    tmp_path: Path, name: str, kind: str
+) -> None:
+    state = tmp_path / "s"
+    state.mkdir()
+    path = state / name
+    if kind == "fifo":
+        os.mkfifo(path)  # opening it for reading would wait for a writer forever
+    elif kind == "folder":
+        path.mkdir()
+    elif kind == "device":
+        try:  # /dev/full's numbers: a write "succeeds" forever as ENOSPC
+            os.mknod(path, stat.S_IFCHR | 0o600, os.makedev(1, 7))
+        except PermissionError:
+            pytest.skip("mknod needs root")
+    else:
+        (tmp_path / "elsewhere").write_text("")
+        path.symlink_to(tmp_path / "elsewhere")
+    out = run_agent(tmp_path, "--state-dir", str(state), "--listen", f"127.0.0.1:{free_port()}")
+    one_line_exit_2(out, f"agent.state_dir: {path}")

@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kcops.agent.config import load_config
+from kcops.agent.promql.model import RuleError
 from kcops.agent.rules.loader import load_rules
-from kcops.agent.rules.model import RuleError
 from kcops.agent.yamlload import MAX_DEPTH, parse_yaml
 from kcops.cli import cli
 from kcops.errors import ConfigError

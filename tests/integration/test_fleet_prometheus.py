@@ -13,6 +13,7 @@ recording rules (alerts/records.yaml). Tenants are spread over both pods.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -42,8 +43,14 @@ def _by(url: str, expr: str, label: str) -> dict[str, float]:
     return {r["metric"].get(label, ""): float(r["value"][1]) for r in _query(url, expr)}
 
 
+TOKEN = "fleet-token"
+
+
 def _cli(*args: str) -> dict[str, Any]:
-    out = subprocess.run([kcops_bin(), *args, "--json"], capture_output=True, text=True, timeout=90)
+    env = {**os.environ, "KCOPS_TOKEN": TOKEN}
+    out = subprocess.run(
+        [kcops_bin(), *args, "--json"], capture_output=True, text=True, timeout=90, env=env
+    )
     assert out.returncode == 0, (args, out.stdout[-2000:], out.stderr[-2000:])
     return dict(json.loads(out.stdout))
 
@@ -70,6 +77,7 @@ class Pod:
             "KCOPS_PROBE_KC_LAYERS_MS": "200",
             "KCOPS_PROBE_FLUSH_MS": "100",
             "KCOPS_PROBE_SOCKET": str(d / "probe.sock"),
+            "KCOPS_TOKEN": TOKEN,  # kc recommend --refresh needs it
         }
         self.agent_proc = stack.enter_context(running(agent, log_path=d / "agent.log", env=env))
         self.worker_proc = stack.enter_context(running(worker, log_path=d / "worker.log", env=env))

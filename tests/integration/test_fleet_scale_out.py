@@ -20,15 +20,16 @@ from typing import Any
 import pytest
 import redis
 
-from kcops.agent.actions.lease import FleetWrite, RedisFleet
+from kcops.agent.actions.lease_core import FleetWrite
+from kcops.agent.actions.lease_redis import RedisFleet
 from kcops.agent.clock import ManualClock
 from kcops.agent.events import Step
-from kcops.errors import ActionRejected
+from kcops.agent.outcome import ActionName, ActionRejected
 from tests.services import wait_until
 from tests.unit.actions.harness import audit, make_ctx, make_rem, settle, transition
 
 REPO = Path(__file__).resolve().parents[2]
-SURGE = (Step("scale_out", {"step": 1}, 600.0),)
+SURGE = (Step(ActionName.SCALE_OUT, {"step": 1}, 600.0),)
 FLEET_COOLDOWN_S = 300.0
 # Long enough that the lease of the killed holder is still there when the
 # others fire right after the kill, even on a loaded machine.

@@ -56,8 +56,12 @@ def complete(worker: str, prompt: list[int], max_tokens: int) -> dict[str, Any]:
     return dict(r.json())
 
 
+TOKEN = "kc-calibration-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
 def recommendation(agent: str) -> dict[str, Any]:
-    got = httpx.get(agent + "/api/v1/kc/recommendation?refresh=1", timeout=60)
+    got = httpx.get(agent + "/api/v1/kc/recommendation?refresh=1", headers=AUTH, timeout=60)
     got.raise_for_status()
     return dict(got.json())
 
@@ -96,6 +100,7 @@ def test_calibrated_live_n_is_within_a_grid_step_of_the_sweeps(tmp_path: Path) -
         "KCOPS_PROBE_FLUSH_MS": "100",
         "KCOPS_PROBE_KC_LAYERS_MS": "200",
         "KCOPS_PROBE_SAMPLE_RATE": "1.0",
+        "KCOPS_TOKEN": TOKEN,  # ?refresh=1 needs it
     }
     wport = free_port()
     worker_url = f"http://127.0.0.1:{wport}"

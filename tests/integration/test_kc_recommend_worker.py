@@ -7,6 +7,7 @@ gauges appear on the agent's /metrics."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -31,12 +32,17 @@ def complete(worker: str, i: int) -> None:
     r.raise_for_status()
 
 
+TOKEN = "kc-recommend-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
 def recommend(agent_url: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [kcops_bin(), "kc", "recommend", "--agent", agent_url, "--refresh", *args],
         capture_output=True,
         text=True,
         timeout=60,
+        env={**os.environ, "KCOPS_TOKEN": TOKEN},
     )
 
 
@@ -47,6 +53,7 @@ def test_live_recommendation_appears_after_load(tmp_path: Path) -> None:
         "KCOPS_PROBE_FLUSH_MS": "100",
         "KCOPS_PROBE_KC_LAYERS_MS": "200",
         "KCOPS_PROBE_SAMPLE_RATE": "1.0",
+        "KCOPS_TOKEN": TOKEN,  # ?refresh=1 and the CLI's --refresh need it
     }
     (tmp_path / "agent.yaml").write_text(
         "engine:\n  canary: {enabled: false}\n"
@@ -70,7 +77,9 @@ def test_live_recommendation_appears_after_load(tmp_path: Path) -> None:
             complete(worker_url, 0)
 
             def first_samples() -> dict | None:
-                doc = httpx.get(agent_url + "/api/v1/kc/recommendation?refresh=1", timeout=30)
+                doc = httpx.get(
+                    agent_url + "/api/v1/kc/recommendation?refresh=1", headers=AUTH, timeout=30
+                )
                 got = doc.json()
                 return got if got["layers"] else None
 
@@ -87,7 +96,9 @@ def test_live_recommendation_appears_after_load(tmp_path: Path) -> None:
                 complete(worker_url, i)
 
             def enough() -> dict | None:
-                got = httpx.get(agent_url + "/api/v1/kc/recommendation?refresh=1", timeout=30)
+                got = httpx.get(
+                    agent_url + "/api/v1/kc/recommendation?refresh=1", headers=AUTH, timeout=30
+                )
                 d = got.json()
                 return d if d["status"] == "ok" else None
 

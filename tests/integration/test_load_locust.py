@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.services import free_port, kcops_bin, running, wait_http, wait_port
+from tests.services import free_port, kcops_bin, running, wait_http, wait_port, wait_until
 
 # Not importorskip: importing locust monkey-patches this process with gevent.
 pytestmark = pytest.mark.skipif(
@@ -67,11 +67,12 @@ def test_load_reports_the_agents_alerts_during_the_run(worker: str, tmp_path: Pa
     """AGENT set (`make load AGENT=...`): the alerts a real agent saw during the run are printed.
 
     The agent watches the worker with a prefix-hit floor of 1.0, which no traffic
-    meets (every prompt's last block is computed): the alert is pending under load.
+    meets (every prompt's last block is computed): the alert is pending under load, once
+    its warm-up guard has seen the engine ready for two rate windows.
     """
     port = free_port()
     config = tmp_path / "agent.yaml"
-    config.write_text("rules: {params: {cache_hit_ratio: 1.0, rate_window: 30s}}\n")
+    config.write_text("rules: {params: {cache_hit_ratio: 1.0, rate_window: 10s}}\n")
     agent_cmd = [
         kcops_bin(), "agent", "run", "--listen", f"127.0.0.1:{port}", "--config", str(config),
         "--state-dir", str(tmp_path / "state"), "--engine-url", worker,
@@ -80,6 +81,13 @@ def test_load_reports_the_agents_alerts_during_the_run(worker: str, tmp_path: Pa
     agent = f"http://127.0.0.1:{port}"
     with running(agent_cmd, log_path=tmp_path / "agent.log") as proc:
         wait_http(agent + "/readyz", 60, proc)
+        guard = 'min_over_time(kcops_engine_state{state="ready"}[10s] offset 10s) == 1'
+
+        def guard_open() -> bool:
+            got = httpx.get(agent + "/api/v1/query", params={"query": guard}, timeout=10)
+            return bool(got.json()["data"]["result"])
+
+        wait_until(guard_open, 60, "the engine ready for a rate window before the current")
         out = subprocess.run(
             [kcops_bin(), "load", "--host", worker, "--agent", agent, "--users", "2",
              "--spawn-rate", "2", "--run-time", "15", "--max-tokens", "2", "--out", str(tmp_path)],

@@ -21,9 +21,9 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from kcops.agent.promql.evaluator import Evaluator
+from kcops.agent.promql.parse import parse_expr
 from kcops.agent.query import to_api
-from kcops.agent.rules.evaluator import Evaluator
-from kcops.agent.rules.parse import parse_expr
 from kcops.agent.rules.promtest import series_key
 from kcops.agent.store import Store
 from tests.services import free_port, need_binary, running, wait_http

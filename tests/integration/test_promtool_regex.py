@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from kcops.agent.rules.evaluator import Evaluator
-from kcops.agent.rules.literals import quote
-from kcops.agent.rules.model import RuleError
-from kcops.agent.rules.parse import parse_expr
+from kcops.agent.promql.evaluator import Evaluator
+from kcops.agent.promql.literals import quote
+from kcops.agent.promql.model import RuleError
+from kcops.agent.promql.parse import parse_expr
 from kcops.agent.rules.promtest import series_key
 from kcops.agent.store import Store
 

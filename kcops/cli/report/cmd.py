@@ -6,7 +6,6 @@ the same panels, alerts and cost table, over the part of the window the source h
 from __future__ import annotations
 
 import html
-import time
 from pathlib import Path
 
 import click
@@ -67,12 +66,8 @@ def cost_section(source: Source, start: float, end: float) -> str:
 )
 @handle_errors
 def report_cmd(source: Source, since: str, out: str) -> None:
-    from kcops.cli.actions import parse_since
+    from kcops.cli.actions import past_window
 
-    end = time.time()
-    start = parse_since(since, end)
-    assert start is not None
-    if start >= end:
-        raise click.BadParameter(f"{since!r} is not in the past", param_hint="--since")
+    start, end = past_window(since)
     path = write_report(source, start, end, Path(out), "kcops report")
     click.echo(f"report written: {path.resolve()}")

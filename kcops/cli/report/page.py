@@ -20,9 +20,21 @@ td, th { border-bottom: 1px solid #ddd; padding: 0.2em 0.8em; text-align: left; 
 """
 
 
-def _table(head: list[str], rows: list[list[str]]) -> str:
+STATES = ("firing", "pending")  # the states the page colours; any other is plain text
+
+
+def _table(head: list[str], rows: list[list[str]], state_col: int | None = None) -> str:
+    """Every cell is text, escaped here, so a value from outside (an alert's name, its
+    state as Prometheus answered it, an engine's answer) is never markup."""
+
+    def cell(i: int, text: str) -> str:
+        css = f' class="{text}"' if i == state_col and text in STATES else ""
+        return f"<td{css}>{html.escape(text)}</td>"
+
     th = "".join(f"<th>{html.escape(h)}</th>" for h in head)
-    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
+    body = "".join(
+        "<tr>" + "".join(cell(i, c) for i, c in enumerate(row)) + "</tr>" for row in rows
+    )
     return f"<table><tr>{th}</tr>{body}</table>"
 
 
@@ -35,17 +47,17 @@ def render(tl: Timeline, pngs: list[tuple[str, bytes]], title: str, extra_html: 
     alerts = _table(
         ["alert", "state", "from", "for"],
         [
-            [esc(iv.alertname), f'<span class="{iv.state}">{iv.state}</span>',
-             esc(local_iso(iv.start)), esc(duration(iv.end - iv.start))]
+            [iv.alertname, iv.state, local_iso(iv.start), duration(iv.end - iv.start)]
             for iv in tl.intervals
         ],
-    )  # fmt: skip
+        state_col=1,
+    )
     actions = _table(
         ["time", "action", "outcome", "alert", "detail"],
         [
-            [esc(local_iso(float(r["ts"]))), esc(str(r.get("action"))), esc(str(r.get("outcome"))),
-             esc(str((r.get("ladder") or {}).get("alertname", ""))),
-             esc(str(r.get("detail") or r.get("error") or ""))[:200]]
+            [local_iso(float(r["ts"])), str(r.get("action")), str(r.get("outcome")),
+             str((r.get("ladder") or {}).get("alertname", "")),
+             str(r.get("detail") or r.get("error") or "")[:200]]
             for r in tl.actions
         ],
     )  # fmt: skip

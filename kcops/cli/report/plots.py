@@ -14,6 +14,7 @@ from datetime import datetime
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from kcops.cli.common import Doc
 from kcops.cli.report.timeline import PANELS, PlotPanel, Timeline
 
 if TYPE_CHECKING:
@@ -36,7 +37,7 @@ def _dt(ts: float) -> datetime:
     return datetime.fromtimestamp(ts).astimezone()
 
 
-def acted(tl: Timeline) -> list[dict[str, Any]]:
+def acted(tl: Timeline) -> list[Doc]:
     """Actions that ran (or were rehearsed): a guard's skip is in the table, not on the plot."""
     return [r for r in tl.actions if not str(r.get("outcome", "")).startswith("skipped")]
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
+from kcops.cli.common import Doc
 from kcops.cli.topdata import HQ, AgentClient
 
 MAX_POINTS = 400
@@ -70,7 +70,7 @@ class Timeline:
     times: list[float]
     series: dict[str, dict[str, list[float]]]  # panel key -> line label -> values (NaN = none)
     intervals: list[Interval] = field(default_factory=list)
-    actions: list[dict[str, Any]] = field(default_factory=list)
+    actions: list[Doc] = field(default_factory=list)
 
     @property
     def start(self) -> float:

@@ -9,6 +9,7 @@ within the soak; nothing here is synthetic."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import time
@@ -25,6 +26,7 @@ from tests.engines.vllm.harness import (
     REC_MIN_SAMPLES,
     TENANT_HEADER,
     TENANT_USER,
+    TOKEN,
     Stack,
 )
 from tests.services import kcops_bin, wait_until
@@ -48,6 +50,7 @@ def recommend(stack: Stack, *args: str) -> subprocess.CompletedProcess[str]:
         capture_output=True,
         text=True,
         timeout=120,
+        env={**os.environ, "KCOPS_TOKEN": TOKEN},
     )
 
 

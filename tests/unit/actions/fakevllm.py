@@ -12,14 +12,14 @@ from typing import Any
 
 from aiohttp import web
 
+from tests.unit.actions.fakeworker import FakeServer
 
-class FakeVllm:
+
+class FakeVllm(FakeServer):
     def __init__(self, dev_mode: bool = False) -> None:
         self.dev_mode = dev_mode
         self.busy = False  # running requests hold blocks: a reset answers success=false
         self.calls: list[tuple[str, str, dict[str, str]]] = []
-        self._runner: web.AppRunner | None = None
-        self.url = ""
 
     def app(self) -> web.Application:
         async def version(_: web.Request) -> web.Response:
@@ -59,19 +59,6 @@ class FakeVllm:
         app.router.add_post("/pause", pause)
         app.router.add_post("/resume", resume)
         return app
-
-    async def start(self) -> str:
-        self._runner = web.AppRunner(self.app(), access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.url = f"http://127.0.0.1:{port}"
-        return self.url
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
 
 
 def vllm_cfg(url: str) -> dict[str, Any]:

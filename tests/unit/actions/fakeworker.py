@@ -14,7 +14,30 @@ from aiohttp import web
 TOKEN = "test-token"
 
 
-class FakeWorker:
+class FakeServer:
+    """A fake's HTTP server on a free port of 127.0.0.1: :meth:`app` is its routes."""
+
+    _runner: web.AppRunner | None = None
+    url = ""
+
+    def app(self) -> web.Application:
+        raise NotImplementedError
+
+    async def start(self) -> str:
+        self._runner = web.AppRunner(self.app(), access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.url = f"http://127.0.0.1:{port}"
+        return self.url
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+
+class FakeWorker(FakeServer):
     def __init__(self, token: str = TOKEN) -> None:
         self.token = token
         self.state: dict[str, Any] = {
@@ -29,8 +52,6 @@ class FakeWorker:
             "faults": {},
         }
         self.calls: list[tuple[str, str, Any]] = []
-        self._runner: web.AppRunner | None = None
-        self.url = ""
 
     def snapshot(self) -> dict[str, Any]:
         return copy.deepcopy(self.state)
@@ -117,16 +138,3 @@ class FakeWorker:
             ]
         )
         return app
-
-    async def start(self) -> str:
-        self._runner = web.AppRunner(self.app(), access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.url = f"http://127.0.0.1:{port}"
-        return self.url
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 from typing import Any
 
@@ -10,12 +11,18 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from kcops.agent.actions.audit import read_audit
-from kcops.agent.actions.remediation import Remediation
+from kcops.agent.actions.base import Registry, SupervisorHandle
+from kcops.agent.actions.registry import builtin_actions
 from kcops.agent.clock import ManualClock
 from kcops.agent.component import AgentContext
-from kcops.agent.config import parse_config
+from kcops.agent.config import Config, parse_config
+from kcops.agent.engine import Engine
 from kcops.agent.events import AlertTransition, EventBus, Step
+from kcops.agent.promql.model import RuleError
+from kcops.agent.remediation.audit import AuditLog
+from kcops.agent.remediation.auditread import read_audit
+from kcops.agent.remediation.remediation import Remediation
+from kcops.agent.rules.loader import RuleSet, ruleset_from_config
 from kcops.agent.samples import SeriesKey
 from kcops.agent.store import Store
 from kcops.auth import TokenCheck
@@ -47,11 +54,35 @@ def make_ctx(
     return ctx, spans
 
 
-async def make_rem(ctx: AgentContext) -> Remediation:
-    import os
+def ladders(config: Config, registry: Registry) -> RuleSet | None:
+    """The configured rule set, as the app's preflight loads it; a bad file: no ladders."""
+    try:
+        return ruleset_from_config(config, registry.ladder_params())
+    except RuleError:
+        return None
 
+
+class OwnEngine(Remediation):
+    """A remediation with an engine of its own, closed when it stops."""
+
+    async def stop(self) -> None:
+        await super().stop()
+        await self.engine.aclose()
+
+
+def build_rem(
+    ctx: AgentContext, registry: Registry | None = None, supervisor: SupervisorHandle | None = None
+) -> Remediation:
+    """A remediation as the app builds it, with its own engine and the configured ladders."""
+    reg = registry or builtin_actions()
     os.environ["KCOPS_TOKEN"] = TOKEN
-    rem = Remediation(ctx)
+    engine = Engine.configured_by(ctx.config.engine, ctx.auth.token, ctx.clock())
+    rules = ladders(ctx.config, reg)
+    return OwnEngine(ctx, reg, engine=engine, supervisor=supervisor, ruleset=rules)
+
+
+async def make_rem(ctx: AgentContext, registry: Registry | None = None) -> Remediation:
+    rem = build_rem(ctx, registry)
     await rem.start()
     return rem
 
@@ -86,6 +117,11 @@ async def settle(rem: Remediation) -> None:
 
 def audit(rem: Remediation, kind: str | None = None) -> list[dict[str, Any]]:
     return [r for r in read_audit(rem.audit.path) if kind is None or r.get("kind") == kind]
+
+
+def unsynced(log: AuditLog) -> int:
+    """Records appended but not yet known on disk (held in memory included)."""
+    return log._seq - log._synced
 
 
 def counter(ctx: AgentContext, action: str, outcome: str) -> float | None:

@@ -10,14 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from kcops.agent.actions import build
-from kcops.agent.actions.remediation import Remediation
+from kcops.agent.actions.registry import builtin_actions
 from kcops.agent.clock import ManualClock
 from kcops.agent.config import parse_config
 from kcops.agent.engine import Engine
 from kcops.agent.engine.supervisor import Supervisor
+from kcops.agent.remediation import build
+from kcops.agent.remediation.remediation import Remediation
 from tests.services import wait_until_async
-from tests.unit.actions.harness import audit, make_ctx
+from tests.unit.actions.harness import audit, ladders, make_ctx
 from tests.unit.actions.test_other_actions import Recorder, kube_cfg
 
 
@@ -40,7 +41,7 @@ def test_a_crash_loop_pages_and_evicts_the_pod_when_configured(tmp_path: Path, p
             {**ctx.config.model_dump(mode="json"), "engine": {"command": crashing}}
         )
         engine = Engine(None, "auto")
-        sup, rem = build(ctx, engine)
+        sup, rem = build(ctx, engine, None, ladders(ctx.config, builtin_actions()))
         assert isinstance(sup, Supervisor) and isinstance(rem, Remediation)
         await rem.start()
         await sup.start()

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from kcops.agent.clock import ManualClock
 from kcops.agent.events import Step
+from kcops.agent.outcome import ActionName
 from tests.unit.actions.fakevllm import FakeVllm
 from tests.unit.actions.harness import audit, make_ctx, make_rem, settle, transition
 
@@ -71,8 +72,8 @@ def test_a_ladder_moves_past_a_step_vllm_cannot_do_without_spending(tmp_path: Pa
         ctx, _ = vllm_ctx(tmp_path, url, clock, mode="enforce")
         rem = await make_rem(ctx)
         steps = (
-            Step("fallback_to_base", {}, 30.0),
-            Step("evict_cache", {"policy": "all"}, 30.0),
+            Step(ActionName.FALLBACK_TO_BASE, {}, 30.0),
+            Step(ActionName.EVICT_CACHE, {"policy": "all"}, 30.0),
         )
         try:
             await rem.engine.resolve()
@@ -100,7 +101,7 @@ def test_ticket_alert_with_nothing_applicable_is_not_a_page(tmp_path: Path) -> N
         clock = ManualClock()
         ctx, _ = make_ctx(tmp_path, None, clock, mode="enforce")
         rem = await make_rem(ctx)
-        steps = (Step("notify", {"severity": "ticket"}, 30.0),)
+        steps = (Step(ActionName.NOTIFY, {"severity": "ticket"}, 30.0),)
         try:
             ev = transition(
                 "KcopsPrefixCacheHitRateLow",
@@ -113,7 +114,7 @@ def test_ticket_alert_with_nothing_applicable_is_not_a_page(tmp_path: Path) -> N
             await rem.tick(clock.advance(1))
         finally:
             await rem.stop()
-        assert audit(rem, "page") == [] and rem.pages == 0
+        assert audit(rem, "page") == [] and rem.pager.pages == 0
         esc = audit(rem, "escalation")
         assert len(esc) == 1 and esc[0]["severity"] == "ticket"
         assert "no applicable remediation" in esc[0]["message"]

@@ -145,7 +145,7 @@ def test_signal_restart_waits_the_engines_drain_and_records_a_new_start(tmp_path
     from kcops.agent.actions.restart_worker import restart_worker
     from kcops.agent.config import parse_config
     from kcops.agent.engine import Engine
-    from kcops.errors import ActionRejected
+    from kcops.agent.outcome import ActionRejected
     from tests.unit.actions.shmprog import holder_cmd
 
     log = tmp_path / "term.log"

@@ -12,6 +12,7 @@ from typing import Any
 from aiohttp import web
 
 from kcops.agent.clock import ManualClock
+from kcops.agent.outcome import ActionName
 from tests.unit.actions.harness import audit, counter, make_ctx, make_rem, settle, transition
 
 
@@ -166,7 +167,7 @@ def test_notify_and_pages_reach_the_webhook(tmp_path: Path) -> None:
             await run.task  # type: ignore[misc]
             assert run.outcome == "ok"
             # a one-step ladder that cannot help: the end of the ladder pages
-            steps = (Step("notify", {"message": "step"}, 5.0),)
+            steps = (Step(ActionName.NOTIFY, {"message": "step"}, 5.0),)
             ctx.bus.publish(transition("KcopsLatencyFluctuation", "firing", clock(), steps))
             await settle(rem)
             await rem.tick(clock.advance(1))  # the step's notice ran: its window starts
@@ -203,7 +204,7 @@ def test_a_notice_is_held_back_by_its_own_alerts_cooldown_only(tmp_path: Path) -
             tmp_path, None, clock, mode="enforce", guards=guards, notify={"url": url + "/hook"}
         )
         rem = await make_rem(ctx)
-        steps = (Step("notify", {"message": "look"}, 5.0),)
+        steps = (Step(ActionName.NOTIFY, {"message": "look"}, 5.0),)
         try:
             for name in ("KcopsPrefixCacheHitRateLow", "KcopsInterTokenLatencyHigh"):
                 ctx.bus.publish(transition(name, "firing", clock(), steps))

@@ -8,7 +8,7 @@ import pytest
 
 from kcops.agent.actions.base import ActionSpec
 from kcops.agent.actions.registry import builtin_actions
-from kcops.errors import ActionRejected
+from kcops.agent.outcome import ActionRejected
 
 SPECS = builtin_actions().specs()
 

@@ -8,12 +8,11 @@ import signal
 import sys
 from pathlib import Path
 
-from kcops.agent.actions.remediation import Remediation
 from kcops.agent.clock import ManualClock
 from kcops.agent.engine import lifecycle as lc
 from kcops.agent.engine.supervisor import Supervisor
 from tests.services import wait_until_async
-from tests.unit.actions.harness import audit, make_ctx
+from tests.unit.actions.harness import audit, build_rem, make_ctx
 
 
 async def _exited(sup: Supervisor, clock: ManualClock) -> None:
@@ -39,7 +38,7 @@ def test_restart_worker_is_refused_while_the_supervisor_backs_off(tmp_path: Path
             ctx.config.actions.restart,
             clock=clock,
         )
-        rem = Remediation(ctx, supervisor=sup)
+        rem = build_rem(ctx, supervisor=sup)
         await rem.start()
         await sup.start()
         try:
@@ -88,7 +87,7 @@ def test_an_engine_action_waits_while_the_supervisor_respawns(tmp_path: Path) ->
             mode="enforce",
             restart={"backoff_initial_s": 100, "startup_grace_s": 0},
         )
-        rem = Remediation(ctx)
+        rem = build_rem(ctx)
         sup = Supervisor(
             [sys.executable, "-c", "import time; time.sleep(60)"],
             ctx.config.actions.restart,

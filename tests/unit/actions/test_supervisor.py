@@ -147,8 +147,8 @@ def test_not_restarted_while_starting() -> None:
         from kcops.agent.actions.restart_worker import SPEC
         from kcops.agent.config import parse_config
         from kcops.agent.engine import Engine
+        from kcops.agent.outcome import ActionRejected
         from kcops.agent.samples import Sample
-        from kcops.errors import ActionRejected
 
         store = Store()
         clock = ManualClock()

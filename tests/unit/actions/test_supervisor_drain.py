@@ -208,7 +208,7 @@ def test_engine_ready_route_says_no_while_starting_or_draining(tmp_path: Path) -
     from kcops.agent.engine import lifecycle as lc
     from tests.unit.actions.fakeworker import FakeWorker
     from tests.unit.actions.harness import make_ctx, make_rem
-    from tests.unit.actions.test_routes import serve
+    from tests.unit.remediation.test_routes import serve
 
     async def body() -> None:
         w = FakeWorker()

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from prometheus_client import CollectorRegistry
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as om_families
 from prometheus_client.parser import text_string_to_metric_families
 
 from kcops.agent.clock import ManualClock
-from kcops.agent.exporter import build_registry, render
+from kcops.agent.exporter import StoreExporter, build_registry, render
 from kcops.agent.samples import Sample, SeriesKey
 from kcops.agent.signals import register_all
 from kcops.agent.store import Store
@@ -16,6 +17,10 @@ def make() -> tuple[Store, ManualClock]:
     st = Store()
     register_all(st)
     return st, ManualClock(1000.0)
+
+
+def registry(st: Store, clock: ManualClock) -> CollectorRegistry:
+    return build_registry(StoreExporter(st, clock, stale_after_s=30))
 
 
 def families(body: bytes) -> dict[str, object]:
@@ -35,7 +40,7 @@ def test_counter_gauge_histogram_types_and_values() -> None:
         ],
         now=clock(),
     )
-    reg = build_registry(st, clock, stale_after_s=30)
+    reg = registry(st, clock)
     body, ctype = render(reg, None)
     assert ctype.startswith("text/plain")
     fams = families(body)
@@ -55,7 +60,7 @@ def test_counter_gauge_histogram_types_and_values() -> None:
 def test_openmetrics_negotiation() -> None:
     st, clock = make()
     st.add([Sample.of("kcops_engine_up", 1)], now=clock())
-    body, ctype = render(build_registry(st, clock, 30), "application/openmetrics-text")
+    body, ctype = render(registry(st, clock), "application/openmetrics-text")
     assert ctype.startswith("application/openmetrics-text")
     assert body.rstrip().endswith(b"# EOF")
 
@@ -65,18 +70,18 @@ def test_stale_and_old_series_are_absent_not_zero() -> None:
     st.add([Sample.of("kcops_engine_up", 1), Sample.of("kcops_requests_running", 3)], now=clock())
     st.mark_stale(SeriesKey.of("kcops_engine_up"), clock() + 1)
     clock.advance(1)
-    body, _ = render(build_registry(st, clock, stale_after_s=30), None)
+    body, _ = render(registry(st, clock), None)
     assert b"kcops_engine_up" not in body.replace(b"# HELP", b"").replace(b"# TYPE", b"")
     assert b"kcops_requests_running 3.0" in body
     clock.advance(60)
-    body, _ = render(build_registry(st, clock, stale_after_s=30), None)
+    body, _ = render(registry(st, clock), None)
     assert b"kcops_requests_running 3.0" not in body
 
 
 def test_unknown_family_is_untyped() -> None:
     st, clock = make()
     st.add([Sample.of("my_custom_metric", 5)], now=clock())
-    body, _ = render(build_registry(st, clock, 30), None)
+    body, _ = render(registry(st, clock), None)
     assert b"# TYPE my_custom_metric untyped" in body
 
 
@@ -92,10 +97,10 @@ def test_histogram_buckets_in_numeric_order_per_label_set() -> None:
         rows.append(Sample.of("kcops_request_latency_seconds_sum", 7.5, lab))
         rows.append(Sample.of("kcops_request_latency_seconds_count", n, lab))
     st.add(rows, now=clock())
-    body, _ = render(build_registry(st, clock, 30), "application/openmetrics-text; version=1.0.0")
+    body, _ = render(registry(st, clock), "application/openmetrics-text; version=1.0.0")
     fams = {f.name: f for f in om_families(body.decode())}
     hist = fams["kcops_request_latency_seconds"]
     les = [(s.labels["engine"], s.labels["le"]) for s in hist.samples if s.name.endswith("_bucket")]
     assert les == [(e, le) for e in "ab" for le in ("0.5", "2", "10", "+Inf")]
-    text, _ = render(build_registry(st, clock, 30), None)
+    text, _ = render(registry(st, clock), None)
     assert text.index(b'le="10"') < text.index(b'le="+Inf"')

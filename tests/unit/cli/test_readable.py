@@ -173,7 +173,7 @@ def test_history_prints_no_epoch_seconds_for_any_record_kind(tmp_path: Path) -> 
 
 
 def test_audit_record_shows_local_time_and_ago() -> None:
-    from kcops.agent.actions.records import ActionRecord
+    from kcops.agent.remediation.records import ActionRecord
     from kcops.cli.actions import format_record
 
     now = time.time()

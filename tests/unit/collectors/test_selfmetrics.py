@@ -49,7 +49,7 @@ def test_no_descriptor_left_is_unavailable_not_a_bug(monkeypatch: pytest.MonkeyP
 
 
 def test_the_regex_cache_bound_and_use_are_exported() -> None:
-    from kcops.agent.rules.regex import CACHE, compile_anchored
+    from kcops.agent.promql.regex import CACHE, compile_anchored
     from kcops.agent.signals import SIGNALS
 
     compile_anchored("exported|regex")

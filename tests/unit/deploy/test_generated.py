@@ -32,9 +32,6 @@ def test_dashboard_configmaps_hold_exactly_the_built_files(
     ]
     got = {k: v for m in maps for k, v in m["data"].items()}
     assert got == dashboard_files()
-    # and what `kcops dashboards build` committed is that same text
-    for name, text in got.items():
-        assert (REPO / "dashboards" / "generated" / name).read_text() == text
 
 
 def _promtool_check(tmp_path: Path, groups: list[dict[str, Any]]) -> None:

@@ -23,7 +23,7 @@ from kcops.agent.collectors.scrape import EngineScrapeCollector
 from kcops.agent.engine import Engine, EngineFailed
 from kcops.agent.engine.kinds import Adapter, EngineKind, EngineRegistry, builtin_kinds
 from kcops.agent.engine.shutdown import engine_drain_s
-from kcops.errors import ActionRejected
+from kcops.agent.outcome import ActionRejected
 from tests.unit.collectors.helpers import latest, runner
 from tests.unit.engine import toy_kind
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import kcops.kernels as kernels
-from kcops.kernels.kc import k_from_sorted, kc_rows, select_rows
+from kcops.kernels.kc import k_from_sorted, kc_rows, row_index
 from tests.unit.kernels.conftest import text_ids, tiny_llama
 
 P_VALUES = (0.5, 0.8, 0.9, 0.95, 0.99)
@@ -118,6 +118,10 @@ def test_nan_rows_are_skipped() -> None:
         q, k, attention_mask=None, scaling=None, rows="all", p_values=(0.9,), topn=(2,)
     ).to_rows()
     assert [r.position for r in rows] == [0, 1]
+
+
+def select_rows(tq: int, rows: str | int) -> list[int]:
+    return [int(i) for i in row_index(tq, rows, torch.device("cpu"))]
 
 
 def test_select_rows() -> None:

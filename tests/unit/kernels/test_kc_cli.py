@@ -11,7 +11,7 @@ import torch
 from click.testing import CliRunner
 
 from kcops.cli import cli
-from kcops.lab.cli import measure as kc_cli
+from kcops.lab import cli as kc_cli
 from tests.unit.kernels.conftest import VOCAB, tiny_llama
 
 
@@ -34,7 +34,9 @@ def text_file(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def fake_load(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(kc_cli, "load_model", lambda name: (tiny_llama("sdpa"), ByteTokenizer()))
+    monkeypatch.setattr(
+        kc_cli, "load_model", lambda name, **kw: (tiny_llama("sdpa"), ByteTokenizer())
+    )
 
 
 def test_measure_json_shape(fake_load: None, text_file: Path) -> None:

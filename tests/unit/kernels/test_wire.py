@@ -1,4 +1,4 @@
-"""The probe frame format (version 6, the one version): round trip, typed errors, bounds,
+"""The probe frame format (``wire.VERSION``, the one version): round trip, typed errors, bounds,
 fixed buckets, socket path."""
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kcops.kernels import wire
+
+V = wire.VERSION.to_bytes(2, "big")  # the header's version field, as frames carry it
 
 
 def sample_frame() -> wire.Frame:
@@ -62,7 +64,7 @@ def with_tag(data: bytes, tag: bytes, length: int | None = None) -> bytes:
 def test_round_trip() -> None:
     frame = sample_v4()
     data = wire.encode(frame)
-    assert data[:6] == wire.MAGIC + b"\x00\x06"
+    assert data[:6] == wire.MAGIC + V
     assert wire.decode(data) == frame
 
 
@@ -197,17 +199,21 @@ def test_buckets_sorted_and_named() -> None:
     [
         (b"", wire.Truncated, "truncated"),
         (b"KCPF\x00", wire.Truncated, "truncated"),
-        (b"XXXX\x00\x06\x00\x00\x00\x02{}", wire.BadMagic, "bad magic"),
+        (b"XXXX" + V + b"\x00\x00\x00\x02{}", wire.BadMagic, "bad magic"),
         (b"KCPF\x00\x09\x00\x00\x00\x02{}", wire.BadVersion, "unknown frame version 9"),
         # versions 1 (JSON), 2 and 3 were read before 1.0: now they are unknown versions
-        (b"KCPF\x00\x01\x00\x00\x00\x02{}", wire.BadVersion, "version 1, this side speaks 6"),
+        (
+            b"KCPF\x00\x01\x00\x00\x00\x02{}",
+            wire.BadVersion,
+            f"version 1, this side speaks {wire.VERSION}",
+        ),
         # version 5 (no p, no tenant) is refused by name, not misread
         (b"KCPF\x00\x05\x00\x00\x00\x02{}", wire.BadVersion, "unknown frame version 5"),
         (b"KCPF\x00\x03\x00\x00\x00\x02{}", wire.BadVersion, "unknown frame version 3"),
-        (b"KCPF\x00\x06\x00\x00\x00\x05{}", wire.Truncated, "truncated"),
-        (b"KCPF\x00\x06\x00\x00\x00\x02{}", wire.Truncated, "ends inside a field"),
-        (b"KCPF\x00\x06\x00\x00\xff\xff" + bytes(65535), wire.TooLarge, "exceeds"),
-        (b"KCPF\x00\x06\x00\x00\x00\x01{}", wire.BadField, "payload length"),
+        (b"KCPF" + V + b"\x00\x00\x00\x05{}", wire.Truncated, "truncated"),
+        (b"KCPF" + V + b"\x00\x00\x00\x02{}", wire.Truncated, "ends inside a field"),
+        (b"KCPF" + V + b"\x00\x00\xff\xff" + bytes(65535), wire.TooLarge, "exceeds"),
+        (b"KCPF" + V + b"\x00\x00\x00\x01{}", wire.BadField, "payload length"),
     ],
 )
 def test_decode_errors_are_typed(data: bytes, error: type[wire.WireError], match: str) -> None:
@@ -319,7 +325,7 @@ def test_v4_rejects_bad_labels() -> None:
     for cut in (11, 13, 30, len(data) - 1):
         with pytest.raises(wire.WireError):
             short = data[:cut]
-            wire.decode(wire.HEADER.pack(wire.MAGIC, 4, len(short) - 10) + short[10:])
+            wire.decode(wire.HEADER.pack(wire.MAGIC, wire.VERSION, len(short) - 10) + short[10:])
 
 
 def test_v4_split_keeps_kc_with_its_layer() -> None:

@@ -16,9 +16,14 @@ from typing import Any
 
 import pytest
 
+from kcops.agent.outcome import ActionName
+
 pytest.importorskip("kubernetes_asyncio", reason="pip install 'kcops[kubernetes]'")
 
-from kcops.agent.actions.alertmanager import (
+from kcops.agent.clock import ManualClock
+from kcops.agent.config import parse_config
+from kcops.agent.events import Step
+from kcops.agent.remediation.alertmanager import (
     HERE,
     UNNAMED,
     Identity,
@@ -27,10 +32,7 @@ from kcops.agent.actions.alertmanager import (
     step_refusal,
     transitions,
 )
-from kcops.agent.actions.remediation import Remediation
-from kcops.agent.clock import ManualClock
-from kcops.agent.config import parse_config
-from kcops.agent.events import Step
+from kcops.agent.remediation.remediation import Remediation
 from tests.unit.actions.fakeworker import FakeWorker
 from tests.unit.actions.harness import audit, make_ctx, make_rem, settle, transition
 from tests.unit.kube.apiserver import ApiServer, shipped_lease
@@ -152,7 +154,7 @@ def test_pod_steps_of_an_alert_about_no_pod_or_another_pod_are_refused(tmp_path:
         deliver(rem, am("KcopsAttentionErrors", {"kind": "nan"}, "f1"))
         deliver(rem, am("KcopsAttentionErrors", {"pod": "llm-serving-x", "namespace": NS}, "f2"))
         await settle(rem)
-        assert rem.ladders == {}
+        assert rem.driver.ladders == {}
         refused = [r for r in audit(rem, "alert") if r["event"] == "refused"]
         assert len(refused) == 2
         assert "names no pod" in refused[0]["detail"]
@@ -175,8 +177,8 @@ def test_fleet_steps_run_under_the_lease_and_the_pods_own_alert_takes_over(tmp_p
         assert ("PUT", LEASE_PATH) in [(r.verb, r.path) for r in api.requests]
         # this pod's own rule fires now: its ladder starts over here, pod step first
         steps = (
-            Step("fallback_to_base", {}, 120.0),
-            Step("scale_out", {}, 300.0),
+            Step(ActionName.FALLBACK_TO_BASE, {}, 120.0),
+            Step(ActionName.SCALE_OUT, {}, 300.0),
         )
         rem.ctx.bus.publish(transition("KcopsP99LatencyHigh", "firing", rem.clock(), steps))
         await settle(rem)
@@ -184,7 +186,7 @@ def test_fleet_steps_run_under_the_lease_and_the_pods_own_alert_takes_over(tmp_p
         assert [c[1] for c in w.calls] == ["/admin/route"]
         events = [r["event"] for r in audit(rem, "ladder")]
         assert "superseded" in events
-        lad = rem.ladders["KcopsP99LatencyHigh"]
+        lad = rem.driver.ladders["KcopsP99LatencyHigh"]
         assert set(lad.instances.values()) == {"alertmanager", "local"}
 
     with_agent(tmp_path, fleet, body)
@@ -212,7 +214,7 @@ def test_a_fleet_without_a_lease_refuses_fleet_steps_from_alertmanager(tmp_path:
     async def body(rem: Remediation, w: FakeWorker, api: ApiServer) -> None:
         deliver(rem, am("KcopsKCSurge", {"engine": "vllm"}, "k1"))  # ladder: scale_out
         await settle(rem)
-        assert rem.ladders == {} and actions_of(rem) == []
+        assert rem.driver.ladders == {} and actions_of(rem) == []
         (rec,) = [r for r in audit(rem, "alert") if r["event"] == "refused"]
         assert "fleet lease" in rec["detail"]
 
@@ -228,8 +230,8 @@ def test_a_lone_agent_takes_an_alert_that_names_no_pod(tmp_path: Path) -> None:
         await settle(rem)
         assert actions_of(rem) == [("fallback_to_base", "ok", None)]
         # but not one about a pod it is not
-        rem.ladders.clear()
-        rem.ended.clear()
+        rem.driver.ladders.clear()
+        rem.driver.ended.clear()
         deliver(rem, am("KcopsDeviceMemoryHigh", {"pod": "somewhere-else"}, "m2"))
         await settle(rem)
         assert [r["event"] for r in audit(rem, "alert")] == ["refused"]

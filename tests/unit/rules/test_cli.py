@@ -59,6 +59,11 @@ def test_show_and_list_file() -> None:
     assert invoke("show", "Nope").exit_code == 1
     res = invoke("list", "--file", str(packaged_file("rules.yaml")))
     assert res.exit_code == 0 and res.output.count("\n") == 16
+    guarded = {ln.split()[0] for ln in res.output.splitlines() if "warms up" in ln}
+    assert guarded == {
+        "KcopsP99LatencyHigh", "KcopsInterTokenLatencyHigh", "KcopsDeviceMemoryFullSoon",
+        "KcopsPrefixCacheHitRateLow", "KcopsLatencyFluctuation",
+    }  # fmt: skip
 
 
 def test_list_from_agent(monkeypatch: pytest.MonkeyPatch) -> None:

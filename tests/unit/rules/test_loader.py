@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from kcops.agent.actions.registry import builtin_actions
+from kcops.agent.promql.model import RuleError
 from kcops.agent.rules.loader import load_rules, load_rules_data, parse_duration
-from kcops.agent.rules.model import RuleError
 
 
 def doc(**rule: object) -> dict:  # type: ignore[type-arg]

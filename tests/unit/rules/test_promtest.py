@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from kcops.agent.promql.model import RuleError
 from kcops.agent.rules.loader import load_rules_data
-from kcops.agent.rules.model import RuleError
 from kcops.agent.rules.promtest import expand_values, load_test_file, replay_group, series_key
 from kcops.agent.samples import SeriesKey, is_stale
 

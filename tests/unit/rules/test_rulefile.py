@@ -12,14 +12,15 @@ from click.testing import CliRunner
 
 from kcops.agent.actions.registry import builtin_actions
 from kcops.agent.config import parse_config
-from kcops.agent.rules.exprguard import MAX_EXPR_DEPTH
+from kcops.agent.outcome import ActionName
+from kcops.agent.promql.exprguard import MAX_EXPR_DEPTH
+from kcops.agent.promql.model import RuleError
 from kcops.agent.rules.loader import (
     default_rules_path,
     load_rules,
     load_rules_data,
     ruleset_from_config,
 )
-from kcops.agent.rules.model import RuleError
 from kcops.cli import cli
 
 # The ladder actions, as the agent and the CLI hand them to the loader.
@@ -194,11 +195,14 @@ def test_ladder_actions_are_the_registry_s() -> None:
             reg.get(step.action).params.model_validate(dict(step.params), strict=True)
 
 
-def test_without_the_actions_a_step_is_checked_for_its_shape_only() -> None:
-    """The rules know nothing of actions: a loader handed none (``kcops dashboards``)
-    takes any action name, and still refuses a step that is not a step."""
-    loaded = load_rules_data(doc(remediation=[{"action": "reboot"}])).alerts()[0].remediation
-    assert [s.action for s in loaded] == ["reboot"]
+def test_without_the_actions_a_step_is_checked_against_the_action_names() -> None:
+    """A loader handed no actions (``kcops dashboards``, ``kcops alerts check``) checks the
+    names against every action kcops has (its ``ActionName``), not their parameters, and
+    refuses a step that is not a step."""
+    loaded = load_rules_data(doc(remediation=[{"action": "notify"}])).alerts()[0].remediation
+    assert [s.action for s in loaded] == [ActionName.NOTIFY]
+    with pytest.raises(RuleError, match=r"unknown action 'reboot'; allowed: evict_cache"):
+        load_rules_data(doc(remediation=[{"action": "reboot"}]))
     with pytest.raises(RuleError, match=r"remediation\[0\]\.action: must be a string"):
         load_rules_data(doc(remediation=[{"action": [1]}]))
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from kcops.agent.rules.model import RuleError
+from kcops.agent.promql.model import RuleError
 from kcops.agent.rules.templatebound import (
     MAX_OUTPUT_BYTES,
     TRUNCATED,

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from kcops.agent.rules.gofmt import go_float
+from kcops.agent.promql.gofmt import go_float
 from kcops.agent.rules.templates import compile_template
 
 

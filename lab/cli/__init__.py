@@ -1,1 +1,0 @@
-"""The lab's ``kcops kc`` subcommands, one module each (listed in :mod:`kcops.cli.kc`)."""
