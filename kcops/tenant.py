@@ -18,7 +18,13 @@ clients send:
   user ids in ``user``: they are ``other`` by this rule; send a readable tenant in
   the header instead.
 
-A request with no tenant value is ``none``.
+A request with no tenant value is ``none``. ``none``, ``other`` and ``unknown`` (a request
+whose tenant is not known) are kcops' own: a client that calls itself one of them, in any
+case, gets a ``_`` in front (``Other`` is ``_Other``).
+
+The cap applies where the requests are seen to run: the reference worker's handler, vLLM's
+worker and the agent (:meth:`TenantLabels.bound`, for labels another process made); vLLM's
+API server only makes the label (:func:`clean`).
 """
 
 from __future__ import annotations
@@ -29,6 +35,9 @@ from collections import Counter
 
 OTHER = "other"
 NONE = "none"
+UNKNOWN = "unknown"
+RESERVED = frozenset((OTHER, NONE, UNKNOWN))
+KEY_ENV = "KCOPS_TENANT_KEY"  # the key of vLLM's tenant markers (vllm_tenant)
 DEFAULT_CAP = 50
 DEFAULT_HEADER = "X-Tenant"
 MAX_CHARS = 64
@@ -67,6 +76,16 @@ def check_header_name(name: str) -> str:
     return name
 
 
+def clean(raw: str | None) -> str:
+    """The label for one raw tenant value, uncapped (None or empty: ``none``)."""
+    if raw is None or not raw.strip():
+        return NONE
+    value = raw.strip()
+    if len(value) > MAX_CHARS or not _SAFE.match(value) or looks_secret(value):
+        return OTHER
+    return "_" + value if value.lower() in RESERVED else value
+
+
 class TenantLabels:
     """Maps raw tenant values to bounded, safe label values (one per process)."""
 
@@ -79,17 +98,18 @@ class TenantLabels:
 
     def label(self, raw: str | None) -> str:
         """The label for one request's raw tenant value (None or empty: ``none``)."""
-        if raw is None or not raw.strip():
-            return NONE
-        value = raw.strip()
-        if value in self._known:
-            return value
-        if len(value) > MAX_CHARS or not _SAFE.match(value) or looks_secret(value):
+        return raw if raw is not None and raw in self._known else self.bound(clean(raw))
+
+    def bound(self, label: str) -> str:
+        """A label :func:`clean` made (in another process: read back, so checked again)
+        within the cap: ``none`` and ``other`` as they are, anything ``clean`` would not
+        give ``other``."""
+        if label in self._known or label in (NONE, OTHER):
+            return label
+        if clean(label) != label or len(self._known) >= self.cap:
             return OTHER
-        if len(self._known) >= self.cap:
-            return OTHER
-        self._known.add(value)
-        return value
+        self._known.add(label)
+        return label
 
     def of_request(self, headers: object, user: str | None) -> str:
         """The header's value when configured and present, else OpenAI's ``user`` field.

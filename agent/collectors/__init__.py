@@ -96,6 +96,7 @@ def _local(
                 connection_idle_timeout_s=cfg.probe.connection_idle_timeout_s,
                 partial_frame_timeout_s=cfg.probe.partial_frame_timeout_s,
                 series_share=ctx.store.max_series // cfg.probe.max_processes,
+                engine_pids=watch.pid_set,  # the engine's process tree (EnginePid): a slot each
                 prices=ctx.config.cost.per_1k(),
             )
         )

@@ -6,7 +6,9 @@ unless configured) and write frames (``kcops.kernels.wire``, its one version) on
 
 Frames carry per-process DELTAS since the probe's previous frame; :mod:`probe_state`
 sums them into cumulative counters and histograms per (engine, process), within
-cardinality bounds, and :meth:`ProbeReceiver.collect` returns them. Series carry
+cardinality bounds (no one connection's peer can fill the process slots, and the engine
+the agent supervises always has one), and :meth:`ProbeReceiver.collect` returns them.
+Series carry
 ``engine`` (what the probe says it runs in: ``vllm`` from the vLLM plugin, ``kcops``
 from the reference worker, ``unknown`` from a bare probe) and ``process`` (the process
 name the probe reports, not its pid, so a restarted engine continues the same series);
@@ -116,6 +118,7 @@ class ProbeReceiver:
         drain_interval_s: float = 0.025,
         idle_s: float = 600.0,
         series_share: int = 1 << 62,
+        engine_pids: Callable[[], set[int]] = set,
         prices: Mapping[str, float] | None = None,
         clock: Callable[[], float] = time.monotonic,
         timer: Callable[[], float] = time.perf_counter,
@@ -130,7 +133,7 @@ class ProbeReceiver:
         self.last_error: str | None = None
         self.sums = ProbeSums(
             max_processes=max_processes, max_layers=max_layers, max_kc_layers=max_kc_layers,
-            idle_s=idle_s, clock=clock, share=series_share,
+            idle_s=idle_s, clock=clock, share=series_share, engine_pids=engine_pids,
         )  # fmt: skip
         self.stream = StreamServer(
             self.socket_path, self._consume_timed, max_connections=max_connections,
@@ -170,8 +173,10 @@ class ProbeReceiver:
         if not data or self._consume_timed(data) not in (-1, len(data)):
             self._refused(StreamEnded(f"{len(data)} bytes end inside a frame"))
 
-    def _consume_timed(self, data: bytes) -> int:
+    def _consume_timed(self, data: bytes, peer: int | None = None) -> int:
+        """``_consume`` of the bytes of ``peer``'s connection (None: fed), timed."""
         t0 = self._timer()
+        self.sums.peer = peer
         try:
             return self._consume(data)
         finally:

@@ -1,10 +1,14 @@
 """What the probe receiver keeps: sums per (engine, process), within cardinality bounds.
 
 Frames carry DELTAS; these are the agent's cumulative sums of them, so they stay
-monotonic across an engine restart. Bounds: past ``max_processes`` distinct
-(engine, process) pairs, a new process takes the slot of one gone quiet (no frame for
-``QUIET_S``), else of the one holding the most series when it holds more than its share
-(``share``, the store's series over the process slots), else its frames fold into
+monotonic across an engine restart. Bounds: one connection's peer (its pid, from
+``SO_PEERCRED``) holds at most ``per_peer`` process slots: a new process name of a peer
+at its bound takes the slot of that peer's own quietest one if it went quiet, else folds.
+Past ``max_processes`` distinct (engine, process) pairs, a new process takes the slot of
+one gone quiet (no frame for ``QUIET_S``), else of the one holding the most series when it
+holds more than its share (``share``, the store's series over the process slots), else,
+for a process of the engine the agent knows (``engine_pids``: the supervised engine's
+process tree), of one whose peer holds the most slots; else its frames fold into
 ``engine="other", process="other"`` (counted by process, ``folded``); past
 ``max_layers`` distinct layers of a process, its call counts into ``layer="other"``,
 and past ``max_kc_layers`` its K(C) histograms (``kcops_kc_tokens{layer}``, 30 series
@@ -14,14 +18,15 @@ The request histograms (a probe that attributes K(C) to requests, vLLM's plugin)
 exported under the names the reference worker's series map to, with ``model`` (the
 frame's, ``unknown`` when it names none) and ``tenant`` (the frame's: what kcops' ASGI
 middleware put in vLLM's request id, kcops.kernels.integrations.vllm_tenant; ``unknown``
-when it names none), at most ``kcops.tenant.DEFAULT_CAP`` tenants a process, then
-``other``; the priced histogram only as its sum, the counter
+when it names none), at most ``kcops.tenant.DEFAULT_CAP`` tenants per (engine, model),
+whatever the processes, then ``other``; the priced histogram only as its sum, the counter
 ``kcops_request_priced_effective_tokens_total``. Each process's K(C) mass p (the frame's)
 is ``kcops_probe_kc_mass``.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable
 from operator import add
 from typing import TypeVar
@@ -36,6 +41,8 @@ OTHER = "other"
 QUIET_S = 3.0  # a process with no frame this long gives its slot (probes flush each 1 s)
 MAX_FOLDED = 256  # processes named in `folded`; the rest count under "other"
 MAX_LABEL = 64  # characters kept of a process or layer name sent by a probe
+PER_PEER = 4  # process slots of one peer (a process renames itself once: vLLM's workers)
+MAX_TENANT_SETS = 16  # (engine, model) pairs with tenant labels; later ones' are "other"
 K = TypeVar("K", str, int)
 KC_BOUNDS = BUCKETS[KC_TOKENS]
 UNKNOWN = "unknown"  # the model, or the tenant, of a frame that names none
@@ -46,7 +53,9 @@ class Process:
     """Sums for one (``engine``, ``process``) label pair, and when its last frame came
     (monotonic s)."""
 
-    def __init__(self, key: tuple[str, str], now: float) -> None:
+    def __init__(self, key: tuple[str, str], now: float, peer: int | None = None) -> None:
+        self.key = key
+        self.peer = peer  # the connection's peer that made it (None: fed, not received)
         self.lp: LabelPairs = (("engine", key[0]), ("process", key[1]))
         self.calls: dict[str, int] = {}
         self.errors: dict[str, int] = dict.fromkeys(wire.ERROR_KINDS, 0)
@@ -57,7 +66,6 @@ class Process:
         self.dropped = 0
         self.model = ""  # the served model its frames name (the request histograms' label)
         self.requests: dict[str, dict[str, Histogram]] = {}  # request histograms by tenant
-        self.tenants = TenantLabels(header=None)  # a forged frame cannot spend the label set
         self.p: float | None = None  # the mass p its K(C) values are K_p of
         self.seen = now
         self.out: list[Sample] | None = None  # its samples, until its next frame
@@ -82,8 +90,12 @@ class ProbeSums:
         idle_s: float,
         clock: Callable[[], float],
         share: int = 1 << 62,
+        engine_pids: Callable[[], set[int]] = set,
     ) -> None:
         self.max_processes = max_processes
+        self.per_peer = max(1, min(PER_PEER, max_processes // 2))
+        self.engine_pids = engine_pids
+        self.peer: int | None = None  # the peer of the frames being added (the receiver's)
         self.share = share
         self.max_layers = max_layers
         self.max_kc_layers = max_kc_layers
@@ -92,16 +104,14 @@ class ProbeSums:
         self.procs: dict[tuple[str, str], Process] = {}  # by (engine, process)
         self.folded: dict[str, int] = {}  # frames folded into "other", by process (bounded)
         self.replaced = 0  # processes that gave their slot to a new one
+        # One label set per (engine, model), whatever the processes: rotating process names
+        # cannot spend it again. A forged frame's tenants are checked again (bound).
+        self.tenants: dict[tuple[str, str], TenantLabels] = {}
 
     def proc_for(self, key: tuple[str, str], now: float) -> Process:
         p = self.procs.get(key)
         if p is None:
-            if self._full():
-                self.forget_idle(now)
-            if self._full() and (gone := self._slot(now)) is not None:
-                del self.procs[gone]
-                self.replaced += 1
-            if self._full():
+            if not self._room(now):
                 name = f"probe:{key[0]}/{key[1]}"  # as the store names the source
                 if name not in self.folded and len(self.folded) >= MAX_FOLDED:
                     name = OTHER
@@ -109,7 +119,7 @@ class ProbeSums:
                 key = (OTHER, OTHER)
                 p = self.procs.get(key)
             if p is None:
-                p = self.procs[key] = Process(key, now)
+                p = self.procs[key] = Process(key, now, self.peer)
         p.seen = now
         p.out = None  # a frame for it: its samples change
         return p
@@ -117,18 +127,48 @@ class ProbeSums:
     def _full(self) -> bool:
         return len(self.procs) - ((OTHER, OTHER) in self.procs) >= self.max_processes
 
-    def _slot(self, now: float) -> tuple[str, str] | None:
+    def _room(self, now: float) -> bool:
+        """Whether a new process of the current peer gets a slot (freed for it if need be)."""
+        peer = self.peer
+        engine = peer is not None and peer in self.engine_pids()
+        if peer is not None and not engine:
+            mine = [p for k, p in self.procs.items() if p.peer == peer and k != (OTHER, OTHER)]
+            if len(mine) >= self.per_peer:
+                p = min(mine, key=lambda p: p.seen)
+                return now - p.seen > QUIET_S and self._give(p)
+        if self._full():
+            self.forget_idle(now)
+        if not self._full():
+            return True
+        gone = self._slot(now, engine)
+        return gone is not None and self._give(gone)
+
+    def _give(self, p: Process) -> bool:
+        del self.procs[p.key]
+        self.replaced += 1
+        return True
+
+    def _slot(self, now: float, engine: bool) -> Process | None:
         """The process whose slot a new one takes, or None: one gone quiet, else the one
         holding the most series, when that is more than its share: processes of a flood
-        push out each other, never one that stays within its share."""
-        held = [(k, p) for k, p in self.procs.items() if k != (OTHER, OTHER)]
+        push out each other, never one that stays within its share. For the engine's own
+        process, else the quietest of the peer holding the most slots (not the engine's):
+        the supervised engine always has a slot."""
+        held = [p for k, p in self.procs.items() if k != (OTHER, OTHER)]
         if not held:
             return None
-        key, p = min(held, key=lambda kp: kp[1].seen)
+        p = min(held, key=lambda p: p.seen)
         if now - p.seen > QUIET_S:
-            return key
-        n, key = max((p.series(), k) for k, p in held)
-        return key if n > self.share else None
+            return p
+        n, key = max((p.series(), p.key) for p in held)
+        if n > self.share:
+            return self.procs[key]
+        pids = self.engine_pids()
+        others = [p for p in held if p.peer not in pids]
+        if not (engine and others):
+            return None
+        slots = Counter(p.peer for p in others)
+        return max(others, key=lambda p: (slots[p.peer], -p.seen))
 
     def forget_idle(self, now: float) -> None:
         for key in [k for k, p in self.procs.items() if now - p.seen > self.idle_s]:
@@ -188,10 +228,24 @@ class ProbeSums:
         if name == KC_TOKENS:
             self.add_kc(p, wire.UNKNOWN_LAYER, h)
         elif name in wire.REQUEST_HISTOGRAMS:
-            label = p.tenants.label(tenant) if tenant else UNKNOWN
-            self.add_hist(p.requests.setdefault(label, {}), name, h)
+            self.add_hist(p.requests.setdefault(self.tenant(p, tenant), {}), name, h)
         else:
             self.add_hist(p.hist, name, h)
+
+    def tenant(self, p: Process, raw: str) -> str:
+        """The label of a frame's tenant, within its (engine, model)'s cap; a folded
+        frame's is ``other``, as its engine and process are."""
+        if not raw:
+            return UNKNOWN
+        if p.key == (OTHER, OTHER):
+            return OTHER
+        key = (p.lp[0][1], p.model)
+        labels = self.tenants.get(key)
+        if labels is None:
+            if len(self.tenants) >= MAX_TENANT_SETS:
+                return OTHER
+            labels = self.tenants[key] = TenantLabels(header=None)
+        return labels.bound(raw)
 
     @staticmethod
     def add_hist(into: dict[K, Histogram], key: K, h: Histogram) -> None:

@@ -29,7 +29,10 @@ that says more is out of step.
 An accept that fails (EMFILE, ENFILE: no descriptor left) is retried after a back-off,
 never at once, and logged at most once a minute with its count; every failed accept
 or read is counted (``errors``, exported as ``kcops_collector_errors_total``).
-Never on a thread: everything runs on the event loop.
+Each connection is handed on with its peer: the pid of the process at the other end
+(``SO_PEERCRED``), or, where the kernel cannot say (0: a process of another pid
+namespace), minus its descriptor: one connection. Never on a thread: everything runs on
+the event loop.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ import logging
 import os
 import socket
 import stat
+import struct
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -70,6 +74,13 @@ def clear_stale_socket(path: Path) -> None:
             raise OSError(17, f"{path} exists and is not a socket")
 
 
+def peer_of(sock: socket.socket) -> int:
+    """The pid of the process that connected ``sock`` (``SO_PEERCRED``), else minus its
+    descriptor."""
+    pid: int = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
+    return pid or -sock.fileno()
+
+
 def _quiet(c: _Conn) -> bool:
     """Nothing waits to be read on ``c`` (bytes that came since the loop last looked are
     read, not thrown away with the connection); a closed peer is quiet."""
@@ -80,10 +91,11 @@ def _quiet(c: _Conn) -> bool:
 
 
 class _Conn:
-    __slots__ = ("active_at", "frame_at", "partial_at", "rest", "sock", "watched")
+    __slots__ = ("active_at", "frame_at", "partial_at", "peer", "rest", "sock", "watched")
 
     def __init__(self, sock: socket.socket, now: float) -> None:
         self.sock = sock
+        self.peer = peer_of(sock)
         self.rest = b""  # the start of a frame the last read ended inside
         self.watched = False  # True: nothing waits to be read (that the loop knows of)
         self.active_at = now  # when its last bytes came (or it was accepted)
@@ -96,8 +108,9 @@ class _Conn:
 
 
 class StreamServer:
-    """Accepts probe connections at ``path`` and hands their bytes to ``consume`` (which
-    returns how many it took, or -1 for bytes that are no frame: that stream is closed).
+    """Accepts probe connections at ``path`` and hands their bytes and peer to ``consume``
+    (which returns how many it took, or -1 for bytes that are no frame: that stream is
+    closed).
 
     ``paused_s`` says, before each drain, how long to wait instead of reading (the
     receiver's budget for the current second is spent), or None to read now.
@@ -106,7 +119,7 @@ class StreamServer:
     def __init__(
         self,
         path: Path,
-        consume: Callable[[bytes], int],
+        consume: Callable[[bytes, int], int],
         *,
         max_connections: int,
         interval_s: float,
@@ -336,7 +349,7 @@ class StreamServer:
             got += n
             data = bytes(view[: r + n])
             try:
-                took = self.consume(data)
+                took = self.consume(data, c.peer)
             except Exception as exc:  # a receiver bug must not stop every read after it
                 log.error("probe stream: frames refused by a receiver bug: %r", exc)
                 took = -1

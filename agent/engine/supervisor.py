@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import secrets
 import sys
 import time
 from collections.abc import Callable
@@ -54,6 +55,7 @@ from kcops.agent.engine.terminate import (
     wait_gone,
 )
 from kcops.agent.samples import Sample, SeriesKey
+from kcops.tenant import KEY_ENV
 
 if TYPE_CHECKING:
     from kcops.agent.store import Store
@@ -96,6 +98,7 @@ class Supervisor:
                 engine.learn(found.name)
         self.page = page or (lambda message, **kw: log.error("PAGE: %s", message))
         self.env = env
+        self.tenant_key = secrets.token_hex(32)  # one the agent's environment names wins
         self.proc: asyncio.subprocess.Process | None = None
         self._waiter: asyncio.Task[int] | None = None
         self.restarts = 0
@@ -144,7 +147,8 @@ class Supervisor:
         self.proc = await asyncio.create_subprocess_exec(
             *self.command,
             start_new_session=True,
-            env={**os.environ, **(self.env or {})},
+            # the key of vLLM's tenant markers (kernels/integrations/vllm_tenant); ours yields
+            env={KEY_ENV: self.tenant_key, **os.environ, **(self.env or {})},
             preexec_fn=die_with_parent if sys.platform == "linux" else None,
         )
         self._waiter = asyncio.get_running_loop().create_task(self.proc.wait())
@@ -218,9 +222,8 @@ class Supervisor:
             try:
                 if old is not None and drain:
                     await dr.drain(self.engine, self.store, self.cfg.drain_deadline_s, drain_report)
-                    # vLLM holds requests that came during a pause and aborts them at
-                    # SIGTERM; when it drains by itself, let them in first: SIGTERM stops
-                    # admitting, and they get its N seconds to finish.
+                    # vLLM aborts at SIGTERM what a pause held; when it drains by itself,
+                    # let those in first: SIGTERM stops admitting, they get its N seconds.
                     if n > 0 and drain_report["how"] == "pause":
                         drain_report["resumed_before_sigterm"] = await dr.resume(
                             self.engine, drain_report

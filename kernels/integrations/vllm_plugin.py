@@ -155,16 +155,6 @@ def wrap_forward(probe: Probe, forward: Callable[..., T]) -> Callable[..., T]:
     return wrapped
 
 
-def _all_subclasses(cls: type) -> list[type]:
-    out: list[type] = []
-    stack: list[type] = list(cls.__subclasses__())
-    while stack:
-        sub = stack.pop()
-        out.append(sub)
-        stack.extend(sub.__subclasses__())
-    return out
-
-
 class _ImplPatch(Patch):
     name = "vllm"
 
@@ -244,7 +234,7 @@ def install(
         patch.wrap_class(probe, cls)
 
     base.__init_subclass__ = classmethod(__init_subclass__)  # type: ignore[assignment]
-    for cls in _all_subclasses(base):
+    for cls in vllm_requests.classes(base)[1:]:
         patch.wrap_class(probe, cls)
     return patch
 

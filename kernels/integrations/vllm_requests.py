@@ -21,8 +21,9 @@ defines its own. Around a step it
 The tenant: a request's header and OpenAI ``user`` field reach only vLLM's API server
 process; the engine core and its worker see a request id and tokens. With kcops' ASGI
 middleware in the API server (:mod:`kcops.kernels.integrations.vllm_tenant`) the id
-carries the tenant's label, read back here when the request finishes (checked and capped
-again: :class:`kcops.tenant.TenantLabels`); without it the tenant is not known (''). The
+carries the tenant's label and a keyed digest, read back here when the request finishes
+(capped here, where only requests that ran are seen: :class:`kcops.tenant.TenantLabels`);
+without it, or with a digest that does not check, the tenant is not known (''). The
 runner V2 (``vllm.v1.worker.gpu.model_runner``) keeps its batch
 differently and is not attributed (its rows count, unattributed, as before).
 
@@ -41,7 +42,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from kcops.kernels.attribution import RequestKC, attribute_lazily
-from kcops.kernels.integrations.vllm_tenant import tenant_of
+from kcops.kernels.integrations.vllm_tenant import tenant_key, tenant_of
 from kcops.tenant import TenantLabels
 
 RUNNER_MODULE = "vllm.v1.worker.gpu_model_runner"
@@ -76,6 +77,7 @@ class Requests:
         max_open: int = MAX_OPEN,
         max_finished: int = MAX_FINISHED,
         on_finish: Callable[[Finished], None] | None = None,
+        key: bytes | None = None,
     ) -> None:
         self._lock = threading.Lock()
         self.max_open = max_open
@@ -89,7 +91,9 @@ class Requests:
         # ``on_model`` hears it once.
         self.model: str | None = None
         self.on_model: Callable[[str], None] | None = None
-        self.tenants = TenantLabels(header=None)  # labels read from the request ids
+        # Labels read from the request ids: the cap applies here, to requests that ran.
+        self.tenants = TenantLabels(header=None)
+        self.key = tenant_key() if key is None else key  # the middleware's (vllm_tenant)
 
     def set_model(self, model: str) -> None:
         self.model = model
@@ -116,8 +120,8 @@ class Requests:
     def finish(self, rid: str, context_tokens: int | None) -> Finished:
         with self._lock:
             kc = self.open.pop(rid, None) or RequestKC()
-            raw = tenant_of(rid)
-            tenant = self.tenants.label(raw) if raw else ""
+            raw = tenant_of(rid, self.key)
+            tenant = self.tenants.bound(raw) if raw else ""
             done = Finished(rid, context_tokens, kc.count, kc.mean, kc.peak, tenant)
             self.finished.append(done)
             self.finished_total += 1
@@ -177,7 +181,8 @@ def wrap_execute_model(requests: Requests, fn: Callable[..., T]) -> Callable[...
     return execute_model
 
 
-def _classes(base: type) -> list[type]:
+def classes(base: type) -> list[type]:
+    """``base`` and every subclass of it, at any depth (the vLLM plugin's too)."""
     out: list[type] = [base]
     stack: list[type] = list(base.__subclasses__())
     while stack:
@@ -196,7 +201,7 @@ def install(requests: Requests, module: str = RUNNER_MODULE) -> list[type]:
     if not isinstance(base, type):
         return []
     wrapped = []
-    for cls in _classes(base):
+    for cls in classes(base):
         fn = cls.__dict__.get("execute_model")
         if fn is None or getattr(fn, WRAPPED_MARK, False):
             continue
@@ -210,7 +215,7 @@ def uninstall(module: str = RUNNER_MODULE) -> None:
     base = getattr(sys.modules.get(module), RUNNER_CLASS, None)
     if not isinstance(base, type):
         return
-    for cls in _classes(base):
+    for cls in classes(base):
         fn = cls.__dict__.get("execute_model")
         original = getattr(fn, "__kcops_original__", None)
         if original is not None:

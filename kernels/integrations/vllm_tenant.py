@@ -2,46 +2,52 @@
 
 The tenant (a header, or OpenAI's ``user`` field) reaches only vLLM's API server process;
 the engine core and its workers see a request id, tokens and sampling parameters. vLLM
-takes a request's id from its ``X-Request-Id`` header (``_base_request_id``, vLLM 0.32:
-``cmpl-<id>`` or ``chatcmpl-<id>``, then ``-<8 random characters>`` appended by the
-engine's input processor), and that id is what the model runner's batch names
+0.32 takes a request's id from its ``X-Request-Id`` header (``cmpl-<id>``,
+``chatcmpl-<id>``), or, for the Responses API, from the JSON body's ``request_id``, then
+appends ``-<8 random characters>``; that id is what the model runner's batch names
 (``input_batch.req_ids``). So :class:`TenantMiddleware`, an ASGI middleware that
 ``vllm serve --middleware kcops.kernels.integrations.vllm_tenant.TenantMiddleware`` loads
-into the API server, writes the tenant's label into that header::
+into the API server, writes the tenant's label into both places::
 
-    X-Request-Id: kcops~<tenant>~<the client's id, or a fresh uuid>
+    kcops~<tenant>~<the client's id, or a fresh uuid, "~" made "-">~<digest>
 
-and the probe in the worker reads it back (:func:`tenant_of`) when the request finishes.
-No side channel, no state shared between processes, nothing to join.
+(the body's ``request_id`` where the body has one or the route is ``…/responses``), and
+the probe in the worker reads it back (:func:`tenant_of`) when the request finishes. The
+digest is HMAC-SHA256 of the tenant and the id's own part, 16 hex characters, keyed by
+``KCOPS_TENANT_KEY`` (:func:`tenant_key`), so a marker kcops did not write (a client's, in
+the header or the body) names no tenant: its requests are ``unknown``.
 
-The label is decided in the API server by :class:`kcops.tenant.TenantLabels`, as the
-reference worker decides it: the header named by ``KCOPS_TENANT_HEADER`` (default
-``X-Tenant``; empty: none) first, then the JSON body's ``user``; no value is ``none``; at
-most ``KCOPS_TENANT_CAP`` (50) distinct values, later new ones ``other``; anything that
-could be a secret ``other``. The worker applies the same check and cap again to what it
-reads (a client that forges the marker without the middleware still cannot spend the
-label set or export a secret).
+The label is decided here by :func:`kcops.tenant.clean`, as the reference worker decides
+it: the header named by ``KCOPS_TENANT_HEADER`` (default ``X-Tenant``; empty: none) first,
+then the JSON body's ``user``; no value is ``none``; anything that could be a secret
+``other``. The cap (50 labels) applies where only requests that ran are seen: the worker
+and the agent, so requests that never run (``/tokenize``, an unknown model) spend none.
 
 What the client sees: vLLM's response ``id`` carries the marker
-(``cmpl-kcops~acme~<id>``); an ``X-Request-Id`` response header (``vllm serve
+(``cmpl-kcops~acme~<id>~<digest>``); an ``X-Request-Id`` response header (``vllm serve
 --enable-request-id-headers``) is put back to what the client sent. Torch-free, stdlib
 only: it runs in vLLM's API server process.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import os
+import secrets
 import uuid
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from kcops.tenant import DEFAULT_CAP, DEFAULT_HEADER, TenantLabels
+from kcops.tenant import DEFAULT_HEADER, KEY_ENV, check_header_name, clean
 
 MARK = "kcops~"
 SEP = "~"
+DIGEST_CHARS = 16  # of the HMAC-SHA256's hex: 64 bits
 REQUEST_ID = b"x-request-id"
-MAX_BODY_BYTES = 64 << 20  # a JSON body read for its `user` field; larger: not read
+BODY_ID = "request_id"  # where the Responses API takes the engine's request id from
+MAX_BODY_BYTES = 64 << 20  # a JSON body read for its `user` and `request_id`; larger: not read
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -50,52 +56,53 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
-def mark(tenant: str, request_id: str) -> str:
-    """``request_id`` with ``tenant``'s marker in front (a marker already there, sent by
-    the client, is dropped: only the middleware names the tenant)."""
-    return f"{MARK}{tenant}{SEP}{strip(request_id)}"
+def tenant_key() -> bytes:
+    """This engine's marker key: ``KCOPS_TENANT_KEY`` (the agent's supervisor passes one),
+    else one made here and put into ``os.environ``, which every process this one starts
+    later inherits (vLLM's API server loads the probe's plugin, and so this, before it
+    starts its engine core and workers)."""
+    key = os.environ.get(KEY_ENV, "").strip()
+    if not key:
+        key = os.environ[KEY_ENV] = secrets.token_hex(32)
+    return key.encode()
 
 
-def strip(request_id: str) -> str:
-    """``request_id`` without leading markers."""
-    while request_id.startswith(MARK):
-        end = request_id.find(SEP, len(MARK))
-        if end < 0:
-            return ""
-        request_id = request_id[end + 1 :]
-    return request_id
+def _digest(key: bytes, tenant: str, own: str) -> str:
+    msg = f"{tenant}{SEP}{own}".encode()
+    return hmac.new(key, msg, hashlib.sha256).hexdigest()[:DIGEST_CHARS]
 
 
-def tenant_of(request_id: str) -> str:
-    """The raw tenant an engine request id carries ('' when none: no middleware)."""
+def mark(key: bytes, tenant: str, request_id: str) -> str:
+    """``request_id`` marked with ``tenant`` (its ``~`` made ``-``: a marker sent by the
+    client is no marker)."""
+    own = request_id.replace(SEP, "-")
+    return f"{MARK}{tenant}{SEP}{own}{SEP}{_digest(key, tenant, own)}"
+
+
+def tenant_of(request_id: str, key: bytes) -> str:
+    """The tenant an engine request id was marked with ('' when none, or when its digest
+    does not check: a marker kcops did not write). vLLM adds to the marked id on both
+    sides (``cmpl-``, ``-0``, ``-<random>``), never a ``~``."""
     at = request_id.find(MARK)
-    if at < 0:
+    parts = request_id[at + len(MARK) :].split(SEP, 2) if at >= 0 else []
+    if len(parts) < 3 or not parts[0]:
         return ""
-    start = at + len(MARK)
-    end = request_id.find(SEP, start)
-    return request_id[start:end] if end > start else ""
-
-
-def _env_cap() -> int:
-    raw = os.environ.get("KCOPS_TENANT_CAP", "").strip()
-    try:
-        return int(raw) if raw else DEFAULT_CAP
-    except ValueError:
-        raise ValueError(f"KCOPS_TENANT_CAP={raw!r}: allowed an integer 1..10000") from None
+    tenant, own, rest = parts
+    return tenant if hmac.compare_digest(rest[:DIGEST_CHARS], _digest(key, tenant, own)) else ""
 
 
 class TenantMiddleware:
     """ASGI middleware for vLLM's API server: each POST's tenant label into its request id.
 
-    ``header`` and ``cap`` default to ``KCOPS_TENANT_HEADER`` and ``KCOPS_TENANT_CAP``; a
-    bad value refuses the server's start with a message naming it."""
+    ``header`` defaults to ``KCOPS_TENANT_HEADER``, ``key`` to :func:`tenant_key`; a bad
+    header name refuses the server's start with a message naming it."""
 
-    def __init__(self, app: ASGIApp, header: str | None = None, cap: int | None = None) -> None:
+    def __init__(self, app: ASGIApp, header: str | None = None, key: bytes | None = None) -> None:
         self.app = app
         if header is None:
             header = os.environ.get("KCOPS_TENANT_HEADER", DEFAULT_HEADER).strip()
-        self.labels = TenantLabels(cap=_env_cap() if cap is None else cap, header=header or None)
-        self._header = header.lower().encode() if header else None
+        self._header = check_header_name(header).lower().encode() if header else None
+        self.key = tenant_key() if key is None else key
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope.get("type") != "http" or scope.get("method") != "POST":
@@ -104,14 +111,28 @@ class TenantMiddleware:
         headers: list[tuple[bytes, bytes]] = list(scope.get("headers") or ())
         raw = self._header_value(headers)
         replay: list[Message] = []
-        if raw is None and _is_json(headers):
-            replay, body = await _read_body(receive)
-            raw = _user_of(body)
-        tenant = self.labels.label(raw)
+        body: dict[str, Any] | None = None
+        responses = str(scope.get("path", "")).endswith("/responses")
+        if _is_json(headers):
+            replay, data = await _read_body(receive)
+            if responses or b'"request_id"' in data or (raw is None and b'"user"' in data):
+                body = _object(data)
+        if raw is None and body is not None and isinstance(body.get("user"), str):
+            raw = body["user"]
+        tenant = clean(raw)
         sent = next((v.decode("latin-1") for k, v in headers if k == REQUEST_ID), None)
-        rid = mark(tenant, sent or uuid.uuid4().hex)
+        own = sent or uuid.uuid4().hex
         headers = [(k, v) for k, v in headers if k != REQUEST_ID]
-        headers.append((REQUEST_ID, rid.encode("latin-1")))
+        headers.append((REQUEST_ID, mark(self.key, tenant, own).encode("latin-1")))
+        if body is not None and (BODY_ID in body or responses):
+            theirs = body.get(BODY_ID)
+            body[BODY_ID] = mark(
+                self.key, tenant, theirs if isinstance(theirs, str) and theirs else own
+            )
+            data = json.dumps(body).encode()
+            replay = [{"type": "http.request", "body": data, "more_body": False}]
+            headers = [(k, v) for k, v in headers if k != b"content-length"]
+            headers.append((b"content-length", str(len(data)).encode()))
         inner = dict(scope, headers=headers)
 
         async def receive_again() -> Message:
@@ -137,8 +158,12 @@ class TenantMiddleware:
 
 
 def _is_json(headers: list[tuple[bytes, bytes]]) -> bool:
+    """A body FastAPI reads as JSON: no content type, ``application/json`` or ``+json``."""
     ctype = next((v for k, v in headers if k == b"content-type"), b"")
-    return ctype.split(b";")[0].strip().lower() == b"application/json"
+    ctype = ctype.split(b";")[0].strip().lower()
+    return ctype in (b"", b"application/json") or (
+        ctype.startswith(b"application/") and ctype.endswith(b"+json")
+    )
 
 
 async def _read_body(receive: Receive) -> tuple[list[Message], bytes]:
@@ -158,12 +183,10 @@ async def _read_body(receive: Receive) -> tuple[list[Message], bytes]:
     return messages, b"".join(m.get("body") or b"" for m in messages)
 
 
-def _user_of(body: bytes) -> str | None:
-    """OpenAI's ``user`` field of a JSON body, if it is a string."""
-    if b'"user"' not in body:
-        return None
+def _object(body: bytes) -> dict[str, Any] | None:
+    """A JSON body's object (None: not one)."""
     try:
-        user = json.loads(body).get("user")
-    except (ValueError, AttributeError):
+        obj = json.loads(body)
+    except (ValueError, RecursionError):  # vLLM refuses it too: nothing runs
         return None
-    return user if isinstance(user, str) else None
+    return obj if isinstance(obj, dict) else None

@@ -1,6 +1,7 @@
 """Tenants on the real vLLM (issue 31): 10,000 distinct tenant values through the served
 engine keep the exported label set under its cap (50, then ``other``), and no request is
-lost from the counts. After the soak: the flood would weigh on its latency verdict."""
+lost from the counts; a client's own marker bills no victim on any route (issue 41).
+After the soak: the flood would weigh on its latency verdict."""
 
 from __future__ import annotations
 
@@ -13,6 +14,29 @@ from tests.services import wait_until
 pytestmark = pytest.mark.vllm
 
 TENANT_FLOOD = 10_000
+
+
+def test_a_forged_marker_bills_no_victim_on_any_route(after_soak: Stack) -> None:
+    """A client's ``kcops~victim~…`` in the Responses API's body ``request_id`` (plain and
+    streamed; vLLM takes that route's id from the body) or in ``X-Request-Id`` is billed to
+    the caller's tenant, never to ``victim``. Before the flood: it spends the cap."""
+    stack = after_soak
+    before = _queries(stack)
+    url = stack.engine_url
+    with httpx.Client(timeout=120) as client:
+        for i, stream in enumerate((False, True)):
+            body = {"model": MODEL_NAME, "input": "Hi", "max_output_tokens": 4,
+                    "request_id": f"kcops~victim~{i}", "stream": stream}  # fmt: skip
+            r = client.post(f"{url}/v1/responses", json=body, headers={"X-Tenant": "attacker"})
+            assert r.status_code == 200, r.text[:300]
+        body = {"model": MODEL_NAME, "prompt": "Hi", "max_tokens": 1}
+        headers = {"X-Tenant": "attacker", "X-Request-Id": "kcops~victim~2"}
+        assert client.post(f"{url}/v1/completions", json=body, headers=headers).status_code == 200
+    wait_until(lambda: _queries(stack) - before >= 3 or None, 120, "3 requests counted",
+               stack.log_tail)  # fmt: skip
+    m = stack.agent_metrics()
+    labels = {dict(lp)["tenant"] for (n, lp) in m if n == "kcops_request_context_tokens_count"}
+    assert "attacker" in labels and "victim" not in labels, sorted(labels)
 
 
 def test_10000_tenants_through_vllm_keep_the_label_set_under_its_cap(after_soak: Stack) -> None:

@@ -136,7 +136,7 @@ def test_garbage_and_unknown_versions_are_counted_by_type_never_raised() -> None
     r.feed(wire.HEADER.pack(wire.MAGIC, 99, len(payload)) + payload)  # bad_version
     for old in (1, 2, 3):  # versions read before 1.0: now unknown too
         r.feed(wire.HEADER.pack(wire.MAGIC, old, len(payload)) + payload)
-    r.feed(wire.HEADER.pack(wire.MAGIC, 4, 60_000) + bytes(60_000))  # too_large
+    r.feed(wire.HEADER.pack(wire.MAGIC, wire.VERSION, 60_000) + bytes(60_000))  # too_large
     r.feed(good.replace(b"kcops", b"KCOPS"))  # bad_field
     r.feed(good)
     out = collect(r)

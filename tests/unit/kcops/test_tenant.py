@@ -1,4 +1,5 @@
-"""Issue 25: the tenant label is bounded and never a raw secret (kcops.tenant)."""
+"""Issue 25: the tenant label is bounded and never a raw secret (kcops.tenant); issue 41:
+never one of kcops' own labels."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import string
 import pytest
 from multidict import CIMultiDict
 
-from kcops.tenant import NONE, OTHER, TenantLabels, looks_secret
+from kcops.tenant import NONE, OTHER, TenantLabels, clean, looks_secret
 
 
 def test_ten_thousand_distinct_tenants_stay_under_the_cap() -> None:
@@ -68,6 +69,19 @@ def test_header_first_then_user_then_none() -> None:
     assert t.of_request(CIMultiDict(), "bob") == "bob"
     assert t.of_request(CIMultiDict({"X-Tenant": " "}), None) == NONE
     assert TenantLabels(header=None).of_request(CIMultiDict({"X-Tenant": "acme"}), None) == NONE
+
+
+@pytest.mark.parametrize("raw", ["other", "none", "unknown", "Other", "NONE", "uNkNoWn"])
+def test_a_client_never_gets_a_reserved_label(raw: str) -> None:
+    assert clean(raw) == TenantLabels().label(raw) == "_" + raw
+    assert clean(clean(raw)) == clean(raw)  # what another process reads back is kept
+
+
+def test_labels_read_back_keep_kcops_own_and_are_checked_again() -> None:
+    t = TenantLabels(cap=1)
+    assert t.bound(NONE) == NONE and t.bound(OTHER) == OTHER  # no slot spent
+    assert t.bound("unknown") == t.bound("sk-abcdefabcdefabcdef") == t.bound("a b") == OTHER
+    assert t.bound("acme") == "acme" and t.bound("globex") == OTHER
 
 
 def test_bad_settings_are_refused() -> None:

@@ -18,7 +18,7 @@ import pytest
 import kcops.kernels as kernels
 from kcops.agent.collectors.probe import ProbeReceiver
 from kcops.kernels import attribution, paged_kc, wire
-from kcops.kernels.integrations import vllm_plugin, vllm_requests
+from kcops.kernels.integrations import vllm_plugin, vllm_requests, vllm_tenant
 from tests.unit.kernels.test_paged_kc import _case, _reference
 
 RUNNER = "fake_vllm_req.v1.worker.gpu_model_runner"
@@ -193,7 +193,8 @@ def test_finished_requests_reach_the_agent_with_model_and_tenant(fake: SimpleNam
     requests.on_model = probe.set_model
     runner = fake.runner.GPUModelRunner()
     runner.model_config = SimpleNamespace(served_model_name=["smollm2", "alias"])
-    a, b = "cmpl-kcops~acme~a-1f2e3d4c", "chatcmpl-kcops~beta~b-0a1b2c3d"
+    a = "cmpl-" + vllm_tenant.mark(requests.key, "acme", "a") + "-1f2e3d4c"
+    b = "chatcmpl-" + vllm_tenant.mark(requests.key, "beta", "b") + "-0a1b2c3d"
     ns, query, key, keys, paged = _case([30, 12])
     step = (_impl(impl_cls, ns), query, key, keys, paged)
     runner.execute_model(_out(set(), {a: 12, b: 30}, step))

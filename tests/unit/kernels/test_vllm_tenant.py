@@ -1,11 +1,12 @@
-"""The tenant from vLLM's API server to its engine core (issue 31, item 1): kcops' ASGI
-middleware marks the request id, the worker's probe reads it back, the label set stays
-bounded and never holds a secret."""
+"""The tenant from vLLM's API server to its engine core (issue 31, item 1; issue 41): kcops'
+ASGI middleware marks the request id with a keyed digest, the worker's probe reads it back,
+the label set stays bounded and never holds a secret."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 from typing import Any
 
 import pytest
@@ -13,8 +14,10 @@ import pytest
 from kcops.kernels import wire
 from kcops.kernels.aggregate import Aggregator
 from kcops.kernels.integrations import vllm_requests
-from kcops.kernels.integrations.vllm_tenant import TenantMiddleware, mark, strip, tenant_of
-from kcops.tenant import DEFAULT_CAP, NONE, OTHER
+from kcops.kernels.integrations.vllm_tenant import TenantMiddleware, mark, tenant_key, tenant_of
+from kcops.tenant import DEFAULT_CAP, KEY_ENV, NONE, OTHER
+
+KEY = b"test-key"
 
 
 class App:
@@ -46,12 +49,13 @@ def call(
     body: dict[str, Any] | None = None,
     method: str = "POST",
     chunks: int = 1,
+    path: str = "/v1/completions",
 ) -> tuple[list[dict[str, Any]], dict[bytes, bytes], bytes]:
     """One request through ``mw``: (what the client got, the headers and body the app saw)."""
     raw = json.dumps(body or {"prompt": "hi"}).encode()
     hdrs = [(b"content-type", b"application/json")]
     hdrs += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
-    scope = {"type": "http", "method": method, "path": "/v1/completions", "headers": hdrs}
+    scope = {"type": "http", "method": method, "path": path, "headers": hdrs}
     size = max(1, len(raw) // chunks + 1)
     parts = [raw[i : i + size] for i in range(0, len(raw), size)]
     messages = [
@@ -70,32 +74,38 @@ def call(
     app = mw.app
     assert isinstance(app, App)
     seen_headers, seen_body = app.seen[-1]
-    assert seen_body == raw, "the body reaches vLLM unchanged"
+    if b'"request_id"' not in raw and not path.endswith("/responses"):
+        assert seen_body == raw, "the body reaches vLLM unchanged"
     return sent, seen_headers, seen_body
 
 
+def middleware() -> TenantMiddleware:
+    return TenantMiddleware(App(), header="X-Tenant", key=KEY)
+
+
 def test_header_first_then_user_then_none() -> None:
-    mw = TenantMiddleware(App(), header="X-Tenant", cap=50)
+    mw = middleware()
     _, h, _ = call(mw, headers={"X-Tenant": "acme"}, body={"prompt": "x", "user": "bob"})
-    assert tenant_of("cmpl-" + h[b"x-request-id"].decode() + "-1a2b3c4d") == "acme"
+    assert tenant_of("cmpl-" + h[b"x-request-id"].decode() + "-1a2b3c4d", KEY) == "acme"
     _, h, _ = call(mw, body={"prompt": "x", "user": "bob"}, chunks=3)
-    assert tenant_of(h[b"x-request-id"].decode()) == "bob"
+    assert tenant_of(h[b"x-request-id"].decode(), KEY) == "bob"
     _, h, _ = call(mw)
-    assert tenant_of(h[b"x-request-id"].decode()) == NONE
+    assert tenant_of(h[b"x-request-id"].decode(), KEY) == NONE
 
 
 def test_a_secret_is_other_and_never_in_the_id() -> None:
-    mw = TenantMiddleware(App(), header="X-Tenant", cap=50)
+    mw = middleware()
     key = "sk-proj-abcdef0123456789abcdef"
     _, h, _ = call(mw, headers={"X-Tenant": key})
-    assert tenant_of(h[b"x-request-id"].decode()) == OTHER
+    assert tenant_of(h[b"x-request-id"].decode(), KEY) == OTHER
     assert key not in h[b"x-request-id"].decode()
 
 
 def test_the_clients_request_id_is_kept_and_given_back() -> None:
-    mw = TenantMiddleware(App(), header="X-Tenant", cap=50)
+    mw = middleware()
     sent, h, _ = call(mw, headers={"X-Tenant": "acme", "X-Request-Id": "my-id-7"})
-    assert h[b"x-request-id"] == b"kcops~acme~my-id-7"
+    assert h[b"x-request-id"] == mark(KEY, "acme", "my-id-7").encode()
+    assert h[b"x-request-id"].startswith(b"kcops~acme~my-id-7~")
     start = sent[0]
     assert dict(start["headers"])[b"x-request-id"] == b"my-id-7"
     # without one, no marked id leaks into the response headers
@@ -104,24 +114,40 @@ def test_the_clients_request_id_is_kept_and_given_back() -> None:
 
 
 def test_a_forged_marker_is_replaced_not_trusted() -> None:
-    mw = TenantMiddleware(App(), header="X-Tenant", cap=50)
+    mw = middleware()
     _, h, _ = call(mw, headers={"X-Request-Id": "kcops~admin~kcops~root~x"})
     rid = h[b"x-request-id"].decode()
-    assert rid == "kcops~none~x" and tenant_of(rid) == NONE
-    assert strip("kcops~a~kcops~b~") == "" and mark("t", "kcops~a~id") == "kcops~t~id"
+    assert rid == mark(KEY, "none", "kcops-admin-kcops-root-x") and tenant_of(rid, KEY) == NONE
+    assert tenant_of("kcops~admin~kcops~root~x", KEY) == ""  # as the client sent it
+
+
+def test_the_body_id_of_the_responses_api_is_marked_too() -> None:
+    """vLLM's Responses API takes the engine's id from the body, and a body id elsewhere
+    is marked too (the header wins there)."""
+    for path, body, own in [
+        ("/v1/responses", {"input": "x", "request_id": "kcops~victim~1"}, "kcops-victim-1"),
+        ("/v1/chat/completions", {"messages": [], "request_id": "r2"}, "r2"),
+    ]:
+        _, h, seen = call(middleware(), headers={"X-Tenant": "acme"}, body=body, path=path)
+        assert json.loads(seen)["request_id"] == mark(KEY, "acme", own)
+        assert h[b"content-length"] == str(len(seen)).encode()
+    _, h, seen = call(middleware(), body={"input": "x", "user": "bob"}, path="/v1/responses")
+    rid = json.loads(seen)["request_id"]
+    assert tenant_of(rid, KEY) == "bob" == tenant_of(h[b"x-request-id"].decode(), KEY)
 
 
 def test_other_requests_pass_untouched() -> None:
     app = App()
-    mw = TenantMiddleware(app, header="X-Tenant", cap=50)
+    mw = TenantMiddleware(app, header="X-Tenant", key=KEY)
     _, h, _ = call(mw, method="GET")
     assert b"x-request-id" not in h
 
 
 def test_10000_tenants_keep_the_label_set_under_its_cap() -> None:
-    """Through the middleware (API server) and the worker (engine core) both."""
-    mw = TenantMiddleware(App(), header="X-Tenant", cap=DEFAULT_CAP)
-    requests = vllm_requests.Requests()
+    """Through the middleware (API server) and the worker (engine core) both: the worker,
+    which sees only requests that ran, applies the cap."""
+    mw = middleware()
+    requests = vllm_requests.Requests(key=KEY)
     agg = Aggregator(topn=())
     requests.on_finish = lambda done: agg.observe_request(10, None, done.tenant)
     for i in range(10_000):
@@ -133,20 +159,28 @@ def test_10000_tenants_keep_the_label_set_under_its_cap() -> None:
     assert sum(h[wire.REQUEST_CONTEXT].count for h in d.requests.values()) == 10_000
 
 
-def test_the_worker_checks_a_marker_again() -> None:
-    """A client that forges the marker where no middleware runs cannot export a secret
-    nor spend the label set past its cap."""
-    requests = vllm_requests.Requests()
-    assert requests.finish("cmpl-kcops~ghp_abcdefabcdefabcdefabcdef~x-1", 5).tenant == OTHER
+def test_the_worker_trusts_only_markers_of_its_key() -> None:
+    requests = vllm_requests.Requests(key=KEY)
+    secret = "cmpl-" + mark(KEY, "ghp_abcdefabcdefabcdefabcdef", "x") + "-1"
+    assert requests.finish(secret, 5).tenant == OTHER  # checked again all the same
     assert requests.finish("cmpl-plain-id-1", 5).tenant == ""
-    labels = {requests.finish(f"cmpl-kcops~t{i}~x-1", 5).tenant for i in range(500)}
+    assert requests.finish("cmpl-" + mark(b"other-key", "acme", "x") + "-1", 5).tenant == ""
+    assert requests.finish("cmpl-" + mark(KEY, "acme", "x")[:-1] + "-1", 5).tenant == ""
+    labels = {requests.finish(mark(KEY, f"t{i}", "x") + "-1", 5).tenant for i in range(500)}
     assert len(labels) == DEFAULT_CAP + 1
 
 
-def test_a_bad_cap_in_the_environment_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("KCOPS_TENANT_CAP", "lots")
-    with pytest.raises(ValueError, match="KCOPS_TENANT_CAP='lots': allowed an integer"):
-        TenantMiddleware(App())
-    monkeypatch.setenv("KCOPS_TENANT_CAP", "0")
-    with pytest.raises(ValueError, match="tenant cap 0"):
-        TenantMiddleware(App())
+def test_the_key_is_the_environments_or_made_once_for_the_processes_to_come(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(KEY_ENV, "from-the-agent")
+    assert tenant_key() == b"from-the-agent" and TenantMiddleware(App()).key == b"from-the-agent"
+    monkeypatch.delenv(KEY_ENV)
+    made = tenant_key()
+    assert len(made) == 64 and os.environ[KEY_ENV] == made.decode() and tenant_key() == made
+
+
+def test_a_bad_header_name_in_the_environment_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KCOPS_TENANT_HEADER", "X Tenant")
+    with pytest.raises(ValueError, match="'X Tenant' is not a header name"):
+        TenantMiddleware(App(), key=KEY)
