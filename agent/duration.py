@@ -1,13 +1,10 @@
 """The one duration type: Prometheus's ``model.Duration`` grammar and range.
 
-Used by the rule loader (``for``, ``keep_firing_for``, ``verify``, group
-``interval``, promtool test files), the configuration (every ``*_s`` field
-that is a length of time, through :data:`Duration`) and the CLI (``--since``,
-``--tick``), so that what ``kcops alerts check`` accepts is what promtool
-accepts: units ``y w d h m s ms`` in that order, each at most once, integers
-only (``1.5m`` is refused, as Prometheus does), ``0`` alone allowed, and at
-most what Go's ``time.Duration`` holds, (2**63 - 1) ns, about 292 years
-(``293y`` is refused, as promtool refuses it).
+Used by the rule loader, the configuration (every ``*_s`` field that is a length
+of time, through :data:`Duration`) and the CLI, so that what ``kcops alerts
+check`` accepts is what promtool accepts: units ``y w d h m s ms`` in that
+order, integers only (``1.5m`` is refused), ``0`` alone allowed, and at most
+what Go's ``time.Duration`` holds, about 292 years.
 """
 
 from __future__ import annotations

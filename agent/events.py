@@ -25,12 +25,8 @@ AlertSource = Literal["local", "alertmanager"]
 
 @dataclass(frozen=True)
 class Step:
-    """One rung of an alert's escalation ladder (the rule's ``remediation:`` block).
-
-    The one form of a step from the rule loader to the action's parameters: the
-    ladder holds these, the state file stores them (validated as they are), and
-    the runner hands ``params`` to the action's parameter model.
-    """
+    """One rung of an alert's escalation ladder (the rule's ``remediation:`` block), the one
+    form of a step from the rule loader through the ladder and state file to the runner."""
 
     action: ActionName
     params: Mapping[str, JsonValue] = field(default_factory=dict)
@@ -60,10 +56,6 @@ class AlertTransition:
     # The alert that inhibits this one while it fires (the rule file's inhibit_rules):
     # recorded, never a ladder nor a page.
     inhibited_by: str | None = None
-
-    @property
-    def resolved(self) -> bool:
-        return self.previous == "firing" and self.state == "inactive"
 
 
 Subscriber = Callable[[AlertTransition], None]

@@ -1,21 +1,13 @@
 """The agent's HTTP client: aiohttp's, which the control API loads anyway.
 
-The agent's own HTTP is this one stack: the engine poll and admin calls, and the
-notify/page webhook (:mod:`kcops.agent.actions.notify`). OTLP goes through the
-OpenTelemetry SDK's exporters (:mod:`kcops.agent.telemetry`), which bring their own.
-
-One :class:`HttpClient` per engine, shared by the per-tick poll
-(:mod:`kcops.agent.collectors.engine_http`) and the admin calls
-(:class:`kcops.agent.engine.Engine`): keep-alive connections (at most four),
-no proxy from the environment, a total deadline per request. It replaced httpx,
-whose per-request cost was about three times aiohttp's on the tick (4.3 ms
-against 1.3 ms for the two requests of a poll) and whose import added ~7 MiB.
+The agent's own HTTP (engine poll, admin calls, notify/page webhook) is this one
+stack. One :class:`HttpClient` per engine, shared by the poll and the admin calls:
+keep-alive connections (at most four), no proxy from the environment, a total
+deadline per request. (httpx cost three times as much per poll and ~7 MiB more.)
 
 Network trouble raises :class:`HttpError` with a ``reason`` the collectors
-count: ``timeout``, ``connect`` (nothing listens), ``protocol`` (the server
-hung up or answered something that is not HTTP), ``http_error`` (anything
-else, e.g. a bad URL). None of them is a :class:`TimeoutError`: an engine call
-that times out is a failed step, not the runner's own action timeout.
+count. None of them is a :class:`TimeoutError`: an engine call that times out
+is a failed step, not the runner's own action timeout.
 
 The session is made on first use, on the running loop, and must be used from
 that loop only (the agent has one).

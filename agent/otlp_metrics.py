@@ -1,19 +1,13 @@
 """The agent's series as OpenTelemetry SDK ``MetricsData``, for the SDK's OTLP exporter.
 
 Built from the store directly, as ``/metrics`` is, so both show the same
-values: each series' newest sample unless older than ``stale_after_s``. The SDK's
-``OTLPMetricExporter`` encodes and sends them (:mod:`kcops.agent.telemetry`); the
-values are not kept twice in an SDK meter.
-Histograms keep their buckets (Prometheus's cumulative ``le`` counts become
-OTLP explicit-bucket counts); counters are cumulative monotonic sums.
+values: each series' newest sample unless older than ``stale_after_s``.
+Histograms keep their buckets (cumulative ``le`` counts become explicit-bucket
+counts); counters are cumulative monotonic sums.
 
 Where OpenTelemetry has a semantic convention, the series is exported under
-its name and unit, with the attributes it requires: ``hw.gpu.*`` for a GPU
-(``hw.id``, ``hw.type``), never for a CPU engine's memory cgroup
-(``device="cpu"`` keeps its Prometheus name); ``gen_ai.server.*`` for the
-serving latencies, with ``gen_ai.operation.name``, ``gen_ai.provider.name``
-(and the older ``gen_ai.system``), ``gen_ai.request.model`` where the engine
-names its model, and ``server.address``/``server.port`` of the engine.
+its name, unit and required attributes: ``hw.gpu.*`` for a GPU (never for a
+CPU engine's memory cgroup), ``gen_ai.server.*`` for the serving latencies.
 Everything else keeps its Prometheus family name and labels.
 """
 

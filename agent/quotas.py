@@ -1,14 +1,13 @@
 """Series budgets per source, so that one source never starves another (Prometheus's
 per-target ``sample_limit``, for the agent's store).
 
-A source is what wrote a series first: one probe process (engine and process labels),
-one scrape target, one of the agent's own collectors. Each may hold ``per_source``
-series; past it, that source's new series are refused and counted against it (a warning
-names it once), the others' are not. A series that got no sample for ``quiet_after_s``
-(its source is gone: a process that exited, a flood that stopped) no longer counts
-against its source. When the whole store is full, a new series of a source holding less
-than its fair share takes the place of the quietest series of the source holding the
-most, so a new, well-behaved source is always admitted.
+A source is what wrote a series first: one probe process, one scrape target, one of
+the agent's own collectors. Each may hold ``per_source`` series; past it, that
+source's new series are refused and counted against it, the others' are not. A
+series quiet for ``quiet_after_s`` no longer counts against its source. When the
+whole store is full, a new series of a source holding less than its fair share takes
+the place of the quietest series of the source holding the most, so a new,
+well-behaved source is always admitted.
 """
 
 from __future__ import annotations

@@ -1,25 +1,20 @@
 """In-memory time series store: one ring buffer per series, bounded retention.
 
 This is what the rule engine reads windows from and what the exporter
-publishes. It is owned by the agent's event loop and is not thread-safe: all
-appends and reads happen on the loop (collectors that work in threads hand
-their samples back to the loop).
+publishes. It is owned by the agent's event loop and is not thread-safe
+(collectors that work in threads hand their samples back to the loop).
+Timestamps are Unix seconds; an out-of-order sample is dropped and counted, as
+Prometheus's TSDB does.
 
-Timestamps are Unix seconds (floats). Samples of one series must arrive in
-time order; an out-of-order sample is dropped and counted, as Prometheus's
-TSDB does.
-
-Memory has a ceiling, ``max_bytes``: the store keeps an estimate of what it
-has allocated — every slot of its sample arrays, the dead prefix that
-eviction left behind included (17 bytes a slot: two float64 plus the array's
-1/16 over-allocation), plus each series' key and bookkeeping. A ring
-compacts once its dead prefix is an eighth of it, so allocated memory stays
-within ~1/8 of what is live. Over the budget, a sample of a new series is
-refused (``refused_series``), and each :meth:`Store.evict` drops the oldest
-samples of every series, as a shorter retention would, compacting at once,
-until the estimate is back under it (``evicted_samples``). Eviction runs
-every few ticks (the app's ``EVICT_EVERY_TICKS``), so between two evictions
-the store may overshoot by that many ticks' samples.
+Memory has a ceiling, ``max_bytes``, against an estimate of what the store has
+allocated: every slot of its sample arrays (:data:`SLOT_BYTES`), the dead prefix
+that eviction left behind included, plus each series' key and bookkeeping. A
+ring compacts once its dead prefix is an eighth of it. Over the budget, a sample
+of a new series is refused (``refused_series``), and each :meth:`Store.evict`
+drops the oldest samples of every series, as a shorter retention would, until
+the estimate is back under it (``evicted_samples``). Eviction runs every
+``EVICT_EVERY_TICKS`` (the app's), so the store may overshoot by that many
+ticks' samples.
 """
 
 from __future__ import annotations
@@ -110,11 +105,9 @@ def series_bytes(key: SeriesKey) -> int:
 class Store:
     """Series name + labels -> timestamped samples, kept for ``retention_s``.
 
-    ``max_series`` and ``max_bytes`` bound memory: a sample of a new series
-    beyond either is dropped and counted (``dropped_series``,
-    ``refused_series``); past ``max_bytes`` the oldest samples go first. Each source of
-    series has a budget of its own (:mod:`kcops.agent.quotas`), so one cannot fill the
-    store for the others.
+    ``max_series`` (a new series past it is dropped: ``dropped_series``) and
+    ``max_bytes`` (the module's docstring) bound memory; each source of series has a
+    budget of its own (:mod:`kcops.agent.quotas`).
     """
 
     def __init__(

@@ -1,18 +1,14 @@
 """OpenTelemetry for the agent: action traces and its series as metrics, over OTLP/HTTP.
 
-Both signals go through the SDK's own OTLP/HTTP exporters (``OTLPSpanExporter``,
-``OTLPMetricExporter``: their encoding, retries with backoff, timeout, compression and
-``OTEL_EXPORTER_OTLP_*`` settings) under ONE :class:`Resource`, which the SDK builds
-from the standard environment (``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_SERVICE_NAME``);
-``exporters.otlp.service_name`` names the service when the environment does not.
-
-The tracer provider is one the app owns, not the global one. Metrics are not kept
-twice in an SDK meter: :class:`OtlpMetricsPush` reads the store each
-``metrics_interval_s`` into the SDK's ``MetricsData`` (:mod:`kcops.agent.otlp_metrics`)
-and hands it to the exporter's ``export()``, so OTLP and ``/metrics`` agree. The SDK's
-exporters post with ``requests`` (the SDK's own stack, in a worker thread); the agent's
-own HTTP is aiohttp's. The SDK, its exporters and protobuf are imported only when an
-endpoint is configured: an agent that does not export does not pay their RSS.
+Both signals go through the SDK's own OTLP/HTTP exporters (their encoding,
+retries, timeout, compression and ``OTEL_EXPORTER_OTLP_*`` settings) under ONE
+:class:`Resource` built from the standard environment; ``exporters.otlp.service_name``
+names the service when the environment does not. The tracer provider is the
+app's, not the global one. Metrics are not kept twice in an SDK meter:
+:class:`OtlpMetricsPush` reads the store into ``MetricsData``
+(:mod:`kcops.agent.otlp_metrics`) and hands it to the exporter. The SDK and
+protobuf are imported only when an endpoint is configured, so an agent that does
+not export does not pay their RSS.
 """
 
 from __future__ import annotations

@@ -4,18 +4,14 @@ A YAML file is input from outside, so the loader bounds what it costs before
 anything else sees it: at most :data:`MAX_BYTES` bytes, strict UTF-8, no
 anchors or aliases (an alias bomb expands into exponential work in whatever
 walks or prints the result), nesting at most :data:`MAX_DEPTH` deep, at most
-:data:`MAX_NODES` nodes. Every refusal is a :class:`~kcops.errors.ConfigError`
-(or the subclass the caller names) with one line: the file, the line and
-column, what is wrong, and a short excerpt — never a whole value. A scalar
-YAML cannot construct (an impossible timestamp, an integer past Python's
-digit limit or beyond a float's range) is refused here too.
+:data:`MAX_NODES` nodes, and no scalar YAML cannot construct. Every refusal is a
+:class:`~kcops.errors.ConfigError` (or the subclass the caller names) with one
+line: the file, the line and column, what is wrong, and a short excerpt.
 
 It is strict where YAML 1.1 is loose: a key repeated in one mapping is refused
-(naming the key and both lines; PyYAML keeps the last silently), and only
-``true`` and ``false`` are booleans (YAML 1.2's core schema, lower case):
-YAML 1.1's ``yes``/``no``/``on``/``off``/``y``/``n`` load as strings, which a
-typed field then refuses ("must be true or false") or takes as the text
-written (a label value ``yes``, a collector switch ``on``).
+(PyYAML keeps the last silently), and only ``true`` and ``false`` are booleans
+(YAML 1.2's core schema): ``yes``/``no``/``on``/``off`` load as strings, which a
+typed field then refuses or takes as the text written.
 """
 
 from __future__ import annotations

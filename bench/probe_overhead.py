@@ -152,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         default="wall",
         help="wall: perf_counter; cpu: process CPU time (steadier on a shared, loaded machine)",
     )
+    ap.add_argument("--device", default="cpu", help="torch device of the model: cpu, cuda")
     ap.add_argument("--modes", default=",".join(MODES), help="comma list of " + ",".join(MODES))
     ap.add_argument(
         "--sample-rate",
@@ -175,7 +176,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     model, tok = load_model(args.model, progress=False, attn_implementation=args.attn)
-    ids = prompt_ids(tok, args.tokens)
+    model.to(args.device)
+    ids = prompt_ids(tok, args.tokens).to(args.device)
+    if args.device.startswith("cuda"):
+        host_clock = _clock
+
+        def synced() -> float:  # kernels run asynchronously: time them, not their launch
+            torch.cuda.synchronize()
+            return host_clock()
+
+        _clock = synced
     step = make_step(model, ids, args.decode)
     for _ in range(2):  # warm-up: allocator, kernels, lazy imports of the probe
         step()
@@ -191,8 +201,8 @@ def main(argv: list[str] | None = None) -> int:
 
     what = "decode step" if args.decode else "prefill"
     print(
-        f"model={args.model} attn={args.attn} tokens={ids.shape[-1]} {what} "
-        f"pairs={args.pairs} threads={torch.get_num_threads()} clock={args.clock} "
+        f"model={args.model} attn={args.attn} device={args.device} tokens={ids.shape[-1]} "
+        f"{what} pairs={args.pairs} threads={torch.get_num_threads()} clock={args.clock} "
         f"default sample_rate={probe_config('default', args.sample_rate).sample_rate}"
     )
     print(f"{'mode':<8} {'median ratio':>12} {'mean ratio':>10} {'plain s':>9} {'probe s':>9}")

@@ -81,6 +81,9 @@ def run_demo(env: DemoEnv, chosen: list[drills_mod.Drill], load_seconds: float) 
     click.echo("- what the agent sees (asked through its query API):")
     for line in summary(env.agent):
         click.echo("    " + line)
+    # A healthy engine raises no alarm: nothing pending from the start to the first drill.
+    before = env.alerts_since(t0)
+    click.echo(f"- alerts pending or firing before the drills: {', '.join(before) or 'none'}")
     try:
         results = _drills(env, chosen)
     finally:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import secrets
 import shutil
@@ -442,6 +443,14 @@ class DemoEnv:
         alerts = httpx.get(self.agent + "/api/v1/alerts", timeout=5).json()["alerts"]
         states = {a["state"] for a in alerts if a.get("alertname") == alertname}
         return "firing" if "firing" in states else "pending" if "pending" in states else "inactive"
+
+    def alerts_since(self, t0: float) -> list[str]:
+        """The alerts pending or firing at any of the agent's ticks since ``t0``."""
+        window = max(1, math.ceil(time.time() - t0))
+        q = f'max_over_time(kcops_alert_state{{state=~"pending|firing"}}[{window}s]) > 0'
+        r = httpx.get(self.agent + "/api/v1/query", params={"query": q}, timeout=10)
+        r.raise_for_status()
+        return sorted({x["metric"]["alertname"] for x in r.json()["data"]["result"]})
 
     def audit_runs(self, since: float) -> list[dict[str, Any]]:
         """Actions the agent ran (outcome ok) since ``since``, from its audit log."""

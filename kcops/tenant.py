@@ -25,12 +25,21 @@ case, gets a ``_`` in front (``Other`` is ``_Other``).
 The cap applies where the requests are seen to run: the reference worker's handler, vLLM's
 worker and the agent (:meth:`TenantLabels.bound`, for labels another process made); vLLM's
 API server only makes the label (:func:`clean`).
+
+The agent's own requests (the canary) are served and billed to nobody: the agent sends them
+with an ``X-Request-Id`` of :func:`canary_id`, signed with the engine's marker key
+(:func:`tenant_key`) so that no client can borrow it, and the reference worker's handler
+and the probe in vLLM's worker (which sees the id inside vLLM's own) leave them uncounted.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import math
+import os
 import re
+import secrets
 from collections import Counter
 
 OTHER = "other"
@@ -48,6 +57,36 @@ _SECRET_PREFIXES = (
     "akia", "aiza", "hf_", "glpat-", "bearer", "eyj",
 )  # fmt: skip
 _HEADER_NAME = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,64}$")
+OWN = ""  # the tenant of the agent's own requests: served, counted for nobody
+_CANARY = re.compile(r"kcops-canary-([0-9a-f]{32})-([0-9a-f]{16})")
+
+
+def tenant_key() -> bytes:
+    """This process's marker key: ``KCOPS_TENANT_KEY`` (the agent's supervisor passes its own
+    to the engine), else one made here and put into ``os.environ``, which every process this
+    one starts later inherits (vLLM's API server loads the probe's plugin, and so this,
+    before it starts its engine core and workers)."""
+    key = os.environ.get(KEY_ENV, "").strip()
+    if not key:
+        key = os.environ[KEY_ENV] = secrets.token_hex(32)
+    return key.encode()
+
+
+def _signed(key: bytes, nonce: str) -> str:
+    return hmac.new(key, nonce.encode(), hashlib.sha256).hexdigest()[:16]
+
+
+def canary_id(key: bytes) -> str:
+    """A fresh request id for one of the agent's own requests, signed with ``key``."""
+    nonce = secrets.token_hex(16)
+    return f"kcops-canary-{nonce}-{_signed(key, nonce)}"
+
+
+def is_canary(request_id: str, key: bytes) -> bool:
+    """True when ``request_id`` holds a :func:`canary_id` signed with ``key`` (vLLM adds to
+    an id on both sides and the tenant middleware wraps it: it is searched for)."""
+    m = _CANARY.search(request_id)
+    return m is not None and hmac.compare_digest(m[2], _signed(key, m[1]))
 
 
 def entropy_bits(value: str) -> float:
@@ -112,8 +151,11 @@ class TenantLabels:
         return label
 
     def of_request(self, headers: object, user: str | None) -> str:
-        """The header's value when configured and present, else OpenAI's ``user`` field.
-        ``headers`` is any mapping with ``get`` (aiohttp's are case-insensitive)."""
+        """The header's value when configured and present, else OpenAI's ``user`` field;
+        :data:`OWN` for the agent's canary. ``headers`` is any mapping with ``get``
+        (aiohttp's are case-insensitive)."""
+        if is_canary(headers.get("X-Request-Id") or "", tenant_key()):  # type: ignore[attr-defined]
+            return OWN
         raw = None
         if self.header is not None:
             raw = headers.get(self.header)  # type: ignore[attr-defined]

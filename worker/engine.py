@@ -39,6 +39,7 @@ from kcops.kernels.kvkeep import (
     use_kept,
 )
 from kcops.kernels.topn import DENSE, TopNPolicy, use_policy
+from kcops.tenant import OWN
 from kcops.worker.cache import KV, PrefixCache
 from kcops.worker.control import BASE, OPTIMIZED, Control
 from kcops.worker.faults import Faults
@@ -385,8 +386,10 @@ class BatchEngine:
 
     def _context_done(self, req: GenRequest) -> None:
         # Full context: what the request's last step attended (prompt + generated tokens).
+        # The agent's canary (tenant OWN) is served, never counted for a tenant.
         full = len(req.prompt_ids) + len(req.generated)
-        self.metrics.request_context(req.tenant, full, req.kc.mean)
+        if req.tenant != OWN:
+            self.metrics.request_context(req.tenant, full, req.kc.mean)
 
     @staticmethod
     def _usage(req: GenRequest) -> dict[str, int]:

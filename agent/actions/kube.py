@@ -4,19 +4,15 @@ What the agent does in a cluster: evict its own pod (``restart_worker``,
 through the Eviction API so the PodDisruptionBudget is honoured),
 read the Deployment's scale, read and patch the one HPA it may raise
 (``scale_out``), and hold a ``coordination.k8s.io`` Lease (fleet actions).
-The service account token is reread whenever its file changes, because the
-kubelet rotates projected tokens (about hourly) and an old one is refused.
 
 Errors: 401/403 become ``ActionRejected(reason="forbidden")`` naming the
-request; 429 on an eviction (the budget allows no disruption now) becomes
-``ActionRejected(reason="busy")``, a refusal that passes by itself; anything
-else the API refuses is :class:`KubeError` with its status.
+request; 429 on an eviction becomes ``busy`` (a refusal that passes by itself);
+anything else the API refuses is :class:`KubeError` with its status.
 
-The client is configured from ``actions.kubernetes`` (API URL, token and CA
-files, by default the in-cluster ones), not ``load_incluster_config()``: the
-same settings then point it at a test server, and the token file is reread
-when the kubelet rotates it (``_Token``), which the client's own in-cluster
-loader does only for its synchronous twin.
+The client is configured from ``actions.kubernetes`` (by default the in-cluster
+files), not ``load_incluster_config()``: the same settings then point it at a
+test server, and the token file is reread when the kubelet rotates it
+(``_Token``), which the client's own loader does only for its synchronous twin.
 """
 
 from __future__ import annotations

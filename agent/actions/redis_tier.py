@@ -3,21 +3,14 @@ node or on every master of a Redis Cluster.
 
 ``SCAN MATCH <escaped prefix>*`` finds candidates on each node; every key is
 checked again against the prefix before it is touched (a glob can surprise).
-The worker writes one key per cache block, ``<prefix>{<block hash>}``
-(kcops.worker.redis_tier); keys that share a hash tag (several keys of one
-entry, as other writers lay them out) live in one slot and are one entry: the
-unit of eviction, unlinked together, ranked by LRU by their most recently
-used key.
-Idle time comes from ``OBJECT IDLETIME`` in pipelined batches; keys go with
-``UNLINK`` (freed in the background, never blocks Redis). The whole run is
-bounded in time: past ``max_seconds`` it stops and reports what it did.
+Keys that share a hash tag (the worker writes ``<prefix>{<block hash>}``) are one
+entry: the unit of eviction, unlinked together, ranked by LRU by their most
+recently used key (``OBJECT IDLETIME``, pipelined); ``UNLINK`` never blocks
+Redis. Past ``max_seconds`` a run stops and reports what it did.
 
-On a cluster the seed node's ``CLUSTER NODES`` names the masters; each is
-walked with its own connection. A master that fails mid-run (connection
-refused, a failover's ``MOVED``/``CLUSTERDOWN``) is reported under
-``failed_nodes`` with what it answered, and the other masters carry on. What
-a failed master had evicted before it failed still counts (``evicted_keys``,
-and its entry of ``node_reports`` with ``complete: false``): those keys are gone.
+On a cluster each master named by ``CLUSTER NODES`` is walked with its own
+connection. A master that fails mid-run is reported under ``failed_nodes`` and
+the others carry on; what it evicted before it failed still counts.
 """
 
 from __future__ import annotations

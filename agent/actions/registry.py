@@ -12,11 +12,10 @@ from kcops.agent.actions import (
     evict_cache,
     evict_pod,
     fallback_to_base,
-    lower_topn,
     notify,
-    raise_topn,
     restart_worker,
     scale_out,
+    topn,
 )
 from kcops.agent.actions.base import Registry
 
@@ -28,8 +27,8 @@ def builtin_actions() -> Registry:
         fallback_to_base.SPEC,
         # Undoes a fallback; kcops restores routing itself after the hold time.
         replace(fallback_to_base.RESTORE_SPEC, ladder=False),
-        lower_topn.SPEC,
-        raise_topn.SPEC,
+        topn.LOWER_SPEC,
+        topn.RAISE_SPEC,
         restart_worker.SPEC,
         evict_pod.SPEC,
         scale_out.SPEC,

@@ -1,16 +1,13 @@
 """``restart_worker``: restart the engine, in the one way configured.
 
-- ``supervisor`` (``auto`` when the agent launched the engine): graceful
-  drain, SIGTERM, SIGKILL, respawn — see :mod:`kcops.agent.engine.supervisor`;
-- ``signal``: SIGTERM the engine pid (shared process namespace), SIGKILL
-  after the grace period (``grace_s`` plus the engine's own drain time, vLLM's
-  ``--shutdown-timeout N`` read from its command line); whoever owns the
-  process restarts it, and the engine is ``starting`` again from then on (a
-  new start: no ``KcopsEngineDown`` during the reload, no action at it);
-- ``kubernetes``: evict the own pod through the API (the Eviction API, which
-  honours the PodDisruptionBudget); the Deployment replaces it. Kubernetes
-  sends SIGTERM and waits the pod's ``terminationGracePeriodSeconds``, which
-  must then cover vLLM's ``--shutdown-timeout``.
+- ``supervisor`` (``auto`` when the agent launched the engine): drain, SIGTERM,
+  SIGKILL, respawn (:mod:`kcops.agent.engine.supervisor`);
+- ``signal``: SIGTERM the engine pid (shared process namespace), SIGKILL after
+  ``grace_s`` plus the engine's own drain time; whoever owns the process
+  restarts it, and the engine is ``starting`` again (no ``KcopsEngineDown``);
+- ``kubernetes``: evict the own pod through the Eviction API (honouring the
+  PodDisruptionBudget); its ``terminationGracePeriodSeconds`` must then cover
+  vLLM's ``--shutdown-timeout``.
 """
 
 from __future__ import annotations

@@ -2,17 +2,12 @@
 
 A fleet action: with ``actions.scale.lease.backend`` set it first takes the
 fleet lease (:mod:`kcops.agent.actions.lease_core`), checks the fleet's cooldown,
-and writes the new replica floor fenced by its lease token. In a cluster the
-floor is the HPA's ``minReplicas`` (``actions.scale.hpa``, and never above
-the HPA's own ``maxReplicas``): the HPA keeps owning ``replicas``, kcops only
-stops it from going below the floor until ``hold_s`` has passed. The hold's
-end is recorded with the floor (HPA annotations, or the Redis hash), and
-every agent of the fleet checks it every :data:`RELEASE_CHECK_S` from its
-remediation tick (:class:`HoldKeeper`): the first to see it passed takes the
-lease and puts the floor back, so the floor comes back even when the agent
-that raised it was restarted or replaced meanwhile. Outside Kubernetes the
-floor lives in Redis and the agent that wrote it publishes it as
-``kcops_desired_replicas``.
+and writes the new replica floor fenced by its lease token: the HPA's
+``minReplicas`` in a cluster (never above its ``maxReplicas``; the HPA keeps
+owning ``replicas``), else a Redis hash, published as ``kcops_desired_replicas``.
+The hold's end is recorded with the floor, and every agent of the fleet checks
+it every :data:`RELEASE_CHECK_S` (:class:`HoldKeeper`): the first to see it
+passed puts the floor back, even when the agent that raised it is gone.
 
 With no lease backend the agent acts alone and only publishes the gauge.
 """

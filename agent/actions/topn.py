@@ -1,11 +1,12 @@
-"""Shared step of ``lower_topn`` and ``raise_topn``: move N within both sets of bounds."""
+"""``lower_topn`` (OOM, memory pressure) and ``raise_topn`` (accuracy drop under a tight N):
+move the attention budget N by a step within both sets of bounds."""
 
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kcops.agent.actions.base import ActionContext, ActionResult, Change, Check, Params
-from kcops.agent.outcome import ActionRejected, Refusal
+from kcops.agent.actions.base import ActionContext, ActionResult, ActionSpec, Change, Check, Params
+from kcops.agent.outcome import ActionName, ActionRejected, Refusal
 
 
 class TopNState(BaseModel):
@@ -60,3 +61,29 @@ async def change_topn(ctx: ActionContext, p: TopNParams, direction: int) -> Acti
         {"before": {"top_n": current}, "after": {"top_n": wanted}, **answer}
     )
     return ActionResult(f"top_n {current} -> {wanted}", out.before, out.after)
+
+
+async def lower_topn(ctx: ActionContext, p: TopNParams) -> ActionResult:
+    return await change_topn(ctx, p, -1)
+
+
+async def raise_topn(ctx: ActionContext, p: TopNParams) -> ActionResult:
+    return await change_topn(ctx, p, +1)
+
+
+LOWER_SPEC = ActionSpec(
+    ActionName.LOWER_TOPN,
+    lower_topn,
+    TopNParams,
+    "Lower the attention budget N by a step, within bounds.",
+    precheck=needs_topn,
+    look=look_lower,
+)
+RAISE_SPEC = ActionSpec(
+    ActionName.RAISE_TOPN,
+    raise_topn,
+    TopNParams,
+    "Raise the attention budget N by a step, within bounds.",
+    precheck=needs_topn,
+    look=look_raise,
+)

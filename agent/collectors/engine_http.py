@@ -4,11 +4,9 @@ The collector runner runs collectors one after the other, so a hung engine
 would cost each HTTP collector its full timeout. :meth:`EngineClient.poll`
 instead fires ``/health``, ``/metrics`` (and, for the kcops worker, now and
 then ``/admin/state``) concurrently once per ``now`` and hands the same result
-to every caller: a hung engine costs one timeout per tick, not two.
-Every request runs under a total deadline (``timeout_s``), not only a
-per-read timeout, so a server that trickles bytes cannot hold the tick. The
-client is :class:`kcops.agent.httpclient.HttpClient` (aiohttp's), shared with
-the engine's admin calls.
+to every caller: a hung engine costs one timeout per tick, not two. Every
+request runs under a total deadline, so a server that trickles bytes cannot
+hold the tick.
 """
 
 from __future__ import annotations

@@ -1,17 +1,12 @@
 """Is the engine answering? ``GET`` its health endpoint each tick.
 
 Exports ``kcops_engine_up`` (1 when it answered 2xx within the timeout this
-tick, else 0), ``kcops_engine_last_healthy_age_seconds`` (seconds since the
-last good answer; absent until there was one) and
-``kcops_engine_health_checks_total{outcome}``. This collector does not fail
-when the engine does: "engine down" must read as ``up == 0``, not as absent.
-
-With an engine object it also feeds the engine's lifecycle and exports it:
-``kcops_engine_state{state}`` (one-hot over starting, ready, stalled, hung,
-down; ``stalled`` is decided by the stall watch, which runs just before),
-``kcops_engine_starting_seconds`` (how long the current start has lasted,
-only while starting) and ``kcops_engine_startup_timeout_seconds``
-(``engine.startup_timeout_s``), which ``KcopsEngineStartSlow`` compares.
+tick), the age of the last good answer and the checks by outcome. This
+collector does not fail when the engine does: "engine down" must read as
+``up == 0``, not as absent. With an engine object it also feeds the engine's
+lifecycle and exports it (``kcops_engine_state``, one-hot; ``stalled`` is the
+stall watch's, which runs just before) with how long the current start has
+lasted against ``engine.startup_timeout_s``, which ``KcopsEngineStartSlow`` compares.
 """
 
 from __future__ import annotations

@@ -2,16 +2,12 @@
 
 Every NVML call goes through :class:`Nvml.query`: it initialises lazily, turns
 "not supported" / "no permission" / a function the driver lacks into
-:data:`UNKNOWN` (logged once per function), and turns "no driver" / "no
-library" into :class:`NvmlUnavailable`, which the collector runner reports in
-``kcops status`` and counts in ``kcops_collector_errors_total``. An unknown
-value is left out of the samples, never exported as 0.
+:data:`UNKNOWN` (logged once per function; left out of the samples, never
+exported as 0), and "no driver" / "no library" into :class:`NvmlUnavailable`.
 
-Per tick, one snapshot per device: memory used/total, utilization,
-temperature, power, plus XID events drained from an event set with a zero
-timeout (never waits). Per-process GPU memory of the engine's pids is a slow
-call, so it runs every ``process_interval_s`` in a worker thread and the
-collector exports the last result.
+Per tick, one snapshot per device, plus XID events drained with a zero timeout.
+Per-process GPU memory is a slow call, so it runs every ``process_interval_s``
+in a worker thread and the collector exports the last result.
 """
 
 from __future__ import annotations

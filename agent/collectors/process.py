@@ -3,16 +3,13 @@
 Two collectors over one :class:`~kcops.agent.collectors.procwatch.EngineWatch`:
 
 - ``process`` exports RSS, CPU seconds, threads and open fds of the whole tree
-  under ``process="engine"``. When no pid is known, or the engine's pid is
-  gone, it raises :class:`CollectorUnavailable` (counted, series go stale).
-- ``engine_events`` never fails once a pid has been known: it exports
-  ``kcops_process_up{process="engine"}`` (1/0) and ``kcops_engine_oom_total``,
-  which must survive the very exit they count, plus
-  ``kcops_engine_restarts_total`` for an engine the agent does not supervise
-  (the supervisor counts the restarts it makes). Such a restart seen here (a
-  new engine pid: a rewritten ``engine.pidfile``, the kcops worker's state) is
-  a new start of the engine object's lifecycle: it is ``starting`` until it
-  answers its health check, so ``KcopsEngineDown`` does not count the reload.
+  under ``process="engine"``; with no pid known, or the pid gone, it raises
+  :class:`CollectorUnavailable` (counted, series go stale).
+- ``engine_events`` never fails once a pid has been known, since its
+  ``kcops_process_up``, ``kcops_engine_oom_total`` and (for an engine the agent
+  does not supervise) ``kcops_engine_restarts_total`` must survive the very exit
+  they count. A restart seen here (a new engine pid) is a new start of the
+  engine's lifecycle, so ``KcopsEngineDown`` does not count the reload.
 """
 
 from __future__ import annotations

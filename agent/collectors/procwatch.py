@@ -5,17 +5,11 @@ One :class:`EngineWatch` per agent reads the tree (root pid from
 and keeps what outlives a single read: CPU seconds kept monotonic across the
 exit of tree members and engine restarts, restarts seen, and exits by OOM.
 
-An exit counts as out-of-memory when there is evidence of it:
-
-- the engine cgroup's ``oom_kill`` count rose when the process vanished (the
-  kernel increments it when it sends the SIGKILL, so it is visible by the
-  time the exit is; a rise seen one read before the exit still matches);
-- the kernel log (``/dev/kmsg``, where readable) has ``Killed process <pid>``;
-- the engine's own log (``engine.log_path``) gained an out-of-memory error
-  since the previous read (CUDA OOM, ``torch.OutOfMemoryError``, ``MemoryError``).
-
-A SIGKILL with none of these is a kill, not an OOM (issue 11): the exit is
-recorded with empty evidence.
+An exit counts as out-of-memory only with evidence: the engine cgroup's
+``oom_kill`` count rose (the kernel raises it as it sends the SIGKILL), the
+kernel log has ``Killed process <pid>``, or the engine's own log
+(``engine.log_path``) gained an out-of-memory error since the previous read. A
+SIGKILL with none of these is a kill, recorded with empty evidence.
 """
 
 from __future__ import annotations

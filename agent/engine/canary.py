@@ -14,7 +14,9 @@ connect, error).
 
 The engine counts the canary among its own requests: one request with a
 prompt of a few tokens and one generated token per run, in its request,
-token and latency series.
+token and latency series; but no tenant's (its ``X-Request-Id`` is a
+:func:`kcops.tenant.canary_id`, signed with the marker key the agent shares
+with the engine), so ``kcops cost`` never bills it.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from pydantic import JsonValue
 
 from kcops.agent.httpclient import HttpClient, HttpConnectError, HttpError, HttpTimeout
 from kcops.agent.samples import Sample, label_pairs
+from kcops.tenant import canary_id, tenant_key
 
 log = logging.getLogger("kcops.agent.engine.canary")
 
@@ -149,8 +152,9 @@ class Canary:
             if model is not None:
                 body["model"] = model
             left = max(0.05, deadline - time.monotonic())
+            headers = {**self.headers, "X-Request-Id": canary_id(tenant_key())}
             resp = await self.http.request(
-                "POST", self.url + cfg.path, json=body, headers=self.headers, timeout_s=left
+                "POST", self.url + cfg.path, json=body, headers=headers, timeout_s=left
             )
         except HttpTimeout:
             return CanaryOutcome.TIMEOUT, f"no answer within {cfg.deadline_s:g}s"

@@ -1,14 +1,11 @@
 """Draining the engine before a supervised restart, and undoing it when abandoned.
 
 Stop admitting where the engine can (its kind's drain or pause route), then
-wait until nothing runs or the drain deadline. What was done is recorded in a
-:class:`DrainReport`, filled as it goes so an abandoned restart knows what to
-undo; ``how`` says what was done:
-
-- ``drain`` / ``pause``: the engine stopped admitting (kcops worker, vLLM dev mode);
-- ``sigterm``: it cannot stop admitting but drains by itself on SIGTERM (vLLM
-  ``--shutdown-timeout N``, N > 0): nothing to wait for here;
-- ``wait_idle``: neither: wait for an idle moment, while it still admits.
+wait until nothing runs or the drain deadline. A :class:`DrainReport` is filled
+as it goes, so an abandoned restart knows what to undo; its ``how``: ``drain`` /
+``pause`` (the engine stopped admitting), ``sigterm`` (it drains by itself on
+SIGTERM, vLLM's ``--shutdown-timeout N > 0``: nothing to wait for here) or
+``wait_idle`` (neither: wait for an idle moment, while it still admits).
 """
 
 from __future__ import annotations

@@ -1,17 +1,12 @@
 """The engine as one object: its kind, admin routes, capabilities and lifecycle.
 
 One :class:`Engine` per configured engine, built once by the app and handed to
-the collectors (which feed it what they learn: the kind detected from
-``/metrics``, the health answer of each tick) and to remediation (which asks
-it before every action). It resolves the kind once (``auto``: from the
-metrics page, else by the registry's probes), keeps one shared HTTP client,
-and reads routes and capabilities from the kind
-(:class:`~kcops.agent.engine.kinds.kind.EngineKind`): nothing here names an engine.
-
-Refusals are :class:`~kcops.agent.outcome.ActionRejected` with a reason code
-the runner records in the audit log: ``not_configured`` (no ``engine.url``),
-``unsupported`` (the engine lacks the capability), ``starting`` (the engine
-is loading or not identified yet).
+the collectors (which feed it what they learn) and to remediation (which asks
+it before every action). It resolves the kind once (``auto``: from the metrics
+page, else by the registry's probes), keeps one shared HTTP client, and reads
+routes and capabilities from the kind: nothing here names an engine. Refusals
+are :class:`~kcops.agent.outcome.ActionRejected` (``not_configured``,
+``unsupported``, ``starting``).
 """
 
 from __future__ import annotations

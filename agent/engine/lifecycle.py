@@ -1,20 +1,15 @@
 """Engine lifecycle: starting -> ready -> stalled | hung | down, as a pure step.
 
-``starting`` lasts from the start of the engine (the agent's start, or a
-supervised spawn) until its first healthy answer; an engine that was never
-ready is loading, not down, so ``KcopsEngineDown`` counts only from
-``ready`` and a slow start has its own alert (``KcopsEngineStartSlow``).
-After ``ready``, a health check that times out is ``hung`` (the process
-answers nothing) and any other failure is ``down``. ``stalled`` is a ready
-engine that still answers its health checks while its pending work makes no
-progress (:mod:`kcops.agent.engine.progress`, judged with the canary): a
-:class:`Stall` event moves it there and back; a failing health check still
-makes it ``hung`` or ``down``.
+``starting`` lasts until the engine's first healthy answer: an engine that was
+never ready is loading, not down, so ``KcopsEngineDown`` counts only from
+``ready`` (a slow start has ``KcopsEngineStartSlow``). After ``ready``, a health
+check that times out is ``hung`` and any other failure ``down``; a :class:`Stall`
+event (:mod:`kcops.agent.engine.progress`) moves a ready engine to ``stalled``
+and back.
 
-A :class:`Restarting` event marks the agent's own restart of the engine: from it until
-the engine is ready again (``restarting_since``), what the restart itself causes (the
-engine down between the kill and the respawn, the new one loading) is the agent's doing,
-and the alerts it raises are inhibited (``kcops_engine_restarting``, the rule file's
+A :class:`Restarting` event marks the agent's own restart of the engine: until
+the engine is ready again (``restarting_since``) the alerts the restart itself
+causes are inhibited (``kcops_engine_restarting``, the rule file's
 ``inhibit_rules``), not paged.
 """
 

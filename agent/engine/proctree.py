@@ -1,13 +1,10 @@
 """The engine's process group as ``/proc`` shows it: members, their command lines.
 
 The supervisor starts the engine in its own session, so the group id is the
-root's pid and every process the engine forks (vLLM's API server, engine core,
-workers, resource tracker) is a member unless it calls ``setsid`` itself. A
-zombie is not counted as a member: it holds no memory and no mapping, and in a
-container where the agent is PID 1 orphaned zombies may never be reaped.
-
-Every function takes ``proc_root`` so tests can point it elsewhere; a process
-that exits while it is read is skipped, never an error.
+root's pid and every process the engine forks is a member unless it calls
+``setsid`` itself. A zombie is not a member: it holds no memory and no mapping,
+and where the agent is PID 1 orphaned zombies may never be reaped. Every
+function takes ``proc_root``; a process that exits while it is read is skipped.
 """
 
 from __future__ import annotations

@@ -1,23 +1,18 @@
 """Is the engine making progress on the work it holds? A pure step per tick.
 
 An engine that answers ``/health`` and ``/metrics`` may still serve nothing
-(vLLM's API server up, its EngineCore stopped). Latency alerts are computed
-from requests that finish, so they go quiet exactly then. Progress is read
-from counters instead: tokens generated, prompt tokens taken in (vLLM counts
-each scheduled prefill chunk), engine steps, and the probe's attention calls,
-which move per layer inside a long prefill that keeps the token counters still
-(the in-engine heartbeat). Work pending is running + waiting requests.
+(vLLM's API server up, its EngineCore stopped), and latency alerts go quiet
+exactly then. Progress is read from counters instead: tokens generated, prompt
+tokens taken in, engine steps, and the probe's attention calls (the in-engine
+heartbeat, which moves inside a long prefill). Work pending is running +
+waiting requests.
 
 :func:`step` turns one tick's :class:`Reading` into a :class:`Judgement`:
-``stalled_s`` is how long pending work has seen no counter move. It is None
-(the series ``kcops_engine_stalled_seconds`` is absent) while the engine is
-idle, and while pending work or every progress counter is unknown: an engine
-kind that lacks them is reported as not watched, never as healthy.
-
-No threshold is scaled from step times: any counter or heartbeat moving
-resets the clock, and a healthy engine moves one of them at least once per
-step (vLLM's chunked prefill bounds a step; the worker's probe counts each
-layer's attention), so the stall threshold only has to exceed one step.
+``stalled_s`` is how long pending work has seen no counter move; None while the
+engine is idle or what it needs is unknown (an engine kind that lacks the
+counters is not watched, never reported healthy). Any counter moving resets the
+clock, and a healthy engine moves one at least once per step, so the stall
+threshold only has to exceed one step.
 """
 
 from __future__ import annotations

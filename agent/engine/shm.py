@@ -2,21 +2,13 @@
 
 An engine killed before it can unlink its segments (vLLM's ~419 MB of
 ``psm_*`` per SIGKILL) leaks them until reboot. What is removed is decided by
-what the engine's own tree held, never by "new and unused":
-
-- before each spawn the supervisor snapshots the directory (name and inode);
-- while the engine runs (every few seconds, and just before each signal) it
-  records the entries its process group has open (``/proc/<pid>/fd``) or
-  mapped (``/proc/<pid>/maps``), by name and inode (:func:`held_by`);
-- once the whole group is gone it removes an entry only when the tree held
-  that very file (same name, same inode), the file was not there before the
-  spawn, it belongs to the agent's user, and no live process has it open or
-  mapped (:func:`cleanup`).
-
-A segment another process created during the engine's life is never touched,
-even when it is unused and owned by the same user. The price: a segment the
-tree created and lost between two scans (or that a process outside the group
-created for it) is left in place.
+what the engine's own tree held, never by "new and unused": the supervisor
+snapshots the directory before each spawn, records what the process group has
+open or mapped while it runs (:func:`held_by`), and once the group is gone
+removes an entry only when the tree held that very file (name and inode), it
+was not there before the spawn, it is the agent user's, and no live process
+holds it (:func:`cleanup`). A segment another process created is never touched;
+the price is that one the tree created and lost between two scans is left.
 """
 
 from __future__ import annotations

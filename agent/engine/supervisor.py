@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import secrets
 import sys
 import time
 from collections.abc import Callable
@@ -55,7 +54,7 @@ from kcops.agent.engine.terminate import (
     wait_gone,
 )
 from kcops.agent.samples import Sample, SeriesKey
-from kcops.tenant import KEY_ENV
+from kcops.tenant import KEY_ENV, tenant_key
 
 if TYPE_CHECKING:
     from kcops.agent.store import Store
@@ -98,7 +97,7 @@ class Supervisor:
                 engine.learn(found.name)
         self.page = page or (lambda message, **kw: log.error("PAGE: %s", message))
         self.env = env
-        self.tenant_key = secrets.token_hex(32)  # one the agent's environment names wins
+        self.tenant_key = tenant_key().decode()  # the agent's, so its canary signs with it
         self.proc: asyncio.subprocess.Process | None = None
         self._waiter: asyncio.Task[int] | None = None
         self.restarts = 0

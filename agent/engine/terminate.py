@@ -103,15 +103,12 @@ async def terminate(
     """SIGTERM the group's root ``pgid``, SIGKILL the whole group after ``grace_s``.
     True when SIGKILL was needed. ``waiter`` is the root's ``wait()``;
     ``before_signal(pgid)`` runs just before each signal (the shared memory scan).
-    ``at_once``: SIGKILL the whole group now, no SIGTERM (a stalled or hung engine
-    cannot drain, and a stopped process would not even read SIGTERM).
+    ``at_once``: SIGKILL the whole group now (a stalled or hung engine cannot drain).
 
-    SIGTERM goes to the root only, as a container runtime sends it: vLLM's API
-    server then stops its engine core, which stops its workers, in order (a
-    worker that gets SIGTERM itself exits at once, and the engine core could no
-    longer finish the requests it drains). Members still alive once the root is
-    gone get SIGTERM then (nobody else will tell them). Waits for the whole
-    group, not only the root.
+    SIGTERM goes to the root only, as a container runtime sends it, so vLLM's API
+    server stops its engine core, which stops its workers, in order (a worker that
+    got SIGTERM itself would exit at once, before the core finished draining).
+    Members still alive once the root is gone get SIGTERM then. Waits for the whole group.
     """
     if at_once:
         grace_s = 0.0

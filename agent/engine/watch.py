@@ -2,14 +2,9 @@
 
 A collector that runs after the engine's scrape and the probe receiver (it
 reads what they wrote this tick from the store) and before the health
-collector (which exports the lifecycle this tick decided). It exports
-
-- ``kcops_engine_pending_requests``: running + waiting requests (when known);
-- ``kcops_engine_stalled_seconds``: how long pending work has seen no progress
-  counter or heartbeat move; absent while idle or unknown;
-- ``kcops_engine_progress_watched``: 1 when stall detection has what it needs
-  this tick (pending work and at least one progress counter), else 0;
-- the canary's series (:mod:`~kcops.agent.engine.canary`).
+collector (which exports the lifecycle this tick decided). It exports pending
+requests, how long they have been stalled, whether stall detection is watching,
+and the canary's series.
 
 The engine is judged ``stalled`` once pending work has had no progress for
 ``engine.stall_after_s`` and, with the canary on, a canary sent after the last

@@ -26,10 +26,12 @@ from aiohttp import web
 from kcops.agent.kcrec.calibration import coverage_for
 from kcops.agent.kcrec.capacity import capacity
 from kcops.agent.kcrec.compute import (
+    INSUFFICIENT,
     OK,
     P_MISMATCH,
     Coverage,
     Inputs,
+    progress,
     recommend,
     refuse,
     resolve_over,
@@ -42,6 +44,7 @@ from kcops.agent.kcrec.window import (
     latest_each,
     latest_max,
     latest_sum,
+    layer_counts,
     window_buckets,
 )
 from kcops.agent.samples import SeriesKey
@@ -203,7 +206,16 @@ class Recommender:
             ),
         }
         doc["comparison"] = compare(n_now, n_rec)
+        if rec["status"] == INSUFFICIENT:
+            doc["progress"] = self.progress(rec["layers"], start, now)
         return doc
+
+    def progress(self, layers: list[dict[str, Any]], start: float, now: float) -> dict[str, Any]:
+        """Too few samples: when a first figure comes, and at which sampling rate."""
+        store = self.ctx.store
+        arrivals = layer_counts(store, "kcops_kc_tokens_count", start, now)
+        calls = layer_counts(store, "kcops_attention_calls_total", start, now)
+        return progress(layers, arrivals, calls, self.cfg.min_samples, now - start)
 
     def configured(
         self, now: float, state: dict[str, Any] | None, state_error: str | None

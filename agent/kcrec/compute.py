@@ -4,11 +4,13 @@ Per layer, the budget that holds mass p for a share q of the window's attention 
 (the q-quantile of K_p, with the interval its bucket gives, :mod:`kcops.kcbudget`);
 the uniform N over the layers the configuration names; the evidence. A layer with fewer
 than ``min_samples`` observations makes the whole document ``insufficient_samples``: it
-says which layers and how many, and recommends nothing.
+says which layers and how many, when the window will hold enough at the rate samples come,
+and which sampling rate would give a first figure within an hour (:func:`progress`).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +19,7 @@ from kcops.kcbudget import Quantile, quantile, uniform
 
 OK = "ok"
 INSUFFICIENT = "insufficient_samples"
+HOUR_S = 3600.0
 NO_DATA = "no_data"
 P_MISMATCH = "p_mismatch"
 DEFAULT_P = 0.9  # the probe's default KCOPS_PROBE_P, when no probe has said yet
@@ -204,3 +207,46 @@ def _figures(q: Quantile) -> dict[str, Any]:
 
 def _layer_order(layer: str) -> tuple[int, int | str]:
     return (0, int(layer)) if layer.isdigit() else (1, layer)
+
+
+def progress(
+    layers: list[dict[str, Any]],
+    arrivals: Mapping[str, tuple[float, float]],
+    calls: Mapping[str, tuple[float, float]],
+    min_samples: int,
+    window_s: float,
+) -> dict[str, Any]:
+    """While samples are too few: per layer the samples there are, those needed, how fast
+    they come and when the window holds enough (None: never at this rate, the window drops
+    them as fast as they come); the share of attention calls the probe samples now, and the
+    share that would give a first figure within an hour (``arrivals``/``calls``: per layer,
+    (added in the window, seconds covered))."""
+    rows, slowest, eta = [], math.inf, 0.0
+    for row in layers:
+        if not row["in_uniform"]:
+            continue
+        n, covered = arrivals.get(row["layer"], (0.0, 0.0))
+        per_s = n / covered if covered > 0 else 0.0
+        missing = max(0, min_samples - row["samples"])
+        if not missing:
+            when: float | None = 0.0
+        else:
+            when = missing / per_s if per_s * window_s >= min_samples else None
+            slowest = min(slowest, per_s)
+        eta = math.inf if when is None else max(eta, when)
+        at = None if when is None else round(when)
+        rows.append({"layer": row["layer"], "samples": row["samples"], "needed": min_samples,
+                     "per_s": round(per_s, 5), "eta_s": at})  # fmt: skip
+    sampled = sum(a[0] for a in arrivals.values())
+    called = sum(c[0] for c in calls.values())
+    share = sampled / called if called > 0 else None
+    hour = min_samples / min(window_s, HOUR_S)  # samples a second the slowest layer needs
+    for_hour = None
+    if share is not None and 0 < slowest < math.inf:
+        for_hour = min(1.0, share * hour / slowest)
+    return {
+        "layers": rows,
+        "eta_s": None if eta == math.inf else round(eta),
+        "sampled_share": None if share is None else round(share, 6),
+        "share_for_first_within_1h": None if for_hour is None else round(for_hour, 6),
+    }

@@ -114,3 +114,18 @@ def latest_each(store: Store, name: str, at: float, lookback_s: float) -> dict[s
 def int_layers(layers: Iterable[str]) -> dict[str, int]:
     """The layer labels that are layer indices."""
     return {lay: int(lay) for lay in layers if lay.isdigit()}
+
+
+def layer_counts(
+    store: Store, name: str, start: float, end: float
+) -> dict[str, tuple[float, float]]:
+    """Per ``layer``: what counter ``name`` added over ``(start, end]`` (summed over
+    processes) and the seconds of that window its series cover (from their first sample)."""
+    out: dict[str, tuple[float, float]] = {}
+    for key in store.keys(name):
+        layer = dict(key.labels).get("layer", "")
+        ts, _ = store.range_arrays(key, start, end)
+        first = start if store.latest(key, at=start) is not None else (ts[0] if ts else end)
+        n, since = out.get(layer, (0.0, end))
+        out[layer] = (n + increase(store, key, start, end), min(since, first))
+    return {layer: (n, end - since) for layer, (n, since) in out.items()}

@@ -1,27 +1,23 @@
 """A bound on the work of one evaluation, so one rule or one query never stalls the agent.
 
-The agent evaluates rules and serves ``/api/v1/query`` on its event loop. An
+The agent evaluates rules and serves ``/api/v1/query`` on its event loop, and an
 expression's cost has no bound of its own: nested subqueries multiply
 (``max_over_time(max_over_time(vector(1)[1h:1s])[1h:1s])`` is 13 million inner
-evaluations), and a ``query_range`` multiplies again. So every evaluation
-(one rule at one tick, one instant query, one whole range query) gets a
+evaluations), and a ``query_range`` multiplies again. So every evaluation (one
+rule at one tick, one instant query, one whole range query) gets an
 :class:`EvalBudget` of work units and a deadline:
 
 - a sample a range selector reads costs 1 unit; a node evaluated at one
   instant, an element of its result, a series key a selector scans and a step
-  of a subquery or a range query cost ``ITEM_UNITS`` (they cost several times
-  a sample in CPU: docs/benchmarks.md). The work of every operator and
-  function is proportional to these, so the count bounds the time, and it is
-  deterministic: the same expression over the same store always fails or
-  always passes;
-- nested subqueries are priced before they run (:func:`min_work` in
-  evaluator.py): a query whose steps alone cannot fit is refused at once;
+  of a subquery or a range query cost ``ITEM_UNITS`` (several samples' worth of
+  CPU: docs/benchmarks.md). Every operator's work is proportional to these, so
+  the count bounds the time, deterministically;
+- nested subqueries are priced before they run (:func:`min_work`);
 - the deadline (wall clock) is the safety net for work the units price badly.
 
 Past either the evaluation raises an :class:`EvalError`: the rule is marked
-failed (the other rules still run) and the query API answers Prometheus's
-error JSON, as Prometheus does for ``query.max-samples`` (``execution``, 422)
-and ``query.timeout`` (``timeout``, 503).
+failed, and the query API answers as Prometheus does for ``query.max-samples``
+(``execution``, 422) and ``query.timeout`` (``timeout``, 503).
 """
 
 from __future__ import annotations

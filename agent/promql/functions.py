@@ -289,22 +289,17 @@ def _pi(ev: Ev, args: list[pp.Expr], t: float) -> Value:
     return math.pi
 
 
-def _deriv(ev: Ev, args: list[pp.Expr], t: float) -> Value:
+def _linear(ev: Ev, args: list[pp.Expr], t: float) -> Value:
+    """``deriv(v[r])``, or ``predict_linear(v[r], ahead_s)`` when a second argument is given."""
     series, _, _, _ = ev.eval_range(args[0], t)
+    ahead_s = ev.eval_scalar(args[1], t) if len(args) > 1 else None
     out: Vector = []
     for labels, ts, vs in series:
-        v = rangefns.deriv(ts, vs)
-        if v is not None:
-            out.append(Elem(drop_name(labels), v))
-    return out
-
-
-def _predict_linear(ev: Ev, args: list[pp.Expr], t: float) -> Value:
-    series, _, _, _ = ev.eval_range(args[0], t)
-    ahead_s = ev.eval_scalar(args[1], t)
-    out: Vector = []
-    for labels, ts, vs in series:
-        v = rangefns.predict_linear(ts, vs, t, ahead_s)
+        v = (
+            rangefns.deriv(ts, vs)
+            if ahead_s is None
+            else rangefns.predict_linear(ts, vs, t, ahead_s)
+        )
         if v is not None:
             out.append(Elem(drop_name(labels), v))
     return out
@@ -356,8 +351,8 @@ FUNCTIONS: dict[str, Fn] = {
     "sort_desc": _sort(True),
     "timestamp": _timestamp,
     "pi": _pi,
-    "deriv": _deriv,
-    "predict_linear": _predict_linear,
+    "deriv": _linear,
+    "predict_linear": _linear,
     "present_over_time": _present_over_time,
     **{name: _calendar(f) for name, f in CALENDAR.items()},
     **{name: _simple(op) for name, op in TRIG.items()},

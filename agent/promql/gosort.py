@@ -1,15 +1,11 @@
 """Go 1.19's ``sort.Sort`` (pdqsort) and ``container/heap``, step for step.
 
-Prometheus 2.42 (built with Go 1.19.8, as the reference binaries on this
-machine are) picks topk/bottomk elements with ``container/heap`` and orders
+Prometheus 2.42 picks topk/bottomk elements with ``container/heap`` and orders
 them, and ``sort``/``sort_desc``, with ``sort.Sort``. Neither is stable, and
-their ``Less`` treats NaN as smaller than everything, NaN included, so which
-of several equal values is kept, and the order of ties and of NaNs, is
-whatever these exact algorithms do. Ported here so that kcops gives the same
-answer from the same input order.
-
-Everything works on a Python list and ``less(a, b)``, the element form of Go's
-``Interface.Less(i, j)``.
+their ``Less`` treats NaN as smaller than everything, so the order of ties and
+of NaNs is whatever these exact algorithms do: ported here so that kcops gives
+the same answer from the same input order. Everything works on a Python list
+and ``less(a, b)``, the element form of Go's ``Interface.Less(i, j)``.
 """
 
 from __future__ import annotations

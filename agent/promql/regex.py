@@ -1,22 +1,17 @@
 """Regular expressions with Prometheus's semantics: RE2 syntax, anchored at both ends.
 
-Prometheus 2.42 compiles a label matcher's (and ``label_replace``'s) regex
-with Go's ``regexp`` as ``^(?:<re>)$``: RE2 syntax (``[[:alpha:]]``, ``\\z``,
-``(?i)`` inside a group; no look-around, no backreferences), ``$`` only at the
-very end, and ``.`` not matching a newline. Python's ``re`` differs on all of
-these, so kcops compiles with Google's RE2 binding (``google-re2``), the
-library Go's package reimplements. The few places where RE2 (C++) accepts
-more than Go's parser (``\\C``, ``(?<name>``, capture names that are not
-ASCII word characters) are refused here, as Go refuses them.
+Prometheus compiles a label matcher's (and ``label_replace``'s) regex with Go's
+``regexp`` as ``^(?:<re>)$``; Python's ``re`` differs on its syntax, ``$`` and
+``.``, so kcops compiles with Google's RE2 binding (``google-re2``), the library
+Go's package reimplements, and refuses the few things RE2 (C++) accepts and Go
+does not (``\\C``, ``(?<name>``, capture names that are not ASCII word characters).
 
-Bounds (issue 24): a pattern is at most :data:`MAX_REGEX_CHARS` characters;
-a rule's program at most RE2's default ``max_mem`` (:data:`RULE_MAX_MEM`, as
-Prometheus accepts nearly all), a query's at most :data:`QUERY_MAX_MEM`: RE2
-compiles holding the GIL (a thread would not free the event loop) in time
-proportional to the program, 0.64 s for the largest 8 MiB one
-(``\\pL{446}``), 90 ms within 2 MiB. A query compiles its regexes only
-until its deadline (:func:`query_bounds`). Compiled programs are kept in a
-cache bounded by bytes (regexcache.py).
+Bounds: a pattern is at most :data:`MAX_REGEX_CHARS` characters; a rule's
+program at most :data:`RULE_MAX_MEM` (RE2's default), a query's at most
+:data:`QUERY_MAX_MEM`, since RE2 compiles holding the GIL in time proportional
+to the program (0.64 s for an 8 MiB one). A query compiles its regexes only
+until its deadline (:func:`query_bounds`); programs are cached by bytes
+(regexcache.py).
 """
 
 from __future__ import annotations

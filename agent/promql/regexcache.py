@@ -6,25 +6,13 @@ regexes sent to the query API once held 450 MB in a cache of 1024 entries.
 This cache charges each program its estimated size and evicts the least
 recently used ones past :data:`REGEX_CACHE_MAX_BYTES`.
 
-The estimate (:func:`estimate_bytes`) comes from RE2's own instruction count
-(``programsize``), with factors measured once on this machine with glibc's
-``mallinfo2`` (``tracemalloc`` does not see RE2's C++ allocations) around
-compiling 20 distinct programs and matching each against 335 label values up
-to 1,001 characters long (tests/unit/promql/test_regex_bounds.py), per program:
-
-- compiling: 8 bytes per instruction for large Unicode classes (``\\pL{446}``:
-  533,418 instructions, 4.3 MB), up to 29 for ASCII repeats (``.{1000}``) and
-  about 100 for tiny programs (``foo|bar``: 1 kB);
-- matching adds RE2's lazily built DFA states, one per input position at
-  most: 16-20 kB for a small program, up to 167 bytes per instruction
-  (``[a-z]{1000}`` over 1,000-character values: 167 kB).
-
-So an entry is charged :data:`BYTES_PER_INSTRUCTION` per instruction, at
-most ``max_mem`` (RE2 keeps a program and its DFA states within it, whatever
-the input), plus :data:`ENTRY_BYTES` and the key: above every figure
-measured. A program whose DFA meets many more states than it has
-instructions (``(a|b)*a(a|b){12}`` over long varied values) can outgrow its
-charge, never its ``max_mem``.
+The estimate (:func:`estimate_bytes`) is :data:`BYTES_PER_INSTRUCTION` per RE2
+instruction (``programsize``), at most ``max_mem`` (RE2 keeps a program and its
+DFA states within it), plus :data:`ENTRY_BYTES` and the key: above every figure
+measured with glibc's ``mallinfo2`` around compiling and matching 20 programs
+(8 to 100 bytes per instruction compiled, up to 167 more matched;
+tests/unit/promql/test_regex_bounds.py). A program whose DFA meets many more
+states than it has instructions can outgrow its charge, never its ``max_mem``.
 """
 
 from __future__ import annotations

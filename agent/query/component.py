@@ -4,19 +4,12 @@ The same evaluator as the rules, answering in Prometheus's HTTP API shape so
 tools that speak to Prometheus (and ``kcops runbook``) can ask the agent
 directly, without Prometheus. Open read; at most ``MAX_QUERY_CHARS`` long.
 
-Every answer is JSON in Prometheus's shape: a parse error or an unsupported
-expression is ``bad_data`` (400), anything that fails while evaluating is
-``execution`` (422), as Prometheus maps an engine error; that includes a query
-that needs more work than the evaluation budget (budget.py; Prometheus's
-``query.max-samples``), and a query past the budget's deadline is ``timeout``
-(503), as Prometheus answers for ``query.timeout``. Past the query API's
-share of the event loop or its limit of concurrent queries (gate.py) a
-query is ``unavailable`` (503), as Prometheus answers when its query queue
-is full. Its regexes are bounded as a query's (promql/regex.py: a smaller
-program, compiled only within the query's deadline). Sample values are
-strings formatted as Go formats a float64 (``"NaN"``, ``"+Inf"``), so the body
-never holds a bare NaN or Infinity. A vector keeps the evaluator's order, as
-Prometheus's instant queries do (``topk``, ``sort`` ... are ordered).
+Errors map as Prometheus maps them: a parse error is ``bad_data`` (400), an
+evaluation error or a query over the work budget (budget.py) ``execution`` (422),
+one past its deadline ``timeout`` (503), and one past the query API's share of
+the loop (gate.py) ``unavailable`` (503). Sample values are strings as Go
+formats a float64 (``"NaN"``, ``"+Inf"``), so the body never holds a bare NaN; a
+vector keeps the evaluator's order, as Prometheus's instant queries do.
 """
 
 from __future__ import annotations

@@ -1,23 +1,15 @@
 """The query API's share of the event loop: a bound on concurrent queries and on loop time.
 
-Queries are evaluated on the agent's event loop (the store is not shared with
-threads), so what bounds them must bound the loop time they take together,
-not only each one: 32 queries arriving together, each within its own 1 s
-budget, once held the loop for 32 s and stopped the ticks. So the query API
-(``/api/v1/query`` and ``/api/v1/query_range``) gets:
-
-- at most :data:`MAX_CONCURRENT` queries in flight (a POST body may be read
-  while others wait); past it a query is answered at once with 503
-  ``unavailable``, in Prometheus's error shape;
-- at most :data:`SHARE_S` seconds of loop time per :data:`WINDOW_S` seconds,
-  together (a bucket of loop time that refills at that rate, up to
-  ``SHARE_S``): a query's evaluation stops (503 ``timeout``) when the bucket
-  runs dry, and a query that arrives when it is empty is answered 503
-  ``unavailable`` without being evaluated.
-
-So queries leave the loop at least ``WINDOW_S - SHARE_S`` of every window for
-the ticks and the control API, however many arrive. Refusals are counted in
-``kcops_query_refused_total{reason}``.
+Queries are evaluated on the agent's event loop, so what bounds them must bound
+the loop time they take together, not only each one: 32 queries arriving
+together, each within its own 1 s budget, once held the loop for 32 s and
+stopped the ticks. So ``/api/v1/query`` and ``/api/v1/query_range`` get at most
+:data:`MAX_CONCURRENT` queries in flight, and at most :data:`SHARE_S` seconds of
+loop time per :data:`WINDOW_S` together (a bucket that refills at that rate).
+Past the first, or arriving with the bucket empty, a query is answered 503
+``unavailable`` at once; one that runs the bucket dry stops with 503 ``timeout``.
+The ticks and the control API keep at least ``WINDOW_S - SHARE_S`` of every
+window, however many queries arrive (refusals: ``kcops_query_refused_total``).
 """
 
 from __future__ import annotations

@@ -4,39 +4,17 @@ Each alert becomes an :class:`AlertTransition` with ``source="alertmanager"``;
 its fingerprint and ``startsAt`` travel in reserved annotations so the
 remediation component can deduplicate it against local evaluation.
 
-The body is input from the network: it is bounded before anything is kept —
-:data:`MAX_LABELS` labels or annotations per alert, names up to
-:data:`MAX_NAME_CHARS` and values up to :data:`MAX_VALUE_CHARS` characters (400
-beyond, naming the alert) — and read strictly in Alertmanager's own types
-(``template.Data``): ``version`` the string ``"4"``, labels and annotations
-string to string (a number as ``alertname`` is refused), ``status`` firing or
-resolved, ``startsAt``/``endsAt`` RFC 3339 timestamps (``endsAt`` may be Go's
-zero time ``0001-01-01T00:00:00Z``, "not ended"), never before one another.
+The body is input from the network: it is bounded (:data:`MAX_LABELS`,
+:data:`MAX_NAME_CHARS`, :data:`MAX_VALUE_CHARS`) before anything is kept, and
+read strictly in Alertmanager's own types (``template.Data``). A request over
+:data:`MAX_ALERTS` is not refused whole, since Alertmanager does not retry a 4xx:
+the most severe are taken and the rest counted (docs/deploy.md, "Alertmanager's
+``max_alerts`` and the webhook's cap").
 
-**Over the cap.** A request with more than :data:`MAX_ALERTS` alerts is not
-refused whole (Alertmanager does not retry a 4xx, so every alert of it would be
-lost): the :data:`MAX_ALERTS` most severe are taken (severity ``page`` or
-``critical``, then ``ticket`` or ``warning``, then the rest; firing before
-resolved; in their order otherwise), the rest are counted, and the answer is a
-2xx that names them, so Alertmanager does not send again what was taken.
-Alertmanager's own ``max_alerts`` (deploy/alertmanager/) keeps requests under
-the cap; the alerts it truncated (``truncatedAlerts``) are counted too.
-
-**Scope policy.** Alertmanager hands a notification to one agent of the fleet
-(through a Service: an arbitrary one), and the alerts it evaluates aggregate
-across pods, so an alert delivered here is not necessarily about this pod.
-:func:`addressed` reads what the labels say about that (``pod`` and
-``namespace``, else ``instance``); :func:`step_refusal` decides what a ladder
-started by such an alert may run here:
-
-- a **pod** step (restart, evict, fallback, topn, notify) runs only when the
-  alert names this agent's pod or instance, or when the agent is alone (not
-  in a fleet: no fleet lease, no Kubernetes restart or HPA) and the alert
-  names no pod at all. Otherwise it is refused (``not_this_pod``, naming what
-  the labels say): the pod it concerns runs it from its own rules;
-- a **fleet** step (scale_out) runs in a fleet only under the fleet lease
-  (``actions.scale.lease.backend``), which the action takes itself; a lone
-  agent runs it as it would from its own rules.
+An alert delivered here is not necessarily about this pod (Alertmanager picks one
+agent of the fleet, and its alerts aggregate across pods): :func:`addressed` reads
+what the labels say and :func:`step_refusal` decides what a ladder it starts may
+run here (docs/remediation.md, "Manual and cluster triggers").
 """
 
 from __future__ import annotations

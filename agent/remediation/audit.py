@@ -1,27 +1,24 @@
 """The audit log: append-only JSON lines; a record is acknowledged only once it is durable.
 
-Every decision the runner takes lands here — runs (a ``started`` record before a run acts,
-its outcome after), dry runs, refusals by a guard, ladder steps, pages, restores — with the
-alert transition that triggered it. It survives restarts; ``kcops actions history`` reads it.
+Every decision the runner takes lands here (runs: a ``started`` record before a run acts,
+its outcome after; dry runs, refusals, ladder steps, pages, restores) with the alert
+transition that triggered it; ``kcops actions history`` reads it.
 
-Writing: on the agent's event loop :meth:`AuditLog.append` queues the line and its
-writer thread writes it (the loop never waits for a disk, however slow), checking the
-write: a short write is completed, and a write that fails (``ENOSPC``, ``EIO``) is
-undone (the file cut back to where the record began), so no fragment is left for the
-next record to be glued to. A record that could not be written is kept in memory, in
-order (at most ``BACKLOG_RECORDS``/``BACKLOG_BYTES``; past that a record is dropped and
-counted), and written before any newer one once the disk takes it again (the next
-:meth:`AuditLog.tick`): never twice, never out of order.
+Writing: on the agent's event loop :meth:`AuditLog.append` queues the line and its writer
+thread writes it (the loop never waits for a disk), completing a short write and undoing a
+failed one (``ENOSPC``, ``EIO``: the file cut back to where the record began). A record
+the disk refused is kept in memory, in order (at most ``BACKLOG_RECORDS``/``BACKLOG_BYTES``,
+then dropped and counted), and written before any newer one once the disk takes it again:
+never twice, never out of order.
 
 Durability: the writer fsyncs after each batch it wrote. Whoever acknowledges a record
 to the outside (an HTTP answer, an action about to act) awaits :meth:`AuditLog.sync`,
 which is True only once every record up to it is on disk; outside an event loop
 ``append`` writes and fsyncs itself.
 
-Torn lines: the next start moves a torn last line (a crash mid-write) to
-``<log>.torn``; a fragment the agent could not cut back is ended with a newline
-before the next record; readers skip a line that is not a record (counted), and
-recover a whole record glued to a fragment (:func:`.auditread.parse_line`).
+Torn lines: the next start moves a torn last line (a crash mid-write) to ``<log>.torn``;
+readers skip a line that is not a record (counted), and recover a whole record glued to a
+fragment (:func:`.auditread.parse_line`).
 
 Strict JSON: a non-finite number is written as ``null``, its field named in the record's
 ``nonfinite`` list (no ``NaN`` or ``Infinity`` token). Repeats: see :mod:`.auditrepeat`.
@@ -30,7 +27,6 @@ Strict JSON: a non-finite number is written as ``null``, its field named in the 
 from __future__ import annotations
 
 import asyncio
-import errno
 import json
 import logging
 import os
@@ -41,12 +37,12 @@ from pathlib import Path
 
 from pydantic import JsonValue
 
+from kcops.agent.remediation.auditfile import repair_torn_tail, write_all
 from kcops.agent.remediation.auditrepeat import Key, Repeats, Stream
 from kcops.agent.remediation.records import AuditRecord, JSONObject
 
 log = logging.getLogger("kcops.agent.actions")
 
-MAX_RECORD_BYTES = 1 << 20  # a record is a few hundred bytes; the tail scan stops here
 BACKLOG_RECORDS = 10_000  # records kept in memory while the disk refuses them
 BACKLOG_BYTES = 16 << 20
 _ERROR_LOG_EVERY_S = 10.0
@@ -84,45 +80,6 @@ def encode(record: AuditRecord) -> bytes:
         text, _ = strict_json({**json.loads(text), "nonfinite": named})
         log.warning("audit record: non-finite number(s) written as null: %s", ", ".join(paths))
     return text.encode() + b"\n"
-
-
-def repair_torn_tail(path: Path) -> int:
-    """Move a torn last line (no final newline) of ``path`` aside; returns its size in bytes."""
-    try:
-        fd = os.open(path, os.O_RDWR)
-    except FileNotFoundError:
-        return 0
-    try:
-        size = os.fstat(fd).st_size
-        start = max(0, size - MAX_RECORD_BYTES)
-        tail = os.pread(fd, size - start, start)
-        if not tail or tail.endswith(b"\n"):
-            return 0
-        keep = start + tail.rfind(b"\n") + 1  # 0 if the whole scanned tail is one torn line
-        torn = os.pread(fd, size - keep, keep)
-        aside = path.with_name(path.name + ".torn")
-        afd = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        try:
-            _write_all(afd, torn + b"\n")
-            os.fsync(afd)
-        finally:
-            os.close(afd)
-        os.ftruncate(fd, keep)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    log.warning("audit log %s: torn last record (%d bytes) moved to %s", path, len(torn), aside)
-    return len(torn)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    """Write all of ``data`` (a short write is completed) or raise OSError."""
-    view = memoryview(data)
-    while view:
-        n = os.write(fd, view)
-        if n <= 0:
-            raise OSError(errno.EIO, "write wrote nothing")
-        view = view[n:]
 
 
 class AuditLog:
@@ -290,14 +247,14 @@ class AuditLog:
             if self._tail_suspect:
                 size = os.fstat(fd).st_size
                 if size and os.pread(fd, 1, size - 1) != b"\n":
-                    _write_all(fd, b"\n")  # end the fragment: the record starts its own line
+                    write_all(fd, b"\n")  # end the fragment: the record starts its own line
                 self._tail_suspect = False
             start = os.fstat(fd).st_size  # this process is the log's one writer
         except OSError as exc:
             self._error("cannot open or check the log", exc)
             return False
         try:
-            _write_all(fd, line)  # O_APPEND: a record is never interleaved
+            write_all(fd, line)  # O_APPEND: a record is never interleaved
         except OSError as exc:
             self._error("write failed", exc)
             try:

@@ -7,8 +7,10 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from kcops.agent.outcome import Outcome
+from kcops.agent.remediation.auditfile import MAX_RECORD_BYTES
 from kcops.agent.remediation.records import (
     ActionRecord,
     AuditRecord,
@@ -68,7 +70,7 @@ def read_audit(
     except FileNotFoundError:
         return
     with fh:
-        for raw in fh:
+        for raw in _lines(fh):
             if not raw.strip():
                 continue
             rec = _record(raw)
@@ -81,6 +83,18 @@ def read_audit(
             if since is not None and float(rec.get("ts", 0)) < since:  # type: ignore[arg-type]
                 continue
             yield rec
+
+
+def _lines(fh: BinaryIO) -> Iterator[bytes]:
+    """The file's lines; one longer than :data:`MAX_RECORD_BYTES` (garbage, not a record)
+    is skipped a piece at a time, so memory stays bounded, and given as ``b"\\0"``."""
+    while raw := fh.readline(MAX_RECORD_BYTES + 1):
+        if len(raw) <= MAX_RECORD_BYTES or raw.endswith(b"\n"):
+            yield raw
+            continue
+        while (more := fh.readline(MAX_RECORD_BYTES)) and not more.endswith(b"\n"):
+            pass
+        yield b"\0"
 
 
 def read_records(

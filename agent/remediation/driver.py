@@ -1,13 +1,12 @@
 """The ladder driver: alerts in, one ladder per alert name, its decisions carried out.
 
 :func:`~kcops.agent.remediation.ladder.step` decides; this carries out what it
-decided — submit a run, audit, escalate, hold a restore — and feeds each run's
-outcome straight back as a :class:`~.ladder.Decided`: a run decided at once (a
-refusal) within the tick that fired, so a ladder climbs past a step that cannot
-apply; a run that acts the moment its task ends, not a tick later. An incident
-never runs twice: an alert name has one ladder, whichever source (local rules,
-Alertmanager) tells of its instances. The step is pure and gives a new ladder;
-this keeps the newest in :attr:`LadderDriver.ladders`.
+decided (submit a run, audit, escalate, hold a restore) and feeds each run's
+outcome straight back as a :class:`~.ladder.Decided`: a refusal within the tick
+that fired, so a ladder climbs past a step that cannot apply at once; a run the
+moment its task ends. An alert name has one ladder, whichever source tells of its
+instances, so an incident never runs twice; this keeps the newest ladder in
+:attr:`LadderDriver.ladders`.
 """
 
 from __future__ import annotations

@@ -1,26 +1,17 @@
 """Escalation ladders: one per alert name, a pure step ``(ladder, event) -> (ladder, decisions)``.
 
 A ladder runs its current step, waits the step's verify window, and if the
-alert is still active climbs to the next step. A step that cannot apply here
-(``refused``/``invalid``: unsupported by the engine, not configured, no
-target) did not run: the ladder moves straight to the next step, having
-spent nothing. Past the last step the ladder ends at the alert's own
-severity: a page for a page alert, a ticket record otherwise, saying what
-was done: each step that ran and how it ended (ok, failed, timed out, dry
-run, interrupted by an agent restart), each step skipped and why, and "no
-applicable remediation" when none could run. A refusal by cooldown (the step
-ran recently, before this ladder) waits that run's verify window, but is
-recorded as skipped, never as run; one by budget stops the ladder (the circuit
-breaker pages). Everything here is plain data, persisted with the guard
-state so a restarted agent resumes where it was without repeating a step.
+alert is still active climbs to the next step; a step that cannot apply here
+moves it straight on, having spent nothing. Past the last step it ends at the
+alert's own severity (a page or a ticket record) saying what each step did
+(docs/remediation.md).
 
 :func:`step` does no I/O and is the ladder's one writer: the driver carries out its
 decisions (submit a run, audit, escalate, hold a restore) and feeds back what it
-learns as events (a run under way or decided, an instance that fires or resolved,
-the alert seen again after a restart), keeping the ladder each step returns (frozen).
-:class:`Ladder` is also the shape of
-a ladder in the state file: pydantic validates it as it is (bounds, finite numbers),
-so a file whose ladders the code could not take is set aside like a corrupt one.
+learns as events, keeping the ladder each step returns (frozen). :class:`Ladder` is
+also the shape of a ladder in the state file, so a restarted agent resumes where it
+was without repeating a step; pydantic validates it as it is (bounds, finite
+numbers), and a file whose ladders the code could not take is set aside.
 """
 
 from __future__ import annotations

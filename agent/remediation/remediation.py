@@ -1,14 +1,10 @@
 """The remediation component: wires alert intake, the ladder driver, restores,
 paging, metrics and persistence, runs them each tick, and answers the control API.
 
-Alerts come from the event bus alone (the local rule engine, and the Alertmanager
-webhook, which publishes there too) as :class:`~.intake.Alert`; the
-:class:`~.driver.LadderDriver` keeps one ladder per alert name, so one incident
-never runs twice. Each tick it steps the ladders, restores a fallback whose
-alert stayed resolved for the hold time (:mod:`.restore`), publishes its
-metrics (:mod:`.publish`) and saves its state (atomically) when something
-changed. Each job is its own module; this one builds and orders them, and is
-the one face the routes see (:class:`~.routes.RemediationAPI`).
+Alerts come from the event bus alone (the local rule engine and the Alertmanager
+webhook); the :class:`~.driver.LadderDriver` keeps one ladder per alert name, so
+one incident never runs twice. Each job is its own module; this one builds and
+orders them, and is the one face the routes see (:class:`~.routes.RemediationAPI`).
 """
 
 from __future__ import annotations

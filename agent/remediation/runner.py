@@ -2,13 +2,10 @@
 
 ``submit`` checks mode, parameters, prechecks, one-in-flight, cooldown and
 budget; then either records a dry run or starts the action as an asyncio task
-(the loop never waits on an action). An action's read-only ``look`` (top-N
-against its bounds) runs before it acts in both modes, so a dry run whose look
-refuses is recorded as "would refuse", spending nothing, exactly where an
-enforcing run refuses (the dry run is then a task too). The task itself
-audits, counts and traces the outcome, so a run started from a ladder, the
-control API or the Alertmanager webhook is accounted for in exactly the same
-way.
+(the loop never waits on an action). An action's read-only ``look`` runs before
+it acts in both modes, so a dry run refuses exactly where an enforcing run
+would. The task audits, counts and traces the outcome, so a run from a ladder,
+the control API or the Alertmanager webhook is accounted for the same way.
 """
 
 from __future__ import annotations

@@ -103,13 +103,11 @@ class RuleEngine:
     ) -> list[AlertTransition]:
         """Evaluate one group's rules at ``now``, in order; returns the transitions.
 
-        A rule whose evaluation raises anything is marked failed (``health``,
-        ``kcops_rule_evaluation_failures_total``) and the next rule still runs:
-        one bad rule must never silence the others, whatever the bug is.
-        ``limit`` (> 0) is the group's: a rule producing more series or alerts
-        fails that evaluation, as in Prometheus. ``deadline`` (``time.perf_counter()``
-        seconds) is the tick's budget shared by all rules: a rule evaluates until it at
-        most, and a rule reached after it fails at once (:data:`TICK_BUDGET_SPENT`).
+        A rule whose evaluation raises anything is marked failed and the next rule
+        still runs: one bad rule must never silence the others, whatever the bug is.
+        ``limit`` (> 0): a rule producing more series or alerts fails, as in Prometheus.
+        ``deadline`` (``time.perf_counter()`` seconds): the tick's budget shared by all
+        rules; a rule reached after it fails at once (:data:`TICK_BUDGET_SPENT`).
         """
         transitions: list[AlertTransition] = []
         for rule in rules:

@@ -1,30 +1,15 @@
 """Alert ``for`` state kept across agent restarts, as Prometheus keeps ``ALERTS_FOR_STATE``.
 
-Prometheus writes, for every pending or firing alert, a sample of
-``ALERTS_FOR_STATE`` whose value is the alert's ``ActiveAt``; after a restart
-each group, once it has been evaluated twice, restores ``ActiveAt`` of the
-alerts that are active again from the newest such sample
-(rules/group.go ``RestoreForState``). kcops's store lives in memory, so the
-same record (per alert instance: ``active_at`` and ``seen_at``, the time of
-the newest sample) is kept in ``<state_dir>/alerts_for_state.json``.
+Prometheus restores each active alert's ``ActiveAt`` after a restart from the newest
+``ALERTS_FOR_STATE`` sample (rules/group.go ``RestoreForState``). kcops's store lives in
+memory, so the same record (per alert instance: ``active_at`` and ``seen_at``, the time of
+the newest sample) is kept in ``<state_dir>/alerts_for_state.json`` and restored by
+Prometheus's rule (:func:`restored_active_at`): not for a rule whose ``for`` is shorter
+than the grace period, nor for an alert last seen before ``ts - outage_tolerance``.
 
-The restore rule, exactly Prometheus's, with ``hold`` the rule's ``for``,
-``down_at`` the last time the alert was seen and ``ts`` the restore time:
-
-- a rule whose ``for`` is shorter than the grace period is not restored (its
-  alerts wait their ``for`` again, which is shorter than the grace anyway);
-- an alert last seen before ``ts - outage_tolerance`` is not restored;
-- ``remaining = hold - (down_at - active_at)``; when ``remaining <= 0`` (it
-  was firing) ``active_at`` is kept, so it fires again at the next evaluation;
-  when ``remaining < grace`` it is moved so that exactly ``grace`` remains
-  (``active_at = ts + grace - hold``); otherwise it is moved forward by the
-  time the agent was down (``active_at + (ts - down_at)``), so ``remaining``
-  is what is left.
-
-The file is written atomically (temp file, fsync, rename), bounded (at most
-:data:`MAX_ENTRIES` alerts, :data:`MAX_FILE_BYTES` read), and a file that
-cannot be read back is moved aside (``.corrupt``) with a warning: the agent
-starts with no ``for`` state, never fails to start.
+The file is written atomically, bounded (:data:`MAX_ENTRIES` alerts, :data:`MAX_FILE_BYTES`
+read), and one that cannot be read back is moved aside (``.corrupt``) with a warning: the
+agent starts with no ``for`` state, never fails to start.
 """
 
 from __future__ import annotations

@@ -1,18 +1,13 @@
 """A rule group at runtime: its rules, its interval, its limit, its evaluation grid.
 
 As Prometheus's rules/group.go runs a group: each group is evaluated on its
-own grid of slots ``offset + k * interval``, where ``offset`` is a stable hash
-of the group's file and name modulo the interval (so groups of one interval
-do not all run at the same instant), and an evaluation is stamped with its
-slot, not with the moment it ran. The agent's tick drives the groups: on each
-tick a group whose newest slot it has not evaluated yet is evaluated at that
-slot; slots skipped by a slow tick are counted as missed, as
-``prometheus_rule_group_iterations_missed_total`` counts them.
-
-A group without an ``interval`` (or with ``0s``) takes the agent's
-``tick_s`` and is evaluated on the agent's own tick grid, at each tick's
-timestamp. A group with an interval is first evaluated at the first slot
-after the agent started, as Prometheus waits for it.
+own grid of slots ``offset + k * interval`` (``offset``: a stable hash of the
+group's file and name, so groups of one interval do not all run at once), and
+an evaluation is stamped with its slot, not with the moment it ran. On each
+agent tick a group whose newest slot it has not evaluated yet is evaluated at
+that slot; slots skipped by a slow tick are counted as missed. A group without
+an ``interval`` (or ``0s``) is evaluated at each agent tick; one with an interval
+first at the first slot after the agent started, as Prometheus waits for it.
 """
 
 from __future__ import annotations

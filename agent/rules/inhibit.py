@@ -1,13 +1,11 @@
 """Inhibition, as Alertmanager's ``inhibit_rules`` define it, applied by the agent itself.
 
 A target alert that fires while a source alert fires (matching the rule's source
-matchers, with the same values of its ``equal`` labels) is *inhibited*: it still fires
-(``ALERTS``, ``/api/v1/alerts``, the exported rules are Prometheus's), but its transition
-carries ``inhibited_by``, so remediation records it and neither starts a ladder for it nor
-pages. When the source stops firing and the target still fires, the target is published
-again, not inhibited: from then on it is an incident of its own. The rule file's
-``inhibit_rules`` use Alertmanager's own syntax, so the cluster's Alertmanager takes the
-same rules (deploy/alertmanager/).
+matchers, with the same values of its ``equal`` labels) still fires, but its
+transition carries ``inhibited_by``, so remediation records it and neither starts a
+ladder for it nor pages. When the source stops and the target still fires, the
+target is published again, as an incident of its own. The syntax is Alertmanager's,
+so the cluster's Alertmanager takes the same rules (deploy/alertmanager/).
 """
 
 from __future__ import annotations

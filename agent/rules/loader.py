@@ -1,16 +1,12 @@
 """Load a Prometheus rule file (plus kcops's extensions) into checked rule objects.
 
-The file's format is :mod:`kcops.agent.rules.rulefile` (strict pydantic
-models); this module validates a document with it, then compiles what the
-models cannot check alone: the PromQL (against kcops's subset), the
-annotation templates, and names that must be unique.
-
-kcops extensions, stripped by the export: a top-level ``params:`` mapping
-(default thresholds, referenced as ``${name}`` in ``expr``, ``for``,
-``keep_firing_for``, labels and annotations; overridden by the ``rules.params``
-config section) and a per-rule ``remediation:`` ladder. Everything is checked
-at load: a bad file is refused with one line naming the rule, the field, a
-short excerpt of the value and what is allowed (:class:`RuleError`, exit 2).
+The file's format is :mod:`kcops.agent.rules.rulefile`; this module validates a
+document with it, then compiles what the models cannot check alone: the PromQL,
+the annotation templates, and names that must be unique. kcops's extensions,
+stripped by the export, are a top-level ``params:`` mapping (``${name}``,
+overridden by the ``rules.params`` config section) and a per-rule
+``remediation:`` ladder. A bad file is refused with one line naming the rule,
+the field, a short excerpt of the value and what is allowed (:class:`RuleError`).
 """
 
 from __future__ import annotations

@@ -1,20 +1,12 @@
 """The rule file's format as strict pydantic models (Prometheus's rulefmt plus kcops's keys).
 
 :mod:`kcops.agent.rules.loader` validates a loaded YAML document with
-:class:`RuleFile` and then compiles it (PromQL, templates). The models say
-what a rule file may contain, and refuse everything else:
-
-- unknown keys, at every level;
-- ``alert`` and ``record`` that are not strings (``record`` a metric name),
-  label and annotation names that are not Prometheus label names, values
-  that are not strings, and sizes past the bounds below;
-- a ``params`` entry that is not a finite number or a string;
-- a remediation step whose ``action`` is not one of the ladder actions handed
-  in (:data:`ActionParams`: the actions registry's, from the agent and the
-  CLI), or whose ``params`` that action's own parameter model refuses
-  (strictly: ``"yes"`` is not a boolean);
-- durations outside Prometheus's grammar and range
-  (:mod:`kcops.agent.duration`).
+:class:`RuleFile` and then compiles it (PromQL, templates). The models refuse
+what a rule file may not contain: unknown keys at every level, names that are
+not Prometheus names, sizes past the bounds below, durations outside
+Prometheus's grammar, and a remediation step whose ``action`` is not one of the
+ladder actions handed in (:data:`ActionParams`) or whose ``params`` that
+action's own parameter model refuses (strictly: ``"yes"`` is not a boolean).
 
 ``${name}`` in ``expr``, ``for``, ``keep_firing_for``, labels and
 annotations is replaced by the parameter's value while validating; the

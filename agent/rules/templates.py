@@ -5,13 +5,10 @@ Supported: ``{{ $value }}``, ``{{ $labels.x }}``, ``{{ .Labels.x }}``,
 and the functions in :data:`FUNCS`. Anything else (``if``, ``range``, other
 functions, unknown variables) is refused at load with :class:`RuleError`.
 
-Bounded (issue 24: one ``printf`` width took the agent to 2.4 GB): an
-expansion's output is at most 64 KiB of UTF-8 (templatebound.py), cut past it
-with a marker at its end; ``printf`` widths and precisions are capped
-before formatting (gofmt.py); and the functions of one expansion may produce
-at most 1 MiB of text together, past which the expansion
-fails as Prometheus shows a failed one (``<error expanding template: ...>``).
-So an expansion's time and memory are bounded whatever the template.
+Bounded, since one ``printf`` width once took the agent to 2.4 GB: an
+expansion's output is at most 64 KiB (templatebound.py), ``printf`` widths are
+capped (gofmt.py), and the functions of one expansion may produce at most 1 MiB
+together, past which it fails as Prometheus shows a failed expansion.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ import click
 from kcops.cli.common import Doc, agent_request, echo_json, handle_errors, token_headers
 from kcops.cli.kc_fleet import interval_text, layer_table
 from kcops.cli.source import Source, source_options
+from kcops.cli.timefmt import duration
 from kcops.errors import ConfigError, KcopsError
 
 ROUTE = "/api/v1/kc/recommendation"
@@ -70,6 +71,24 @@ def _bytes(n: float | None) -> str:
     return str(n)
 
 
+def progress_lines(prog: Doc | None) -> list[str]:
+    """Too few samples: per layer those there are and needed, and when a first figure comes."""
+    if not prog:
+        return []
+    out = [
+        f"  layer {r['layer']}: {r['samples']} of {r['needed']} samples, {r['per_s']:g}/s, "
+        + ("enough now" if r["eta_s"] == 0 else "never at this rate (the window drops them)"
+           if r["eta_s"] is None else f"enough in {duration(r['eta_s'])}")
+        for r in prog["layers"]
+    ]  # fmt: skip
+    eta = "not at this rate" if prog["eta_s"] is None else f"in {duration(prog['eta_s'])}"
+    share, hour = prog.get("sampled_share"), prog.get("share_for_first_within_1h")
+    rate = f"; the probe samples {share:.3%} of attention calls" if share is not None else ""
+    if hour is not None:
+        rate += f", {hour:.3%} would give one within the hour (KCOPS_PROBE_SAMPLE_RATE)"
+    return [*out, f"first figure: {eta}{rate}"]
+
+
 def lines(doc: Doc, sweep: Doc | None) -> list[str]:
     cal = doc["calibration"]
     out = [
@@ -92,6 +111,7 @@ def lines(doc: Doc, sweep: Doc | None) -> list[str]:
         )
     else:
         out.append("uniform N: none recommended")
+        out += progress_lines(doc.get("progress"))
     conf = doc["configured"]
     if conf.get("top_n") is not None:
         cmp = doc.get("comparison") or {}

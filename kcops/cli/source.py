@@ -22,12 +22,16 @@ from typing import TypeVar
 
 import click
 
-from kcops.cli.common import DEFAULT_AGENT
+from kcops.cli.common import DEFAULT_AGENT, handle_errors
 from kcops.cli.timefmt import duration
 from kcops.errors import ConfigError
 
 F = TypeVar("F", bound=Callable[..., object])
 HELD = "kcops_agent_build_info"  # every agent exports it from its start: what a source holds
+# A command's whole time with its source (each query has ``timeout_s`` of wall-clock
+# time): a source that answers each just in time cannot hold it for long either. A long
+# report on a loaded agent waits out its refusals (kcops.cli.common.retry_unavailable).
+DEADLINE_S = 300.0
 COVERAGE_STEPS = 240  # resolution of the coverage probe (a range query of this many steps)
 _BARE_METRIC = re.compile(r"(?<![\w:])(kcops_\w+)(?![\w{(])")
 _SELECTOR = re.compile(r'^\s*[a-zA-Z_][a-zA-Z0-9_]*\s*(=|!=|=~|!~)\s*"(?:[^"\\]|\\.)*"\s*$')
@@ -101,13 +105,16 @@ class Source:
     """A query API: one agent's or a Prometheus's, with an optional label selector that
     every series the commands read is narrowed by."""
 
-    def __init__(self, url: str, kind: str, selector: str = "", timeout_s: float = 10.0) -> None:
+    def __init__(
+        self, url: str, kind: str, selector: str = "", timeout_s: float = 10.0,
+        deadline_s: float = DEADLINE_S,
+    ) -> None:  # fmt: skip
         from kcops.cli.topdata import AgentClient
 
         self.url = url.rstrip("/")
         self.kind = kind  # "agent" or "prometheus"
         self.selector = check_selector(selector)
-        self.client = AgentClient(self.url, timeout_s=timeout_s)
+        self.client = AgentClient(self.url, timeout_s=timeout_s, deadline_s=deadline_s)
 
     @property
     def what(self) -> str:
@@ -142,7 +149,8 @@ class Source:
 
 def source_options(fn: F) -> F:
     """``--agent URL`` or ``--prometheus URL``, and ``--selector``: the read commands'
-    source. The function gets ``source`` (a :class:`Source`, to close)."""
+    source. The function gets ``source`` (a :class:`Source`, to close); a refused
+    ``--selector`` is one line and exit 2, like the command's own errors."""
 
     @click.option(
         "--agent", "agent_url", envvar="KCOPS_AGENT", default=DEFAULT_AGENT, show_default=True,
@@ -158,6 +166,7 @@ def source_options(fn: F) -> F:
         help='Label matchers every series is narrowed by, e.g. \'namespace="prod"\'.',
     )  # fmt: skip
     @functools.wraps(fn)
+    @handle_errors
     def wrapped(
         *args: object, agent_url: str, prometheus_url: str | None, selector: str, **kw: object
     ) -> object:

@@ -9,14 +9,15 @@ A value the agent does not have stays ``None`` (shown as ``-``), never 0.
 from __future__ import annotations
 
 import math
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
-from kcops.cli.common import Doc, retry_unavailable
-from kcops.errors import KcopsError, Unreachable
+from kcops.cli.common import Doc, one_line, retry_unavailable
+from kcops.errors import ConfigError, KcopsError, Unreachable
 
 # One PromQL expression per number on the screen: (key, expression).
 HQ = "histogram_quantile({q}, sum by (le) (rate({m}_bucket[1m])))"
@@ -109,58 +110,128 @@ def _error_type(resp: httpx.Response) -> str | None:
     return body.get("errorType") if isinstance(body, dict) else None
 
 
-class AgentClient:
-    """A small synchronous client of the agent's read API (and the action route)."""
+# An answer past this is refused as it arrives (a query API's answer is a few MiB at most).
+MAX_ANSWER_BYTES = 64 << 20
+Rows = list[tuple[dict[str, str], list[tuple[float, float]]]]
 
-    def __init__(self, agent_url: str, timeout_s: float = 5.0) -> None:
+
+class AgentClient:
+    """A small synchronous client of the agent's read API (and the action route), or of
+    any Prometheus-compatible query API.
+
+    Each GET is read whole within ``timeout_s`` of wall-clock time (httpx's timeout bounds
+    each read only: a server that trickles a byte every few seconds would hold it forever)
+    and, with ``deadline_s``, within that much time since the client was made (a command's
+    total); past either it raises :class:`Unreachable`."""
+
+    def __init__(
+        self, agent_url: str, timeout_s: float = 5.0, deadline_s: float | None = None
+    ) -> None:
         self.url = agent_url.rstrip("/")
+        self.timeout_s = timeout_s
+        self.deadline = None if deadline_s is None else time.monotonic() + deadline_s
         self.http = httpx.Client(timeout=timeout_s)
 
     def close(self) -> None:
         self.http.close()
 
     def get(self, path: str, params: dict[str, str] | None = None) -> Any:
-        """The answer's JSON (None on 404); a refusal for the moment is waited out first."""
-
-        def send() -> httpx.Response:
-            try:
-                return self.http.get(self.url + path, params=params)
-            except httpx.HTTPError as exc:
-                raise Unreachable(f"cannot reach the agent at {self.url}: {exc}") from None
-
-        resp = retry_unavailable(send)
+        """The answer's JSON (None on 404); a refusal for the moment is waited out first.
+        An answer that is no JSON, or over :data:`MAX_ANSWER_BYTES`, is a KcopsError."""
+        resp = retry_unavailable(lambda: self._fetch(path, params))
         if resp.status_code == 404:
             return None
         if resp.status_code >= 400:
-            msg = f"GET {path}: HTTP {resp.status_code}: {resp.text[:200]}"
+            msg = f"GET {path}: HTTP {resp.status_code}: {one_line(resp.text[:200])}"
             kind = _error_type(resp)
             if resp.status_code == 503 and kind == "unavailable":
                 raise QueryBusy(msg)
             if resp.status_code in (422, 503) and kind in ("execution", "timeout"):
                 raise QueryRefused(msg)
             raise KcopsError(msg)
-        return resp.json()
+        try:
+            return resp.json()
+        except ValueError:
+            raise KcopsError(
+                f"GET {path}: {self.url} answered no JSON: {one_line(resp.text[:80])!r}"
+            ) from None
+
+    def _fetch(self, path: str, params: dict[str, str] | None) -> httpx.Response:
+        # Read on a daemon thread and wait for it: the wait is the one bound on the time
+        # to connect, to get the headers and to get the body, however slowly they come.
+        wait_s = self.timeout_s
+        if self.deadline is not None:
+            wait_s = min(wait_s, self.deadline - time.monotonic())
+        box: list[httpx.Response | BaseException] = []
+        reader = threading.Thread(target=self._read, args=(path, params, box), daemon=True)
+        reader.start()
+        reader.join(max(0.0, wait_s))
+        if not box:
+            raise Unreachable(f"GET {path}: no whole answer from {self.url} in time")
+        if isinstance(box[0], BaseException):
+            raise box[0]
+        return box[0]
+
+    def _read(
+        self, path: str, params: dict[str, str] | None, box: list[httpx.Response | BaseException]
+    ) -> None:
+        try:
+            with self.http.stream("GET", self.url + path, params=params) as resp:
+                body = bytearray()
+                for chunk in resp.iter_bytes():
+                    body += chunk
+                    if len(body) > MAX_ANSWER_BYTES:
+                        raise KcopsError(
+                            f"GET {path}: the answer from {self.url} is over "
+                            f"{MAX_ANSWER_BYTES >> 20} MiB"
+                        )
+            # Decoded already: the headers without the encoding, for .json() to read.
+            headers = [(k, v) for k, v in resp.headers.multi_items() if k != "content-encoding"]
+            box.append(httpx.Response(resp.status_code, headers=headers, content=bytes(body)))
+        except httpx.InvalidURL as exc:
+            box.append(ConfigError(f"{self.url!r}: not a valid URL: {exc}"))
+        except httpx.HTTPError as exc:
+            box.append(Unreachable(f"cannot reach the agent at {self.url}: {exc}"))
+        except BaseException as exc:  # handed to the caller's thread, raised there
+            box.append(exc)
+
+    def _rows(self, path: str, params: dict[str, str], kinds: tuple[str, ...]) -> Rows:
+        """A query answer's series as (labels, [(t, value)]), NaN and Inf dropped; [] on
+        404. An answer of another shape (not a ``success`` of one of ``kinds``, a value
+        that is not a number) is a KcopsError: never read as "no data"."""
+        body = self.get(path, params)
+        if body is None:
+            return []
+        try:
+            if body["status"] != "success":
+                raise ValueError(f"status {body['status']!r}")
+            kind, result = body["data"]["resultType"], body["data"]["result"]
+            if kind not in kinds:
+                raise ValueError(f"resultType {kind!r}")
+            if kind == "scalar":
+                result = [{"metric": {}, "value": result}]
+            out: Rows = []
+            for r in result:
+                pts = [
+                    (float(t), float(v))
+                    for t, v in (r["values"] if kind == "matrix" else [r["value"]])
+                ]
+                labels = {str(k): str(v) for k, v in r["metric"].items()}
+                out.append((labels, [(t, v) for t, v in pts if math.isfinite(v)]))
+            return out
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise KcopsError(
+                f"GET {path}: {self.url} answered no query result "
+                f"({type(exc).__name__}: {one_line(exc)[:80]})"
+            ) from None
 
     def vector(self, expr: str, at: float | None = None) -> list[tuple[dict[str, str], float]]:
         """An instant query's samples, NaN and Inf dropped; [] when the agent has none."""
         params = {"query": expr}
         if at is not None:
             params["time"] = f"{at:.3f}"
-        body = self.get("/api/v1/query", params)
-        if not isinstance(body, dict) or body.get("status") != "success":
-            return []
-        data = body["data"]
-        rows = data["result"]
-        if data["resultType"] == "scalar":
-            rows = [{"metric": {}, "value": rows}]
-        elif data["resultType"] != "vector":
-            return []
-        out = []
-        for r in rows:
-            v = float(r["value"][1])
-            if math.isfinite(v):
-                out.append((dict(r["metric"]), v))
-        return out
+        rows = self._rows("/api/v1/query", params, ("vector", "scalar"))
+        return [(labels, pts[0][1]) for labels, pts in rows if pts]
 
     def matrix(
         self, expr: str, start: float, end: float, step_s: float
@@ -207,14 +278,8 @@ class AgentClient:
             "end": f"{end:.3f}",
             "step": f"{step_s:.3f}",
         }
-        body = self.get("/api/v1/query_range", params)
-        if not isinstance(body, dict) or body.get("status") != "success":
-            return []
-        out = []
-        for r in body["data"]["result"]:
-            pts = {round(float(t), 3): float(v) for t, v in r["values"]}
-            out.append((dict(r["metric"]), {t: v for t, v in pts.items() if math.isfinite(v)}))
-        return out
+        rows = self._rows("/api/v1/query_range", params, ("matrix",))
+        return [(labels, {round(t, 3): v for t, v in pts}) for labels, pts in rows]
 
     def scalar(self, expr: str, at: float | None = None) -> float | None:
         rows = self.vector(expr, at)

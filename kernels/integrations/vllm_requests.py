@@ -24,7 +24,8 @@ middleware in the API server (:mod:`kcops.kernels.integrations.vllm_tenant`) the
 carries the tenant's label and a keyed digest, read back here when the request finishes
 (capped here, where only requests that ran are seen: :class:`kcops.tenant.TenantLabels`);
 without it, or with a digest that does not check, the tenant is not known (''). The
-runner V2 (``vllm.v1.worker.gpu.model_runner``) keeps its batch
+agent's canary (its signed id kept inside the marker) is closed here and reported to
+nobody. The runner V2 (``vllm.v1.worker.gpu.model_runner``) keeps its batch
 differently and is not attributed (its rows count, unattributed, as before).
 
 Never raises into vLLM: a runner without the expected attributes leaves the rows
@@ -43,7 +44,7 @@ from typing import TypeVar
 
 from kcops.kernels.attribution import RequestKC, attribute_lazily
 from kcops.kernels.integrations.vllm_tenant import tenant_key, tenant_of
-from kcops.tenant import TenantLabels
+from kcops.tenant import TenantLabels, is_canary
 
 RUNNER_MODULE = "vllm.v1.worker.gpu_model_runner"
 RUNNER_CLASS = "GPUModelRunner"
@@ -117,9 +118,13 @@ class Requests:
                 out.append(kc)
         return tuple(out)
 
-    def finish(self, rid: str, context_tokens: int | None) -> Finished:
+    def finish(self, rid: str, context_tokens: int | None) -> Finished | None:
+        """The request closed and reported; None for the agent's canary (served, billed to
+        nobody: :func:`kcops.tenant.is_canary`)."""
         with self._lock:
             kc = self.open.pop(rid, None) or RequestKC()
+            if is_canary(rid, self.key):
+                return None
             raw = tenant_of(rid, self.key)
             tenant = self.tenants.bound(raw) if raw else ""
             done = Finished(rid, context_tokens, kc.count, kc.mean, kc.peak, tenant)

@@ -25,8 +25,8 @@ and the agent, so requests that never run (``/tokenize``, an unknown model) spen
 
 What the client sees: vLLM's response ``id`` carries the marker
 (``cmpl-kcops~acme~<id>~<digest>``); an ``X-Request-Id`` response header (``vllm serve
---enable-request-id-headers``) is put back to what the client sent. Torch-free, stdlib
-only: it runs in vLLM's API server process.
+--enable-request-id-headers``) is what the client sent, or the id made for it, unmarked.
+Torch-free, stdlib only: it runs in vLLM's API server process.
 """
 
 from __future__ import annotations
@@ -35,12 +35,11 @@ import hashlib
 import hmac
 import json
 import os
-import secrets
 import uuid
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from kcops.tenant import DEFAULT_HEADER, KEY_ENV, check_header_name, clean
+from kcops.tenant import DEFAULT_HEADER, check_header_name, clean, tenant_key
 
 MARK = "kcops~"
 SEP = "~"
@@ -54,17 +53,6 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
-
-
-def tenant_key() -> bytes:
-    """This engine's marker key: ``KCOPS_TENANT_KEY`` (the agent's supervisor passes one),
-    else one made here and put into ``os.environ``, which every process this one starts
-    later inherits (vLLM's API server loads the probe's plugin, and so this, before it
-    starts its engine core and workers)."""
-    key = os.environ.get(KEY_ENV, "").strip()
-    if not key:
-        key = os.environ[KEY_ENV] = secrets.token_hex(32)
-    return key.encode()
 
 
 def _digest(key: bytes, tenant: str, own: str) -> str:
@@ -140,9 +128,12 @@ class TenantMiddleware:
 
         async def send_back(message: Message) -> None:
             if message.get("type") == "http.response.start":
-                out = [(k, v) for k, v in message.get("headers") or () if k.lower() != REQUEST_ID]
-                if sent is not None:  # the client's own id, not the marked one
-                    out.append((REQUEST_ID, sent.encode("latin-1")))
+                given = list(message.get("headers") or ())
+                out = [(k, v) for k, v in given if k.lower() != REQUEST_ID]
+                # vLLM's echo of the id (--enable-request-id-headers), or the client's:
+                # the id without the marker, as vLLM alone would have answered
+                if sent is not None or len(out) < len(given):
+                    out.append((REQUEST_ID, (sent or own).encode("latin-1")))
                 message = dict(message, headers=out)
             await send(message)
 

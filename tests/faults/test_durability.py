@@ -19,7 +19,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kcops.agent.clock import ManualClock
 from kcops.agent.remediation import audit as audit_mod
 from kcops.agent.remediation.audit import AuditLog
 from kcops.agent.remediation.auditread import read_audit
@@ -27,6 +26,7 @@ from kcops.agent.remediation.records import parse_record
 from kcops.agent.remediation.remediation import Remediation
 from kcops.agent.remediation.statefile import StateFile
 from kcops.agent.samples import SeriesKey
+from tests.clock import ManualClock
 from tests.unit.actions.harness import make_ctx, make_rem, unsynced
 
 

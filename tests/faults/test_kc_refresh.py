@@ -10,13 +10,13 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from opentelemetry import trace
 
-from kcops.agent.clock import ManualClock
 from kcops.agent.component import AgentContext
 from kcops.agent.config import parse_config
 from kcops.agent.events import EventBus
 from kcops.agent.kcrec.component import ROUTE, Recommender
 from kcops.agent.store import Store
 from kcops.auth import TokenCheck
+from tests.clock import ManualClock
 from tests.unit.agent.test_kcrec import T0, feed
 
 TOKEN = "refresh-token"

@@ -26,6 +26,7 @@ def test_demo_detects_and_repairs_both_drills(tmp_path: Path) -> None:
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "demo ok" in out.stdout
+    assert "- alerts pending or firing before the drills: none" in out.stdout, out.stdout[-3000:]
     assert "route mode now: fallback" in out.stdout
     records = [json.loads(x) for x in (work / "state" / "audit.jsonl").read_text().splitlines()]
     done = {(r["action"], r["outcome"]) for r in records if r.get("kind") == "action"}

@@ -22,9 +22,9 @@ import redis
 
 from kcops.agent.actions.lease_core import FleetWrite
 from kcops.agent.actions.lease_redis import RedisFleet
-from kcops.agent.clock import ManualClock
 from kcops.agent.events import Step
 from kcops.agent.outcome import ActionName, ActionRejected
+from tests.clock import ManualClock
 from tests.services import wait_until
 from tests.unit.actions.harness import audit, make_ctx, make_rem, settle, transition
 
@@ -135,7 +135,7 @@ KILLED_AGENT = """
 import asyncio, json, sys
 from pathlib import Path
 from kcops.agent.actions import lease_redis
-from kcops.agent.clock import ManualClock
+from tests.clock import ManualClock
 from tests.unit.actions.harness import make_ctx, make_rem, transition
 from tests.integration.test_fleet_scale_out import LEASE_S, SURGE, fleet_actions
 

@@ -90,6 +90,8 @@ def test_live_recommendation_appears_after_load(tmp_path: Path) -> None:
             few = recommend(agent_url)
             assert few.returncode == 0, few.stderr
             assert "insufficient_samples" in few.stdout and "uniform N: none" in few.stdout
+            assert re.search(r"layer \d+: \d+ of \d+ samples", few.stdout), few.stdout
+            assert "first figure: " in few.stdout, few.stdout
             assert "kcops_kc_recommended_n" not in httpx.get(agent_url + "/metrics").text
 
             for i in range(1, 9):

@@ -10,7 +10,7 @@ import redis
 import redis.asyncio as aioredis
 
 from kcops.agent.actions.redis_tier import evict_redis
-from kcops.agent.clock import ManualClock
+from tests.clock import ManualClock
 from tests.unit.actions.harness import make_ctx, make_rem
 
 PREFIX = "kcops:kv:"

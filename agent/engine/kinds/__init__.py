@@ -1,13 +1,9 @@
 """Engine kinds: one module per engine (metric adapter, admin routes, detection, quirks).
 
-- :mod:`~kcops.agent.engine.kinds.kind`: what a kind is (:class:`EngineKind`);
-- :mod:`~kcops.agent.engine.kinds.metrics`: the metric adapter table type;
-- :mod:`~kcops.agent.engine.kinds.registry`: where the agent finds them;
-- ``kcops``, ``vllm``, ``sglang``, ``tgi``, ``triton``: the built-in kinds.
-
-Adding an engine is one new module that builds an :class:`EngineKind`, plus
-registering it (:data:`~kcops.agent.engine.kinds.registry.BUILTIN`, or
-:meth:`EngineRegistry.register` at run time).
+:mod:`~kcops.agent.engine.kinds.kind` says what a kind is; ``kcops``, ``vllm``,
+``sglang``, ``tgi`` and ``triton`` are the built-in ones. Adding an engine is one
+new module that builds an :class:`EngineKind`, plus registering it
+(:data:`~kcops.agent.engine.kinds.registry.BUILTIN`, or :meth:`EngineRegistry.register`).
 """
 
 from kcops.agent.engine.kinds.kind import (

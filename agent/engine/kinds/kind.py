@@ -1,20 +1,15 @@
 """What an engine kind is: everything kcops knows about one engine, as data.
 
-An :class:`EngineKind` holds its metric adapter (``/metrics`` families to
-canonical ones, and the prefixes that identify it on a page), its admin routes
-(cache eviction, route control, top-N, drain, pause, admin state), how
+An :class:`EngineKind` holds its metric adapter, its admin routes, how
 ``adapter: auto`` recognises it before its ``/metrics`` has been read (the
-command line the agent supervises, or one ``GET`` that answers 200 only on
-this engine) and its lifecycle quirks (how
-long it drains by itself after SIGTERM). One module per kind under
-:mod:`kcops.agent.engine.kinds` builds one; the registry
-(:mod:`kcops.agent.engine.kinds.registry`) is where the agent finds them.
+supervised command line, or one ``GET`` that answers 200 only on this engine)
+and how long it drains by itself after SIGTERM. One module per kind under
+:mod:`kcops.agent.engine.kinds` builds one; the registry is where the agent finds them.
 
 What an engine can be asked to do (:class:`Capabilities`) follows from its
-routes: a route it lacks is a refusal with a reason ("vllm has no route
-control"), never a silent widening (a partial eviction never becomes a full
-reset). Only pausing is learnt at run time (vLLM serves ``/pause`` in dev mode
-only), by the pause route's probe.
+routes: a route it lacks is a refusal with a reason, never a silent widening
+(a partial eviction never becomes a full reset). Only pausing is learnt at run
+time (vLLM serves ``/pause`` in dev mode only), by the pause route's probe.
 """
 
 from __future__ import annotations

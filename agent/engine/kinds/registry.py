@@ -1,14 +1,10 @@
 """Where the agent finds every engine kind: one :class:`EngineRegistry`.
 
-The app builds one (:func:`builtin_kinds`: the built-in kinds) and hands it
-to the engine object, which the collectors and actions ask; configuration and
-the CLI check ``engine.adapter`` against the same names. Nothing registers
-itself: a kind is added by :meth:`EngineRegistry.register`, or, for a built-in
-one, by its module in :data:`BUILTIN`.
-
-Order is detection order. A kind whose ``/metrics`` page or probe another
-kind also matches comes first: the kcops worker before vLLM (it exposes
-``vllm:*`` names too), SGLang before vLLM (its probe is asked first).
+The app builds one (:func:`builtin_kinds`) and hands it to the engine object;
+configuration and the CLI check ``engine.adapter`` against the same names.
+Nothing registers itself. Order is detection order: a kind whose page or probe
+another kind also matches comes first (the kcops worker before vLLM, since it
+exposes ``vllm:*`` names too; SGLang before vLLM, since its probe is asked first).
 """
 
 from __future__ import annotations

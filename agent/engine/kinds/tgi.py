@@ -1,13 +1,10 @@
 """Hugging Face TGI ``/metrics`` (router/src: ``tgi_*``).
 
 TGI exposes end-to-end request duration, queue size and current batch size;
-it has no time-to-first-token histogram, KV-usage gauge or prefix-cache
-counters, so those canonical series stay absent for TGI. Nor does it count
-tokens or engine steps as they happen (``tgi_request_generated_tokens`` is
-observed when a request ends), so stall detection has no progress counter for
-TGI and ``kcops status`` says so (``engine.progress``).
-
-TGI has no admin route kcops can drive: every action that needs one is refused.
+the other canonical series stay absent. It counts no tokens or steps as they
+happen (``tgi_request_generated_tokens`` is observed when a request ends), so
+stall detection does not watch it. It has no admin route kcops can drive:
+every action that needs one is refused.
 """
 
 from __future__ import annotations

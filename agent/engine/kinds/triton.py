@@ -1,14 +1,11 @@
 """NVIDIA Triton ``/metrics`` (``nv_inference_*``).
 
-Triton reports the pending request count always and, when latency histograms
-are enabled (``--metrics-config histogram_latencies=true``), time to first
-response in milliseconds — converted here to seconds (``le`` and ``_sum``).
-Latency otherwise exists only as cumulative microsecond counters, which are
-not a histogram, so ``kcops_request_latency_seconds`` stays absent. Triton
-counts no tokens or engine steps, so stall detection has no progress counter
-for it and ``kcops status`` says so (``engine.progress``).
-
-Triton has no admin route kcops can drive: every action that needs one is refused.
+Triton reports the pending request count always and, with
+``--metrics-config histogram_latencies=true``, time to first response in
+milliseconds (converted here to seconds). Its other latencies are cumulative
+microsecond counters, not a histogram, so ``kcops_request_latency_seconds``
+stays absent; it counts no tokens or steps, so stall detection does not watch
+it. It has no admin route kcops can drive: every action that needs one is refused.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """vLLM (v1 engine): its metrics, admin routes, detection and shutdown drain.
 
-Metrics: names from vllm/v1/metrics/loggers.py.
-
-Deprecated names are second choices: ``vllm:gpu_cache_usage_perc`` (before
-``vllm:kv_cache_usage_perc``), ``vllm:gpu_prefix_cache_*`` (before
-``vllm:prefix_cache_*``) and ``vllm:time_per_output_token_seconds`` (before
-``vllm:inter_token_latency_seconds``). vLLM labels series with ``engine`` (its
-engine-core index); that label becomes ``engine_index`` because ``engine`` is
-ours (the adapter name).
+Metrics: names from vllm/v1/metrics/loggers.py; deprecated names are second
+choices. vLLM's ``engine`` label (its engine-core index) becomes
+``engine_index``, because ``engine`` is ours (the adapter name).
 
 Admin: ``POST /reset_prefix_cache`` resets the whole prefix cache (with
 ``reset_running_requests=true`` the running requests' blocks too) and answers
@@ -16,17 +11,11 @@ Admin: ``POST /reset_prefix_cache`` resets the whole prefix cache (with
 ``VLLM_SERVER_DEV_MODE=1``: probed once. Detected by ``GET /version``.
 
 Shutdown (vLLM 0.32, ``vllm/v1/engine/core.py``, ``_handle_shutdown``): on
-SIGTERM the engine core stops admitting (new requests are answered as aborted)
-and then
-
-- ``--shutdown-timeout N`` with ``N == 0`` (the default): aborts every request
-  in flight at once;
-- ``N > 0``: keeps stepping until the requests in flight are done, for at most
-  ``N`` seconds; the process manager then kills what is left
-  (``vllm/v1/utils.py``: ``shutdown``) and the API server exits.
-
-So without ``/pause`` a restart loses nothing only with ``N > 0``, and only if
-whoever sends SIGTERM waits more than ``N`` seconds before its SIGKILL
+SIGTERM the engine core stops admitting, then with ``--shutdown-timeout 0``
+(the default) aborts every request in flight at once, and with ``N > 0``
+keeps stepping until they are done, for at most ``N`` seconds. So without
+``/pause`` a restart loses nothing only with ``N > 0``, and only if whoever
+sends SIGTERM waits more than ``N`` seconds before its SIGKILL
 (:mod:`kcops.agent.engine.shutdown`). A vLLM killed before it unlinks its
 POSIX shared memory leaks ~419 MB of ``psm_*`` segments per kill; the
 supervisor reaps them (:mod:`kcops.agent.engine.shm`).

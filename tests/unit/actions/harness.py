@@ -13,7 +13,6 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from kcops.agent.actions.base import Registry, SupervisorHandle
 from kcops.agent.actions.registry import builtin_actions
-from kcops.agent.clock import ManualClock
 from kcops.agent.component import AgentContext
 from kcops.agent.config import Config, parse_config
 from kcops.agent.engine import Engine
@@ -26,6 +25,7 @@ from kcops.agent.rules.loader import RuleSet, ruleset_from_config
 from kcops.agent.samples import SeriesKey
 from kcops.agent.store import Store
 from kcops.auth import TokenCheck
+from tests.clock import ManualClock
 from tests.unit.actions.fakeworker import TOKEN
 
 

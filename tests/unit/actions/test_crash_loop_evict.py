@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from kcops.agent.actions.registry import builtin_actions
-from kcops.agent.clock import ManualClock
 from kcops.agent.config import parse_config
 from kcops.agent.engine import Engine
 from kcops.agent.engine.supervisor import Supervisor
 from kcops.agent.remediation import build
 from kcops.agent.remediation.remediation import Remediation
+from tests.clock import ManualClock
 from tests.services import wait_until_async
 from tests.unit.actions.harness import audit, ladders, make_ctx
 from tests.unit.actions.test_other_actions import Recorder, kube_cfg

@@ -9,9 +9,9 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from kcops.agent.clock import ManualClock
 from kcops.agent.events import Step
 from kcops.agent.outcome import ActionName
+from tests.clock import ManualClock
 from tests.unit.actions.fakevllm import FakeVllm
 from tests.unit.actions.harness import audit, make_ctx, make_rem, settle, transition
 

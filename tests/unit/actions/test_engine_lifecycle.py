@@ -60,9 +60,9 @@ def test_supervisor_records_a_sigkill_as_a_kill_not_an_oom() -> None:
     import os
     import signal
 
-    from kcops.agent.clock import ManualClock
     from kcops.agent.config.actions import RestartSection
     from kcops.agent.engine.supervisor import Supervisor
+    from tests.clock import ManualClock
 
     async def body() -> None:
         clock = ManualClock()

@@ -11,8 +11,8 @@ from typing import Any
 
 from aiohttp import web
 
-from kcops.agent.clock import ManualClock
 from kcops.agent.outcome import ActionName
+from tests.clock import ManualClock
 from tests.unit.actions.harness import audit, counter, make_ctx, make_rem, settle, transition
 
 

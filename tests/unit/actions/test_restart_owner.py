@@ -8,9 +8,9 @@ import signal
 import sys
 from pathlib import Path
 
-from kcops.agent.clock import ManualClock
 from kcops.agent.engine import lifecycle as lc
 from kcops.agent.engine.supervisor import Supervisor
+from tests.clock import ManualClock
 from tests.services import wait_until_async
 from tests.unit.actions.harness import audit, build_rem, make_ctx
 

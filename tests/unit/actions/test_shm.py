@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from kcops.agent.clock import ManualClock
 from kcops.agent.config.actions import RestartSection
 from kcops.agent.engine import proctree, shm
 from kcops.agent.engine.supervisor import Supervisor
+from tests.clock import ManualClock
 from tests.unit.actions.shmprog import holder_cmd, make_segment, names, shm_dir
 
 __all__ = ["shm_dir"]  # the fixture, used by name

@@ -10,11 +10,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kcops.agent.clock import ManualClock
 from kcops.agent.config.actions import RestartSection
 from kcops.agent.engine.supervisor import Supervisor
 from kcops.agent.samples import SeriesKey
 from kcops.agent.store import Store
+from tests.clock import ManualClock
 from tests.unit.actions.fakeworker import FakeWorker
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]

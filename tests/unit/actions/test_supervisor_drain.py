@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from kcops.agent.clock import ManualClock
 from kcops.agent.config.actions import RestartSection
 from kcops.agent.engine import Engine
 from kcops.agent.engine.supervisor import Supervisor
 from kcops.agent.samples import Sample
 from kcops.agent.store import Store
+from tests.clock import ManualClock
 from tests.unit.actions.fakevllm import FakeVllm
 from tests.unit.actions.shmprog import holder_cmd
 

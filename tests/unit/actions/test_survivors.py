@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from kcops.agent.clock import ManualClock
 from kcops.agent.config.actions import RestartSection
 from kcops.agent.engine import proctree
 from kcops.agent.engine.supervisor import Supervisor
 from kcops.agent.samples import Sample
 from kcops.agent.store import Store
+from tests.clock import ManualClock
 
 pytestmark = pytest.mark.slow
 FREEZER = Path("/sys/fs/cgroup/freezer")

@@ -6,11 +6,11 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as om_families
 from prometheus_client.parser import text_string_to_metric_families
 
-from kcops.agent.clock import ManualClock
 from kcops.agent.exporter import StoreExporter, build_registry, render
 from kcops.agent.samples import Sample, SeriesKey
 from kcops.agent.signals import register_all
 from kcops.agent.store import Store
+from tests.clock import ManualClock
 
 
 def make() -> tuple[Store, ManualClock]:

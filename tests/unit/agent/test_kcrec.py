@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 from opentelemetry import trace
 
-from kcops.agent.clock import ManualClock
 from kcops.agent.component import AgentContext
 from kcops.agent.config import parse_config
 from kcops.agent.events import EventBus
@@ -28,6 +27,7 @@ from kcops.kcbudget import bucket_counts, matching_quantile, quantile, uniform, 
 from kcops.kernels import wire
 from kcops.kernels.wire import BUCKETS, KC_TOKENS
 from kcops.lab.sweepcal import coverage
+from tests.clock import ManualClock
 
 B = BUCKETS[KC_TOKENS]  # the probe's K_p buckets
 T0 = 1_700_000_000.0
@@ -180,6 +180,31 @@ def test_too_few_samples_recommends_nothing(tmp_path: Path) -> None:
     r.write(T0 + 1000)
     assert not list(r.ctx.store.keys("kcops_kc_recommended_n"))
     assert not list(r.ctx.store.keys("kcops_kc_recommended_tokens"))
+
+
+def test_too_few_samples_says_how_many_are_missing_and_when_the_first_figure_comes(
+    tmp_path: Path,
+) -> None:
+    r = make(tmp_path, {"min_samples": 200})
+    feed(r.ctx.store, layer_values(0, 150), T0 + 900)  # 150 a layer, in the last 100 s
+    calls = [Sample.of("kcops_attention_calls_total", 1500, {"layer": str(i), "process": "w"})
+             for i in range(3)]  # fmt: skip
+    r.ctx.store.add(calls, T0 + 900)
+    doc = r.compute(T0 + 1000, dict(STATE))
+    assert doc["status"] == "insufficient_samples"
+    prog = doc["progress"]
+    assert [(row["samples"], row["needed"]) for row in prog["layers"]] == [(150, 200)] * 2
+    assert {row["layer"] for row in prog["layers"]} == {"1", "2"}  # layer 0 is dense
+    assert all(row["per_s"] == 1.5 and row["eta_s"] == 33 for row in prog["layers"])
+    assert prog["eta_s"] == 33
+    assert prog["sampled_share"] == 0.1  # 450 K(C) samples over 4,500 calls
+    # a first figure within the hour needs 200 samples a layer in min(window, 1h)
+    need_per_s = 200 / min(r.window_s(), 3600.0)
+    assert prog["share_for_first_within_1h"] == pytest.approx(0.1 * need_per_s / 1.5, abs=1e-6)
+    # at a rate the window never holds 200 of, no time is promised
+    slow = make(tmp_path, {"min_samples": 200, "window_s": "60s"})
+    feed(slow.ctx.store, layer_values(0, 15), T0 + 900)
+    assert slow.compute(T0 + 1000, dict(STATE))["progress"]["eta_s"] is None
 
 
 def test_recommendation_per_layer_and_uniform_over_the_non_dense_layers(tmp_path: Path) -> None:

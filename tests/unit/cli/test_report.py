@@ -102,4 +102,4 @@ def test_report_page_is_self_contained_with_pngs_of_the_expected_size(
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page, re.I)
     assert "<script" not in page and "<link" not in page
     # The memory alert was pending during the window: it has its interval row.
-    assert re.search(r"KcopsDeviceMemoryHigh</td><td><span class=\"pending\">", page)
+    assert re.search(r"KcopsDeviceMemoryHigh</td><td class=\"pending\">pending</td>", page)

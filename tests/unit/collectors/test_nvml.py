@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 
 import pynvml
 import pytest
@@ -157,21 +156,6 @@ def test_per_process_memory_is_sampled_sparingly_for_engine_pids() -> None:
     assert fake.calls["nvmlDeviceGetComputeRunningProcesses"] == 2  # once per device, not again
     collect(c, 10.0)
     assert fake.calls["nvmlDeviceGetComputeRunningProcesses"] == 4
-
-
-@pytest.mark.gpu
-def test_real_gpu_snapshot() -> None:
-    c = NvmlCollector(Nvml(), engine_pids=lambda: {os.getpid()})
-    try:
-        out = collect(c)
-        devices = {s.key.label_dict()["device"]: s.key.label_dict()["uuid"] for s in out}
-        assert devices and all(u.startswith("GPU-") for u in devices.values())
-        for dev, uuid in devices.items():
-            total = value(out, "kcops_device_memory_total_bytes", device=dev, uuid=uuid)
-            used = value(out, "kcops_device_memory_used_bytes", device=dev, uuid=uuid)
-            assert total is not None and used is not None and 0 <= used <= total
-    finally:
-        c.stop()
 
 
 def test_a_driver_that_appears_later_is_picked_up() -> None:

@@ -9,7 +9,17 @@ import string
 import pytest
 from multidict import CIMultiDict
 
-from kcops.tenant import NONE, OTHER, TenantLabels, clean, looks_secret
+from kcops.tenant import (
+    KEY_ENV,
+    NONE,
+    OTHER,
+    OWN,
+    TenantLabels,
+    canary_id,
+    clean,
+    looks_secret,
+    tenant_key,
+)
 
 
 def test_ten_thousand_distinct_tenants_stay_under_the_cap() -> None:
@@ -69,6 +79,17 @@ def test_header_first_then_user_then_none() -> None:
     assert t.of_request(CIMultiDict(), "bob") == "bob"
     assert t.of_request(CIMultiDict({"X-Tenant": " "}), None) == NONE
     assert TenantLabels(header=None).of_request(CIMultiDict({"X-Tenant": "acme"}), None) == NONE
+
+
+def test_the_agents_canary_is_nobodys_and_its_id_cannot_be_borrowed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(KEY_ENV, "the-engines-key")  # what the worker reads
+    t = TenantLabels()
+    own = canary_id(tenant_key())
+    assert t.of_request(CIMultiDict({"x-request-id": own, "X-Tenant": "acme"}), None) == OWN
+    for rid in (own[:-2] + "zz", canary_id(b"not-the-key"), "kcops-canary-" + "0" * 49):
+        assert t.of_request(CIMultiDict({"X-Request-Id": rid}), "acme") == "acme"
 
 
 @pytest.mark.parametrize("raw", ["other", "none", "unknown", "Other", "NONE", "uNkNoWn"])

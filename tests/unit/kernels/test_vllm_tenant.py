@@ -15,7 +15,7 @@ from kcops.kernels import wire
 from kcops.kernels.aggregate import Aggregator
 from kcops.kernels.integrations import vllm_requests
 from kcops.kernels.integrations.vllm_tenant import TenantMiddleware, mark, tenant_key, tenant_of
-from kcops.tenant import DEFAULT_CAP, KEY_ENV, NONE, OTHER
+from kcops.tenant import DEFAULT_CAP, KEY_ENV, NONE, OTHER, canary_id
 
 KEY = b"test-key"
 
@@ -108,9 +108,11 @@ def test_the_clients_request_id_is_kept_and_given_back() -> None:
     assert h[b"x-request-id"].startswith(b"kcops~acme~my-id-7~")
     start = sent[0]
     assert dict(start["headers"])[b"x-request-id"] == b"my-id-7"
-    # without one, no marked id leaks into the response headers
+    # without one, vLLM's echo is the id made for it, unmarked (no marker leaks out)
     sent, h, _ = call(mw, headers={"X-Tenant": "acme"})
-    assert b"x-request-id" not in dict(sent[0]["headers"])
+    given = dict(sent[0]["headers"])[b"x-request-id"]
+    assert given and b"kcops~" not in given
+    assert h[b"x-request-id"] == mark(KEY, "acme", given.decode()).encode()
 
 
 def test_a_forged_marker_is_replaced_not_trusted() -> None:
@@ -168,6 +170,25 @@ def test_the_worker_trusts_only_markers_of_its_key() -> None:
     assert requests.finish("cmpl-" + mark(KEY, "acme", "x")[:-1] + "-1", 5).tenant == ""
     labels = {requests.finish(mark(KEY, f"t{i}", "x") + "-1", 5).tenant for i in range(500)}
     assert len(labels) == DEFAULT_CAP + 1
+
+
+def test_the_agents_canary_is_served_and_billed_to_nobody() -> None:
+    """The canary's signed id survives the middleware's marker; the worker closes it and
+    reports it to no tenant. An id that borrows its form without the key's signature is a
+    client's, billed as any other."""
+    mw, requests = middleware(), vllm_requests.Requests(key=KEY)
+    done: list[vllm_requests.Finished] = []
+    requests.on_finish = done.append
+    own = canary_id(KEY)
+    forged = own[:-1] + ("1" if own.endswith("0") else "0")
+    for rid in (own, forged, canary_id(b"another-key")):
+        sent, h, _ = call(mw, headers={"X-Request-Id": rid})
+        assert sent[0]["status"] == 200  # served
+        engine_id = "cmpl-" + h[b"x-request-id"].decode() + "-0a1b2c3d"
+        requests.owners([engine_id])
+        requests.finish(engine_id, 10)
+    assert [d.tenant for d in done] == [NONE, NONE] and not requests.open
+    assert done[0].request_id.find(forged) > 0
 
 
 def test_the_key_is_the_environments_or_made_once_for_the_processes_to_come(

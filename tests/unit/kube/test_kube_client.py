@@ -17,10 +17,10 @@ from kcops.agent.actions.kube import KubeClient
 from kcops.agent.actions.lease_core import FleetWrite
 from kcops.agent.actions.lease_kube import ANN, KubeFleet
 from kcops.agent.actions.scale_out import release_hold
-from kcops.agent.clock import ManualClock
 from kcops.agent.config import parse_config
 from kcops.agent.config.actions import KubernetesSection
 from kcops.agent.outcome import ActionRejected
+from tests.clock import ManualClock
 from tests.unit.actions.harness import audit, make_ctx, make_rem
 from tests.unit.kube.apiserver import ApiServer, shipped_lease
 

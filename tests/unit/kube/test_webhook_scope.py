@@ -20,7 +20,6 @@ from kcops.agent.outcome import ActionName
 
 pytest.importorskip("kubernetes_asyncio", reason="pip install 'kcops[kubernetes]'")
 
-from kcops.agent.clock import ManualClock
 from kcops.agent.config import parse_config
 from kcops.agent.events import Step
 from kcops.agent.remediation.alertmanager import (
@@ -33,6 +32,7 @@ from kcops.agent.remediation.alertmanager import (
     transitions,
 )
 from kcops.agent.remediation.remediation import Remediation
+from tests.clock import ManualClock
 from tests.unit.actions.fakeworker import FakeWorker
 from tests.unit.actions.harness import audit, make_ctx, make_rem, settle, transition
 from tests.unit.kube.apiserver import ApiServer, shipped_lease

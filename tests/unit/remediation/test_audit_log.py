@@ -22,7 +22,6 @@ from kcops.agent.actions.base import (
     Registry,
 )
 from kcops.agent.actions.fallback_to_base import SPEC as FALLBACK
-from kcops.agent.clock import ManualClock
 from kcops.agent.events import Step
 from kcops.agent.outcome import ActionName, ActionRejected, Outcome, Refusal
 from kcops.agent.remediation import audit as audit_mod
@@ -31,6 +30,7 @@ from kcops.agent.remediation.audit import AuditLog
 from kcops.agent.remediation.auditread import ReadStats, read_audit
 from kcops.agent.remediation.records import ActionRecord, Trigger, parse_record
 from kcops.agent.remediation.remediation import Remediation
+from tests.clock import ManualClock
 from tests.unit.actions.fakeworker import TOKEN
 from tests.unit.actions.harness import make_ctx, make_rem, unsynced
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from kcops.agent.clock import ManualClock
 from kcops.agent.remediation.runner import Run
+from tests.clock import ManualClock
 from tests.unit.actions.fakevllm import FakeVllm
 from tests.unit.actions.fakeworker import FakeWorker
 from tests.unit.actions.harness import audit, make_ctx, make_rem

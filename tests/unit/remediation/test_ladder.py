@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from kcops.agent.clock import ManualClock
 from kcops.agent.events import Step
 from kcops.agent.outcome import ActionName
+from tests.clock import ManualClock
 from tests.unit.actions.fakeworker import FakeWorker
 from tests.unit.actions.harness import (
     audit,

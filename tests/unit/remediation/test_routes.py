@@ -10,10 +10,10 @@ from typing import Any
 import httpx
 from aiohttp import web
 
-from kcops.agent.clock import ManualClock
 from kcops.agent.events import Step
 from kcops.agent.outcome import ActionName
 from kcops.agent.remediation.remediation import Remediation
+from tests.clock import ManualClock
 from tests.unit.actions.fakeworker import TOKEN, FakeWorker
 from tests.unit.actions.harness import audit, make_ctx, make_rem, settle, transition
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from kcops.agent.clock import ManualClock
 from kcops.agent.outcome import ActionName
+from tests.clock import ManualClock
 from tests.unit.actions.fakeworker import FakeWorker
 from tests.unit.actions.harness import audit, counter, make_ctx, make_rem
 

@@ -95,7 +95,7 @@ def test_transitions_carry_value_annotations_and_the_ladder() -> None:
     assert [s.action for s in tr.remediation] == ["restart_worker"]
     assert tr.remediation[0].verify_s == 30.0
     state2, trs2 = step(r, state, [], 20.0)
-    assert state2 == {} and trs2[0].resolved
+    assert state2 == {} and (trs2[0].previous, trs2[0].state) == ("firing", "inactive")
 
 
 def test_step_does_not_modify_its_input() -> None:

@@ -12,7 +12,6 @@ from aiohttp.test_utils import TestClient, TestServer
 from opentelemetry import trace
 
 from kcops.agent import rules
-from kcops.agent.clock import ManualClock
 from kcops.agent.component import AgentContext
 from kcops.agent.config import parse_config
 from kcops.agent.events import AlertTransition, EventBus
@@ -21,6 +20,7 @@ from kcops.agent.samples import SeriesKey
 from kcops.agent.store import Store
 from kcops.auth import TokenCheck
 from kcops.errors import ConfigError
+from tests.clock import ManualClock
 
 T0 = 1_700_000_000.0
 
