@@ -29,7 +29,7 @@ MAX_AGENT_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 60
 MAX_ANY_PER_1000 = 8.0
 # Every line of every tracked file under PACKAGES: lower it as code goes.
-MAX_SOURCE_LINES = 44_000
+MAX_SOURCE_LINES = 43_800
 
 
 def tracked(root: Path) -> list[str]:
