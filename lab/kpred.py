@@ -1,4 +1,4 @@
-"""K_pred (DESIGN §4): the least context that keeps the model's greedy next token.
+"""K_pred (docs/architecture.md#kc): the least context that keeps the model's greedy next token.
 
 For a query position t (context = t + 1 tokens), K_pred is the least k on a
 grid for which the model, seeing only k tokens, predicts the same greedy

@@ -3,9 +3,9 @@
 Each tick: fetch (shared poll, timeout shorter than the tick), pick the
 engine kind (configured, or detected once from the family names on the page
 by the engine registry), pre-filter and parse the families its adapter reads,
-and return them under DESIGN §3 names with label ``engine=<kind>``. Raw counter values are
-passed on as the engine exposes them: a reset after an engine restart is
-handled by the rule engine's rate/increase, like Prometheus does.
+and return them under the canonical names (docs/architecture.md#signals) with label
+``engine=<kind>``. Raw counter values are passed on as the engine exposes them: a reset
+after an engine restart is handled by the rule engine's rate/increase, as in Prometheus.
 """
 
 from __future__ import annotations

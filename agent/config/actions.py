@@ -16,7 +16,7 @@ RestartMode = Literal["auto", "supervisor", "signal", "kubernetes", "off"]
 
 
 class GuardsSection(Section):
-    """Limits the runner applies to every action (DESIGN §6)."""
+    """Limits the runner applies to every action (docs/architecture.md#remediation)."""
 
     cooldown_s: Duration = Field(300.0, ge=0, description="per (action, target) cooldown")
     cooldown_overrides_s: dict[str, Duration] = Field(

@@ -86,8 +86,8 @@ LAB_AND_DEMO = re.compile(r"(sweep|retriev|claim|kpred|mapviz|demo|drill|locust)
 def test_the_image_holds_no_lab_or_demo_module_and_the_on_call_cli_works(
     container: Container,
 ) -> None:
-    """DESIGN §2: the sidecar carries production only (no kcops-lab, no kcops-demo, no
-    Locust); the on-call commands still answer from it."""
+    """The sidecar carries production only (docs/architecture.md#layout: no kcops-lab, no
+    kcops-demo, no Locust); the on-call commands still answer from it."""
     find_py = (
         "import kcops, pathlib, sys; root = pathlib.Path(kcops.__file__).parent; "
         "print('\\n'.join(str(p.relative_to(root)) for p in root.rglob('*.py')))"

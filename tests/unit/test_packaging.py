@@ -11,7 +11,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 # Top-level folders and the import names they carry through kcops/<name> symlinks: the
 # sidecar's distribution (the repository root), and the two it leaves out, each its own
-# distribution (DESIGN §2: production never carries the lab or the demo).
+# distribution (docs/architecture.md#layout: production never carries the lab or the demo).
 FOLDERS = ("agent", "kernels", "worker", "alerts", "dashboards", "runbooks")
 OWN_DISTRIBUTIONS = ("lab", "demo")
 

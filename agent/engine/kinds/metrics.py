@@ -1,7 +1,7 @@
 """An engine kind's metric adapter: a table from its ``/metrics`` families to canonical ones.
 
 Each adapter is data, not code: a list of :class:`Map` rows. A row names a
-canonical family (DESIGN §3) and the engine families that can provide it, in
+canonical family (docs/architecture.md#signals) and the engine families that can provide it, in
 order of preference, so that a version exposing a deprecated name still maps
 (the first source present on the page wins; absent sources stay absent).
 Values and histogram buckets are copied as they are, except where a row

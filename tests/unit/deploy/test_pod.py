@@ -1,4 +1,4 @@
-"""The serving pod's security and wiring, as the issue and DESIGN §1 ask."""
+"""The serving pod's security and wiring (docs/architecture.md#processes-and-data-flow)."""
 
 from __future__ import annotations
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[3]
@@ -10,6 +11,7 @@ DOCS = REPO / "docs"
 # Generated from the code's docstrings (docs/reference/): what they say is checked there.
 PAGES = [*DOCS.glob("*.md"), REPO / "README.md"]
 RECORDS = {"kc-record.md", "benchmarks-record.md"}
+THIS = Path(__file__).resolve().relative_to(REPO).as_posix()
 
 
 def test_no_page_cites_a_document_the_reader_does_not_have() -> None:
@@ -27,3 +29,13 @@ def test_user_pages_are_short_and_their_records_are_in_the_site() -> None:
         assert lines <= 400, f"docs/{page} is {lines} lines: the history goes to docs/{record}"
         assert f"]({record})" in (DOCS / page).read_text(encoding="utf-8"), page
         assert f": {record}" in nav, record
+
+
+def test_no_file_cites_the_internal_design_notes() -> None:
+    """Code, configuration and docs point at docs/architecture.md, never at a document
+    that is not in the repository."""
+    out = subprocess.run(
+        ["git", "grep", "-n", "-I", "-E", r"DESIGN(\.md)? §", "--", ".", f":!{THIS}"],
+        cwd=REPO, capture_output=True, text=True,
+    )  # fmt: skip
+    assert out.stdout == "", out.stdout[:2000]

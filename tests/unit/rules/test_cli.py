@@ -1,4 +1,5 @@
-"""``kcops alerts``: list, show, export, check, replay (exit codes of DESIGN §7)."""
+"""``kcops alerts``: list, show, export, check, replay (exit codes:
+docs/architecture.md#interfaces-and-conventions)."""
 
 from __future__ import annotations
 
