@@ -14,6 +14,7 @@ import pytest
 
 from kcops.kernels.integrations import vllm_requests
 from kcops.kernels.integrations.vllm_tenant import TenantMiddleware
+from tests.unit.kernels.test_vllm_tenant import read_body
 
 MODEL = "m"
 RESERVED = {"unknown", "none", "other"}
@@ -35,12 +36,7 @@ class ApiServer:
         self.billed: list[str] = []
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        body = b""
-        while True:
-            m = await receive()
-            body += m.get("body", b"")
-            if not m.get("more_body"):
-                break
+        body = await read_body(receive)
         req = json.loads(body)
         header = dict(scope["headers"]).get(b"x-request-id", b"").decode()
         if scope["path"] == "/v1/responses":  # the body's id, never the header's

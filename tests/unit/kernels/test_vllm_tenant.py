@@ -20,6 +20,16 @@ from kcops.tenant import DEFAULT_CAP, KEY_ENV, NONE, OTHER, canary_id
 KEY = b"test-key"
 
 
+async def read_body(receive: Any) -> bytes:
+    """An ASGI request's whole body."""
+    body = b""
+    while True:
+        m = await receive()
+        body += m.get("body", b"")
+        if not m.get("more_body"):
+            return body
+
+
 class App:
     """An ASGI app that records what reached it and answers with an X-Request-Id header
     (as vLLM's own middleware does with --enable-request-id-headers)."""
@@ -28,12 +38,7 @@ class App:
         self.seen: list[tuple[dict[bytes, bytes], bytes]] = []
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        body = b""
-        while True:
-            m = await receive()
-            body += m.get("body", b"")
-            if not m.get("more_body"):
-                break
+        body = await read_body(receive)
         headers = dict(scope["headers"])
         self.seen.append((headers, body))
         rid = headers.get(b"x-request-id", b"")
