@@ -1,6 +1,6 @@
 """The one place that wires the agent together and runs its loop.
 
-It builds the store, the clock, the registry, the tracer and the components,
+It builds the store, the clock, the exporter, the tracer and the components,
 and drives them each tick in order: collectors, then rules, then remediation.
 Nothing else in the agent creates singletons or registers itself anywhere.
 """
@@ -32,7 +32,7 @@ from kcops.agent.control import build_app, core_routes
 from kcops.agent.engine import Engine
 from kcops.agent.engine.pid import EnginePid
 from kcops.agent.events import EventBus
-from kcops.agent.exporter import StoreExporter, build_registry
+from kcops.agent.exporter import StoreExporter
 from kcops.agent.jsonapi import error_body
 from kcops.agent.kcrec import Recommender
 from kcops.agent.preflight import check_machine, preflight
@@ -74,7 +74,6 @@ class Agent:
         )  # fmt: skip
         register_all(self.store)
         self.exporter = StoreExporter(self.store, clock, config.store.stale_after_s)
-        self.registry = build_registry(self.exporter)
         self.tracer_provider = build_tracer_provider(config.exporters.otlp)
         # Everything `kcops agent check-config` checks too, by the same function.
         checked = preflight(config, token)

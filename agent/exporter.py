@@ -1,8 +1,7 @@
 """Prometheus exposition of what the store holds.
 
-The app owns one :class:`prometheus_client.CollectorRegistry` with one
-:class:`StoreExporter` in it; nothing registers into the global registry.
-Each series is exposed with its newest value, unless that value is older
+The app owns one :class:`StoreExporter` (a prometheus-client collector); nothing registers
+into the global registry. Each series is exposed with its newest value, unless that value is older
 than ``stale_after_s`` or is a staleness marker: absent stays absent.
 
 One label that UTF-8 cannot encode (a lone surrogate, from any input that let one
@@ -22,7 +21,6 @@ import math
 from collections.abc import Iterator
 from typing import Protocol
 
-from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import Metric
 
 from kcops.agent.clock import Clock
@@ -142,13 +140,6 @@ def _number(text: str) -> float:
         return float(text)
     except ValueError:
         return math.inf
-
-
-def build_registry(exporter: StoreExporter) -> CollectorRegistry:
-    """A private registry holding ``exporter`` only (never the global one)."""
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(exporter)
-    return registry
 
 
 def safe_text(text: str) -> str:

@@ -207,7 +207,7 @@ def test_a_label_utf8_cannot_encode_never_fails_the_metrics_page() -> None:
     from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
     from opentelemetry.sdk.resources import Resource
 
-    from kcops.agent.exporter import StoreExporter, build_registry, render
+    from kcops.agent.exporter import StoreExporter, render
     from kcops.agent.otlp_metrics import build_metrics_data
     from kcops.agent.samples import Sample
     from kcops.agent.signals import register_all
@@ -218,7 +218,7 @@ def test_a_label_utf8_cannot_encode_never_fails_the_metrics_page() -> None:
     bad = (("engine", "x"), ("layer", "0"), ("process", "a\ud800b"))
     store.add([Sample("kcops_attention_calls_total", bad, 3.0)], 100.0)
     store.add([Sample("kcops_probe_frames_total", (("outcome", "ok"),), 2.0)], 100.0)
-    registry = build_registry(StoreExporter(store, lambda: 100.0, 30.0))
+    registry = StoreExporter(store, lambda: 100.0, 30.0)
     for accept in (None, "application/openmetrics-text; version=1.0.0"):
         body, _ = render(registry, accept)
         text = body.decode()

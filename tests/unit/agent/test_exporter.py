@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as om_families
 from prometheus_client.parser import text_string_to_metric_families
 
-from kcops.agent.exporter import StoreExporter, build_registry, render
+from kcops.agent.exporter import StoreExporter, render
 from kcops.agent.samples import Sample, SeriesKey
 from kcops.agent.signals import register_all
 from kcops.agent.store import Store
@@ -19,8 +18,8 @@ def make() -> tuple[Store, ManualClock]:
     return st, ManualClock(1000.0)
 
 
-def registry(st: Store, clock: ManualClock) -> CollectorRegistry:
-    return build_registry(StoreExporter(st, clock, stale_after_s=30))
+def registry(st: Store, clock: ManualClock) -> StoreExporter:
+    return StoreExporter(st, clock, stale_after_s=30)
 
 
 def families(body: bytes) -> dict[str, object]:
