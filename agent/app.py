@@ -14,12 +14,13 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from aiohttp import web
 
 from kcops import __version__
 from kcops.agent import collectors as collectors_pkg
+from kcops.agent import incidents as incidents_pkg
 from kcops.agent import remediation as remediation_pkg
 from kcops.agent import rules as rules_pkg
 from kcops.agent.backoff import LoopErrors
@@ -45,6 +46,9 @@ from kcops.agent.telemetry import build_metric_exporters, build_tracer_provider
 from kcops.auth import TokenCheck
 from kcops.errors import ConfigError
 from kcops.httpedge import JsonErrorRunner
+
+if TYPE_CHECKING:
+    from kcops.agent.engine.supervisor import Supervisor
 
 log = logging.getLogger("kcops.agent")
 
@@ -89,7 +93,6 @@ class Agent:
             auth=TokenCheck(checked.token),
             state_dir=Path(config.agent.state_dir),
         )
-        # The one engine object and the one engine pid source, handed to whoever needs them.
         self.engine = Engine.configured_by(config.engine, checked.token, clock())
         pids = EnginePid(pid=config.engine.pid, pidfile=config.engine.pidfile)
         self.ticks = tick_histogram()
@@ -99,11 +102,14 @@ class Agent:
             + list(extra_collectors or []),
             timeout_s=min(0.8 * config.agent.tick_s, config.engine.timeout_s + 0.2),
         )
-        # Tick order is the list order: collectors (health feeds the engine's
-        # lifecycle, the process watcher reads exits), rules, supervisor, remediation.
+        # Tick order is the list order: collectors (health feeds the engine's lifecycle, the
+        # process watcher reads exits), rules, incidents (their capture runs before a restart
+        # asks for it), supervisor, remediation.
         self.components: list[Component] = [self.collector_runner]
         self.components += rules_pkg.build(self.ctx, checked.ruleset)
-        self.components += remediation_pkg.build(self.ctx, self.engine, pids, checked.ruleset)
+        parts = remediation_pkg.build(self.ctx, self.engine, pids, checked.ruleset)
+        sup = cast("Supervisor | None", next((c for c in parts if c.name == "supervisor"), None))
+        self.components += [incidents_pkg.build(self.ctx, self.engine, pids, sup), *parts]
         self.components += [QueryComponent(self.ctx), Recommender(self.ctx, self.engine)]
         self.components += build_metric_exporters(self.ctx, self.started_at)
         self.components += list(extra_components or [])

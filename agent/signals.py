@@ -110,7 +110,12 @@ SIGNALS: dict[str, Meta] = {
         COUNTER, "Cost of finished requests priced at their full context (cost.prices)."
     ),
     "kcops_cost_effective_total": Meta(
-        COUNTER, "Cost of finished requests priced at their effective context (cost.prices)."
+        COUNTER,
+        "Cost of finished requests at their effective context, unsampled ones at their full "
+        "(conservative; kcops cost estimates them instead).",
+    ),
+    "kcops_request_measured_ratio": Meta(
+        GAUGE, "Share of finished requests the probe sampled (their effective context measured)."
     ),
     # K(C) decisions, agent-computed (agent/kcrec; docs/kc.md "The live recommendation")
     "kcops_kc_recommended_tokens": Meta(
@@ -176,6 +181,11 @@ SIGNALS: dict[str, Meta] = {
         GAUGE, "Seconds since the engine last answered its health check."
     ),
     "kcops_engine_restarts_total": Meta(COUNTER, "Engine restarts seen or made by the agent."),
+    "kcops_incidents_open": Meta(GAUGE, "1 while an incident record is open."),
+    "kcops_incidents_opened_total": Meta(COUNTER, "Incident records opened by this agent."),
+    "kcops_incidents_dropped_total": Meta(
+        COUNTER, "Incident records removed from disk past incidents.max_count or max_bytes."
+    ),
     "kcops_engine_restarting": Meta(
         GAUGE,
         "1 while the agent's own restart of the engine runs, until the engine is ready again "

@@ -57,6 +57,7 @@ START_DELAY_S = DEMO_STARTUP_TIMEOUT_S + 30
 OVER_BUDGET_MARGIN = 2.0
 RECOMMENDATION_WITHIN_S = 600  # the demo's window filling to min_samples a layer, and margin
 RECOMMENDED_N = "max(kcops_kc_recommended_n)"
+INCIDENT_WITHIN_S = 30.0  # the record is written before the restart: listed at once, in margin
 
 
 def needs_cgroup(env: DemoEnv) -> str | None:
@@ -243,6 +244,37 @@ def wait_new_worker(env: DemoEnv) -> None:
     )
     click.echo(f"  worker pid {first} -> {new}")
     env.first_pid = new
+
+
+def end_hang(env: DemoEnv) -> None:
+    """After the hang drill: the new worker answering, then what the agent kept of the hang."""
+    wait_new_worker(env)
+    show_incident(env, "KcopsEngineDown")
+
+
+def show_incident(env: DemoEnv, alertname: str) -> None:
+    """Print the summary of the newest incident that ``alertname`` opened or joined (as
+    ``kcops incident show`` does), or say loudly that none was recorded: the drill's own
+    verdict stays the alert and its action."""
+    from kcops.cli.incident import fetch_list, fetch_record, summary
+    from kcops.errors import KcopsError
+
+    def found() -> str | None:
+        for rec in fetch_list(env.agent, env.headers):
+            names = {rec.get("trigger")} | {a.get("alertname") for a in rec.get("alerts") or []}
+            if alertname in names:
+                return str(rec["id"])
+        return None
+
+    try:
+        incident_id = wait(f"an incident for {alertname}", INCIDENT_WITHIN_S, found, every_s=1)
+        text = summary(fetch_record(env.agent, incident_id, env.headers))
+    except (DemoFailed, KcopsError) as exc:
+        click.echo(f"  NO INCIDENT RECORD for {alertname}: {exc}")
+        return
+    click.echo(f"  the incident the agent recorded (kcops incident show {incident_id}):")
+    for line in text.splitlines():
+        click.echo("    " + line)
 
 
 def engine_ready(env: DemoEnv) -> None:

@@ -161,7 +161,7 @@ DRILLS: tuple[Drill, ...] = (
     ),
     Drill(
         "KcopsEngineDown", "the worker's loop hangs (health stops answering)",
-        lambda e: e.fault({"hang": True}), c.wait_new_worker,
+        lambda e: e.fault({"hang": True}), c.end_hang,
         fire_within_s=120, estimate_s=90, default=True,
     ),
     Drill(

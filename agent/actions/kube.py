@@ -3,7 +3,8 @@
 What the agent does in a cluster: evict its own pod (``restart_worker``,
 through the Eviction API so the PodDisruptionBudget is honoured),
 read the Deployment's scale, read and patch the one HPA it may raise
-(``scale_out``), and hold a ``coordination.k8s.io`` Lease (fleet actions).
+(``scale_out``), hold a ``coordination.k8s.io`` Lease (fleet actions), and read
+the engine container's last log lines (incident records).
 
 Errors: 401/403 become ``ActionRejected(reason="forbidden")`` naming the
 request; 429 on an eviction becomes ``busy`` (a refusal that passes by itself);
@@ -26,6 +27,7 @@ from kcops.agent.config.actions import KubernetesSection
 from kcops.agent.outcome import ActionRejected, Refusal
 
 NS_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+LOG_BYTES = 64 * 1024  # a container log's tail: what an incident record keeps of it
 
 
 class KubeError(RuntimeError):
@@ -210,6 +212,29 @@ class KubeClient:
             {"spec": {"replicas": replicas}},
             _content_type="application/merge-patch+json",
         )
+
+    async def container_log(self, container: str, tail_lines: int) -> list[str]:
+        """The last ``tail_lines`` lines (at most ``LOG_BYTES``) a container of this pod
+        wrote (``get pods/log``). Raises :class:`KubeError` with the HTTP status, 403 too
+        (the Role lacks ``pods/log``): the caller records why it has no log; 0: no answer
+        within ``timeout_s``. ``ActionRejected`` where no client can be built (no pod
+        name, token or ``kubernetes_asyncio``)."""
+        from aiohttp import ClientError
+
+        ns, pod = self.namespace(), self.pod_name()
+        what = f"get pods/log {ns}/{pod} container {container}"
+        try:  # raw: the generated client would parse a log that happens to be JSON
+            resp = await self.apis().core.read_namespaced_pod_log(
+                pod, ns, container=container, tail_lines=tail_lines, limit_bytes=LOG_BYTES,
+                _preload_content=False, _request_timeout=self.cfg.timeout_s,
+            )  # fmt: skip
+            async with resp:
+                body = (await resp.read()).decode(errors="replace")
+        except (TimeoutError, OSError, ClientError) as exc:
+            raise KubeError(what, 0, str(exc) or type(exc).__name__) from None
+        if not 200 <= resp.status < 300:
+            raise KubeError(what, resp.status, body)
+        return body.splitlines()
 
 
 @dataclass

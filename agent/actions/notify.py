@@ -53,6 +53,9 @@ async def notify(ctx: ActionContext, p: NotifyParams) -> ActionResult:
         "target": ctx.target,
         "t": ctx.now,
     }
+    incident = ctx.engine.incidents.current() if ctx.engine.incidents else None
+    if incident:
+        payload.update(incident=incident, incident_command=f"kcops incident show {incident}")
     status = await send(ctx.config.actions.notify, payload)
     return ActionResult(detail=f"webhook answered {status}", data={"payload": payload})
 

@@ -123,6 +123,17 @@ def applicable(check: Check, _: Params) -> None:
 
 async def restart_worker(ctx: ActionContext, p: NoParams) -> ActionResult:
     mode = _mode(Check(ctx.config, ctx.engine, ctx.supervisor, ctx.now))
+    # The engine's stacks and last words before any signal (bounded by the capture budget).
+    keeper = ctx.engine.incidents
+    incident = await keeper.keep(ActionName.RESTART_WORKER, ctx.now) if keeper else None
+    result = await _restart(ctx, mode)
+    if incident is not None:
+        result.data["incident"] = incident
+        result.detail = f"{result.detail}; evidence in incident {incident}"
+    return result
+
+
+async def _restart(ctx: ActionContext, mode: str) -> ActionResult:
     if mode == "supervisor":
         assert ctx.supervisor is not None
         drain, evidence = _verdict(ctx)

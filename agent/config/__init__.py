@@ -12,7 +12,7 @@ from pathlib import Path
 from pydantic import Field, ValidationError
 
 from kcops.agent.config.actions import ActionsSection
-from kcops.agent.config.agent import AgentSection, StoreSection
+from kcops.agent.config.agent import AgentSection, IncidentsSection, StoreSection
 from kcops.agent.config.base import Section
 from kcops.agent.config.collectors import CollectorsSection
 from kcops.agent.config.cost import CostSection
@@ -37,6 +37,7 @@ class Config(Section):
     exporters: ExportersSection = Field(default_factory=ExportersSection)
     cost: CostSection = Field(default_factory=CostSection)
     recommendation: RecommendationSection = Field(default_factory=RecommendationSection)
+    incidents: IncidentsSection = Field(default_factory=IncidentsSection)
 
 
 def format_validation_error(exc: ValidationError, source: str) -> str:

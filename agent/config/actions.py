@@ -147,6 +147,10 @@ class KubernetesSection(Section):
     namespace: str | None = Field(None, description="default: the service account's namespace")
     pod_name: str | None = Field(None, description="default: $POD_NAME, then $HOSTNAME")
     timeout_s: Duration = Field(5.0, gt=0, le=60, description="one API call's timeout")
+    engine_container: str = Field(
+        "engine", min_length=1, max_length=63,
+        description="the engine's container in this pod, whose log an incident record keeps",
+    )  # fmt: skip
 
 
 _K8S_NAME = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"

@@ -47,6 +47,23 @@ class AgentSection(Section):
         return host.strip("[]"), int(port)
 
 
+class IncidentsSection(Section):
+    capture_budget_s: Duration = Field(
+        2.0,
+        ge=0,
+        le=30,
+        description="time the evidence of a restart may take before its "
+        "signal (stacks, process state, output, series); 0 turns the capture off",
+    )
+    max_count: int = Field(50, ge=1, le=10_000, description="incident records kept on disk")
+    max_bytes: int = Field(
+        64 << 20, ge=1 << 20, le=16 << 30, description="bytes of incident records kept on disk"
+    )
+    series_window_s: Duration = Field(
+        600.0, ge=0, le=3600, description="how far back before the capture the series go"
+    )
+
+
 class StoreSection(Section):
     retention_s: Duration = Field(3900.0, ge=60, le=7 * 86400, description="sample retention")
     max_series: int = Field(

@@ -47,6 +47,11 @@ class Watch(Protocol):  # what the engine reads of the stall watch (engine/watch
     def evidence(self) -> dict[str, JsonValue]: ...
 
 
+class Evidence(Protocol):  # what a restart asks of the incident records (agent/incidents)
+    def current(self) -> str | None: ...
+    async def keep(self, reason: str, now: float) -> str: ...
+
+
 class Engine:
     """One configured engine. ``url`` None means none is configured."""
 
@@ -82,6 +87,8 @@ class Engine:
         self.draining: str | None = None
         # The stall watch (progress and canary), when one runs: status and evidence.
         self.watch: Watch | None = None
+        # The incident records, when kept: a restart keeps the evidence before any signal.
+        self.incidents: Evidence | None = None
         self._identify_at = 0.0
         self._identifying: asyncio.Task[None] | None = None
 

@@ -96,15 +96,19 @@ def frozen(pid: int, proc_root: Path = PROC) -> bool:
         lines = (proc_root / str(pid) / "cgroup").read_text().splitlines()
     except OSError:
         return False
-    for line in lines:
+    base = Path("/sys/fs/cgroup")
+    for line in lines:  # a hybrid host has both: frozen by either is frozen
         _, controllers, path = line.split(":", 2)
-        base = Path("/sys/fs/cgroup")
+        rel = path.lstrip("/")
+        found: list[tuple[Path, tuple[str, ...]]]
         if "freezer" in controllers.split(","):
-            state = base / "freezer" / path.lstrip("/") / "freezer.state"
+            found = [(base / "freezer" / rel / "freezer.state", ("FROZEN", "FREEZING"))]
+        elif controllers == "":  # v2: at the root, or under unified/ on a hybrid host
+            found = [(b / rel / "cgroup.events", ("frozen 1",)) for b in (base, base / "unified")]
+        else:
+            continue
+        for knob, marks in found:
             with contextlib.suppress(OSError):
-                return state.read_text().strip() in ("FROZEN", "FREEZING")
-        elif controllers == "":
-            events = base / path.lstrip("/") / "cgroup.events"
-            with contextlib.suppress(OSError):
-                return "frozen 1" in events.read_text()
+                if any(m in knob.read_text() for m in marks):
+                    return True
     return False

@@ -41,6 +41,7 @@ from kcops.agent.config.actions import RestartSection
 from kcops.agent.engine import Engine, proctree, shm
 from kcops.agent.engine import drain as dr
 from kcops.agent.engine import lifecycle as lc
+from kcops.agent.engine.output import OutputRing
 from kcops.agent.engine.shutdown import engine_drain_s
 from kcops.agent.engine.survivors import Survivors
 from kcops.agent.engine.terminate import (
@@ -119,6 +120,7 @@ class Supervisor:
         self.shm_removed_total = 0
         self._reaper: asyncio.Task[None] | None = None  # reaps a crashed tree; respawn waits
         self.survivors = Survivors(self.cfg, store, proc_root)
+        self.output = OutputRing()  # one across respawns: the dead engine's last words stay
 
     def backing_off(self) -> str | None:
         """Why the supervisor owns the engine's next start now, or None."""
@@ -143,17 +145,16 @@ class Supervisor:
     async def _spawn(self) -> None:
         self.shm = shm.Ledger(self.shm_root, self.proc_root, self.shm_scan_s)
         self.shm.spawning()
-        self.proc = await asyncio.create_subprocess_exec(
-            *self.command,
-            start_new_session=True,
-            # the key of vLLM's tenant markers (kernels/integrations/vllm_tenant); ours yields
-            env={KEY_ENV: self.tenant_key, **os.environ, **(self.env or {})},
-            preexec_fn=die_with_parent if sys.platform == "linux" else None,
-        )
+        self.proc = await self.output.spawn(
+            lambda out, err: asyncio.create_subprocess_exec(
+                *self.command, stdout=out, stderr=err, start_new_session=True,
+                # the key of vLLM's tenant markers (kernels/integrations/vllm_tenant); ours yields
+                env={KEY_ENV: self.tenant_key, **os.environ, **(self.env or {})},
+                preexec_fn=die_with_parent if sys.platform == "linux" else None,
+            )
+        )  # fmt: skip
         self._waiter = asyncio.get_running_loop().create_task(self.proc.wait())
-        self.started_at = self.clock()
-        self.ready = False
-        self.respawn_at = None
+        self.started_at, self.ready, self.respawn_at = self.clock(), False, None
         if self.engine is not None:
             self.engine.observe(lc.Spawned(self.started_at))
         log.info("engine started: pid %d: %s", self.proc.pid, " ".join(self.command))
@@ -372,14 +373,13 @@ class Supervisor:
         if self.proc is not None:
             await wait_gone(self.proc.pid, GONE_WAIT_S, self.proc_root)
         self._reap_shm()
+        await self.output.close()
 
     def status(self) -> dict[str, object]:
         pid = self.pid()
-        summary = self.backing_off() if self.gave_up else None
-        if summary is None:
-            summary = f"engine pid {pid}, {self.restarts} restart(s)" if pid else (
-                f"engine down (last exit {self.last_exit}), respawn pending"
-            )  # fmt: skip
+        up = f"engine pid {pid}, {self.restarts} restart(s)"
+        down = f"engine down (last exit {self.last_exit}), respawn pending"
+        summary = (self.backing_off() if self.gave_up else None) or (up if pid else down)
         return {
             "healthy": pid is not None and not self.gave_up,
             "summary": summary,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Literal
 
 from kcops.agent.actions.notify import send as send_notify
@@ -35,6 +36,7 @@ class Pager:
         self.sent: dict[Paged, int] = {}  # pages by how they went out
         self.pages = 0
         self.tasks: set[asyncio.Task[None]] = set()
+        self.incident: Callable[[], str | None] = lambda: None  # the open incident's id
 
     def page(
         self,
@@ -52,12 +54,10 @@ class Pager:
         """
         now = self.clock()
         self.pages += 1
-        named: dict[str, str | int | None] = {
-            "alertname": alertname,
-            "scope": scope,
-            "action": action,
-            "last_exit": last_exit,
-        }
+        incident = self.incident()
+        named: dict[str, str | int | None] = dict(
+            alertname=alertname, scope=scope, action=action, last_exit=last_exit, incident=incident
+        )
         context = {k: v for k, v in named.items() if v is not None}
         # The same page again (a crash loop that pages each crash) is counted, and summed
         # up in a ``kind: repeated`` record; the webhook still gets every one.
@@ -81,6 +81,8 @@ class Pager:
                 "t": now,
                 **context,
             }
+            if incident:
+                payload["incident_command"] = f"kcops incident show {incident}"
             try:
                 await send_notify(cfg, payload)
                 self._count("sent")

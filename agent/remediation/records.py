@@ -191,6 +191,7 @@ class PageRecord(_Record):
     scope: str | None = None
     action: ActionName | None = None
     last_exit: int | None = None  # an engine crash loop: its last exit code
+    incident: str | None = None  # the open incident's record (kcops incident show ID)
 
 
 class EscalationRecord(_Record):

@@ -91,6 +91,7 @@ class Remediation:
             durable=self.persist.durable,
         )  # fmt: skip
         self.pager = Pager(cfg.actions.notify, self.audit, ctx.clock)
+        self.pager.incident = lambda: engine.incidents.current() if engine.incidents else None
         self.alert_state = AlertState(ruleset)
         self.restorer = Restores(self.runner, self.persist.touch)
         # Which pod each Alertmanager alert is about: a ladder it started runs its

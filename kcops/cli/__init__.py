@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "kc": ("kcops.cli.kc", "kc_group"),
     "alerts": ("kcops.cli.alerts", "alerts_group"),
     "actions": ("kcops.cli.actions", "actions_group"),
+    "incident": ("kcops.cli.incident", "incident_group"),
     "demo": ("kcops.demo.cli", "demo_cmd"),
     "runbook": ("kcops.cli.runbook", "runbook_cmd"),
     "diagnose": ("kcops.cli.diagnose", "diagnose_cmd"),

@@ -72,14 +72,21 @@ def hook_runner(probe: Probe) -> None:
         return
     REQUESTS.on_finish = functools.partial(observe_finished, probe)
     REQUESTS.on_model = probe.set_model
+    hang = vllm_requests.hang_file()
     try:
-        wrapped = vllm_requests.install(REQUESTS)
+        wrapped = vllm_requests.install(REQUESTS, hang=hang)
     except Exception as exc:  # never into vLLM; rows stay unattributed
         _runner_hooked = True
         _logger().warning("kcops probe: not attributing K(C) to vLLM requests: %r", exc)
         return
     if wrapped:
         _runner_hooked = True
+        if hang is not None:
+            _logger().warning(
+                "kcops TEST FAULT ARMED (pid %d): %s=%s: every engine step hangs in "
+                "kcops_test_hang while that file exists. Tests only: unset it in production.",
+                os.getpid(), vllm_requests.HANG_FILE_ENV, hang,
+            )  # fmt: skip
         _info(
             f"kcops probe (pid {os.getpid()}) wrapped "
             f"{', '.join(c.__name__ for c in wrapped)}.execute_model: sampled K(C) rows are "

@@ -30,13 +30,19 @@ differently and is not attributed (its rows count, unattributed, as before).
 
 Never raises into vLLM: a runner without the expected attributes leaves the rows
 unattributed. Torch-free.
+
+A test-only fault (``KCOPS_TEST_HANG_FILE``, :func:`kcops_test_hang`) hangs the engine core
+inside its own Python code, for the incident record's acceptance
+(tests/engines/vllm/test_incident.py); without the variable the wrapper has no such check.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import sys
 import threading
+import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -55,6 +61,22 @@ T = TypeVar("T")  # what the wrapped execute_model returns
 MAX_OPEN = 4096
 # Finished requests kept for a reader (newest last).
 MAX_FINISHED = 4096
+# Test-only: a file whose existence hangs every step (see kcops_test_hang).
+HANG_FILE_ENV = "KCOPS_TEST_HANG_FILE"
+HANG_POLL_S = 0.05
+
+
+def hang_file() -> str | None:
+    """The test fault's file, when ``KCOPS_TEST_HANG_FILE`` names one (read at install)."""
+    return os.environ.get(HANG_FILE_ENV) or None
+
+
+def kcops_test_hang(path: str, poll_s: float = HANG_POLL_S) -> None:
+    """Block the step while ``path`` exists: the test-only hang. Its name is the frame a
+    stack dump of the hung engine core must show; one ``os.path.exists`` per step when the
+    file is absent."""
+    while os.path.exists(path):
+        time.sleep(poll_s)
 
 
 @dataclass(frozen=True)
@@ -157,14 +179,19 @@ def served_model(runner: object) -> str:
     return name if isinstance(name, str) else ""
 
 
-def wrap_execute_model(requests: Requests, fn: Callable[..., T]) -> Callable[..., T]:
+def wrap_execute_model(
+    requests: Requests, fn: Callable[..., T], hang: str | None = None
+) -> Callable[..., T]:
     """``execute_model(self, scheduler_output, …)`` that closes finished requests and
-    attributes the step's sampled K(C) rows."""
+    attributes the step's sampled K(C) rows; with ``hang`` (a path: the test fault), each
+    step first waits in :func:`kcops_test_hang` while that file exists."""
     if getattr(fn, WRAPPED_MARK, False):
         return fn
 
     @functools.wraps(fn)
     def execute_model(self: object, scheduler_output: object, *args: object, **kwargs: object) -> T:
+        if hang is not None:
+            kcops_test_hang(hang)
         try:
             if requests.model is None:
                 requests.set_model(served_model(self))
@@ -197,10 +224,11 @@ def classes(base: type) -> list[type]:
     return out
 
 
-def install(requests: Requests, module: str = RUNNER_MODULE) -> list[type]:
+def install(requests: Requests, module: str = RUNNER_MODULE, hang: str | None = None) -> list[type]:
     """Wrap ``execute_model`` of the runner class and of its subclasses that define it,
     if vLLM's runner module is imported in this process (it is in a worker once attention
-    runs); never imports it. Idempotent. Returns the classes wrapped now."""
+    runs); never imports it. Idempotent. Returns the classes wrapped now. ``hang``: the
+    test fault's file (:func:`wrap_execute_model`)."""
     mod = sys.modules.get(module)
     base = getattr(mod, RUNNER_CLASS, None)
     if not isinstance(base, type):
@@ -210,7 +238,7 @@ def install(requests: Requests, module: str = RUNNER_MODULE) -> list[type]:
         fn = cls.__dict__.get("execute_model")
         if fn is None or getattr(fn, WRAPPED_MARK, False):
             continue
-        cls.execute_model = wrap_execute_model(requests, fn)  # type: ignore[attr-defined]
+        cls.execute_model = wrap_execute_model(requests, fn, hang)  # type: ignore[attr-defined]
         wrapped.append(cls)
     return wrapped
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import struct
 import subprocess
 import sys
 import zipfile
@@ -108,6 +109,33 @@ def test_the_image_holds_no_lab_or_demo_module_and_the_on_call_cli_works(
         assert res.returncode == 0, (args, res.stderr)
     res = container.run(["kcops", "kc", "sweep"])
     assert res.returncode == 2 and "comes with kcops-lab" in res.stderr, res.stderr
+
+
+# What `setcap cap_sys_ptrace+ep` writes: VFS_CAP_REVISION_2 with the effective flag,
+# CAP_SYS_PTRACE (19) permitted.
+PTRACE_FILE_CAP = struct.pack("<5I", 0x02000001, 1 << 19, 0, 0, 0)
+
+
+def test_py_spy_runs_as_the_agent_with_its_file_capability_and_nothing_else_escalates(
+    container: Container, vllm_pod: dict[str, dict[str, Any]]
+) -> None:
+    """deploy/ adds SYS_PTRACE to the agent container and lets it be gained (docs/deploy.md,
+    "Stacks of a hung engine"): py-spy's file capability is the one thing that gains it."""
+    assert vllm_pod["kcops-agent"]["securityContext"]["capabilities"]["add"] == ["SYS_PTRACE"]
+    spy = container.root / "opt" / "kcops" / "bin" / "py-spy"
+    assert os.getxattr(spy, "security.capability") == PTRACE_FILE_CAP
+    argv = container.cmd(["py-spy", "--version"], user=AGENT_USER)
+    at = argv.index("run") + 1  # as deploy/ runs it: SYS_PTRACE in the bounding set
+    res = subprocess.run(
+        [*argv[:at], "--cap-add", "CAP_SYS_PTRACE", *argv[at:]],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert res.returncode == 0 and res.stdout.startswith("py-spy "), res.stderr
+    setid = subprocess.run(
+        ["find", str(container.root), "-xdev", "-type", "f", "-perm", "/6000"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert setid.stdout == "", setid.stdout
 
 
 def _new_files(root: Path, since: Path) -> list[str]:

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from kcops.alerts import packaged_file
-from tests.integration.test_remediation_e2e import Stack, stack
+from tests.integration.test_remediation_e2e import AUTH, Stack, stack
 
 pytestmark = pytest.mark.slow
 
@@ -33,8 +33,40 @@ def packaged_rule(name: str) -> dict[str, object]:
         "alert": name,
         "expr": rule["expr"],
         "for": rule["for"],
+        "labels": rule["labels"],
         "remediation": rule["remediation"],
     }
+
+
+def the_incident(s: Stack, run: dict[str, object]) -> dict[str, object]:
+    """The one incident the drill opened, as the API serves it, once its capture is on disk."""
+    result = run["result"]
+    assert isinstance(result, dict) and "incident" in result, run
+    listed = httpx.get(f"{s.agent}/api/v1/incidents", headers=AUTH, timeout=10).json()
+    assert [i["id"] for i in listed["incidents"]] == [result["incident"]], listed
+    url = f"{s.agent}/api/v1/incidents/{result['incident']}"
+    return s.until(
+        lambda: (r := httpx.get(url, headers=AUTH, timeout=10).json())["parts"] and r,
+        30,
+        "the incident's parts on disk",
+    )
+
+
+def where_it_hung(rec: dict[str, object]) -> dict[str, object]:
+    """The worker's model thread, caught in its loop's wait by the stacks taken before the kill."""
+    cap = rec["capture"]
+    assert isinstance(cap, dict) and cap["seconds"] <= cap["budget_s"] + 0.5, cap
+    procs = rec["processes"]
+    assert isinstance(procs, list) and procs, rec
+    worker = next(p for p in procs if p["role"] == "kcops worker")
+    assert worker["stacks"]["error"] is None, worker
+    frames = [f for t in worker["stacks"]["threads"] for f in t["frames"]]
+    hung = [f for f in frames if f["name"].endswith("._run") and f["file"].endswith("engine.py")]
+    assert hung, [f["name"] for f in frames]
+    assert worker["state"] in "RSD" and worker["threads"] >= 2 and worker["rss_bytes"] > 0
+    # The engine's last words: the supervisor's ring, across the respawn.
+    assert any("engine started: pid" in line for line in rec["output"]), rec["output"]
+    return worker
 
 
 @contextlib.contextmanager
@@ -112,6 +144,22 @@ def test_stalled_worker_is_judged_out_of_rotation_and_restarted(
         t_serving = time.monotonic() - t0
         s.until(lambda: httpx.get(ready, timeout=5).status_code == 200, 60, "ready again")
         assert s.state_of_worker()["pid"] == run["after"]["pid"]
+        # The evidence: the stacks before the kill, the timeline once the incident closes.
+        where_it_hung(the_incident(s, run))
+        url = f"{s.agent}/api/v1/incidents/{run['result']['incident']}"
+        rec = s.until(
+            lambda: (
+                (r := httpx.get(url, headers=AUTH, timeout=10).json())["status"] == "closed" and r
+            ),
+            60,
+            "the incident to close",
+        )
+        what = [e["what"] for e in rec["timeline"]]
+        assert "KcopsEngineStalled firing" in what, what
+        assert any(w.startswith("restart_worker ok") for w in what), what
+        assert rec["alerts"][0]["alertname"] == "KcopsEngineStalled", rec["alerts"]
+        series = httpx.get(f"{url}/export", headers=AUTH, timeout=10)
+        assert series.headers["content-type"] == "application/gzip" and len(series.content) > 100
         print(
             f"stall drill: readiness 503 after {t_503:.1f}s, page after "
             f"{run['trigger']['t'] - wall0:.1f}s, restart recorded after {t_restart:.1f}s, "
@@ -149,6 +197,9 @@ def test_hung_worker_pages_within_seconds_and_is_killed_without_a_drain(
             "a completion from the respawned worker",
         )
         t_serving = time.monotonic() - t0
+        rec = the_incident(s, run)
+        assert rec["trigger"] == "KcopsEngineDown" and rec["alerts"][0]["state"] != "pending", rec
+        where_it_hung(rec)
         print(
             f"hang drill: page after {to_page:.1f}s, restart recorded after {t_restart:.1f}s "
             f"(it took {run['duration_s']:.2f}s), serving again after {t_serving:.1f}s"

@@ -64,10 +64,19 @@ def cost_section(source: Source, start: float, end: float) -> str:
 @click.option(
     "--out", type=click.Path(dir_okay=False), default="kcops-report.html", show_default=True
 )
+@click.option(
+    "--token-file",
+    type=click.Path(dir_okay=False),
+    help="Bearer token file, to read the incidents (else $KCOPS_TOKEN).",
+)
 @handle_errors
-def report_cmd(source: Source, since: str, out: str) -> None:
+def report_cmd(source: Source, since: str, out: str, token_file: str | None) -> None:
     from kcops.cli.actions import past_window
+    from kcops.cli.common import token_headers
+    from kcops.cli.report.incidents import incidents_section
 
     start, end = past_window(since)
-    path = write_report(source, start, end, Path(out), "kcops report")
+    agent = source.url if source.kind == "agent" else None
+    incidents = incidents_section(agent, start, end, token_headers(token_file))
+    path = write_report(source, start, end, Path(out), "kcops report", incidents)
     click.echo(f"report written: {path.resolve()}")

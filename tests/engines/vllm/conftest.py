@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from kcops.kernels.integrations.vllm_requests import HANG_FILE_ENV
 from tests.engines.vllm.harness import (
     POLL_S,
     Load,
@@ -42,6 +43,7 @@ ORDER = (
     "test_ladder.py",
     "test_restart.py",
     "test_stall.py",
+    "test_incident.py",
 )
 SOAK_S = 300.0
 # The TTFT page (KcopsP99LatencyHigh) counts only once the engine has been ready for a
@@ -161,4 +163,25 @@ def stack(soak: Soak) -> Stack:
 def after_soak(soak: Soak) -> Stack:
     """The engine, once the soak is over (tests that act on it must not disturb it)."""
     soak.finish()
+    return soak.stack
+
+
+@pytest.fixture(autouse=True, scope="session")
+def hang_file(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The plugin's test-only hang, armed in the vLLM this session starts (autouse: set
+    before the soak starts it): its engine core hangs while this file exists
+    (test_incident.py); absent, the cost is one ``os.path.exists`` per step."""
+    path = tmp_path_factory.mktemp("fault") / "hang"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(HANG_FILE_ENV, str(path))
+        yield path
+        path.unlink(missing_ok=True)
+
+
+@pytest.fixture
+def quiet(soak: Soak) -> Stack:
+    """The engine with the soak's load stopped. The suite runs the tests that use it last
+    (ORDER), after the soak's verdict; run alone, they skip the five minutes of soak."""
+    soak.load.stop()
+    soak.watch.stop()
     return soak.stack

@@ -93,6 +93,7 @@ NOT_READ = {
     "dashboards export": "writes ConfigMaps YAML",
     "dashboards push": "writes to Grafana",
     "demo": "runs the demo",
+    "incident export": "writes a .tar.gz",
     "kc report": "writes plots and HTML",
     "report": "writes an HTML page",
     "serve": "runs the worker",
