@@ -1,10 +1,13 @@
 """``kcops cost --agent URL --since 24h``: queries, context and cost by model and tenant.
 
 Per (model, tenant), over the window: queries (finished requests), how many the
-probe sampled, their full context tokens, their effective context tokens as
-priced (sampled: mean K_p; unsampled: full), the cost at full and at effective
-context (``cost.prices`` in the agent's config), and the saving a K(C)-sized
-budget would give (full − effective). The totals row is the sum of the rows.
+probe sampled (the measured share), their full context tokens, their effective
+context tokens (sampled: mean K_p; unsampled: estimated at the sampled ones'
+effective/full ratio, ``kcops.agent.cost.estimate``) with a 95% interval, the cost
+at full and at effective context (``cost.prices`` in the agent's config), the
+conservative cost (unsampled requests at full context, ``kcops_cost_effective_total``)
+and the saving the estimate gives (full − effective). The totals row is the sum of
+the rows (its interval the sum of theirs).
 
 A counter's increase over the window is exact (last value − value at the start)
 unless the engine restarted inside it (a reset), where Prometheus's
@@ -19,27 +22,34 @@ from __future__ import annotations
 import html
 import json
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 import click
 
+from kcops.agent.cost import Traffic, estimate, sum_sq
 from kcops.cli.common import handle_errors, one_line
 from kcops.cli.source import Source, source_options
 
 QUERIES = "kcops_request_context_tokens_count"
 SAMPLED = "kcops_request_effective_context_tokens_count"
 CONTEXT = "kcops_request_context_tokens_sum"
+SAMPLED_EFFECTIVE = "kcops_request_effective_context_tokens_sum"
 EFFECTIVE = "kcops_request_priced_effective_tokens_total"
 COST_FULL = "kcops_cost_full_total"
 COST_EFFECTIVE = "kcops_cost_effective_total"
+BUCKETS = ("kcops_request_context_tokens_bucket", "kcops_request_effective_context_tokens_bucket")
 COLUMNS = (
     "model", "tenant", "queries", "sampled", "context tokens", "effective tokens",
-    "cost full", "cost effective", "saving",
+    "effective/full (95%)", "cost full", "cost effective", "conservative", "saving",
 )  # fmt: skip
 
 
 @dataclass
 class CostRow:
+    """One (model, tenant); ``effective_tokens`` and the costs at effective context are the
+    estimate, ``conservative_tokens`` and ``cost_conservative`` price unsampled requests at
+    their full context (what ``kcops_cost_effective_total`` counts)."""
+
     model: str
     tenant: str
     queries: float = 0.0
@@ -48,6 +58,13 @@ class CostRow:
     effective_tokens: float = 0.0
     cost_full: float | None = None  # None: the model has no price
     cost_effective: float | None = None
+    effective_tokens_low: float | None = None  # None: no interval (rows built by hand)
+    effective_tokens_high: float | None = None
+    conservative_tokens: float | None = None
+    cost_effective_low: float | None = None
+    cost_effective_high: float | None = None
+    cost_conservative: float | None = None
+    ratio_of: str = ""  # whose sampled requests gave the ratio (kcops.agent.cost.Estimate)
 
     @property
     def saving(self) -> float | None:
@@ -55,18 +72,23 @@ class CostRow:
             return None
         return self.cost_full - self.cost_effective
 
+    @property
+    def measured_share(self) -> float | None:
+        return self.sampled / self.queries if self.queries else None
+
     def as_json(self) -> dict[str, object]:
-        return {**asdict(self), "saving": self.saving}
+        return {**asdict(self), "saving": self.saving, "measured_share": self.measured_share}
 
 
 def totals(rows: list[CostRow]) -> CostRow:
-    """The sum of the rows; a cost column sums its priced rows (None when none is)."""
+    """The sum of the rows; a column that a row may lack (a cost: no price) sums the rows
+    that have it (None when none has)."""
     out = CostRow("total", "")
-    for f in ("queries", "sampled", "context_tokens", "effective_tokens"):
-        setattr(out, f, sum(getattr(r, f) for r in rows))
-    for f in ("cost_full", "cost_effective"):
-        priced = [getattr(r, f) for r in rows if getattr(r, f) is not None]
-        setattr(out, f, sum(priced) if priced else None)
+    for f in fields(CostRow):
+        if f.name in ("model", "tenant", "ratio_of"):
+            continue
+        got = [getattr(r, f.name) for r in rows if getattr(r, f.name) is not None]
+        setattr(out, f.name, sum(got) if got or getattr(out, f.name) is not None else None)
     return out
 
 
@@ -106,31 +128,76 @@ def gather(
     narrows each metric (a source's label selector)."""
     got = {
         name: window_increase(client, sel(name), start, end)
-        for name in (QUERIES, SAMPLED, CONTEXT, EFFECTIVE, COST_FULL, COST_EFFECTIVE)
+        for name in (QUERIES, SAMPLED, CONTEXT, SAMPLED_EFFECTIVE, EFFECTIVE, COST_FULL)
     }
-    rows: dict[tuple[str, ...], CostRow] = {}
+    conservative = window_increase(client, sel(COST_EFFECTIVE), start, end)
+    full_sq, eff_sq = (_sums_sq(client, sel(name), start, end) for name in BUCKETS)
+    windows: dict[tuple[str, str], Traffic] = {}
     for mt, v in got[QUERIES].items():
         if v > 0:
-            rows[mt] = CostRow(mt[0], mt[1], queries=v)
-    for mt, row in rows.items():
-        row.sampled = got[SAMPLED].get(mt, 0.0)
-        row.context_tokens = got[CONTEXT].get(mt, 0.0)
-        row.effective_tokens = got[EFFECTIVE].get(mt, 0.0)
-        row.cost_full = got[COST_FULL].get(mt)
-        row.cost_effective = got[COST_EFFECTIVE].get(mt)
-    return sorted(rows.values(), key=lambda r: (-(r.cost_full or 0.0), r.model, r.tenant))
+            model, tenant = mt
+            windows[model, tenant] = Traffic(
+                requests=v,
+                full=got[CONTEXT].get(mt, 0.0),
+                full_sq=full_sq.get(mt, 0.0),
+                sampled=got[SAMPLED].get(mt, 0.0),
+                effective=got[SAMPLED_EFFECTIVE].get(mt, 0.0),
+                effective_sq=eff_sq.get(mt, 0.0),
+                priced=got[EFFECTIVE].get(mt, 0.0),
+            )
+    rows = []
+    for (model, tenant), est in estimate(windows).items():
+        w = windows[model, tenant]
+        row = CostRow(model, tenant, w.requests, w.sampled, w.full, est.tokens)
+        row.effective_tokens_low, row.effective_tokens_high = est.low, est.high
+        row.conservative_tokens, row.ratio_of = w.priced, est.ratio_of
+        row.cost_full = got[COST_FULL].get((model, tenant))
+        if row.cost_full is not None:
+            # one price per model: a cost is its tokens at the full cost's price per token
+            per_token = row.cost_full / w.full if w.full > 0 else 0.0
+            row.cost_effective = per_token * est.tokens
+            row.cost_effective_low = per_token * est.low
+            row.cost_effective_high = per_token * est.high
+            row.cost_conservative = conservative.get((model, tenant), per_token * w.priced)
+        rows.append(row)
+    return sorted(rows, key=lambda r: (-(r.cost_full or 0.0), r.model, r.tenant))
+
+
+def _sums_sq(client: object, metric: str, start: float, end: float) -> dict[tuple[str, ...], float]:
+    """Σx² of a histogram's observations over the window, by (model, tenant), from its
+    buckets' increases (``kcops.agent.cost.sum_sq``)."""
+    by: dict[tuple[str, ...], dict[float, float]] = {}
+    for (model, tenant, le), v in window_increase(
+        client, metric, start, end, by=("model", "tenant", "le")
+    ).items():
+        try:
+            by.setdefault((model, tenant), {})[float(le)] = v
+        except ValueError:  # not a bucket's bound: not a histogram this code reads
+            continue
+    return {mt: sum_sq(cumulative) for mt, cumulative in by.items()}
 
 
 def _cells(r: CostRow) -> list[str]:
     def money(v: float | None) -> str:
         return "—" if v is None else f"{v:.6f}"
 
+    def share(v: float | None) -> str:
+        return "—" if v is None or not r.context_tokens else f"{v / r.context_tokens:.3f}"
+
     saving = r.saving
     pct = f" ({100 * saving / r.cost_full:.0f}%)" if saving is not None and r.cost_full else ""
+    measured = f" ({100 * r.measured_share:.0f}%)" if r.measured_share is not None else ""
+    ratio = share(r.effective_tokens)
+    if (
+        r.effective_tokens_low is not None
+        and r.effective_tokens_high is not None
+        and r.context_tokens
+    ):
+        ratio += f" ({share(r.effective_tokens_low)}–{share(r.effective_tokens_high)})"
     return [
-        one_line(r.model), one_line(r.tenant), f"{r.queries:.0f}", f"{r.sampled:.0f}",
-        f"{r.context_tokens:.0f}", f"{r.effective_tokens:.1f}", money(r.cost_full),
-        money(r.cost_effective), money(saving) + pct,
+        one_line(r.model), one_line(r.tenant), f"{r.queries:.0f}", f"{r.sampled:.0f}{measured}",
+        f"{r.context_tokens:.0f}", f"{r.effective_tokens:.1f}", ratio, money(r.cost_full),
+        money(r.cost_effective), money(r.cost_conservative), money(saving) + pct,
     ]  # fmt: skip
 
 
@@ -159,9 +226,11 @@ def render_html(rows: list[CostRow]) -> str:
         for r in [*rows, totals(rows)]
     )
     return (
-        "<h2>Cost by effective context</h2><p>Per model and tenant: cost at full context, at "
-        "effective context (mean K_p of the probe's samples; unsampled requests at full), "
-        "and the saving a K(C)-sized budget would give (docs/kc.md).</p>"
+        "<h2>Cost by effective context</h2><p>Per model and tenant: the requests the probe "
+        "sampled (the measured share), cost at full context, at effective context (mean K_p "
+        "of the probe's samples; unsampled requests estimated at the sampled ones' "
+        "effective/full ratio, with a 95% interval), conservative (unsampled requests at "
+        "full context), and the saving a K(C)-sized budget would give (docs/kc.md).</p>"
         f"<table><tr>{head}</tr>{body}</table>"
     )
 

@@ -130,7 +130,11 @@ def test_two_tenants_show_in_kcops_cost(tmp_path: Path) -> None:
     assert set(rows) == {"acme", "globex"}  # no row for the canary (tenant "none" before)
     assert {t: r["queries"] for t, r in rows.items()} == expected
     for r in rows.values():
-        assert r["sampled"] == r["queries"]  # every call sampled
+        assert r["sampled"] == r["queries"] and r["measured_share"] == 1  # every call sampled
+        # nothing to estimate: the estimate, its interval and the conservative figure agree
+        for bound in ("effective_tokens_low", "effective_tokens_high", "conservative_tokens"):
+            assert r[bound] == pytest.approx(r["effective_tokens"])
+        assert r["cost_conservative"] == pytest.approx(r["cost_effective"])
         assert 0 < r["effective_tokens"] <= r["context_tokens"]
         assert r["cost_full"] == pytest.approx(PRICE * r["context_tokens"] / 1000)
         assert r["cost_effective"] == pytest.approx(PRICE * r["effective_tokens"] / 1000)

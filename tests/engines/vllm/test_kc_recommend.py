@@ -245,9 +245,17 @@ def test_kcops_cost_shows_both_tenants_and_its_totals_add_up(stack: Stack) -> No
         assert 0 < row["effective_tokens"] <= row["context_tokens"], row
         assert 0 < row["cost_effective"] <= row["cost_full"], row
         assert row["cost_full"] == pytest.approx(row["context_tokens"] * PRICE_PER_1K / 1000)
+        # the estimate within its interval, under the conservative figure (unsampled at full)
+        assert row["effective_tokens_low"] <= row["effective_tokens"], row
+        assert row["effective_tokens"] <= row["effective_tokens_high"], row
+        assert row["effective_tokens_high"] <= row["conservative_tokens"], row
+        assert row["cost_effective"] <= row["cost_conservative"] * (1 + 1e-9), row
+        assert row["cost_conservative"] <= row["cost_full"] * (1 + 1e-9), row
+        assert row["measured_share"] == pytest.approx(row["sampled"] / row["queries"])
     total = doc["total"]
     for f in ("queries", "sampled", "context_tokens", "effective_tokens", "cost_full",
-              "cost_effective"):  # fmt: skip
+              "cost_effective", "cost_conservative", "cost_effective_low",
+              "cost_effective_high"):  # fmt: skip
         assert total[f] == pytest.approx(sum(r[f] for r in doc["rows"])), f
     text = subprocess.run(
         [kcops_bin(), "cost", "--agent", stack.agent_url, "--since", "10m"],
