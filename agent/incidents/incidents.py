@@ -36,6 +36,8 @@ log = logging.getLogger("kcops.agent.incidents")
 
 SETTLE_S = 5.0  # quiet time after the last alert resolved before the record closes
 SERIES_BYTES = 2 << 20
+MAX_ALERTS = 200  # alert instances one record keeps (an Alertmanager storm is counted past it)
+MAX_TIMELINE = 1000
 Output = Callable[[float], Awaitable[list[str]]]
 
 
@@ -69,6 +71,9 @@ class Incidents:
         self.capturing: asyncio.Task[None] | None = None
         self.tasks: set[asyncio.Task[None]] = set()
         self.opened = 0
+        self.alerts: dict[tuple[str, tuple[tuple[str, str], ...]], Manifest] = {}
+        self.active: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
+        self.unsaved = False
         engine.incidents = self
 
     # -- the component ----------------------------------------------------------------
@@ -82,6 +87,9 @@ class Incidents:
     async def tick(self, now: float) -> None:
         self.store.add(self.samples(), now)
         m = self.open
+        if m is not None and self.unsaved:
+            self.unsaved = False
+            self._save(m)
         if m is None or self.quiet_since is None or now - self.quiet_since < SETTLE_S:
             return
         if self.engine.tracked and self.engine.state is not EngineState.READY:
@@ -130,35 +138,29 @@ class Incidents:
         state: str = "resolved" if ev.state == "inactive" else ev.state
         if firing and ev.inhibited_by:
             state = "inhibited"
-        alerts = m["alerts"]
-        assert isinstance(alerts, list)
-        known = next(
-            (
-                a
-                for a in alerts
-                if isinstance(a, dict)
-                and a["alertname"] == ev.alertname
-                and a["labels"] == dict(ev.labels)
-            ),
-            None,
-        )
-        if known is None and state == "resolved":
-            return
+        key = (ev.alertname, tuple(sorted(ev.labels.items())))
+        known = self.alerts.get(key)
         if known is None:
-            known = {
-                "alertname": ev.alertname,
-                "labels": dict(ev.labels),
-                "first_t": ev.t,
-                "inhibited_by": ev.inhibited_by,
-            }
+            alerts = m["alerts"]
+            assert isinstance(alerts, list)
+            if state == "resolved":
+                return
+            if len(alerts) >= MAX_ALERTS:  # a storm: counted, the record stays small
+                m["alerts_over_cap"] = int(str(m.get("alerts_over_cap") or 0)) + 1
+                return
+            known = {"alertname": ev.alertname, "labels": dict(ev.labels), "first_t": ev.t,
+                     "inhibited_by": ev.inhibited_by}  # fmt: skip
             alerts.append(known)
+            self.alerts[key] = known
         known["state"] = state
-        self._event(
-            m, ev.t, "alert", f"{ev.alertname} {state}", alertname=ev.alertname, state=state
-        )
-        still = any(isinstance(a, dict) and a["state"] != "resolved" for a in alerts)
-        self.quiet_since = None if still else ev.t
-        self._save(m)
+        if state == "resolved":
+            self.active.discard(key)
+        else:
+            self.active.add(key)
+        self._event(m, ev.t, "alert", f"{ev.alertname} {state}", alertname=ev.alertname,
+                    state=state)  # fmt: skip
+        self.quiet_since = None if self.active else ev.t
+        self.unsaved = True  # written at the next tick: a storm is one write per tick
 
     # -- what a restart asks (restart_worker, before any signal) -------------------------
 
@@ -196,6 +198,7 @@ class Incidents:
             "parts": {},
         }
         self.open, self.quiet_since = m, None
+        self.alerts, self.active = {}, set()
         self.opened += 1
         self._event(m, now, "alert" if trigger[:1].isupper() else "action", f"opened: {trigger}")
         log.error("incident %s opened (%s): kcops incident show %s", m["id"], trigger, m["id"])
@@ -270,7 +273,10 @@ class Incidents:
     def _event(self, m: Manifest, t: float, kind: str, what: str, **kw: JsonValue) -> None:
         timeline = m["timeline"]
         assert isinstance(timeline, list)
-        timeline.append({"t": t, "kind": kind, "what": what, **kw})
+        if len(timeline) < MAX_TIMELINE:
+            timeline.append({"t": t, "kind": kind, "what": what, **kw})
+        else:
+            m["timeline_over_cap"] = int(str(m.get("timeline_over_cap") or 0)) + 1
 
     def _save(self, m: Manifest) -> None:
         data, id_ = json.dumps(m, indent=1, default=str).encode(), str(m["id"])

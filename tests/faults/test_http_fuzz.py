@@ -299,6 +299,10 @@ AGENT_REQUESTS = st.one_of(
         _get("/api/v1/rules"),
         _get("/api/v1/engine/ready"),
         _get("/api/v1/kc/recommendation", refresh=query_values),
+        _get("/api/v1/incidents"),
+        st.tuples(st.text(max_size=40), st.sampled_from(["", "/export"])).map(
+            lambda it: Req("GET", "/api/v1/incidents/" + quote(it[0] or "x", safe="") + it[1])
+        ),
         _get("/api/v1/actions/history", since=query_values, limit=query_values),
         _get("/api/v1/query", **_INSTANT),
         _get("/api/v1/query_range", **_RANGE),
@@ -331,8 +335,8 @@ AGENT_REQUESTS = st.one_of(
 @given(req=AGENT_REQUESTS)
 def test_fuzz_every_route(real_agent: RealAgent, req: Req) -> None:
     """Every read and mutating route: no 5xx, JSON errors, JSON-safe numbers; /healthz after."""
-    if req.method == "POST":
-        req.headers.update(real_agent.headers())  # past the token: the body is what is fuzzed
+    if req.method == "POST" or req.path.startswith("/api/v1/incidents"):
+        req.headers.update(real_agent.headers())  # past the token: the input is what is fuzzed
     with httpx.Client(timeout=10) as client:
         # /api/v1/engine/ready is a readiness answer: 503 while the engine does not serve
         allow = (503,) if req.path == "/api/v1/engine/ready" else ()
@@ -347,6 +351,7 @@ def test_every_route_is_fuzzed(tmp_path: Path) -> None:
         "/api/v1/actions/history", "/api/v1/remediation", "/api/v1/actions/{name}",
         "/api/v1/alertmanager", "/api/v1/query", "/api/v1/query_range", "/api/v1/alerts",
         "/api/v1/rules", "/api/v1/engine/ready", "/api/v1/kc/recommendation",
+        "/api/v1/incidents", "/api/v1/incidents/{id}", "/api/v1/incidents/{id}/export",
     }  # fmt: skip
     agent = Agent(parse_config({"agent": {"state_dir": str(tmp_path)}}), token="t")
     routes = {r.path for r in core_routes(agent)}  # type: ignore[attr-defined]

@@ -28,6 +28,7 @@ from kcops.agent.samples import SeriesKey
 from kcops.agent.store import Store
 from kcops.auth import TokenCheck
 from tests.freezer import freezer, frozen
+from tests.services import wait_until
 
 TOKEN = "t0k"
 HUNG = """
@@ -181,6 +182,8 @@ def test_a_stopped_process_is_read_without_pausing_it_within_the_budget(
     hung: subprocess.Popen[bytes],
 ) -> None:
     os.kill(hung.pid, signal.SIGSTOP)
+    wait_until(lambda: Path(f"/proc/{hung.pid}/stat").read_text().split(") ")[1][0] == "T", 10,
+               "the process stopped")  # fmt: skip
     t0 = time.monotonic()
     found, missing = capture.processes(hung.pid, 1.0)
     assert time.monotonic() - t0 <= 1.5
