@@ -249,15 +249,15 @@ class Incidents:
             "series.om": text.encode(),
         }
         m["parts"] = {k: len(v) for k, v in parts.items()}
-        id_ = str(m["id"])
+        id_, manifest = str(m["id"]), json.dumps(m, indent=1, default=str).encode()
 
-        def write() -> None:
-            for name, data in parts.items():
+        def write() -> None:  # the parts, then the manifest naming them, in one job: a read
+            for name, data in parts.items():  # (on this thread too) sees both or neither
                 self.book.write(id_, name, data)
+            self.book.write(id_, MANIFEST, manifest)
             self.book.prune(keep=id_)
 
         await self.writer.run(write)
-        self._save(m)
 
     async def _close(self, m: Manifest) -> None:
         t0, t1 = float(str(m["opened_at"])), float(str(m["closed_at"]))

@@ -46,10 +46,11 @@ def _value(v: float) -> str:
 
 
 def render(window: Window, max_bytes: int) -> tuple[str, bool]:
-    """The text and whether it was cut at ``max_bytes`` (whole series are kept or left)."""
+    """The text and whether it was cut at ``max_bytes`` (whole series are kept or left;
+    histogram buckets, the bulk of an engine's series, go last, so a cut takes them first)."""
     lines: list[str] = []
     size, cut, typed = 0, False, set()
-    for key, ts, vs in sorted(window, key=lambda w: w[0]):
+    for key, ts, vs in sorted(window, key=lambda w: (w[0].name.endswith("_bucket"), w[0])):
         head = [] if key.name in typed else [f"# TYPE {key.name} unknown"]
         body = [f"{key.name}{_labels(key)} {_value(v)} {t:.3f}"
                 for t, v in zip(ts, vs, strict=True) if not is_stale(v)]  # fmt: skip
