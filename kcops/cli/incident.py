@@ -125,9 +125,11 @@ def _frame(f: Doc) -> str:
 
 
 def _python(frames: list[Doc]) -> list[Doc]:
-    """The Python frames (they carry a line), innermost first; the native ones when none do
-    (``--native`` dumps interleave libc and the interpreter's C frames; the JSON keeps them)."""
-    return [f for f in frames if f.get("line")] or frames
+    """The Python frames, innermost first; the native ones when there are none (``--native``
+    dumps interleave libc's and the interpreter's C frames; the JSON keeps them all)."""
+    py = [f for f in frames if str(f.get("file") or "").endswith(".py")
+          or str(f.get("file") or "").startswith("<")]  # fmt: skip
+    return py or frames
 
 
 def _is_main(proc: Doc, thread: Doc) -> bool:

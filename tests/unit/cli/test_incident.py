@@ -247,3 +247,19 @@ def test_the_hang_drill_ends_by_printing_the_incident_or_saying_there_is_none(
     causes.show_incident(_DemoEnv(agent), "KcopsEngineDown")  # type: ignore[arg-type]
     out = capsys.readouterr().out
     assert "NO INCIDENT RECORD for KcopsEngineDown" in out and "not within" in out
+
+
+def test_native_frames_stay_in_the_json_and_the_summary_shows_the_python_ones() -> None:
+    """A --native dump interleaves CPython's C frames (with their source lines) and libc's:
+    the summary starts at the innermost Python frame; a thread with no Python frame shows
+    its native ones."""
+    rec = copy.deepcopy(RECORD)
+    native = [_frame("select_epoll_poll_impl", "Modules/selectmodule.c", 1598),
+              _frame("0x7f55", "libc.so.6", 0), _frame("EpollSelector.select", "selectors.py", 468),
+              _frame("BaseEventLoop._run_once", "asyncio/base_events.py", 1884)]  # fmt: skip
+    rec["processes"] = [_proc(100, "API server", [_thread(100, "MainThread", native)])]
+    text = summary(rec)
+    assert "EpollSelector.select (selectors.py:468)" in text and "select_epoll" not in text
+    assert where_hung(rec) == "API server (pid 100): EpollSelector.select (selectors.py:468)"
+    rec["processes"][0]["stacks"]["threads"][0]["frames"] = native[:2]
+    assert "select_epoll_poll_impl (Modules/selectmodule.c:1598)" in summary(rec)
