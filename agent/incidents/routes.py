@@ -40,28 +40,20 @@ def build_routes(book: Book, writer: Writer, auth: TokenCheck) -> list[web.Route
         return web.json_response({"incidents": found}, dumps=json_dumps)
 
     async def one(request: web.Request) -> web.Response:
-        id_ = id_of(request)
+        """The record as JSON, or (``/export``) its folder as a tar.gz."""
+        id_, archive = id_of(request), request.path.endswith("/export")
         try:
-            rec = await writer.run(lambda: book.read(id_))
+            got = await writer.run(lambda: book.export(id_) if archive else book.read(id_))
         except UnknownIncident:
             return unknown(id_)
-        return web.json_response(rec, dumps=json_dumps)
-
-    async def export(request: web.Request) -> web.Response:
-        id_ = id_of(request)
-        try:
-            data = await writer.run(lambda: book.export(id_))
-        except UnknownIncident:
-            return unknown(id_)
-        name = f"kcops-incident-{id_}.tar.gz"
-        return web.Response(
-            body=data,
-            content_type="application/gzip",
-            headers={"Content-Disposition": f'attachment; filename="{name}"'},
-        )
+        if not isinstance(got, bytes):
+            return web.json_response(got, dumps=json_dumps)
+        disposition = f'attachment; filename="kcops-incident-{id_}.tar.gz"'
+        return web.Response(body=got, content_type="application/gzip",
+                            headers={"Content-Disposition": disposition})  # fmt: skip
 
     return [
         web.get("/api/v1/incidents", auth.require(listing)),
         web.get("/api/v1/incidents/{id}", auth.require(one)),
-        web.get("/api/v1/incidents/{id}/export", auth.require(export)),
+        web.get("/api/v1/incidents/{id}/export", auth.require(one)),
     ]
