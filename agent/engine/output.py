@@ -15,6 +15,7 @@ import logging
 import os
 from collections import deque
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 
 log = logging.getLogger("kcops.agent.engine.output")
 
@@ -46,6 +47,9 @@ class OutputRing:
         self._bytes = 0
         self._partial: dict[str, bytes] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        # Its own threads: a log reader that stops reading holds these, never the loop's
+        # default pool (the collectors' reads).
+        self._pool = ThreadPoolExecutor(len(STREAMS), thread_name_prefix="kcops-engine-output")
         self.dropped_lines = 0
 
     def lines(self) -> list[str]:
@@ -120,7 +124,7 @@ class OutputRing:
                 if sink is None:
                     continue
                 try:  # off the loop: a slow log reader holds the engine back, as before
-                    await loop.run_in_executor(None, _write_all, sink, chunk)
+                    await loop.run_in_executor(self._pool, _write_all, sink, chunk)
                 except OSError as exc:
                     log.warning("cannot forward the engine's std%s: %s", tag, exc)
                     sink = None  # keep reading: the engine must not block on a full pipe
