@@ -4,16 +4,16 @@ same model, same load, interleaved in one process.
 Run with the vLLM venv (`make test-vllm` builds it):
 
     .venv-vllm/bin/python bench/vllm_probe_overhead.py --model FOLDER [--pairs 4]
-        [--requests 8] [--max-tokens 64] [--prompt-tokens 256]
+        [--requests 8] [--max-tokens 64] [--prompt-tokens 256] [--rates 0.003,1]
 
 vLLM runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, prefix caching off so
 every round does the same work); its plugin is off and the probe is installed and
-removed between rounds, so `off`, `default` (``ProbeConfig()``: 0.3% of calls sampled for
-timing and K(C) from the paged KV cache) and `every` (every call sampled) alternate on
-the same engine; the order of the modes rotates from one pair to the next, so none
-always runs first. Prints, per mode, the tokens/s of the whole run (tokens of all its
-rounds over their time: the ratio of sums), the median and range of its rounds, and
-the ratios to `off`; and the load average before and after.
+removed between rounds, so `off` and the probe at each of ``--rates`` (the share of calls
+sampled for timing and K(C) from the paged KV cache; by default ``ProbeConfig()``'s 0.003
+and 1, every call) alternate on the same engine; the order of the modes rotates from one
+pair to the next, so none always runs first. Prints, per mode, the tokens/s of the whole
+run (tokens of all its rounds over their time: the ratio of sums), the median and range of
+its rounds, and the ratios to `off`; and the load average before and after.
 """
 
 from __future__ import annotations
@@ -26,8 +26,6 @@ import time
 os.environ["KCOPS_PROBE"] = "0"
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-
-MODES = ("off", "default", "every")
 
 
 def _prompts(tokenizer: object, n: int, tokens: int) -> list[list[int]]:
@@ -42,6 +40,7 @@ def _prompts(tokenizer: object, n: int, tokens: int) -> list[list[int]]:
 
 
 def _set_mode(mode: str) -> None:
+    """``off``, or the probe sampling the share of calls ``mode`` names."""
     import kcops.kernels as kernels
     from kcops.kernels.config import ProbeConfig
     from kcops.kernels.integrations import vllm_plugin
@@ -49,7 +48,7 @@ def _set_mode(mode: str) -> None:
     kernels.uninstall()
     if mode == "off":
         return
-    rate = 1.0 if mode == "every" else ProbeConfig().sample_rate
+    rate = float(mode)
     cfg = ProbeConfig(sample_rate=rate, integrations=(), socket_path="/nonexistent/kcops.sock")
     probe = kernels.install(cfg)
     probe.ensure_integration("vllm", lambda p: vllm_plugin.install(p, only_if_imported=False))
@@ -62,7 +61,9 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=8, help="requests per round (one batch)")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--prompt-tokens", type=int, default=256)
+    ap.add_argument("--rates", default="0.003,1", help="sample rates beside off, comma-separated")
     args = ap.parse_args()
+    modes = ("off", *(f"{float(r):g}" for r in args.rates.split(",")))
 
     from transformers import AutoTokenizer
     from vllm import LLM, SamplingParams
@@ -74,11 +75,11 @@ def main() -> None:
     sp = SamplingParams(max_tokens=args.max_tokens, temperature=0, ignore_eos=True)
     llm.generate(prompts, sp, use_tqdm=False)  # warm-up
     load_before = _loadavg()
-    rates: dict[str, list[float]] = {m: [] for m in MODES}
-    tokens: dict[str, int] = dict.fromkeys(MODES, 0)
-    seconds: dict[str, float] = dict.fromkeys(MODES, 0.0)
+    speeds: dict[str, list[float]] = {m: [] for m in modes}
+    tokens: dict[str, int] = dict.fromkeys(modes, 0)
+    seconds: dict[str, float] = dict.fromkeys(modes, 0.0)
     for k in range(args.pairs):
-        for mode in MODES[k % len(MODES) :] + MODES[: k % len(MODES)]:
+        for mode in modes[k % len(modes) :] + modes[: k % len(modes)]:
             _set_mode(mode)
             t0 = time.perf_counter()
             outs = llm.generate(prompts, sp, use_tqdm=False)
@@ -86,16 +87,16 @@ def main() -> None:
             n = sum(len(o.outputs[0].token_ids) for o in outs)
             tokens[mode] += n
             seconds[mode] += dt
-            rates[mode].append(n / dt)
-            print(f"round {k} {mode:8s} {rates[mode][-1]:8.1f} tok/s", flush=True)
+            speeds[mode].append(n / dt)
+            print(f"round {k} {mode:8s} {speeds[mode][-1]:8.1f} tok/s", flush=True)
     _set_mode("off")
-    whole = {m: tokens[m] / seconds[m] for m in MODES}
-    med = {m: statistics.median(v) for m, v in rates.items()}
+    whole = {m: tokens[m] / seconds[m] for m in modes}
+    med = {m: statistics.median(v) for m, v in speeds.items()}
     print(f"requests/round={args.requests} prompt_tokens={args.prompt_tokens} "
           f"max_tokens={args.max_tokens} pairs={args.pairs}")  # fmt: skip
     print(f"load average before: {load_before}; after: {_loadavg()}")
-    for m in MODES:
-        spread = f"{min(rates[m]):.1f}..{max(rates[m]):.1f}"
+    for m in modes:
+        spread = f"{min(speeds[m]):.1f}..{max(speeds[m]):.1f}"
         ratio, mratio = whole[m] / whole["off"], med[m] / med["off"]
         print(f"{m:8s} whole run {whole[m]:7.2f} tok/s (ratio to off {ratio:.3f})  "
               f"rounds: median {med[m]:7.2f} ({spread}), ratio {mratio:.3f}")  # fmt: skip

@@ -1,8 +1,9 @@
 """The real-vLLM suite (`make test-vllm`): one agent supervising one `vllm serve` for the
 whole session, started cold, under a light load for the first five minutes (the soak).
 
-Order matters and is fixed here: tests that only observe run during the soak; the
-soak's verdict comes next; tests that act on the engine (evict, ladder, restart, stall)
+Order matters and is fixed here: the cost check at two sample rates first, on stacks of
+its own while the machine is otherwise idle; tests that only observe run during the soak;
+the soak's verdict comes next; tests that act on the engine (evict, ladder, restart, stall)
 run after it, the two that restart it last. Without the vLLM install these tests are skipped with a
 reason that says how to run them.
 """
@@ -33,6 +34,7 @@ from tests.services import wait_until
 
 HERE = Path(__file__).resolve().parent
 ORDER = (
+    "test_cost_sampled.py",
     "test_probe.py",
     "test_adapter.py",
     "test_kc_recommend.py",

@@ -444,15 +444,18 @@ def port_open(port: int) -> bool:
 
 
 @contextlib.contextmanager
-def supervised_vllm(tmp: Path) -> Iterator[tuple[Stack, Watch]]:
+def supervised_vllm(
+    tmp: Path, probe_env: dict[str, str] | None = None
+) -> Iterator[tuple[Stack, Watch]]:
     """Start the agent, which starts vLLM (cold); yield once vLLM answers /health. The
-    watch of the agent's alerts starts with the agent."""
+    watch of the agent's alerts starts with the agent. ``probe_env`` overrides
+    :func:`vllm_env` (another sample rate: test_cost_sampled.py)."""
     vport, aport = free_port(), free_port()
     engine_url, agent_url = f"http://127.0.0.1:{vport}", f"http://127.0.0.1:{aport}"
     state = tmp / "state"
     log = tmp / "agent-and-vllm.log"
     pre_shm = shm_entries()
-    env = vllm_env(tmp / "probe.sock")
+    env = {**vllm_env(tmp / "probe.sock"), **(probe_env or {})}
     config = tmp / "agent.yaml"
     config.write_text(AGENT_CONFIG)
     cmd = agent_cmd(aport, state, engine_url, "--config", str(config), engine=vllm_serve_cmd(vport))
