@@ -79,6 +79,12 @@ STATES = {
 }  # fmt: skip
 
 
+def state(pid: int, proc_root: Path = PROC) -> str | None:
+    """``pid``'s state letter (``R``, ``S``, ``D``, ``T``, ...), None when it is gone."""
+    fields = _stat_fields(str(pid), proc_root)
+    return fields[0] if fields else None
+
+
 def describe(pid: int, proc_root: Path = PROC) -> str:
     """``pid`` as a page names it: its state (and a frozen cgroup), its command."""
     fields = _stat_fields(str(pid), proc_root)

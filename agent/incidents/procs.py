@@ -52,7 +52,7 @@ def facts(pid: int, root: int, proc_root: Path = proctree.PROC) -> dict[str, obj
             t = p.cpu_times()
             out.update(
                 ppid=p.ppid(),
-                state=_state_letter(pid, proc_root),
+                state=proctree.state(pid, proc_root),
                 threads=p.num_threads(),
                 rss_bytes=p.memory_info().rss,
                 cpu_s=round(t.user + t.system, 3),
@@ -66,12 +66,6 @@ def facts(pid: int, root: int, proc_root: Path = proctree.PROC) -> dict[str, obj
     out["frozen"] = proctree.frozen(pid, proc_root)
     out["wchan"] = _read(proc_root / str(pid) / "wchan")
     return out
-
-
-def _state_letter(pid: int, proc_root: Path) -> str | None:
-    raw = _read(proc_root / str(pid) / "stat")
-    end = raw.rfind(")") if raw else -1
-    return raw[end + 2 : end + 3] if raw and end > 0 else None
 
 
 def _read(path: Path) -> str | None:
