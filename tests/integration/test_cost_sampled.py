@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from kcops.kernels.config import ProbeConfig
-from tests.integration.test_cost_tenants import finished
+from tests.integration.test_cost_tenants import agent_argv, finished
 from tests.services import free_port, kcops_bin, running, wait_http, wait_until
 
 pytestmark = pytest.mark.slow
@@ -52,11 +52,7 @@ def cost_at(tmp_path: Path, rate: float) -> dict[str, float]:
     (tmp_path / "agent.yaml").write_text(
         f"cost:\n  prices:\n    {MODEL}: {{per_1k_context_tokens: {PRICE}}}\n"
     )
-    agent_cmd = [
-        kcops_bin(), "agent", "run", "--config", str(tmp_path / "agent.yaml"),
-        "--listen", f"127.0.0.1:{aport}", "--state-dir", str(tmp_path / "state"),
-        "--mode", "off", "--engine-url", worker_url, "--tick", "0.5",
-    ]  # fmt: skip
+    agent_cmd = agent_argv(tmp_path, aport, worker_url)
     worker_cmd = [kcops_bin(), "serve", "--model", MODEL, "--port", str(wport), "--threads", "2"]
     env = {"KCOPS_PROBE_SAMPLE_RATE": str(rate), "KCOPS_PROBE_SOCKET": str(tmp_path / "p.sock")}
     env["KCOPS_TENANT_KEY"] = "shared-by-the-agent-and-its-engine"  # the canary bills nobody

@@ -22,6 +22,15 @@ EXPECTED = {"acme": 3.0, "globex": 2.0}  # requests each tenant sends
 SAMPLED = "kcops_request_effective_context_tokens_count"
 
 
+def agent_argv(tmp_path: Path, port: int, engine_url: str) -> list[str]:
+    """An agent that only watches (mode off), with tmp_path/agent.yaml's prices."""
+    return [
+        kcops_bin(), "agent", "run", "--config", str(tmp_path / "agent.yaml"),
+        "--listen", f"127.0.0.1:{port}", "--state-dir", str(tmp_path / "state"),
+        "--mode", "off", "--engine-url", engine_url, "--tick", "0.5",
+    ]  # fmt: skip
+
+
 def costs(agent_url: str) -> dict[tuple[str, str], float]:
     out: dict[tuple[str, str], float] = {}
     for fam in text_string_to_metric_families(httpx.get(agent_url + "/metrics", timeout=5).text):
@@ -57,11 +66,7 @@ def test_two_tenants_show_in_kcops_cost(tmp_path: Path) -> None:
         "engine:\n  canary: {interval_s: 1}\n"
         f"cost:\n  prices:\n    tiny: {{per_1k_context_tokens: {PRICE}}}\n"
     )
-    agent_cmd = [
-        kcops_bin(), "agent", "run", "--config", str(tmp_path / "agent.yaml"),
-        "--listen", f"127.0.0.1:{aport}", "--state-dir", str(tmp_path / "state"),
-        "--mode", "off", "--engine-url", worker_url, "--tick", "0.5",
-    ]  # fmt: skip
+    agent_cmd = agent_argv(tmp_path, aport, worker_url)
     worker_cmd = [kcops_bin(), "serve", "--model", "tiny", "--port", str(wport), "--threads", "1"]
     # every attention call sampled: every request gets K(C) samples
     env = {"KCOPS_PROBE_SAMPLE_RATE": "1.0", "KCOPS_PROBE_SOCKET": str(tmp_path / "probe.sock")}
