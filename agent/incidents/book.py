@@ -49,6 +49,9 @@ class Book:
                 continue
             for tmp in p.glob(".*.tmp"):
                 tmp.unlink(missing_ok=True)
+            if ID.match(p.name) and not (p / MANIFEST).exists():
+                _remove(p)  # a drop cut short by an older agent: its manifest went first
+                continue
             m = self._manifest(p.name)
             if m is not None and m.get("status") == "open":
                 m["status"] = "incomplete"
@@ -78,7 +81,7 @@ class Book:
                 break
             if i == keep:
                 continue
-            shutil.rmtree(self.root / i, ignore_errors=True)
+            _remove(self.root / i)
             ids.remove(i)
             total -= sizes[i]
             self.dropped += 1
@@ -138,6 +141,16 @@ class Book:
 
 def _json(m: Manifest) -> bytes:
     return json.dumps(m, indent=1, default=str).encode()
+
+
+def _remove(folder: Path) -> None:
+    """Out of sight in one rename, then deleted: a kill midway leaves only a dot-folder."""
+    gone = folder.with_name(f".{folder.name}.gone")
+    try:
+        folder.rename(gone)
+    except OSError:
+        return
+    shutil.rmtree(gone, ignore_errors=True)
 
 
 def _size(folder: Path) -> int:

@@ -209,6 +209,9 @@ def test_an_open_record_left_by_a_killed_agent_is_marked_incomplete(tmp_path: Pa
     book.create({"id": "20261207T000000Z-0001", "status": "open", "alerts": []})
     (tmp_path / ".20261207T000001Z-0002.new").mkdir()  # killed while being born
     (tmp_path / "20261207T000000Z-0001" / ".processes.json.1-2.tmp").write_text("{torn")
+    dropped = tmp_path / "20261206T000000Z-0003"  # an old drop cut short: manifest gone first
+    dropped.mkdir()
+    (dropped / "output.txt").write_text("x")
     assert book.recover() == 1
     (m,) = book.manifests()
     assert m["status"] == "incomplete" and "stopped" in str(m["why_incomplete"])
