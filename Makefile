@@ -12,7 +12,7 @@ APT_PACKAGES := redis-server prometheus prometheus-alertmanager strace
 unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: install services lint typecheck test test-fast test-vllm demo load soak deploy-gen clean structure docs
-.PHONY: image image-engine test-image release gpu-wheels
+.PHONY: image image-engine test-image release gpu-wheels venv-kvpress kc-kvpress
 
 install: $(STAMP)
 
@@ -54,9 +54,24 @@ lint: install
 typecheck: install
 	$(VENV)/bin/mypy -p kcops
 
+# NVIDIA's kvpress for `kc sweep --policies kvpress:...` (docs/kc.md): it pins
+# transformers<5.3, so it has its own venv, on the same CPU torch; about a minute.
+KVPRESS_VENV := .venv-kvpress
+KVPRESS_STAMP := $(KVPRESS_VENV)/.kcops-installed
+venv-kvpress: $(KVPRESS_STAMP)
+$(KVPRESS_STAMP): Makefile
+	@test -x $(KVPRESS_VENV)/bin/python || python3 -m venv $(KVPRESS_VENV)
+	$(KVPRESS_VENV)/bin/python -m pip install --quiet "torch==$(TORCH_VERSION)"
+	$(KVPRESS_VENV)/bin/python -m pip install --quiet "kvpress==0.5.5" "transformers>=5.2,<5.3"
+	@touch $@
+
+# The table of docs/kc.md's kvpress section: every cell x method x keep ratio (hours on 2 cores).
+kc-kvpress: install venv-kvpress
+	bash bench/kc_kvpress.sh $(KC_KVPRESS_ARGS)
+
 # Two workers, one per core; a test file stays on one worker (its fixtures share
 # servers). Each test has its own probe socket and state dir (tests/conftest.py).
-test: install services lint typecheck
+test: install services venv-kvpress lint typecheck
 	$(VENV)/bin/pytest -q -n 2 --dist loadfile --durations=15
 
 # The developer's loop: lint, types and the unit tests, under 90 s on 2 cores.

@@ -71,6 +71,17 @@ def _fractions(lo_open: bool, example: str) -> Callable[..., tuple[float, ...]]:
     return parse
 
 
+def _keeps(ctx: click.Context, param: click.Parameter, raw: str | None) -> tuple[float, ...] | None:
+    """``--keep``: fractions in (0, 1), or None when not given."""
+    if raw is None:
+        return None
+    values = _fractions(True, "0.25,0.5,0.75")(ctx, param, raw)
+    if max(values) >= 1.0:
+        raise click.BadParameter(f"{raw!r}: keep ratios below 1, e.g. 0.25,0.5,0.75",
+                                 param_hint="--keep")  # fmt: skip
+    return values
+
+
 def _choices(allowed: Callable[[], Sequence[str]]) -> Callable[..., tuple[str, ...]]:
     """A comma list of names from ``allowed()`` (imported late: the lab's modules import
     torch), duplicates dropped."""
@@ -89,6 +100,12 @@ def _policies() -> Sequence[str]:
     from kcops.lab.sweep import POLICIES
 
     return POLICIES
+
+
+def _sweep_policies() -> Sequence[str]:
+    from kcops.lab.sweep import all_policies
+
+    return all_policies()
 
 
 def _rows(_ctx: click.Context, _param: click.Parameter, raw: str) -> str | int:
@@ -138,9 +155,11 @@ def n_option(default: str) -> Callable[[F], F]:
                         help="Budgets N.")  # fmt: skip
 
 
-def policies_option(default: str, help: str) -> Callable[[F], F]:
+def policies_option(
+    default: str, help: str, allowed: Callable[[], Sequence[str]] = _policies
+) -> Callable[[F], F]:
     return click.option("--policies", default=default, show_default=True,
-                        callback=_choices(_policies), help=help)  # fmt: skip
+                        callback=_choices(allowed), help=help)  # fmt: skip
 
 
 # -- what the commands share ---------------------------------------------------------------
@@ -319,16 +338,25 @@ def measure_cmd(
 @n_option("16,32,64,128,256,512")
 @click.option("--context", "contexts", default="1024", show_default=True, callback=_ints,
               help="Context lengths.")  # fmt: skip
-@policies_option("uniform,per_layer,dense_first,window", "Budget policies to compare.")
+@click.option("--keep", "keeps", default=None, callback=_keeps,
+              help="Keep ratios instead of --n, e.g. 0.25,0.5,0.75: N = ratio x the "
+              "prefilled tokens (context - eval tokens) of each context.")  # fmt: skip
+@policies_option("uniform,per_layer,dense_first,window", "Budget policies to compare: kcops' "
+                 "own and NVIDIA kvpress's presses as kvpress:NAME (prefill only) or "
+                 "kvpress:NAME+decode (cut at every step); kvpress:kc is K(C)'s per-layer "
+                 "N through kvpress (docs/kc.md).", _sweep_policies)  # fmt: skip
 @click.option("--sequences", type=click.IntRange(1, 256), default=4, show_default=True)
 @click.option("--eval-tokens", type=click.IntRange(1, 4096), default=32, show_default=True)
 @tolerance_option("Accuracy points below full attention still acceptable.")
 def sweep_cmd(
     model_name: str, corpus: str, threads: int | None, out_dir: str | None, as_json: bool,
-    ns: tuple[int, ...], contexts: tuple[int, ...], policies: tuple[str, ...], sequences: int,
-    eval_tokens: int, tolerance: float,
+    ns: tuple[int, ...], keeps: tuple[float, ...] | None, contexts: tuple[int, ...],
+    policies: tuple[str, ...], sequences: int, eval_tokens: int, tolerance: float,
 ) -> None:  # fmt: skip
-    """Accuracy, agreement, perplexity, speed and KV bytes per budget N, against full attention."""
+    """Accuracy, agreement, perplexity, speed and KV bytes per budget N, against full attention.
+
+    With kvpress policies, kvpress runs in its own venv (`make venv-kvpress`) on the same
+    sequences and positions; this process scores both sides."""
     if eval_tokens >= min(contexts):
         raise click.BadParameter(
             f"{eval_tokens} must be below the smallest context {min(contexts)}",
@@ -341,7 +369,7 @@ def sweep_cmd(
     doc = run_sweep(
         model_name=model_name, corpus=corpus, ns=ns, contexts=contexts, policies=policies,
         sequences=sequences, eval_tokens=eval_tokens, tolerance=tolerance,
-        out=Path(out_dir) if out_dir else None, model=model, tok=tok,
+        out=Path(out_dir) if out_dir else None, model=model, tok=tok, keeps=keeps or (),
     )  # fmt: skip
     click.echo(json.dumps(doc) if as_json else doc["markdown"])
 
@@ -358,7 +386,8 @@ def sweep_cmd(
               callback=_fractions(False, "0.1,0.5,0.9"))  # fmt: skip
 @click.option("--items", type=click.IntRange(1, 100_000), default=8, show_default=True)
 @n_option("32,64,128,256")
-@policies_option("uniform,dense_first,window", "Budget policies (those of kc sweep).")
+@policies_option("uniform,dense_first,window", "Budget policies (those of kc sweep, "
+                 "kvpress's included).", _sweep_policies)  # fmt: skip
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--min-full", type=FiniteFloat(0.0, 1.0), default=0.5, show_default=True,
               help="Full attention's accuracy for a cell to count as one it succeeds "
@@ -487,18 +516,30 @@ def verify_cmd(
               help="The FOLDERS are parts of one sweep run in batches of sequences (disjoint "
               "text, the same model and --eval-tokens; at 8k one batch of 8 fills 17-19 GB): "
               "pool them into one verdict per context.")  # fmt: skip
+@click.option("--by-method", "by_method", is_flag=True,
+              help="One line per method (policy) and context instead: its largest saving "
+              "within the tolerance with confidence, Δ ± 2 SE there, its own verdict, and "
+              "which method wins.")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print the verdicts as JSON.")
 @handle_errors
 def claim_cmd(
-    folders: tuple[str, ...], tolerance: float, saving: float, pooled: bool, as_json: bool
-) -> None:
+    folders: tuple[str, ...], tolerance: float, saving: float, pooled: bool, by_method: bool,
+    as_json: bool,
+) -> None:  # fmt: skip
     """Decide the K(C) claim on sweep folders: per corpus and context, confirmed (a budget
     saving SAVING of the KV keeps accuracy within TOLERANCE points with confidence,
     Δ − 2 SE ≥ −TOLERANCE), refuted (every such budget loses more, Δ + 2 SE < −TOLERANCE)
     or undecided; beside it the smallest KV kept within the tolerance, and the sweep's
     wall time and peak RSS."""
-    from kcops.lab.sweepclaim import markdown, verdicts
+    from kcops.lab.sweepclaim import markdown, markdown_by_policy, methods, verdicts
 
+    if by_method:
+        best = methods([Path(f) for f in folders], tolerance, saving, pooled=pooled)
+        if as_json:
+            echo_json([b.as_json() for b in best])
+        else:
+            click.echo(markdown_by_policy(best, tolerance), nl=False)
+        return
     items = verdicts([Path(f) for f in folders], tolerance, saving, pooled=pooled)
     if as_json:
         echo_json([v.as_json() for v in items])

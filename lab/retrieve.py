@@ -38,10 +38,12 @@ import torch
 
 from kcops.lab.sweep import (
     GROUPS_PER_PASS,
+    Decoded,
     SweepError,
     budgets,
     decode_groups,
     prefill,
+    press_decoded,
 )
 
 if TYPE_CHECKING:
@@ -204,21 +206,29 @@ def score_batch(
     first = pre.last.argmax(-1)  # (S,) the first answer token, full attention's
     layers = len(pre.kv)
     context = seqs.shape[1] - 1
+    own = [(p, n) for p, n in plans if not p.startswith("kvpress:")]
+    pressed = [(p, n) for p, n in plans if n is not None and p.startswith("kvpress:")]
     specs: list[tuple[list[int | None], bool]] = []
-    for p, n in plans:
+    for p, n in own:
         per: list[int | None] = (
             [None] * layers if n is None else budgets(p, n, layers, context, pre.kp)
         )
         specs.append((per, p != "window"))
-    out: list[dict[str, Any]] = []
+    results: dict[tuple[str, int | None], Decoded] = {}
     for lo in range(0, len(specs), GROUPS_PER_PASS):
-        for res in decode_groups(model, pre, specs[lo : lo + GROUPS_PER_PASS]):
-            pred = torch.cat([first[:, None], res["logits"].argmax(-1)], dim=1)
-            out.append(
-                {
-                    "correct": [bool(x) for x in (pred == answer).all(dim=1)],
-                    "kv_bytes": int(res["kv_bytes"]),
-                    "keys_attended": float(res["keys_attended"]),
-                }
-            )
+        chunk = decode_groups(model, pre, specs[lo : lo + GROUPS_PER_PASS])
+        results.update(zip(own[lo : lo + GROUPS_PER_PASS], chunk, strict=True))
+    for pressed_plan, dec, _, _ in press_decoded(model, seqs, pre, pressed):
+        results[pressed_plan] = dec
+    out: list[dict[str, Any]] = []
+    for plan in plans:
+        res = results[plan]
+        pred = torch.cat([first[:, None], res["logits"].argmax(-1)], dim=1)
+        out.append(
+            {
+                "correct": [bool(x) for x in (pred == answer).all(dim=1)],
+                "kv_bytes": int(res["kv_bytes"]),
+                "keys_attended": float(res["keys_attended"]),
+            }
+        )
     return out

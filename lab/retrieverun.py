@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from kcops.lab.retrieve import Builder, score_batch
-from kcops.lab.sweep import FULL, POLICIES, paired_se
+from kcops.lab.sweep import FULL, paired_se, policy_rank
 from kcops.lab.sweepio import ROWS_FILE, append_json, resume_lines
 
 if TYPE_CHECKING:
@@ -124,7 +124,7 @@ def summarize(
         entry["holds"] = bool(b) and entry["delta_points"] - 2 * entry["se_points"] >= -tolerance
         pooled.append(entry)
     holding = [e for e in pooled if e["holds"]]
-    rec = min(holding, key=lambda e: (e["kv_ratio"], e["n"], POLICIES.index(e["policy"])),
+    rec = min(holding, key=lambda e: (e["kv_ratio"], e["n"], policy_rank(e["policy"])),
               default=None)  # fmt: skip
     neighbours: list[dict[str, Any]] = []
     if rec is not None:  # the recommended policy one grid step either side

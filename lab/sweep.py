@@ -90,6 +90,9 @@ class Row:
     # sequence share its context and are not independent); None in older sweeps
     accuracy_delta_se_seq: float | None = None
     live: dict[str, object] | None = None  # kc_live: budgets over the steps, edge mass, kept K
+    # kvpress rows (kcops.lab.presses): the sequences' hash, versions, agreement of the
+    # kvpress side's own full attention with this sweep's
+    kvpress: dict[str, object] | None = None
 
     @property
     def delta_se(self) -> float:
@@ -106,6 +109,18 @@ class Row:
 
 def row_key(policy: str, n: int | None, context: int) -> str:
     return f"{policy}|{n}|{context}"
+
+
+def all_policies() -> tuple[str, ...]:
+    """kcops' own policies, then kvpress's (kcops.lab.presses)."""
+    from kcops.lab.presses import POLICIES as PRESSES
+
+    return POLICIES + PRESSES
+
+
+def policy_rank(policy: str) -> int:
+    """The order ties are broken in: kcops' own policies first, in :data:`POLICIES` order."""
+    return POLICIES.index(policy) if policy in POLICIES else len(POLICIES)
 
 
 # -- corpus ------------------------------------------------------------------------
@@ -455,10 +470,12 @@ def sweep_context(
         kc_rows[context] = pre.rows
     layers = len(pre.kv)
     todo = [(p, n) for p, n in jobs if row_key(p, n, context) not in done]
+    pressed = [(p, n) for p, n in todo if p.startswith("kvpress:")]
     plans: list[tuple[str, int | None, list[int | None], bool]] = [
         (FULL, None, [None] * layers, True)
     ]
-    plans += [(p, n, budgets(p, n, layers, context, pre.kp), p != "window") for p, n in todo]
+    plans += [(p, n, budgets(p, n, layers, context, pre.kp), p != "window")
+              for p, n in todo if (p, n) not in pressed]  # fmt: skip
     measured: dict[str, Row] = {}
     full_pred: torch.Tensor | None = None
     for start in range(0, len(plans), groups_per_pass):
@@ -480,7 +497,54 @@ def sweep_context(
             measured[row.key] = row
             on_row(row)
             tick()
+    assert full_pred is not None
+    for row in press_rows(model, seqs, pre, pressed, full_pred):
+        measured[row.key] = row
+        on_row(row)
+        tick()
     return [measured.get(k) or done[k] for k in wanted]
+
+
+def press_rows(
+    model: PreTrainedModel, seqs: torch.Tensor, pre: Prefilled,
+    pressed: Sequence[tuple[str, int]], full_pred: torch.Tensor,
+) -> Iterable[Row]:  # fmt: skip
+    """The kvpress policies' rows (kcops.lab.presses): the same sequences, decode
+    positions and N, scored here against this sweep's full attention."""
+    context = seqs.shape[1] - 1
+    for (policy, n), dec, kept, meta in press_decoded(model, seqs, pre, pressed, full_pred):
+        row, _ = score_row(policy, n, context, dec, pre, full_pred, kept)
+        row.kvpress = meta
+        yield row
+
+
+def press_decoded(
+    model: PreTrainedModel, seqs: torch.Tensor, pre: Prefilled,
+    pressed: Sequence[tuple[str, int]], full_pred: torch.Tensor | None = None,
+) -> Iterable[tuple[tuple[str, int], Decoded, list[int | None], dict[str, object]]]:  # fmt: skip
+    """Each kvpress plan decoded by kvpress's side on ``seqs`` from ``pre.start`` (with
+    ``per_layer``'s K(C) split for ``kvpress:kc``): its logits and costs, its per-layer
+    keys kept and what to record (the sequences' hash, versions and, given
+    ``full_pred``, how often the side's own full attention agrees with it)."""
+    if not pressed:
+        return
+    from kcops.lab.presses import PressError, job, run
+
+    layers = len(pre.kv)
+    jobs = [job(p, n, pre.start, budgets("per_layer", n, layers, pre.start, pre.kp))
+            for p, n in pressed]  # fmt: skip
+    try:
+        results = run(model, seqs, pre.start, jobs)
+        side_full = next(results)["logits"].argmax(-1)
+        same = None if full_pred is None else float((side_full == full_pred).float().mean())
+        for plan, res in zip(pressed, results, strict=True):
+            dec = Decoded(logits=res["logits"], step_s=res["step_s"], kv_bytes=res["kv_bytes"],
+                          keys_attended=res["keys_attended"])  # fmt: skip
+            meta: dict[str, object] = {"sha": res["sha"], "versions": res["versions"],
+                                       "full_agreement": same}  # fmt: skip
+            yield plan, dec, list[int | None](res["kept"]), meta
+    except PressError as exc:
+        raise SweepError(str(exc)) from None
 
 
 class Recommendation(TypedDict, total=False):
@@ -521,7 +585,7 @@ def recommend(rows: Sequence[Row], tolerance_points: float) -> list[Recommendati
         if not ok:
             out.append(Recommendation(context=context, policy=None, n=None, full=full.as_json()))
             continue
-        best = min(ok, key=lambda r: (r.kv_bytes, r.n or 0, POLICIES.index(r.policy)))
+        best = min(ok, key=lambda r: (r.kv_bytes, r.n or 0, policy_rank(r.policy)))
         delta = 100.0 * (best.accuracy - full.accuracy)
         se = 100.0 * best.delta_se
         out.append(

@@ -17,6 +17,7 @@ what the sweep cost to run (``runs.jsonl``: wall time, peak RSS).
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -119,6 +120,44 @@ def decide(
                 f"{tolerance:g} pts but none is with confidence (more positions)"
             )
             out.append((context, "undecided", why))
+    return out
+
+
+def retrieval_rows(folder: Path) -> tuple[dict[str, object], list[Row]] | None:
+    """A ``kc retrieve --out`` folder's pooled comparison as rows (None: not one): full
+    attention's accuracy over the cells where it succeeds, each budget's paired Δ's SE
+    and its KV ratio (against a full row of 1 MiB), so :func:`by_policy` decides it."""
+    path = folder / "summary.json"  # kc retrieve writes it, kc sweep does not
+    if not path.is_file():
+        return None
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    base, context = 1 << 20, max((c["length"] for c in doc["cells"]), default=0)
+
+    def row(policy: str, n: int | None, acc: float, se: float, kv: float, items: int) -> Row:
+        return Row(policy, n, context, acc, se, 1.0, math.nan, 0.0, 0.0, round(kv * base), 0.0,
+                   items, [], accuracy_delta_se_seq=se)  # fmt: skip
+
+    full = row(FULL, None, doc.get("succeeding_full_accuracy") or 0.0, 0.0, 1.0,
+               int(doc.get("succeeding_items") or 0))  # fmt: skip
+    rows = [full] + [
+        row(e["policy"], e["n"], e["accuracy"], e["se_points"] / 100, e["kv_ratio"], e["items"])
+        for e in doc["pooled"] if e["items"]
+    ]  # fmt: skip
+    return {"corpus": f"retrieval ({doc['settings']['task']})"}, rows
+
+
+def methods(
+    folders: Sequence[Path], tolerance: float, saving: float = SAVING, *, pooled: bool = False
+) -> list[PolicyBest]:
+    """:func:`by_policy` for each folder, ``kc sweep``'s or ``kc retrieve``'s (or the
+    pooled sweep folders)."""
+    read = [(f, *(retrieval_rows(f) or read_folder(f))) for f in folders]
+    if pooled:
+        settings, rows = pool(read)
+        read = [(Path(" + ".join(str(f) for f in folders)), settings, rows)]
+    out: list[PolicyBest] = []
+    for _, settings, rows in read:
+        out += by_policy(rows, tolerance, saving, str(settings.get("corpus")))
     return out
 
 
@@ -254,6 +293,76 @@ def _verdicts(
             )
         out.append(v)
     return out
+
+
+@dataclass
+class PolicyBest:
+    """One method in one cell: its largest KV saving within the tolerance with confidence
+    (None: none), the Δ and its ±2 SE interval there, and its own verdict on the claim."""
+
+    corpus: str
+    context: int
+    policy: str
+    verdict: str
+    saving: float | None = None
+    n: int | None = None
+    delta_points: float | None = None
+    se_points: float | None = None
+    wins: bool = False
+
+    def as_json(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def by_policy(
+    rows: Sequence[Row], tolerance: float, saving: float = SAVING, corpus: str = ""
+) -> list[PolicyBest]:
+    """Per context and method (each policy, kcops' and kvpress's): :func:`decide` on that
+    method's rows alone, and its largest saving with Δ − 2 SE ≥ −tolerance. The method
+    with the largest such saving wins its context (ties: the larger Δ)."""
+    out: list[PolicyBest] = []
+    tol = tolerance / 100.0
+    for context in sorted({r.context for r in rows}):
+        ctx = [r for r in rows if r.context == context]
+        full = next((r for r in ctx if r.policy == FULL), None)
+        if full is None or not full.kv_bytes:
+            continue
+        cell: list[PolicyBest] = []
+        for policy in dict.fromkeys(r.policy for r in ctx if r.policy != FULL):
+            mine = [r for r in ctx if r.policy == policy]
+            ((_, verdict, _),) = decide([full, *mine], tolerance, saving)
+            good = [r for r in mine if r.accuracy - full.accuracy - 2 * r.delta_se >= -tol]
+            item = PolicyBest(corpus, context, policy, verdict)
+            if good:
+                best = max(good, key=lambda r: (1 - r.kv_bytes / full.kv_bytes, r.accuracy))
+                item.saving, item.n = 1.0 - best.kv_bytes / full.kv_bytes, best.n
+                item.delta_points = 100 * (best.accuracy - full.accuracy)
+                item.se_points = 100 * best.delta_se
+            cell.append(item)
+        ranked = [c for c in cell if c.saving is not None]
+        if ranked:
+            max(ranked, key=lambda c: (c.saving or 0.0, c.delta_points or 0.0)).wins = True
+        out += cell
+    return out
+
+
+def markdown_by_policy(items: Sequence[PolicyBest], tolerance: float) -> str:
+    lines = [
+        f"| corpus | context | method | largest KV saving within {tolerance:g} pt "
+        "(confident) | Δ ± 2 SE there (pts) | its verdict on the claim |",
+        "|---|---:|---|---:|---|---|",
+    ]
+    for b in items:
+        where = "—" if b.saving is None else f"{b.saving:.0%} (N={b.n})"
+        if b.wins:
+            where = f"**{where}** (best)"
+        interval = (
+            "—" if b.delta_points is None else f"{_pm(b.delta_points, 2 * (b.se_points or 0))}"
+        )
+        lines.append(
+            f"| {b.corpus} | {b.context} | {b.policy} | {where} | {interval} | {b.verdict} |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def markdown(items: Sequence[Verdict], tolerance: float, saving: float = SAVING) -> str:

@@ -23,17 +23,23 @@ def run_sweep(
     *, model_name: str, corpus: str, ns: Sequence[int], contexts: Sequence[int],
     policies: Sequence[str], sequences: int, eval_tokens: int, tolerance: float,
     out: Path | None, model: PreTrainedModel, tok: PreTrainedTokenizerBase, progress: bool = True,
+    keeps: Sequence[float] = (),
 ) -> dict[str, object]:  # fmt: skip
     """The ``--json`` document: ``rows`` (full attention's included), ``recommendation``,
-    ``markdown``. ``model_name`` names the model in the resumable rows' settings."""
+    ``markdown``. ``model_name`` names the model in the resumable rows' settings.
+    ``keeps``, when given, replace ``ns``: per context, N = keep x its prefilled tokens."""
     from tqdm import tqdm
 
-    settings = {"model": model_name, "corpus": corpus, "sequences": sequences,
-                "eval_tokens": eval_tokens}  # fmt: skip
+    settings: dict[str, object] = {"model": model_name, "corpus": corpus,
+                                   "sequences": sequences, "eval_tokens": eval_tokens}  # fmt: skip
+
+    def ns_at(context: int) -> Sequence[int]:
+        return sorted({max(1, round(k * (context - eval_tokens))) for k in keeps}) or ns
+
     done = sweepio.load_done(out, settings) if out is not None else {}
     need_chars = 8 * sequences * (max(contexts) + 1)  # > 4 chars a token, with margin
     ids = tok(corpus_text(corpus, need_chars), add_special_tokens=False).input_ids
-    total = len(contexts) * (1 + len(ns) * len(policies))
+    total = sum(1 + len(ns_at(c)) * len(policies) for c in contexts)
     rows: list[Row] = []
     kc_rows: dict[int, dict[int, dict[float, list[int]]]] = {}  # the prefills' K_p rows
     began = time.monotonic()
@@ -46,7 +52,7 @@ def run_sweep(
 
         for context in contexts:
             rows += sweep_context(
-                model, chunks(ids, sequences, context), ns=ns, policies=policies,
+                model, chunks(ids, sequences, context), ns=ns_at(context), policies=policies,
                 eval_tokens=eval_tokens, done=done, on_row=on_row, tick=lambda: bar.update(1),
                 kc_rows=kc_rows,
             )  # fmt: skip

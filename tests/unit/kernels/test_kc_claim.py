@@ -151,3 +151,47 @@ def pool_rows(folders: list[Path]) -> list[Row]:
     from kcops.lab.sweepclaim import pool, read_folder
 
     return pool([(f, *read_folder(f)) for f in folders])[1]
+
+
+def test_by_method_each_policy_gets_its_largest_safe_saving_and_one_wins(tmp_path: Path) -> None:
+    rows = [
+        _row("full", None, 2048, 0.50, 0.0, FULL_KV),
+        # kcops: 50% within noise-free 0.2 pts; 75% loses 4 ± 1
+        _row("uniform", 500, 2048, 0.498, 0.003, 500),
+        _row("uniform", 250, 2048, 0.46, 0.010, 250),
+        # a press: 75% within 1 pt with confidence (−0.4 − 2 x 0.2 = −0.8): it wins
+        _row("kvpress:snapkv", 500, 2048, 0.50, 0.0, 500),
+        _row("kvpress:snapkv", 250, 2048, 0.496, 0.002, 250),
+        # a press that never holds: refuted at every ≥ 30% saving
+        _row("kvpress:knorm", 500, 2048, 0.40, 0.010, 500),
+    ]
+    out = _folder(tmp_path, rows, [])
+    res = CliRunner().invoke(kc_group, ["claim", "--by-method", str(out), "--json"])
+    assert res.exit_code == 0, res.output
+    got = {b["policy"]: b for b in json.loads(res.output)}
+    assert got["uniform"]["saving"] == 0.5 and got["uniform"]["verdict"] == "confirmed"
+    assert got["kvpress:snapkv"]["saving"] == 0.75 and got["kvpress:snapkv"]["wins"]
+    assert got["kvpress:knorm"]["saving"] is None and got["kvpress:knorm"]["verdict"] == "refuted"
+    assert [p for p, b in got.items() if b["wins"]] == ["kvpress:snapkv"]
+    table = CliRunner().invoke(kc_group, ["claim", "--by-method", str(out)]).output
+    assert "**75% (N=250)** (best)" in table and "| kvpress:knorm | — | — | refuted |" in table
+
+
+def test_by_method_reads_a_retrieve_folder(tmp_path: Path) -> None:
+    out = tmp_path / "retrieval"
+    out.mkdir()
+    pooled = [
+        {"policy": "uniform", "n": 256, "items": 120, "accuracy": 0.4, "delta_points": -50.0,
+         "se_points": 4.0, "kv_ratio": 0.5},
+        {"policy": "kvpress:snapkv", "n": 256, "items": 120, "accuracy": 0.9,
+         "delta_points": 0.0, "se_points": 0.0, "kv_ratio": 0.5},
+    ]  # fmt: skip
+    doc = {"settings": {"task": "passkey"}, "cells": [{"length": 512}], "pooled": pooled,
+           "succeeding_full_accuracy": 0.9, "succeeding_items": 120}  # fmt: skip
+    (out / "summary.json").write_text(json.dumps(doc))
+    res = CliRunner().invoke(kc_group, ["claim", "--by-method", str(out), "--json"])
+    assert res.exit_code == 0, res.output
+    got = {b["policy"]: b for b in json.loads(res.output)}
+    assert got["uniform"]["verdict"] == "refuted" and got["uniform"]["saving"] is None
+    assert got["kvpress:snapkv"]["verdict"] == "confirmed" and got["kvpress:snapkv"]["wins"]
+    assert got["kvpress:snapkv"]["corpus"] == "retrieval (passkey)"
