@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from kcops.lab.sweep import FULL, Row, SweepError, recommend
@@ -309,6 +309,8 @@ class PolicyBest:
     delta_points: float | None = None
     se_points: float | None = None
     wins: bool = False
+    # every N measured: n, Δ and SE (points), KV fraction of full attention's
+    rows: list[dict[str, float | int | None]] = field(default_factory=list)
 
     def as_json(self) -> dict[str, object]:
         return asdict(self)
@@ -333,6 +335,9 @@ def by_policy(
             ((_, verdict, _),) = decide([full, *mine], tolerance, saving)
             good = [r for r in mine if r.accuracy - full.accuracy - 2 * r.delta_se >= -tol]
             item = PolicyBest(corpus, context, policy, verdict)
+            item.rows = [{"n": r.n, "delta_points": 100 * (r.accuracy - full.accuracy),
+                          "se_points": 100 * r.delta_se, "kv_fraction": r.kv_bytes / full.kv_bytes}
+                         for r in sorted(mine, key=lambda r: r.kv_bytes)]  # fmt: skip
             if good:
                 best = max(good, key=lambda r: (1 - r.kv_bytes / full.kv_bytes, r.accuracy))
                 item.saving, item.n = 1.0 - best.kv_bytes / full.kv_bytes, best.n
@@ -348,9 +353,9 @@ def by_policy(
 
 def markdown_by_policy(items: Sequence[PolicyBest], tolerance: float) -> str:
     lines = [
-        f"| corpus | context | method | largest KV saving within {tolerance:g} pt "
-        "(confident) | Δ ± 2 SE there (pts) | its verdict on the claim |",
-        "|---|---:|---|---:|---|---|",
+        f"| corpus | context | method | Δ ± SE (pts) at each KV fraction | largest KV saving "
+        f"within {tolerance:g} pt (confident) | Δ ± 2 SE there | its verdict on the claim |",
+        "|---|---:|---|---|---:|---|---|",
     ]
     for b in items:
         where = "—" if b.saving is None else f"{b.saving:.0%} (N={b.n})"
@@ -359,8 +364,11 @@ def markdown_by_policy(items: Sequence[PolicyBest], tolerance: float) -> str:
         interval = (
             "—" if b.delta_points is None else f"{_pm(b.delta_points, 2 * (b.se_points or 0))}"
         )
+        each = "; ".join(f"{_pm(r['delta_points'], r['se_points'])} ({r['kv_fraction']:.2f})"
+                         for r in b.rows)  # fmt: skip
         lines.append(
-            f"| {b.corpus} | {b.context} | {b.policy} | {where} | {interval} | {b.verdict} |"
+            f"| {b.corpus} | {b.context} | {b.policy} | {each} | {where} | {interval} "
+            f"| {b.verdict} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -174,7 +174,8 @@ def test_by_method_each_policy_gets_its_largest_safe_saving_and_one_wins(tmp_pat
     assert got["kvpress:knorm"]["saving"] is None and got["kvpress:knorm"]["verdict"] == "refuted"
     assert [p for p, b in got.items() if b["wins"]] == ["kvpress:snapkv"]
     table = CliRunner().invoke(kc_group, ["claim", "--by-method", str(out)]).output
-    assert "**75% (N=250)** (best)" in table and "| kvpress:knorm | — | — | refuted |" in table
+    assert "**75% (N=250)** (best)" in table and "| — | — | refuted |" in table
+    assert "| uniform | -4.0 ± 1.0 (0.25); -0.2 ± 0.3 (0.50) | 50% (N=500) |" in table
 
 
 def test_by_method_reads_a_retrieve_folder(tmp_path: Path) -> None:
