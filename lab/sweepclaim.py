@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -73,20 +73,24 @@ def run_cost(folder: Path) -> tuple[float | None, int | None]:
     return wall, max(int(r.get("peak_rss_bytes", 0)) for r in runs)
 
 
+def cells(rows: Sequence[Row]) -> Iterator[tuple[int, Row, list[Row]]]:
+    """Per context with a full-attention row that holds KV: the context, that row and the
+    context's budget rows."""
+    for context in sorted({r.context for r in rows}):
+        ctx = [r for r in rows if r.context == context]
+        full = next((r for r in ctx if r.policy == FULL), None)
+        if full is not None and full.kv_bytes:
+            yield context, full, [r for r in ctx if r.policy != FULL]
+
+
 def decide(
     rows: Sequence[Row], tolerance: float, saving: float = SAVING
 ) -> list[tuple[int, str, str]]:
     """Per context: ``(context, verdict, why)``."""
     out = []
     tol = tolerance / 100.0
-    for context in sorted({r.context for r in rows}):
-        ctx = [r for r in rows if r.context == context]
-        full = next((r for r in ctx if r.policy == FULL), None)
-        if full is None or not full.kv_bytes:
-            continue
-        saving_rows = [
-            r for r in ctx if r.policy != FULL and 1.0 - r.kv_bytes / full.kv_bytes >= saving
-        ]
+    for context, full, budgeted in cells(rows):
+        saving_rows = [r for r in budgeted if 1.0 - r.kv_bytes / full.kv_bytes >= saving]
         if not saving_rows:
             out.append((context, "undecided", f"no budget in the sweep saves {saving:.0%}"))
             continue
@@ -324,14 +328,10 @@ def by_policy(
     with the largest such saving wins its context (ties: the larger Δ)."""
     out: list[PolicyBest] = []
     tol = tolerance / 100.0
-    for context in sorted({r.context for r in rows}):
-        ctx = [r for r in rows if r.context == context]
-        full = next((r for r in ctx if r.policy == FULL), None)
-        if full is None or not full.kv_bytes:
-            continue
+    for context, full, budgeted in cells(rows):
         cell: list[PolicyBest] = []
-        for policy in dict.fromkeys(r.policy for r in ctx if r.policy != FULL):
-            mine = [r for r in ctx if r.policy == policy]
+        for policy in dict.fromkeys(r.policy for r in budgeted):
+            mine = [r for r in budgeted if r.policy == policy]
             ((_, verdict, _),) = decide([full, *mine], tolerance, saving)
             good = [r for r in mine if r.accuracy - full.accuracy - 2 * r.delta_se >= -tol]
             item = PolicyBest(corpus, context, policy, verdict)
