@@ -25,13 +25,36 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, NotRequired, Protocol, TypedDict, cast
 
 import torch
+from torch import nn
+
+if TYPE_CHECKING:
+    from transformers import DynamicCache, PreTrainedModel
 
 SCORERS = ("snapkv", "streamingllm", "expected", "knorm", "tova")
 DECODING = ("streamingllm", "knorm", "tova", "expected")  # SnapKV needs a 64-query window
+Kwargs = dict[str, object]
+
+
+class Job(TypedDict):
+    press: str  # "full", a name of SCORERS, "pyramidkv", "adakv" or "per_layer"
+    ratio: float  # kvpress's compression_ratio
+    ratios: NotRequired[list[float]]  # per layer ("per_layer")
+    decode_n: NotRequired[int]  # cut back to N keys at every decode step
+
+
+class Press(Protocol):
+    """What the side uses of a kvpress press (kvpress ships no types)."""
+
+    def __call__(self, model: PreTrainedModel) -> contextlib.AbstractContextManager[None]: ...
+
+    def forward_hook(
+        self, module: nn.Module, _inputs: list[torch.Tensor], kwargs: Kwargs, output: object
+    ) -> object: ...
 
 
 def fingerprint(seqs: torch.Tensor) -> str:
@@ -39,7 +62,7 @@ def fingerprint(seqs: torch.Tensor) -> str:
     return hashlib.sha256(seqs.to(torch.int64).contiguous().numpy().tobytes()).hexdigest()[:16]
 
 
-def build(press: str, ratio: float, ratios: list[float] | None, decode_n: int | None) -> Any:
+def build(job: Job) -> Press:
     import kvpress as kp
 
     scorer = {
@@ -50,33 +73,43 @@ def build(press: str, ratio: float, ratios: list[float] | None, decode_n: int | 
         "tova": kp.TOVAPress,
         "pyramidkv": kp.PyramidKVPress,
     }
-    if press == "adakv":
+    name, ratio = job["press"], job["ratio"]
+    if name == "adakv":
         made = kp.AdaKVPress(press=kp.SnapKVPress(compression_ratio=ratio))
-    elif press == "per_layer":
-        made = kp.PerLayerCompressionPress(press=kp.SnapKVPress(), compression_ratios=ratios or [])
+    elif name == "per_layer":
+        made = kp.PerLayerCompressionPress(press=kp.SnapKVPress(), compression_ratios=job["ratios"])
     else:
-        made = scorer[press](compression_ratio=ratio)
-    if decode_n is None:
-        return made
-    return kp.PrefillDecodingPress(
-        prefilling_press=made,
-        decoding_press=kp.DecodingPress(
-            base_press=scorer[press](), compression_interval=1, target_size=decode_n
+        made = scorer[name](compression_ratio=ratio)
+    if "decode_n" not in job:
+        return cast(Press, made)
+    return cast(
+        Press,
+        kp.PrefillDecodingPress(
+            prefilling_press=made,
+            decoding_press=kp.DecodingPress(
+                base_press=scorer[name](), compression_interval=1, target_size=job["decode_n"]
+            ),
         ),
     )
 
 
-def attention_modules(model: Any) -> list[Any]:
-    return [layer.self_attn for layer in model.model.layers]
+def attention_modules(model: PreTrainedModel) -> list[nn.Module]:
+    layers = cast(nn.ModuleList, model.get_decoder().layers)
+    return [cast(nn.Module, layer.self_attn) for layer in layers]
 
 
-def prefill(model: Any, ids: torch.Tensor) -> tuple[list[dict[str, Any]], Any]:
+def layer_kv(cache: DynamicCache) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    for layer in cache.layers:
+        yield cast(torch.Tensor, layer.keys), cast(torch.Tensor, layer.values)  # type: ignore[union-attr]
+
+
+def prefill(model: PreTrainedModel, ids: torch.Tensor) -> tuple[list[Kwargs], DynamicCache]:
     """One full-attention prefill; each attention layer's hook kwargs and the cache."""
     from transformers import DynamicCache
 
-    seen: list[dict[str, Any]] = []
+    seen: list[Kwargs] = []
 
-    def keep(_m: Any, _args: Any, kwargs: dict[str, Any], _out: Any) -> None:
+    def keep(_m: nn.Module, _args: object, kwargs: Kwargs, _out: object) -> None:
         seen.append(dict(kwargs))
 
     hooks = [m.register_forward_hook(keep, with_kwargs=True) for m in attention_modules(model)]
@@ -90,49 +123,51 @@ def prefill(model: Any, ids: torch.Tensor) -> tuple[list[dict[str, Any]], Any]:
     return seen, cache
 
 
-def kv_bytes(model: Any, cache: Any) -> int:
-    """Bytes of keys and values held, less the keys AdaKV only masks (kvpress keeps them
-    in memory and hides them from attention: their saving is nominal)."""
+def _masked(module: nn.Module) -> int:
+    """Keys AdaKV masks in this layer (kvpress keeps them in memory, hidden from
+    attention: their saving is nominal), over every row and head."""
+    masked = getattr(module, "masked_key_indices", None)
+    return 0 if masked is None else len(masked[0])
+
+
+def _unmask(module: nn.Module) -> None:
+    vars(module)["masked_key_indices"] = None  # AdaKV's mask of the previous job
+
+
+def kv_bytes(modules: Sequence[nn.Module], cache: DynamicCache) -> int:
+    """Bytes of keys and values held for attention (AdaKV's masked keys left out)."""
     total = 0
-    for layer, module in zip(cache.layers, attention_modules(model), strict=True):
-        k, v = layer.keys, layer.values
-        total += k.nbytes + v.nbytes
-        masked = getattr(module, "masked_key_indices", None)
-        if masked is not None:
-            total -= len(masked[0]) * (
-                k.shape[-1] * k.element_size() + v.shape[-1] * v.element_size()
-            )
+    for (k, v), module in zip(layer_kv(cache), modules, strict=True):
+        per_key = k.shape[-1] * k.element_size() + v.shape[-1] * v.element_size()
+        total += k.nbytes + v.nbytes - _masked(module) * per_key
     return total
 
 
-def kept(model: Any, cache: Any) -> list[int]:
+def kept(modules: Sequence[nn.Module], cache: DynamicCache) -> list[int]:
     """Keys per layer and head held for attention (AdaKV's masked ones left out)."""
-    out = []
-    for layer, module in zip(cache.layers, attention_modules(model), strict=True):
-        b, h, n, _ = layer.keys.shape
-        masked = getattr(module, "masked_key_indices", None)
-        out.append(n - (len(masked[0]) // (b * h) if masked is not None else 0))
-    return out
+    return [
+        k.shape[2] - _masked(module) // (k.shape[0] * k.shape[1])
+        for (k, _), module in zip(layer_kv(cache), modules, strict=True)
+    ]
 
 
-def run_job(model: Any, seen: list[dict[str, Any]], full: Any, seqs: torch.Tensor,
-            start: int, job: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+def run_job(model: PreTrainedModel, seen: list[Kwargs], full: DynamicCache, seqs: torch.Tensor,
+            start: int, job: Job) -> dict[str, object]:  # fmt: skip
     from transformers import DynamicCache
 
     s, steps = seqs.shape[0], seqs.shape[1] - 1 - start
-    cache: Any = DynamicCache()
-    for i, layer in enumerate(full.layers):
-        cache.update(layer.keys.clone(), layer.values.clone(), i)
-    press: Any = None if job["press"] == "full" else build(
-        job["press"], job["ratio"], job.get("ratios"), job.get("decode_n")
-    )  # fmt: skip
+    modules = attention_modules(model)
+    cache = DynamicCache()
+    for i, (k, v) in enumerate(layer_kv(full)):
+        cache.update(k.clone(), v.clone(), i)
+    press = None if job["press"] == "full" else build(job)
     logits, times, peak, attended = [], [], 0, 0.0
-    with torch.inference_mode(), press(model) if press is not None else contextlib.nullcontext():
-        for module in attention_modules(model) if press is not None else ():
-            module.masked_key_indices = None
-            kwargs = {**seen[module.layer_idx], "past_key_values": cache}
-            press.forward_hook(module, [], kwargs, (None, None))
-        budgets = kept(model, cache)
+    with torch.inference_mode(), press(model) if press else contextlib.nullcontext():
+        for i, module in enumerate(modules if press else ()):
+            _unmask(module)
+            assert press is not None
+            press.forward_hook(module, [], {**seen[i], "past_key_values": cache}, (None, None))
+        budgets = kept(modules, cache)
         for j in range(steps):
             pos = start + j
             t0 = time.perf_counter()
@@ -142,10 +177,10 @@ def run_job(model: Any, seen: list[dict[str, Any]], full: Any, seqs: torch.Tenso
             )  # fmt: skip
             times.append(time.perf_counter() - t0)
             logits.append(out.logits[:, -1].float())
-            peak = max(peak, kv_bytes(model, cache))
-            attended += sum(layer.keys.shape[-2] for layer in cache.layers) / len(cache.layers)
-    for module in attention_modules(model):
-        module.masked_key_indices = None
+            peak = max(peak, kv_bytes(modules, cache))
+            attended += sum(k.shape[-2] for k, _ in layer_kv(cache)) / len(modules)
+    for module in modules:
+        _unmask(module)
     return {"logits": torch.stack(logits, dim=1), "step_s": statistics.median(times),
             "kv_bytes": peak // s, "keys_attended": attended / steps,
             "kept": budgets}  # fmt: skip

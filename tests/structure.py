@@ -32,8 +32,8 @@ MAX_ANY_PER_1000 = 8.0
 # 43,800 for incident records (agent/incidents/, the engine's output ring, `kcops
 # incident`: about 1,500 lines) and the cost estimate with its interval (about 140);
 # raised again for kvpress as lab policies (lab/presses.py, lab/kvpress_side.py, the
-# claim's per-method verdicts: about 300).
-MAX_SOURCE_LINES = 45_900
+# claim's per-method verdicts, kvpress in kc retrieve: about 600).
+MAX_SOURCE_LINES = 46_200
 
 
 def tracked(root: Path) -> list[str]:
