@@ -221,7 +221,8 @@ class Agent:
             await asyncio.wait_for(_all(), timeout=deadline)
         except TimeoutError:
             log.error("shutdown deadline of %.1fs passed; exiting anyway", deadline)
-        self.loop_errors.uninstall(asyncio.get_running_loop())
+        # loop_errors stays: an accept retry asyncio scheduled before the close may fire
+        # while the loop winds down
         remaining_ms = int(max(0.1, deadline / 2) * 1000)
         self.tracer_provider.force_flush(remaining_ms)
         self.tracer_provider.shutdown()

@@ -78,8 +78,9 @@ class RepeatLog:
 class LoopErrors:
     """The agent loop's exception handler: asyncio's report of a failed accept (it retries
     after 1 s) is counted as ``kcops_collector_errors_total{collector="http",
-    reason="accept"}`` and logged by :class:`RepeatLog`; anything else goes to the
-    loop's default handler, as before."""
+    reason="accept"}`` and logged by :class:`RepeatLog`; that retry, when it fires after
+    the server closed, is a debug line; anything else goes to the loop's default handler,
+    as before."""
 
     def __init__(self, logger: logging.Logger, interval_s: float = LOG_EVERY_S) -> None:
         self.log = RepeatLog(logger, interval_s)
@@ -94,10 +95,13 @@ class LoopErrors:
             loop.set_exception_handler(self._before)
 
     def __call__(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
-        if str(context.get("message", "")).startswith(ACCEPT_OUT_OF_RESOURCE):
-            exc = context.get("exception")
+        message, exc = str(context.get("message", "")), context.get("exception")
+        if message.startswith(ACCEPT_OUT_OF_RESOURCE):
             self.log("accept", logging.WARNING, "HTTP server: accept failed (asyncio retries "
                      "in 1 s): %s", exc)  # fmt: skip
+        elif "._start_serving(" in message and isinstance(exc, ValueError):
+            # that retry, still pending when the server closed, finds its socket gone
+            self.log.logger.debug("HTTP server: an accept retry after the close: %s", exc)
         elif self._before is not None:
             self._before(loop, context)
         else:
