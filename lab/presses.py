@@ -57,10 +57,6 @@ class PressError(RuntimeError):
     """The kvpress side failed or is missing (a SweepError for the CLI)."""
 
 
-def is_press(policy: str) -> bool:
-    return policy.startswith(PREFIX)
-
-
 def venv() -> Path:
     root = Path(
         os.environ.get(VENV_ENV) or Path(__file__).resolve().parent.parent / ".venv-kvpress"
