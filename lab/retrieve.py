@@ -42,6 +42,7 @@ from kcops.lab.sweep import (
     SweepError,
     budgets,
     decode_groups,
+    is_kvpress,
     prefill,
     press_decoded,
 )
@@ -206,8 +207,8 @@ def score_batch(
     first = pre.last.argmax(-1)  # (S,) the first answer token, full attention's
     layers = len(pre.kv)
     context = seqs.shape[1] - 1
-    own = [(p, n) for p, n in plans if not p.startswith("kvpress:")]
-    pressed = [(p, n) for p, n in plans if n is not None and p.startswith("kvpress:")]
+    own = [(p, n) for p, n in plans if not is_kvpress(p)]
+    pressed = [(p, n) for p, n in plans if n is not None and is_kvpress(p)]
     specs: list[tuple[list[int | None], bool]] = []
     for p, n in own:
         per: list[int | None] = (

@@ -118,6 +118,13 @@ def all_policies() -> tuple[str, ...]:
     return POLICIES + PRESSES
 
 
+def is_kvpress(policy: str) -> bool:
+    """A kvpress policy: decoded by kvpress's side (kcops.lab.presses), not by kvkeep."""
+    from kcops.lab.presses import PREFIX
+
+    return policy.startswith(PREFIX)
+
+
 def policy_rank(policy: str) -> int:
     """The order ties are broken in: kcops' own policies first, in :data:`POLICIES` order."""
     return POLICIES.index(policy) if policy in POLICIES else len(POLICIES)
@@ -470,7 +477,7 @@ def sweep_context(
         kc_rows[context] = pre.rows
     layers = len(pre.kv)
     todo = [(p, n) for p, n in jobs if row_key(p, n, context) not in done]
-    pressed = [(p, n) for p, n in todo if p.startswith("kvpress:")]
+    pressed = [(p, n) for p, n in todo if is_kvpress(p)]
     plans: list[tuple[str, int | None, list[int | None], bool]] = [
         (FULL, None, [None] * layers, True)
     ]
